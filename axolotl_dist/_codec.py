@@ -1,0 +1,188 @@
+"""Encoding of Python values for collectives: exact, and pickle-free for scalars.
+
+Every value becomes a 4-slot int64 *header* and, for non-scalars, a uint8 *payload*:
+
+========  ==================================  =======================================
+kind      header slots                        payload
+========  ==================================  =======================================
+NONE      ``[0, 0, 0, 0]``                    none
+BOOL      ``[1, value, 0, 0]``                none
+INT       ``[2, value, 0, 0]`` (int64 range)  none
+FLOAT     ``[3, float64 bits, 0, 0]``         none (exact: nan payloads, -0.0, inf)
+PICKLE    ``[4, nbytes, 0, 0]``               pickled object (ints beyond int64 too)
+TENSOR    ``[5, meta bytes, data bytes, 0]``  pickled (dtype, shape, device type) + raw bytes
+ERROR     ``[6, nbytes, 0, 0]``               pickled failure report of the sending rank
+========  ==================================  =======================================
+
+So a scalar crosses in one small collective, and anything else in exactly two.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import traceback
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from .errors import RankFailedError
+
+__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "needs_payload"]
+
+HEADER_LEN = 4
+NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR = range(7)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_PACK_D, _UNPACK_Q = struct.Struct("<d").pack, struct.Struct("<q").unpack
+_PACK_Q, _UNPACK_D = struct.Struct("<q").pack, struct.Struct("<d").unpack
+
+
+class Encoded:
+    """A value ready to send: its header and optional payload bytes."""
+
+    __slots__ = ("header", "payload")
+
+    def __init__(self, header: List[int], payload: Optional[torch.Tensor] = None) -> None:
+        self.header = header
+        self.payload = payload  # 1-D uint8 CPU tensor
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _pickle(value: Any, what: str) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - pickle raises many types
+        raise TypeError(
+            f"{what} of type {type(value).__name__} cannot be pickled ({type(exc).__name__}: "
+            f"{exc}): return or pass plain data (numbers, strings, lists, dicts, tensors) or "
+            "make the object picklable"
+        ) from exc
+
+
+def encode(value: Any, what: str = "value") -> Encoded:
+    """Encode ``value``; raises ``TypeError`` naming ``what`` if it cannot be sent."""
+    kind = type(value)
+    if value is None:
+        return Encoded([NONE, 0, 0, 0])
+    if kind is bool:
+        return Encoded([BOOL, int(value), 0, 0])
+    if kind is int and _INT64_MIN <= value <= _INT64_MAX:
+        return Encoded([INT, value, 0, 0])
+    if kind is float:
+        return Encoded([FLOAT, _UNPACK_Q(_PACK_D(value))[0], 0, 0])
+    if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.layout == torch.strided:
+        flat = value.detach()
+        meta = pickle.dumps((str(flat.dtype).replace("torch.", ""), tuple(flat.shape),
+                             flat.device.type, value.requires_grad))
+        if flat.device.type == "meta":
+            return Encoded([TENSOR, len(meta), 0, 0], _bytes_tensor(meta))
+        flat = flat.reshape(-1)
+        if flat.device.type != "cpu":
+            flat = flat.cpu()
+        if flat.numel() and flat.element_size() > 0:
+            data = flat.contiguous().view(torch.uint8)
+        else:
+            data = torch.empty(0, dtype=torch.uint8)
+        payload = torch.cat([_bytes_tensor(meta), data])
+        return Encoded([TENSOR, len(meta), int(data.numel()), 0], payload)
+    data = _pickle(value, what)
+    return Encoded([PICKLE, len(data), 0, 0], _bytes_tensor(data))
+
+
+def encode_error(rank: int, exc: BaseException, where: str) -> Encoded:
+    """Encode a failure report of ``rank`` (never raises)."""
+    report = (rank, type(exc).__name__, str(exc), traceback.format_exc(), where)
+    data = pickle.dumps(report)
+    return Encoded([ERROR, len(data), 0, 0], _bytes_tensor(data))
+
+
+def payload_len(header: List[int]) -> int:
+    """Bytes of payload that follow ``header`` (0 for scalars)."""
+    kind = header[0]
+    if kind == TENSOR:
+        return header[1] + header[2]
+    if kind in (PICKLE, ERROR):
+        return header[1]
+    return 0
+
+
+def needs_payload(header: List[int]) -> bool:
+    return header[0] >= PICKLE
+
+
+def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[torch.device] = None) -> Any:
+    """Rebuild a value; an ERROR header raises :class:`RankFailedError`."""
+    kind = header[0]
+    if kind == NONE:
+        return None
+    if kind == BOOL:
+        return bool(header[1])
+    if kind == INT:
+        return int(header[1])
+    if kind == FLOAT:
+        return _UNPACK_D(_PACK_Q(header[1]))[0]
+    assert payload is not None
+    raw = payload.cpu().numpy().tobytes() if kind != TENSOR else None
+    if kind == PICKLE:
+        return pickle.loads(raw)
+    if kind == ERROR:
+        rank, exc_type, message, tb, where = pickle.loads(raw)
+        raise RankFailedError(rank, exc_type, message, tb, where=where)
+    if kind == TENSOR:
+        meta_len, data_len = header[1], header[2]
+        dtype_name, shape, device_type, requires_grad = pickle.loads(
+            payload[:meta_len].cpu().numpy().tobytes())
+        dtype = getattr(torch, dtype_name)
+        target = _target_device(device_type, device)
+        if device_type == "meta":
+            return torch.empty(shape, dtype=dtype, device="meta")
+        data = payload[meta_len:meta_len + data_len].cpu()
+        if data_len:
+            out = data.clone().view(dtype).reshape(shape)
+        else:
+            out = torch.empty(shape, dtype=dtype)
+        if target.type != "cpu":
+            out = out.to(target)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+    raise ValueError(f"corrupt header {header}: ranks are running different helpers")
+
+
+def _target_device(device_type: str, device: Optional[torch.device]) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if device_type in ("cpu", "meta"):
+        return torch.device(device_type)
+    try:
+        return torch.device(device_type)
+    except RuntimeError:  # pragma: no cover
+        return torch.device("cpu")
+
+
+def split_payloads(headers: List[List[int]], flat: torch.Tensor, stride: int) -> List[Optional[torch.Tensor]]:
+    """Cut an all-gathered padded payload buffer into each rank's payload."""
+    out: List[Optional[torch.Tensor]] = []
+    for i, header in enumerate(headers):
+        n = payload_len(header)
+        out.append(flat[i * stride:i * stride + n] if n else None)
+    return out
+
+
+def header_rows(tensor: torch.Tensor, world_size: int) -> List[List[int]]:
+    """The gathered header tensor as a list of per-rank header lists."""
+    return tensor.view(world_size, HEADER_LEN).tolist()
+
+
+def first_error(headers: List[List[int]]) -> Optional[int]:
+    """Index of the first rank whose header reports an error, else None."""
+    for i, header in enumerate(headers):
+        if header[0] == ERROR:
+            return i
+    return None
+

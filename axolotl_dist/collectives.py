@@ -1,0 +1,222 @@
+"""Tensor collectives with composer's names, safe defaults and clear errors.
+
+With no process group and a world size of 1 every collective is a no-op with the multi-rank
+return shape (DESIGN.md decision 3); with ``WORLD_SIZE > 1`` in the env but no group they raise
+:class:`~axolotl_dist.errors.DistributedEnvError` telling you to call ``init_distributed()``.
+``src`` arguments are ranks *within* ``group`` (the global rank when ``group`` is None).
+Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved and moved back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import env as _env
+from .errors import DistributedEnvError
+from .ranks import get_backend, get_rank, get_world_size, is_initialized
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "REDUCE_OPS",
+    "barrier",
+    "broadcast",
+    "all_reduce",
+    "all_gather",
+    "as_reduce_op",
+    "require_group",
+    "comm_device",
+    "check_src",
+    "check_world_size",
+    "all_gather_into",
+]
+
+#: Reduction names accepted wherever an ``op`` / ``reduce_operation`` is taken (any case).
+REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
+all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def require_group(op: str, group: Optional["ProcessGroup"] = None) -> bool:
+    """True if ``op`` must communicate; False for a single process with no group.
+
+    Raises :class:`DistributedEnvError` when the env says several ranks but no group exists.
+    """
+    if is_initialized():
+        return True
+    ws = _env.env_world_size()
+    if group is not None or ws > 1:
+        raise DistributedEnvError(
+            f"{op}() needs a process group: the environment says WORLD_SIZE={ws} but "
+            "torch.distributed is not initialized; call axolotl_dist.init_distributed() first"
+        )
+    return False
+
+
+_DEVICES: Dict[Any, torch.device] = {}
+
+
+def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
+    """The device collectives on ``group`` use: CPU if the backend takes CPU tensors, else CUDA."""
+    key = group if group is not None else dist.distributed_c10d._world.default_pg
+    device = _DEVICES.get(key)
+    if device is None:
+        backend = (get_backend(group) or "gloo").lower()
+        if "gloo" in backend or "mpi" in backend or "cpu:" in backend or backend == "fake":
+            device = torch.device("cpu")
+        elif torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:  # pragma: no cover - e.g. xccl
+            device = torch.device(backend if backend in ("xpu", "hpu") else "cpu")
+        _DEVICES[key] = device
+    return device
+
+
+def check_src(src: int, group: Optional["ProcessGroup"], name: str = "src") -> int:
+    """Validate a group-relative rank argument; returns it."""
+    if not isinstance(src, int) or isinstance(src, bool):
+        raise TypeError(f"{name}={src!r} must be an int rank")
+    size = get_world_size(group)
+    if not 0 <= src < size:
+        raise ValueError(
+            f"{name}={src} is outside the group of {size} rank(s): pass a rank in [0, {size})"
+            + (" (ranks are relative to group=)" if group is not None else "")
+        )
+    return src
+
+
+def check_world_size(world_size: Optional[int], group: Optional["ProcessGroup"], fn: str) -> int:
+    """Return the real world size; raise if a caller-supplied ``world_size`` disagrees."""
+    actual = get_world_size(group)
+    if world_size is not None and world_size != actual:
+        raise ValueError(
+            f"{fn}(world_size={world_size}) disagrees with the actual world size {actual}: "
+            "drop the world_size argument (it is inferred) or pass the real size"
+        )
+    return actual
+
+
+def as_reduce_op(op: Union[str, "dist.ReduceOp", Any]) -> str:
+    """Normalise a reduction given as a string (``"sum"``, ``"MAX"``) or a ``ReduceOp``."""
+    if isinstance(op, str):
+        name = op.upper()
+    else:
+        name = str(getattr(op, "name", op)).split(".")[-1].upper()
+        if name.startswith("REDOPTYPE"):
+            name = name.split(".")[-1]
+    if name == "PROD":
+        name = "PRODUCT"
+    if name not in REDUCE_OPS:
+        raise ValueError(f"unknown reduction {op!r}: use one of {', '.join(REDUCE_OPS)}")
+    return name
+
+
+def barrier(group: Optional["ProcessGroup"] = None) -> None:
+    """Wait until every rank of ``group`` arrives. A no-op for a single process."""
+    if not require_group("barrier", group):
+        return
+    device = comm_device(group)
+    if device.type == "cuda":
+        dist.barrier(group, device_ids=[device.index])
+    else:
+        dist.barrier(group)
+
+
+def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor if tensor.device == device else tensor.to(device)
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"] = None) -> torch.Tensor:
+    """Broadcast ``tensor`` in place from group rank ``src``; returns it."""
+    if not require_group("broadcast", group):
+        check_src(src, group)
+        return tensor
+    check_src(src, group)
+    device = comm_device(group)
+    work = _to_comm(tensor, device)
+    dist.broadcast(work, group=group, group_src=src)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    reduce_operation: Union[str, Any] = "SUM",
+    group: Optional["ProcessGroup"] = None,
+) -> torch.Tensor:
+    """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it."""
+    name = as_reduce_op(reduce_operation)
+    if not require_group("all_reduce", group):
+        return tensor
+    device = comm_device(group)
+    work = _to_comm(tensor, device)
+    if name == "AVG" and "nccl" not in (get_backend(group) or ""):
+        if not (work.is_floating_point() or work.is_complex()):
+            raise ValueError(
+                f"all_reduce(reduce_operation='AVG') needs a floating tensor, got {work.dtype}: "
+                "cast first or use 'SUM'"
+            )
+        dist.all_reduce(work, op=dist.ReduceOp.SUM, group=group)
+        work.div_(get_world_size(group))
+    else:
+        dist.all_reduce(work, op=getattr(dist.ReduceOp, name), group=group)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+_MAX_NDIM = 12
+_DTYPES: List[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+     if hasattr(torch, n)]
+
+
+def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> List[torch.Tensor]:
+    """Gather ``tensor`` from every rank into a list indexed by group rank.
+
+    Shapes may differ per rank (dtypes must agree). Two collectives: the shapes, then one
+    all-gather of the bytes into a single flat buffer. Single process: ``[tensor]``.
+    """
+    if not require_group("all_gather", group):
+        return [tensor]
+    if tensor.dim() > _MAX_NDIM:
+        raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
+    if tensor.dtype not in _DTYPES:
+        raise ValueError(f"all_gather does not support dtype {tensor.dtype}")
+    ws = get_world_size(group)
+    device = comm_device(group)
+    meta = [_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
+    meta += [0] * (3 + _MAX_NDIM - len(meta))
+    metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
+    all_gather_into(metas_t, torch.tensor(meta, dtype=torch.int64, device=device), group=group)
+    metas = metas_t.view(ws, len(meta)).tolist()
+    for r, m in enumerate(metas):
+        if m[0] != meta[0]:
+            raise ValueError(
+                f"all_gather: group rank {r} sent dtype {_DTYPES[m[0]]} but group rank "
+                f"{get_rank(group)} sent {tensor.dtype}: cast every rank's tensor to one dtype"
+            )
+    elem = tensor.element_size()
+    stride = max(m[2] for m in metas) * elem
+    mine = _to_comm(tensor.detach().reshape(-1), device).contiguous().view(torch.uint8)
+    if mine.numel() < stride:
+        mine = torch.cat([mine, mine.new_zeros(stride - mine.numel())])
+    flat = torch.empty(ws * stride, dtype=torch.uint8, device=device)
+    if stride:
+        all_gather_into(flat, mine, group=group)
+    out = []
+    for r, m in enumerate(metas):
+        shape = m[3:3 + m[1]]
+        chunk = flat[r * stride:r * stride + m[2] * elem]
+        piece = chunk.view(tensor.dtype).reshape(shape) if m[2] else torch.empty(
+            shape, dtype=tensor.dtype, device=device)
+        out.append(piece if piece.device == tensor.device else piece.to(tensor.device))
+    return out

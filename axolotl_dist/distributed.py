@@ -1,0 +1,76 @@
+"""The thin functional layer: every distributed helper of the kit under one module.
+
+This module only re-exports; the code lives in small modules a reader would guess:
+
+* :mod:`axolotl_dist.env`: the launcher env contract (``RANK``, ``WORLD_SIZE``, SLURM, MPI);
+* :mod:`axolotl_dist.ranks`: rank and size queries, before and after init, without side effects;
+* :mod:`axolotl_dist.initialize`: ``init_distributed`` / ``initialize_dist`` / cleanup;
+* :mod:`axolotl_dist.collectives`: tensor collectives (composer's names);
+* :mod:`axolotl_dist.values`: exact value helpers (axolotl's and OLMo-core's names);
+* :mod:`axolotl_dist.ordering`: ``zero_first``, ``zero_only``, ``do_n_at_a_time``;
+* :mod:`axolotl_dist.data`: ``get_sampler``, ``split_between_processes``;
+* :mod:`axolotl_dist.log`: ``get_logger``.
+"""
+
+from __future__ import annotations
+
+from .collectives import all_gather, all_reduce, barrier, broadcast
+from .data import get_sampler, split_between_processes
+from .env import validate_env_vars
+from .initialize import cleanup_distributed, default_backend, init_distributed, initialize_dist
+from .log import get_logger
+from .ordering import do_n_at_a_time, zero_first, zero_only
+from .ranks import (
+    backend_supports_cpu,
+    backend_supports_cuda,
+    get_backend,
+    get_fs_local_rank,
+    get_global_rank,
+    get_group_rank,
+    get_local_rank,
+    get_local_world_size,
+    get_mesh_coordinates,
+    get_node_rank,
+    get_num_nodes,
+    get_rank,
+    get_world_size,
+    is_available,
+    is_distributed,
+    is_initialized,
+    is_local_main_process,
+    is_main_process,
+)
+from .values import (
+    all_gather_object,
+    all_reduce_value,
+    broadcast_object,
+    broadcast_object_list,
+    compute_and_broadcast,
+    gather_from_all_ranks,
+    gather_scalar_from_all_ranks,
+    reduce_and_broadcast,
+    synchronize_flag,
+    synchronize_value,
+)
+
+__all__ = [
+    # queries
+    "is_available", "is_initialized", "is_distributed", "get_rank", "get_world_size",
+    "get_global_rank", "get_group_rank", "get_local_rank", "get_local_world_size",
+    "get_node_rank", "get_num_nodes", "get_fs_local_rank", "is_main_process",
+    "is_local_main_process", "get_backend", "backend_supports_cuda", "backend_supports_cpu",
+    "get_mesh_coordinates",
+    # init
+    "init_distributed", "initialize_dist", "validate_env_vars", "cleanup_distributed",
+    "default_backend",
+    # tensor collectives
+    "barrier", "broadcast", "all_reduce", "all_gather", "all_gather_object",
+    "broadcast_object_list", "broadcast_object",
+    # value helpers
+    "synchronize_value", "synchronize_flag", "all_reduce_value", "compute_and_broadcast",
+    "gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
+    # rank-ordered blocks
+    "zero_first", "zero_only", "do_n_at_a_time",
+    # data and logging
+    "get_sampler", "split_between_processes", "get_logger",
+]

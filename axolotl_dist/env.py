@@ -1,0 +1,334 @@
+"""The launcher environment contract: which env vars say who this process is.
+
+Before a process group exists, every rank query in :mod:`axolotl_dist` reads these variables
+(DESIGN.md decision 1), so a script started by ``torchrun -n 2`` knows it is rank 1 before it
+calls :func:`~axolotl_dist.init_distributed`. With none of them set the process is rank 0 of 1.
+
+Precedence, first match wins for each quantity:
+
+1. torch / composer style: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+   ``NODE_RANK`` (torchrun's ``GROUP_RANK`` too), ``NUM_NODES``;
+2. SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
+   ``SLURM_JOB_NUM_NODES``;
+3. Open MPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
+   ``OMPI_COMM_WORLD_LOCAL_RANK``, ``OMPI_COMM_WORLD_LOCAL_SIZE``.
+
+Values are parsed once per distinct raw string and cached, so a query costs a couple of dict
+lookups. Malformed or inconsistent values raise :class:`~axolotl_dist.errors.DistributedEnvError`
+naming the variable and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional, Tuple
+
+from .errors import DistributedEnvError
+
+__all__ = [
+    "RANK_ENV_VAR",
+    "WORLD_SIZE_ENV_VAR",
+    "LOCAL_RANK_ENV_VAR",
+    "LOCAL_WORLD_SIZE_ENV_VAR",
+    "NODE_RANK_ENV_VAR",
+    "GROUP_RANK_ENV_VAR",
+    "NUM_NODES_ENV_VAR",
+    "MASTER_ADDR_ENV_VAR",
+    "MASTER_PORT_ENV_VAR",
+    "FS_LOCAL_RANK_ENV_VAR",
+    "SHARED_FS_ENV_VAR",
+    "OLMO_SHARED_FS_ENV_VAR",
+    "RANK_SOURCES",
+    "env_rank",
+    "env_world_size",
+    "env_local_rank",
+    "env_local_world_size",
+    "env_node_rank",
+    "env_num_nodes",
+    "env_fs_local_rank",
+    "env_shared_filesystem",
+    "env_master_addr",
+    "env_master_port",
+    "has_launcher_env",
+    "validate_env_vars",
+    "clear_env_cache",
+]
+
+RANK_ENV_VAR = "RANK"
+WORLD_SIZE_ENV_VAR = "WORLD_SIZE"
+LOCAL_RANK_ENV_VAR = "LOCAL_RANK"
+LOCAL_WORLD_SIZE_ENV_VAR = "LOCAL_WORLD_SIZE"
+NODE_RANK_ENV_VAR = "NODE_RANK"
+GROUP_RANK_ENV_VAR = "GROUP_RANK"  # torchrun's name for the node rank
+NUM_NODES_ENV_VAR = "NUM_NODES"
+MASTER_ADDR_ENV_VAR = "MASTER_ADDR"
+MASTER_PORT_ENV_VAR = "MASTER_PORT"
+FS_LOCAL_RANK_ENV_VAR = "FS_LOCAL_RANK"
+SHARED_FS_ENV_VAR = "AXOLOTL_DIST_SHARED_FS"
+OLMO_SHARED_FS_ENV_VAR = "OLMO_SHARED_FS"
+
+#: For each quantity, the env vars that may carry it, in precedence order.
+RANK_SOURCES: Dict[str, Tuple[str, ...]] = {
+    "rank": (RANK_ENV_VAR, "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"),
+    "world_size": (WORLD_SIZE_ENV_VAR, "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"),
+    "local_rank": (LOCAL_RANK_ENV_VAR, "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    "local_world_size": (LOCAL_WORLD_SIZE_ENV_VAR, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "node_rank": (NODE_RANK_ENV_VAR, GROUP_RANK_ENV_VAR, "SLURM_NODEID"),
+    "num_nodes": (NUM_NODES_ENV_VAR, "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+}
+
+# os.environ keeps its data in a plain dict of encoded keys; reading it directly keeps a rank
+# query at the cost of a dict lookup. Fall back to os.environ where that detail is missing.
+_DATA = getattr(os.environ, "_data", None)
+_ENCODE: Optional[Callable[[str], object]] = getattr(os.environ, "encodekey", None)
+if _DATA is None or _ENCODE is None:  # pragma: no cover - non-CPython layouts
+
+    def _raw(name: str) -> Optional[object]:
+        return os.environ.get(name)
+
+else:
+    _KEYS: Dict[str, object] = {}
+
+    def _raw(name: str) -> Optional[object]:
+        key = _KEYS.get(name)
+        if key is None:
+            key = _KEYS[name] = _ENCODE(name)
+        return _DATA.get(key)
+
+
+def _text(raw: object) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _lookup(quantity: str) -> Tuple[Optional[str], Optional[object]]:
+    """Return ``(var name, raw value)`` of the first source set for ``quantity``."""
+    for name in RANK_SOURCES[quantity]:
+        raw = _raw(name)
+        if raw is not None:
+            return name, raw
+    return None, None
+
+
+_INT_CACHE: Dict[Tuple[str, object], int] = {}
+
+
+def _parse_int(name: str, raw: object, minimum: int, fix: str) -> int:
+    cached = _INT_CACHE.get((name, raw))
+    if cached is not None:
+        return cached
+    text = _text(raw).strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise DistributedEnvError(
+            f"{name}={text!r} is not an integer; {fix}"
+        ) from None
+    if value < minimum:
+        raise DistributedEnvError(f"{name}={value} must be >= {minimum}; {fix}")
+    _INT_CACHE[(name, raw)] = value
+    return value
+
+
+def clear_env_cache() -> None:
+    """Forget parsed env values (only needed if you mutate ``os.environ._data`` directly)."""
+    _INT_CACHE.clear()
+    if "_RANK_CACHE" in globals():
+        _RANK_CACHE.clear()
+
+
+_RANK_FIX = "set it to this process's global rank in [0, WORLD_SIZE)"
+_WS_FIX = "set it to the total number of processes (>= 1)"
+
+
+def env_world_size() -> int:
+    """World size from the environment, 1 when no launcher variable is set."""
+    name, raw = _lookup("world_size")
+    if raw is None:
+        rname, rraw = _lookup("rank")
+        if rraw is not None and _parse_int(rname, rraw, 0, _RANK_FIX) != 0:
+            raise DistributedEnvError(
+                f"{rname}={_text(rraw)} is set but WORLD_SIZE is not: set WORLD_SIZE to the "
+                "total number of processes (a launcher such as torchrun sets both)"
+            )
+        return 1
+    return _parse_int(name, raw, 1, _WS_FIX)
+
+
+def _slow_env_rank() -> int:
+    name, raw = _lookup("rank")
+    if raw is None:
+        ws = env_world_size()
+        if ws > 1:
+            wname = _lookup("world_size")[0]
+            raise DistributedEnvError(
+                f"{wname}={ws} is set but RANK is not: set RANK to this process's global rank "
+                "in [0, WORLD_SIZE) (a launcher such as torchrun sets both)"
+            )
+        return 0
+    rank = _parse_int(name, raw, 0, _RANK_FIX)
+    ws = env_world_size()
+    if rank >= ws:
+        raise DistributedEnvError(f"{name}={rank} is out of range for WORLD_SIZE={ws}: {_RANK_FIX}")
+    return rank
+
+
+if _DATA is not None and _ENCODE is not None:
+    _RANK_KEYS = tuple(_ENCODE(n) for n in RANK_SOURCES["rank"])
+    _WS_KEYS = tuple(_ENCODE(n) for n in RANK_SOURCES["world_size"])
+    _RANK_CACHE: Dict[Tuple[object, ...], int] = {}
+
+    _K_RANK, _K_WS = _RANK_KEYS[0], _WS_KEYS[0]
+    _OTHER_KEYS = _RANK_KEYS[1:] + _WS_KEYS[1:]
+
+    def env_rank() -> int:
+        """Global rank from the environment, 0 when no launcher variable is set."""
+        get = _DATA.get
+        raw = get(_K_RANK)
+        if raw is not None:  # torch / composer style: cache on (RANK, WORLD_SIZE)
+            key = (raw, get(_K_WS))
+            rank = _RANK_CACHE.get(key)
+            if rank is None:
+                rank = _slow_env_rank()
+                if key[1] is not None:
+                    _RANK_CACHE[key] = rank
+            return rank
+        if get(_K_WS) is None:
+            for k in _OTHER_KEYS:
+                if get(k) is not None:
+                    return _slow_env_rank()
+            return 0
+        return _slow_env_rank()
+
+else:  # pragma: no cover
+
+    def env_rank() -> int:
+        """Global rank from the environment, 0 when no launcher variable is set."""
+        return _slow_env_rank()
+
+
+def env_local_world_size(world_size: Optional[int] = None) -> int:
+    """Processes on this node: ``LOCAL_WORLD_SIZE``, else world size / nodes, else world size.
+
+    :param world_size: the world size to derive from (default: :func:`env_world_size`).
+    """
+    name, raw = _lookup("local_world_size")
+    ws = env_world_size() if world_size is None else world_size
+    if raw is None:
+        nname, nraw = _lookup("num_nodes")
+        if nraw is not None:
+            nodes = _parse_int(nname, nraw, 1, "set it to the number of nodes (>= 1)")
+            return max(1, ws // nodes)
+        return ws
+    lws = _parse_int(name, raw, 1, "set it to the number of processes on this node (>= 1)")
+    if lws > ws:
+        raise DistributedEnvError(
+            f"{name}={lws} is larger than the world size {ws}: set it to the number of "
+            "processes on this node"
+        )
+    return lws
+
+
+def env_local_rank(rank: Optional[int] = None, world_size: Optional[int] = None) -> int:
+    """Rank on this node: ``LOCAL_RANK``, else the global rank modulo the local world size."""
+    name, raw = _lookup("local_rank")
+    lws = env_local_world_size(world_size)
+    if raw is None:
+        return (env_rank() if rank is None else rank) % lws
+    local = _parse_int(name, raw, 0, "set it to this process's rank on its node")
+    if local >= lws:
+        raise DistributedEnvError(
+            f"{name}={local} is out of range for LOCAL_WORLD_SIZE={lws}: set it to this "
+            "process's rank on its node, in [0, LOCAL_WORLD_SIZE)"
+        )
+    return local
+
+
+def env_num_nodes(world_size: Optional[int] = None) -> int:
+    """Number of nodes: ``NUM_NODES``, else ceil(world size / local world size)."""
+    name, raw = _lookup("num_nodes")
+    if raw is None:
+        ws = env_world_size() if world_size is None else world_size
+        return -(-ws // env_local_world_size(ws))
+    return _parse_int(name, raw, 1, "set it to the number of nodes (>= 1)")
+
+
+def env_node_rank(rank: Optional[int] = None, world_size: Optional[int] = None) -> int:
+    """Node index: ``NODE_RANK``/``GROUP_RANK``, else global rank // local world size."""
+    name, raw = _lookup("node_rank")
+    if raw is None:
+        r = env_rank() if rank is None else rank
+        return r // env_local_world_size(world_size)
+    node = _parse_int(name, raw, 0, "set it to this node's index in [0, NUM_NODES)")
+    nodes = env_num_nodes(world_size)
+    if node >= nodes:
+        raise DistributedEnvError(
+            f"{name}={node} is out of range for {nodes} node(s): set it to this node's index "
+            "in [0, NUM_NODES)"
+        )
+    return node
+
+
+def env_shared_filesystem() -> bool:
+    """Whether all nodes share one filesystem (``AXOLOTL_DIST_SHARED_FS`` or ``OLMO_SHARED_FS``)."""
+    for name in (SHARED_FS_ENV_VAR, OLMO_SHARED_FS_ENV_VAR):
+        raw = _raw(name)
+        if raw is not None:
+            text = _text(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise DistributedEnvError(
+                f"{name}={text!r} is not a boolean: set it to 1 if all nodes share one "
+                "filesystem, else 0"
+            )
+    return False
+
+
+def env_fs_local_rank() -> Optional[int]:
+    """``FS_LOCAL_RANK`` if set (an explicit per-filesystem rank), else None."""
+    raw = _raw(FS_LOCAL_RANK_ENV_VAR)
+    if raw is None:
+        return None
+    return _parse_int(FS_LOCAL_RANK_ENV_VAR, raw, 0, "set it to this process's rank among "
+                      "the processes sharing its filesystem")
+
+
+def env_master_addr() -> Optional[str]:
+    """``MASTER_ADDR``, or None."""
+    raw = _raw(MASTER_ADDR_ENV_VAR)
+    return None if raw is None else _text(raw)
+
+
+def env_master_port() -> Optional[int]:
+    """``MASTER_PORT`` as an int in [0, 65535], or None."""
+    raw = _raw(MASTER_PORT_ENV_VAR)
+    if raw is None:
+        return None
+    port = _parse_int(MASTER_PORT_ENV_VAR, raw, 0, "set it to a free TCP port on MASTER_ADDR")
+    if port > 65535:
+        raise DistributedEnvError(
+            f"MASTER_PORT={port} is not a TCP port: set it to a free port in [1, 65535]"
+        )
+    return port
+
+
+def has_launcher_env() -> bool:
+    """True if any rank or world-size variable of any supported launcher is set."""
+    return _lookup("rank")[1] is not None or _lookup("world_size")[1] is not None
+
+
+def validate_env_vars() -> None:
+    """Check every launcher variable that is set; raise :class:`DistributedEnvError` if any is bad.
+
+    A no-op (beyond parsing) for a single process with no variables set.
+    """
+    env_rank()
+    env_world_size()
+    env_local_world_size()
+    env_local_rank()
+    env_num_nodes()
+    env_node_rank()
+    env_fs_local_rank()
+    env_shared_filesystem()
+    env_master_port()

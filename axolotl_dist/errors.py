@@ -1,0 +1,89 @@
+"""Public exceptions of :mod:`axolotl_dist`, all in one place.
+
+Every error the kit raises on purpose derives from :class:`AxolotlDistError`, and also from
+the builtin class a caller would expect (``ValueError`` for bad arguments, ``RuntimeError``
+for environment and runtime problems), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = [
+    "AxolotlDistError",
+    "DistributedConfigError",
+    "DistributedEnvError",
+    "RankFailedError",
+    "RankTimeoutError",
+    "CollectiveMismatchError",
+]
+
+
+class AxolotlDistError(Exception):
+    """Base class of every exception raised on purpose by ``axolotl_dist``."""
+
+
+class DistributedConfigError(AxolotlDistError, ValueError):
+    """A configuration (parallel degrees, sharding spec, helper arguments) is invalid."""
+
+
+class DistributedEnvError(AxolotlDistError, RuntimeError):
+    """The launcher environment or the process group is missing, malformed or inconsistent."""
+
+
+class RankFailedError(AxolotlDistError, RuntimeError):
+    """Another rank failed while this rank was waiting for it.
+
+    :ivar rank: the (group) rank that failed.
+    :ivar exc_type: the name of the exception type raised there (``"died"`` if it vanished).
+    :ivar exc_message: that exception's message.
+    :ivar remote_traceback: the formatted traceback from the failing rank, if known.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        exc_type: str,
+        exc_message: str,
+        remote_traceback: Optional[str] = None,
+        *,
+        where: str = "",
+    ) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.remote_traceback = remote_traceback
+        self.where = where
+        place = f" in {where}" if where else ""
+        text = f"rank {rank} failed{place}: {exc_type}: {exc_message}"
+        if remote_traceback:
+            text += "\n--- traceback from rank %d ---\n%s" % (rank, remote_traceback.rstrip())
+        super().__init__(text)
+
+    def __reduce__(self):  # keep the structured fields across pickling
+        return (
+            _rebuild_rank_failed,
+            (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where),
+        )
+
+
+def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where):
+    return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where)
+
+
+class RankTimeoutError(AxolotlDistError, TimeoutError):
+    """This rank waited longer than its ``timeout`` for other ranks.
+
+    :ivar waiting_for: the ranks that had not finished yet.
+    """
+
+    def __init__(self, message: str, waiting_for: Sequence[int] = ()) -> None:
+        self.waiting_for = tuple(waiting_for)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (RankTimeoutError, (self.args[0], self.waiting_for))
+
+
+class CollectiveMismatchError(AxolotlDistError, RuntimeError):
+    """Debug mode found ranks calling different helpers, or the same helper incompatibly."""

@@ -1,0 +1,204 @@
+"""Creating and tearing down the default process group.
+
+:func:`init_distributed` (OLMo-core's name) and :func:`initialize_dist` (composer's) are
+idempotent, pick the backend from the device when none is given, bootstrap a single process
+without any env vars or ports, and check the launcher env before touching the network, so a
+bad variable fails fast with a message that names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import env as _env
+from .errors import DistributedEnvError
+from .ranks import get_backend, get_rank, get_world_size, is_initialized
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "default_backend",
+    "init_distributed",
+    "initialize_dist",
+    "validate_env_vars",
+    "cleanup_distributed",
+]
+
+log = logging.getLogger(__name__)
+
+#: The default collective timeout of the process group (as torch's).
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+validate_env_vars = _env.validate_env_vars
+
+
+def _as_timedelta(timeout: Union[timedelta, float, int, None], name: str = "timeout") -> timedelta:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(timeout, timedelta):
+        value = timeout
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        value = timedelta(seconds=float(timeout))
+    else:
+        raise TypeError(f"{name}={timeout!r} must be a datetime.timedelta or a number of seconds")
+    if value.total_seconds() <= 0:
+        raise ValueError(f"{name}={timeout!r} must be positive")
+    return value
+
+
+def default_backend(device: Union[str, torch.device, None] = None) -> str:
+    """The backend torch recommends for ``device`` (default: this machine's accelerator or CPU).
+
+    ``"gloo"`` for CPU, ``"nccl"`` for CUDA, and whatever torch registers for other devices.
+    """
+    if device is None:
+        accel = None
+        current = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+        if current is not None:
+            accel = current()
+        elif torch.cuda.is_available():  # pragma: no cover - torch < 2.6
+            accel = torch.device("cuda")
+        device = accel if accel is not None else torch.device("cpu")
+    device_type = torch.device(device).type
+    getter = getattr(dist, "get_default_backend_for_device", None)
+    if getter is not None:
+        return getter(device_type)
+    return "nccl" if device_type == "cuda" else "gloo"  # pragma: no cover - torch < 2.6
+
+
+def _backend_matches(requested: str, existing: str) -> bool:
+    requested, existing = requested.lower(), existing.lower()
+    if requested == existing:
+        return True
+    parts = {p.split(":")[-1] for p in existing.split(",")}
+    return requested in parts or requested == "fake" and "fake" in existing
+
+
+def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
+    if shared_filesystem is not None:
+        os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared_filesystem else "0"
+    elif (_env._raw(_env.SHARED_FS_ENV_VAR) is None
+          and _env._raw(_env.OLMO_SHARED_FS_ENV_VAR) is None):
+        os.environ[_env.SHARED_FS_ENV_VAR] = "1"
+
+
+def init_distributed(
+    backend: Optional[str] = None,
+    timeout: Union[timedelta, float, None] = DEFAULT_TIMEOUT,
+    shared_filesystem: Optional[bool] = None,
+    **kwargs: Any,
+) -> None:
+    """Initialize the default process group from the launcher environment.
+
+    * ``backend`` defaults to :func:`default_backend` (``gloo`` on CPU, ``nccl`` on CUDA).
+    * No launcher env vars (or ``WORLD_SIZE=1``): a single-rank group over an in-memory store
+      (no port, no network), and ``RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1`` are
+      set if missing.
+    * Several ranks: ``env://`` rendezvous; ``MASTER_ADDR``/``MASTER_PORT`` must be set unless
+      ``init_method=`` or ``store=`` is passed. SLURM / Open MPI variables are exported as the
+      torch-style ones first. On CUDA backends the device is set to ``LOCAL_RANK`` first.
+    * Already initialized: nothing is re-created; a different ``backend`` raises
+      :class:`DistributedEnvError`.
+    * ``shared_filesystem``: whether all nodes share one filesystem (sets
+      ``AXOLOTL_DIST_SHARED_FS``, read by :func:`get_fs_local_rank`). ``None`` keeps an existing
+      setting and otherwise assumes a shared filesystem, like OLMo-core. The seed's misspelled
+      ``shared_filesytem=`` is accepted too.
+    * ``timeout``: the collective timeout (timedelta or seconds, default 30 minutes). It does
+      not bound :func:`zero_first` waits, which have their own ``timeout``.
+
+    Extra ``kwargs`` go to :func:`torch.distributed.init_process_group`.
+    """
+    if "shared_filesytem" in kwargs:
+        legacy = kwargs.pop("shared_filesytem")
+        if shared_filesystem is None:
+            shared_filesystem = legacy
+    if not dist.is_available():  # pragma: no cover
+        raise DistributedEnvError("torch was built without torch.distributed support")
+    pg_timeout = _as_timedelta(timeout)
+    if is_initialized():
+        existing = get_backend() or ""
+        if backend is not None and not _backend_matches(backend, existing):
+            raise DistributedEnvError(
+                f"init_distributed(backend={backend!r}) but the process group is already "
+                f"initialized with backend {existing!r}: pass backend={existing!r} (or None), or "
+                "destroy the existing group first with axolotl_dist.cleanup_distributed()"
+            )
+        _apply_shared_filesystem(shared_filesystem)
+        get_rank(), get_world_size()  # env vs group consistency
+        _after_init()
+        return
+
+    validate_env_vars()
+    if backend is None:
+        backend = default_backend()
+    world_size = _env.env_world_size()
+    rank = _env.env_rank()
+    explicit_rendezvous = any(k in kwargs for k in ("init_method", "store"))
+    if world_size == 1 and not explicit_rendezvous:
+        for name, value in ((_env.RANK_ENV_VAR, "0"), (_env.WORLD_SIZE_ENV_VAR, "1"),
+                            (_env.LOCAL_RANK_ENV_VAR, "0"), (_env.LOCAL_WORLD_SIZE_ENV_VAR, "1")):
+            os.environ.setdefault(name, value)
+        kwargs.setdefault("store", dist.HashStore())
+        kwargs.setdefault("rank", 0)
+        kwargs.setdefault("world_size", 1)
+    else:
+        # Export the torch-style names so env:// and every later query agree, whatever the
+        # launcher (SLURM / Open MPI) spoke.
+        local_rank = _env.env_local_rank()
+        for name, value in ((_env.RANK_ENV_VAR, rank), (_env.WORLD_SIZE_ENV_VAR, world_size),
+                            (_env.LOCAL_RANK_ENV_VAR, local_rank),
+                            (_env.LOCAL_WORLD_SIZE_ENV_VAR, _env.env_local_world_size())):
+            os.environ.setdefault(name, str(value))
+        if not explicit_rendezvous:
+            missing = [n for n in (_env.MASTER_ADDR_ENV_VAR, _env.MASTER_PORT_ENV_VAR)
+                       if _env._raw(n) is None]
+            if missing:
+                raise DistributedEnvError(
+                    f"{' and '.join(missing)} not set for a {world_size}-rank init (rank {rank}): "
+                    "set MASTER_ADDR to the host of rank 0 and MASTER_PORT to a free port on it, "
+                    "or launch with torchrun / axolotl-dist, or pass init_method="
+                )
+            _env.env_master_port()
+    _apply_shared_filesystem(shared_filesystem)
+    if "nccl" in backend.lower() and torch.cuda.is_available():
+        torch.cuda.set_device(_env.env_local_rank() % max(1, torch.cuda.device_count()))
+    dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
+    _after_init()
+    log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
+
+
+def _after_init() -> None:
+    if get_world_size() > 1:
+        from .ordering import start_heartbeat
+
+        start_heartbeat()
+
+
+def initialize_dist(device: Union[str, torch.device, None] = None, timeout: float = 300.0) -> None:
+    """composer's entry point: init the default group for ``device`` with ``timeout`` seconds.
+
+    ``device`` (``"cpu"``, ``"cuda"``, a :class:`torch.device`) picks the backend; None picks
+    this machine's default. Idempotent, like :func:`init_distributed`.
+    """
+    backend = default_backend(device) if device is not None else None
+    init_distributed(backend=backend, timeout=_as_timedelta(timeout))
+
+
+def cleanup_distributed() -> None:
+    """Destroy the default process group (if any) and forget the world mesh. Safe to call twice."""
+    from .ordering import stop_heartbeat
+
+    stop_heartbeat()
+    parallel = sys.modules.get("axolotl_dist.parallel")
+    if parallel is not None:  # only if meshes were ever used
+        parallel.reset_world_mesh()
+    if is_initialized():
+        if torch.cuda.is_available() and "nccl" in (get_backend() or ""):
+            torch.cuda.synchronize()
+        dist.destroy_process_group()

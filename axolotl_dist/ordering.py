@@ -1,0 +1,278 @@
+"""Rank-ordered blocks that never hang and never lie.
+
+* :func:`zero_first`: the main rank(s) run the block first, then the others.
+* :func:`zero_only`: run a block or a function on rank 0 only, and really skip it elsewhere.
+* :func:`do_n_at_a_time`: call ``f`` on at most ``n`` ranks at a time.
+
+They signal through the process group's store (see :mod:`axolotl_dist._signals`), not through
+collectives: a waiting rank is bounded only by its own ``timeout`` (rank 0 may tokenize for
+hours), learns within a fraction of a second that a rank it waits for raised
+(:class:`~axolotl_dist.errors.RankFailedError` naming it), notices within seconds that it died,
+and logs whom it waits for. Every rank of the group must enter the same blocks in the same
+order, as with any collective.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, TypeVar, overload
+
+import torch.distributed as dist
+
+from . import _signals
+from ._signals import group_store, next_sequence, poll_until, publish_error, read_error
+from .collectives import check_world_size, require_group
+from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
+
+__all__ = ["zero_first", "zero_only", "do_n_at_a_time", "start_heartbeat", "stop_heartbeat"]
+
+T = TypeVar("T")
+start_heartbeat = _signals.start_heartbeat
+stop_heartbeat = _signals.stop_heartbeat
+
+
+def _global(group: Optional["ProcessGroup"], group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+@contextmanager
+def zero_first(
+    is_main: Optional[bool] = None,
+    *,
+    group: Optional["ProcessGroup"] = None,
+    timeout: Optional[float] = None,
+) -> Iterator[None]:
+    """Run the block on the main rank(s) first, then on every other rank.
+
+    :param is_main: whether this rank goes first. Default: group rank 0 only. Pass e.g.
+        ``get_fs_local_rank() == 0`` for one first rank per filesystem; all of those run
+        concurrently, and every other rank waits for all of them.
+    :param group: the process group (default: the world).
+    :param timeout: seconds a waiting rank waits before raising
+        :class:`~axolotl_dist.errors.RankTimeoutError` (default: forever). The process
+        group's collective timeout does not apply.
+
+    If a first rank raises, it re-raises, and every waiting rank raises
+    :class:`~axolotl_dist.errors.RankFailedError` naming it instead of running the block. Blocks
+    may be nested. A single process just runs the block.
+    """
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"zero_first(timeout={timeout}) must be a positive number of seconds or None")
+    if not require_group("zero_first", group) or get_world_size(group) == 1:
+        yield
+        return
+    _signals.start_heartbeat()
+    rank, ws = get_rank(group), get_world_size(group)
+    store = group_store(group)
+    seq = next_sequence(group, "zero_first")
+    prefix = f"axd/zf/{seq}"
+    what = f"zero_first block #{seq}"
+    if is_main is None:
+        first = rank == 0
+        state_key = f"{prefix}/state"  # 0 pending, 1 done, 2 failed
+        if first:
+            try:
+                yield
+            except BaseException as exc:
+                publish_error(store, f"{prefix}/error", rank, exc, what)
+                store.add(state_key, 2)
+                raise
+            store.add(state_key, 1)
+            return
+        watched = [_global(group, 0)]
+        poll_until(lambda: store.add(state_key, 0) != 0, watch=lambda: watched,
+                   timeout=timeout, what=what, me=rank)
+        if store.add(state_key, 0) != 1:
+            raise read_error(store, f"{prefix}/error")
+        yield
+        return
+
+    # Explicit is_main: first ranks register, the last rank to arrive or the last first rank
+    # to finish releases the waiters (at least one of them sees the other's update).
+    def release_if_complete() -> None:
+        if (store.add(f"{prefix}/arrived", 0) == ws
+                and store.add(f"{prefix}/ndone", 0) == store.add(f"{prefix}/nfirst", 0)):
+            store.add(f"{prefix}/release", 1)
+
+    if is_main:
+        k = store.add(f"{prefix}/nfirst", 1)
+        store.set(f"{prefix}/first/{k}", str(_global(group, rank)))
+    if store.add(f"{prefix}/arrived", 1) == ws:
+        release_if_complete()
+    if is_main:
+        try:
+            yield
+        except BaseException as exc:
+            publish_error(store, f"{prefix}/error", rank, exc, what)
+            store.add(f"{prefix}/failed", 1)
+            store.add(f"{prefix}/release", 1)
+            raise
+        store.add(f"{prefix}/ndone", 1)
+        release_if_complete()
+        return
+
+    def firsts() -> List[int]:
+        n = store.add(f"{prefix}/nfirst", 0)
+        if n == 0:
+            return []
+        return [int(v) for v in store.multi_get([f"{prefix}/first/{i}" for i in range(1, n + 1)])]
+
+    poll_until(lambda: store.add(f"{prefix}/release", 0) != 0, watch=firsts, timeout=timeout,
+               what=what, me=rank)
+    if store.add(f"{prefix}/failed", 0):
+        raise read_error(store, f"{prefix}/error")
+    yield
+
+
+class _SkipBlock(BaseException):
+    """Raised by the trace hook at the first line of a skipped ``with zero_only():`` body."""
+
+
+class _ZeroOnly:
+    """Both a decorator factory and a context manager; see :func:`zero_only`."""
+
+    def __init__(self, default: Any = None, group: Optional["ProcessGroup"] = None) -> None:
+        self.default = default
+        self.group = group
+        self._stack: List[tuple] = []
+
+    def __call__(self, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
+        default, group = self.default, self.group
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Optional[T]:
+            if is_main_process(group):
+                return fn(*args, **kwargs)
+            return default
+
+        return wrapper
+
+    def __enter__(self) -> bool:
+        main = is_main_process(self.group)
+        if main:
+            self._stack.append((True, None, None))
+            return True
+        frame = sys._getframe(1)
+        old_global, old_local = sys.gettrace(), frame.f_trace
+
+        def skip(frame_: Any, event: str, arg: Any) -> Any:
+            raise _SkipBlock()
+
+        self._stack.append((False, old_global, old_local))
+        if old_global is None:
+            sys.settrace(lambda *a: None)  # line events reach frame.f_trace only while tracing
+        frame.f_trace = skip
+        return False
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        main, old_global, old_local = self._stack.pop()
+        if main:
+            return False
+        sys._getframe(1).f_trace = old_local
+        sys.settrace(old_global)
+        return exc_type is _SkipBlock
+
+
+@overload
+def zero_only(fn: Callable[..., T]) -> Callable[..., Optional[T]]: ...
+
+
+@overload
+def zero_only(fn: None = None, *, default: Any = None, group: Optional["ProcessGroup"] = None) -> _ZeroOnly: ...
+
+
+def zero_only(fn: Optional[Callable[..., T]] = None, *, default: Any = None,
+              group: Optional["ProcessGroup"] = None) -> Any:
+    """Run something on the main rank only, and really skip it on the others.
+
+    * ``@zero_only`` / ``@zero_only(default=x)``: the function runs on rank 0 only and returns
+      ``default`` (None) elsewhere. The rank is checked at each call, so decorating at import
+      time, before init, is correct.
+    * ``with zero_only():``: the body runs on rank 0 only. On other ranks a trace hook raises
+      at the body's first line and ``__exit__`` swallows it, so the body never executes. It
+      works under pytest, coverage and pdb (their tracer is restored on exit); a body written
+      on the ``with`` line itself is not skipped. Where you prefer an explicit test, use
+      ``with zero_only() as is_main: if is_main: ...`` or the decorator.
+
+    Never communicates: no collective, no barrier.
+    """
+    if fn is not None:
+        if not callable(fn):
+            raise TypeError(f"zero_only() takes a function or keyword arguments, got {fn!r}")
+        return _ZeroOnly(default, group)(fn)
+    return _ZeroOnly(default, group)
+
+
+def do_n_at_a_time(
+    f: Callable[[], T],
+    *,
+    n: Optional[int] = None,
+    process_group: Optional["ProcessGroup"] = None,
+    world_size: Optional[int] = None,
+    local_rank: Optional[int] = None,
+    timeout: Optional[float] = None,
+) -> T:
+    """Call ``f`` on every rank exactly once, from at most ``n`` ranks at a time.
+
+    Ranks go in ``ceil(world_size / n)`` rounds; round ``k`` holds the ranks with
+    ``rank % rounds == k`` (with node-contiguous ranks and the default ``n`` = number of nodes,
+    one rank per node per round). Every rank returns its own result once all rounds are done.
+    If any rank's ``f`` raises, that rank re-raises and all others raise
+    :class:`~axolotl_dist.errors.RankFailedError`. ``local_rank`` is the rank within
+    ``process_group`` (OLMo-core's naming).
+    """
+    group = process_group
+    if not require_group("do_n_at_a_time", group):
+        check_world_size(world_size, group, "do_n_at_a_time")
+        if n is not None and n < 1:
+            raise ValueError(f"do_n_at_a_time(n={n}) must be >= 1")
+        return f()
+    ws = check_world_size(world_size, group, "do_n_at_a_time")
+    rank = get_rank(group)
+    if local_rank is not None and local_rank != rank:
+        raise ValueError(
+            f"do_n_at_a_time(local_rank={local_rank}) disagrees with this process's rank {rank} "
+            "in the group: drop local_rank (it is inferred)")
+    if n is None:
+        n = get_num_nodes()
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"do_n_at_a_time(n={n!r}) must be an int >= 1 (ranks running f at once)")
+    if ws == 1:
+        return f()
+    _signals.start_heartbeat()
+    rounds = -(-ws // n)
+    my_round = rank % rounds
+    store = group_store(group)
+    seq = next_sequence(group, "do_n_at_a_time")
+    prefix = f"axd/dn/{seq}"
+    what = f"do_n_at_a_time call #{seq}"
+
+    def members(k: int) -> List[int]:
+        return [_global(group, r) for r in range(k, ws, rounds)]
+
+    def round_done(k: int) -> bool:
+        return store.add(f"{prefix}/done/{k}", 0) >= len(range(k, ws, rounds))
+
+    def wait_round(k: int) -> None:
+        poll_until(lambda: round_done(k) or store.add(f"{prefix}/failed", 0) > 0,
+                   watch=lambda: members(k), timeout=timeout, what=what, me=rank)
+        if store.add(f"{prefix}/failed", 0):
+            raise read_error(store, f"{prefix}/error")
+
+    for k in range(my_round):
+        wait_round(k)
+    try:
+        result = f()
+    except BaseException as exc:
+        publish_error(store, f"{prefix}/error", rank, exc, what)
+        store.add(f"{prefix}/failed", 1)
+        raise
+    store.add(f"{prefix}/done/{my_round}", 1)
+    for k in range(my_round, rounds):
+        wait_round(k)
+    return result

@@ -1,0 +1,368 @@
+"""A multi-process test harness for code that uses torch.distributed, usable in your own tests.
+
+:func:`run_distributed` runs ``fn`` on ``world_size`` local ranks and returns each rank's
+return value, indexed by rank::
+
+    from axolotl_dist.testing import run_distributed
+
+    def test_sum():
+        def body():
+            import axolotl_dist as ad
+            return ad.all_reduce_value(ad.get_rank() + 1)
+        assert run_distributed(body, world_size=3) == [6, 6, 6]
+
+How it works, and why it is fast and never hangs:
+
+* Ranks are **forked** from the test process (no fresh interpreter, no pickling of ``fn``, so
+  closures and lambdas work). Each rank runs in its own process group so the whole tree can
+  be killed.
+* The test process hosts the c10d ``TCPStore`` on ``127.0.0.1`` with an OS-chosen port (no
+  free-port race) and the ranks join it as clients, exactly as under ``torchrun``
+  (``TORCHELASTIC_USE_AGENT_STORE``). Every rank gets the launcher env contract
+  (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ...).
+* With ``init=True`` (default) each rank calls :func:`axolotl_dist.init_distributed` first and
+  destroys the group afterwards; with ``init=False`` ``fn`` gets the env and inits itself.
+* A wall-clock ``timeout`` bounds the whole run: ranks still alive then are SIGKILLed with
+  their children, and the error says which ranks were stuck. When one rank raises, the others
+  get ``grace`` seconds to finish before they are killed, and the error shows the failing
+  rank's traceback.
+
+Use :func:`run_distributed_outcomes` to inspect failures instead of raising (for tests that
+expect a rank to raise or die). POSIX only (fork).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing import connection as mp_connection
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import pytest  # noqa: F401  (markers below; pytest is a test dependency)
+import torch
+
+__all__ = [
+    "RankOutcome",
+    "DistributedTestError",
+    "run_distributed",
+    "run_distributed_outcomes",
+    "loopback_interface",
+    "LAUNCHER_ENV_VARS",
+    "requires_gpu",
+    "requires_multi_gpu",
+    "GPU_MARKS",
+]
+
+#: Variables the harness clears in each rank before setting its own, so an outer launcher
+#: (pytest itself started under torchrun or srun) cannot leak into the ranks.
+LAUNCHER_ENV_VARS: Sequence[str] = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+    "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "FS_LOCAL_RANK", "AXOLOTL_DIST_SHARED_FS",
+    "OLMO_SHARED_FS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_NUM_NODES",
+    "SLURM_NNODES", "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+)
+
+_HAS_CUDA = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not _HAS_CUDA, reason="requires a CUDA GPU")
+requires_multi_gpu = pytest.mark.skipif(
+    not _HAS_CUDA or torch.cuda.device_count() < 2, reason="requires 2 or more CUDA GPUs"
+)
+#: Apply to GPU tests: ``pytestmark = GPU_MARKS`` or ``@pytest.mark.parametrize(..., marks=GPU_MARKS)``.
+GPU_MARKS = (pytest.mark.gpu, requires_gpu)
+
+
+class DistributedTestError(AssertionError):
+    """A rank raised, died or did not finish in time under :func:`run_distributed`."""
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    """What one rank did: its return value, or the exception it raised, or how it died."""
+
+    rank: int
+    value: Any = None
+    #: The exception object if it could be pickled back, else None.
+    exception: Optional[BaseException] = None
+    #: ``"TypeName: message"`` of the exception, if one was raised.
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    #: Process exit code; negative for a signal (-9 = SIGKILL); None if killed on timeout.
+    exitcode: Optional[int] = None
+    #: Seconds from the start of the run until this rank reported or died.
+    elapsed: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out and self.exitcode == 0
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return f"rank {self.rank}: did not finish in time (killed)"
+        if self.error is not None:
+            return f"rank {self.rank}: raised {self.error}\n{self.traceback or ''}".rstrip()
+        if self.exitcode != 0:
+            how = (f"killed by signal {-self.exitcode}" if self.exitcode and self.exitcode < 0
+                   else f"exited with code {self.exitcode} before returning")
+            return f"rank {self.rank}: {how}"
+        return f"rank {self.rank}: ok"
+
+
+def loopback_interface() -> Optional[str]:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            return candidate
+    return None
+
+
+def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, Optional[str]]) -> None:
+    for name in LAUNCHER_ENV_VARS:
+        os.environ.pop(name, None)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        NODE_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
+    lo = loopback_interface()
+    if lo is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+    for name, value in extra.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+
+
+def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_timeout, conn):
+    """Body of a forked rank. Never returns: always ``os._exit``."""
+    code = 0
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # pragma: no cover
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    message: tuple
+    try:
+        _rank_env(rank, world_size, port, env)
+        if init:
+            from .distributed import init_distributed
+
+            init_distributed(backend=backend, timeout=timedelta(seconds=pg_timeout))
+        value = fn(*args, **kwargs)
+        message = ("ok", value)
+    except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit
+        tb = traceback.format_exc()
+        try:
+            pickled = pickle.dumps(exc)
+            pickle.loads(pickled)
+        except Exception:  # noqa: BLE001
+            pickled = None
+        message = ("err", pickled, f"{type(exc).__name__}: {exc}", tb)
+        code = 1
+    try:
+        # Plain pickle, not multiprocessing's: torch's ForkingPickler would send tensors as
+        # shared-memory handles that die with this process.
+        try:
+            data = pickle.dumps(message)
+        except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
+            data = pickle.dumps(("err", None, f"{type(exc).__name__}: the return value of rank "
+                                 f"{rank} could not be pickled for the test: {exc}",
+                                 traceback.format_exc()))
+            code = 1
+        conn.send_bytes(data)
+        conn.close()
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _kill_tree(pid: int) -> None:
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def run_distributed_outcomes(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    env: Optional[Mapping[str, Optional[str]]] = None,
+    rank_env: Optional[Callable[[int], Mapping[str, Optional[str]]]] = None,
+    init: bool = True,
+    backend: str = "gloo",
+    timeout: float = 60.0,
+    grace: Optional[float] = None,
+    pg_timeout: float = 300.0,
+) -> List[RankOutcome]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` forked ranks; return every rank's outcome.
+
+    :param env: extra env vars for every rank (``None`` values delete a variable).
+    :param rank_env: a function of the rank giving extra env vars for that rank.
+    :param init: call :func:`axolotl_dist.init_distributed` in each rank before ``fn``.
+    :param timeout: wall-clock seconds for the whole run; stragglers are SIGKILLed.
+    :param grace: once a rank has failed, seconds the others get before they are killed
+        (default: wait for them until ``timeout``).
+    :param pg_timeout: the process group's collective timeout, seconds.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be >= 1")
+    if timeout <= 0:
+        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    ctx = mp.get_context("fork")
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size, True, timedelta(seconds=pg_timeout), wait_for_workers=False
+    )
+    kwargs = dict(kwargs or {})
+    procs, conns = [], []
+    start = time.monotonic()
+    try:
+        for rank in range(world_size):
+            extra: Dict[str, Optional[str]] = dict(env or {})
+            if rank_env is not None:
+                extra.update(rank_env(rank))
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_child_main,
+                args=(rank, world_size, store.port, fn, args, kwargs, extra, init, backend,
+                      pg_timeout, writer),
+                daemon=False,
+            )
+            proc.start()
+            writer.close()
+            procs.append(proc)
+            conns.append(reader)
+        outcomes: List[Optional[RankOutcome]] = [None] * world_size
+        messages: Dict[int, tuple] = {}
+        first_failure: Optional[float] = None
+        deadline = start + timeout
+        while any(o is None for o in outcomes):
+            now = time.monotonic()
+            limit = deadline if first_failure is None or grace is None else min(
+                deadline, first_failure + grace)
+            if now >= limit:
+                break
+            waitables: List[Any] = []
+            for rank in range(world_size):
+                if outcomes[rank] is None:
+                    waitables.append(conns[rank] if rank not in messages else procs[rank].sentinel)
+            mp_connection.wait(waitables, timeout=min(1.0, limit - now))
+            for rank in range(world_size):
+                if outcomes[rank] is not None:
+                    continue
+                if rank not in messages and conns[rank].poll():
+                    try:
+                        messages[rank] = pickle.loads(conns[rank].recv_bytes())
+                    except (EOFError, OSError):
+                        messages[rank] = ("died",)
+                    except Exception as exc:  # noqa: BLE001 - a result we cannot unpickle
+                        messages[rank] = ("err", None, f"{type(exc).__name__}: the result of "
+                                          f"rank {rank} could not be unpickled: {exc}", "")
+                proc = procs[rank]
+                if rank in messages or not proc.is_alive():
+                    if rank not in messages:
+                        messages[rank] = ("died",)
+                    proc.join(timeout=5.0)
+                    outcome = RankOutcome(rank=rank, exitcode=proc.exitcode,
+                                          elapsed=time.monotonic() - start)
+                    msg = messages[rank]
+                    if msg[0] == "ok":
+                        outcome.value = msg[1]
+                    elif msg[0] == "died" and outcome.exitcode == 0:
+                        outcome.error = "exited with code 0 without reporting a result"
+                    elif msg[0] == "err":
+                        outcome.exception = pickle.loads(msg[1]) if msg[1] is not None else None
+                        outcome.error, outcome.traceback = msg[2], msg[3]
+                    outcomes[rank] = outcome
+                    if not outcome.ok and first_failure is None:
+                        first_failure = time.monotonic()
+        for rank, proc in enumerate(procs):
+            if outcomes[rank] is None:
+                _kill_tree(proc.pid)
+                proc.join(timeout=5.0)
+                outcomes[rank] = RankOutcome(rank=rank, timed_out=True, exitcode=proc.exitcode,
+                                             elapsed=time.monotonic() - start)
+        return [o for o in outcomes if o is not None]
+    finally:
+        for proc in procs:
+            if proc.is_alive():  # pragma: no cover - only on an internal error above
+                _kill_tree(proc.pid)
+                proc.join(timeout=5.0)
+            # ranks may have started their own children in their process group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+        for conn in conns:
+            conn.close()
+        del store
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+    env: Optional[Mapping[str, Optional[str]]] = None,
+    rank_env: Optional[Callable[[int], Mapping[str, Optional[str]]]] = None,
+    init: bool = True,
+    backend: str = "gloo",
+    timeout: float = 60.0,
+    grace: float = 3.0,
+    pg_timeout: float = 300.0,
+) -> List[Any]:
+    """Run ``fn`` on ``world_size`` ranks and return the list of return values, by rank.
+
+    Raises :class:`DistributedTestError` if any rank raises, dies or does not finish within
+    ``timeout`` seconds, with the failing rank's traceback in the message. Other arguments as
+    for :func:`run_distributed_outcomes`.
+    """
+    outcomes = run_distributed_outcomes(
+        fn, world_size, args=args, kwargs=kwargs, env=env, rank_env=rank_env, init=init,
+        backend=backend, timeout=timeout, grace=grace, pg_timeout=pg_timeout,
+    )
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        # Show the rank that failed first (by time); timeouts after real failures.
+        failed.sort(key=lambda o: (o.timed_out, o.elapsed))
+        lines = [f"{len(failed)} of {world_size} rank(s) failed:"]
+        lines += [o.describe() for o in failed]
+        raise DistributedTestError("\n".join(lines))
+    return [o.value for o in outcomes]

@@ -1,0 +1,283 @@
+"""Exact value helpers: agree on numbers and objects across ranks.
+
+Every helper here moves Python values exactly (DESIGN.md decision 4): ints (int64 in one
+pickle-free collective, larger ones through pickle), float64 bit for bit, bools, None, tensors
+(dtype, shape and device type kept) and any picklable object. Scalars cost one small
+collective; anything else exactly two. If a rank's ``fn`` raises, that rank re-raises its
+exception and every other rank raises :class:`~axolotl_dist.errors.RankFailedError` naming it,
+instead of hanging.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, TypeVar, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _codec
+from .collectives import (
+    all_gather_into,
+    all_reduce,
+    as_reduce_op,
+    check_src,
+    check_world_size,
+    comm_device,
+    require_group,
+)
+from .ranks import get_rank, get_world_size
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "broadcast_value",
+    "all_gather_values",
+    "synchronize_value",
+    "synchronize_flag",
+    "all_reduce_value",
+    "compute_and_broadcast",
+    "gather_from_all_ranks",
+    "gather_scalar_from_all_ranks",
+    "reduce_and_broadcast",
+    "all_gather_object",
+    "broadcast_object",
+    "broadcast_object_list",
+]
+
+T = TypeVar("T")
+_I64 = torch.int64
+_U8 = torch.uint8
+
+
+def _run(fn: Callable[[], Any], rank: int, where: str) -> Tuple[_codec.Encoded, Optional[BaseException]]:
+    try:
+        value = fn()
+        return _codec.encode(value, f"the value returned by {where}'s fn on rank {rank}"), None
+    except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
+        return _codec.encode_error(rank, exc, where), exc
+
+
+def broadcast_value(
+    fn: Callable[[], T], src: int, group: Optional["ProcessGroup"], where: str,
+    device: Optional[torch.device] = None,
+) -> T:
+    """Run ``fn`` on group rank ``src`` only and return its result on every rank."""
+    rank = get_rank(group)
+    cdev = comm_device(group)
+    own: Optional[BaseException] = None
+    if rank == src:
+        encoded, own = _run(fn, rank, where)
+        header = torch.tensor(encoded.header, dtype=_I64, device=cdev)
+    else:
+        encoded, header = None, torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
+    dist.broadcast(header, group=group, group_src=src)
+    values = header.tolist()
+    payload = None
+    if _codec.needs_payload(values):
+        if encoded is not None:
+            payload = encoded.payload.to(cdev)
+        else:
+            payload = torch.empty(_codec.payload_len(values), dtype=_U8, device=cdev)
+        dist.broadcast(payload, group=group, group_src=src)
+    if own is not None:
+        raise own
+    return _codec.decode(values, payload, device)
+
+
+def all_gather_values(
+    fn: Callable[[], Any], group: Optional["ProcessGroup"], where: str,
+    device: Optional[torch.device] = None, decode_on: Optional[int] = None,
+) -> Optional[List[Any]]:
+    """Run ``fn`` on every rank and all-gather the results (exactly).
+
+    Failures anywhere raise on every rank. With ``decode_on`` only that group rank decodes the
+    values (others return None after the same collectives).
+    """
+    rank, ws = get_rank(group), get_world_size(group)
+    cdev = comm_device(group)
+    encoded, own = _run(fn, rank, where)
+    headers_t = torch.empty(ws * _codec.HEADER_LEN, dtype=_I64, device=cdev)
+    all_gather_into(headers_t, torch.tensor(encoded.header, dtype=_I64, device=cdev), group=group)
+    headers = _codec.header_rows(headers_t, ws)
+    payloads: List[Optional[torch.Tensor]] = [None] * ws
+    stride = max(_codec.payload_len(h) for h in headers)
+    if stride:
+        mine = torch.zeros(stride, dtype=_U8, device=cdev)
+        if encoded.payload is not None:
+            mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
+        flat = torch.empty(ws * stride, dtype=_U8, device=cdev)
+        all_gather_into(flat, mine, group=group)
+        payloads = _codec.split_payloads(headers, flat, stride)
+    failed = _codec.first_error(headers)
+    if failed is not None:
+        if own is not None:
+            raise own
+        _codec.decode(headers[failed], payloads[failed])  # raises RankFailedError
+    if decode_on is not None and rank != decode_on:
+        return None
+    return [_codec.decode(h, p, device) for h, p in zip(headers, payloads)]
+
+
+def synchronize_value(
+    value: T, device: Optional[Union[str, torch.device]] = None, src: int = 0,
+    group: Optional["ProcessGroup"] = None,
+) -> T:
+    """Return group rank ``src``'s ``value`` on every rank (OLMo-core's ``synchronize_value``).
+
+    ``device``: where a tensor result is placed (default: the device type it had on ``src``).
+    """
+    if not require_group("synchronize_value", group):
+        check_src(src, group)
+        return value.to(device) if device is not None and isinstance(value, torch.Tensor) else value
+    check_src(src, group)
+    return broadcast_value(lambda: value, src, group, "synchronize_value",
+                           torch.device(device) if device is not None else None)
+
+
+def synchronize_flag(flag: bool, device: Optional[Union[str, torch.device]] = None,
+                     group: Optional["ProcessGroup"] = None) -> bool:
+    """Return rank 0's ``flag`` (as a bool) on every rank."""
+    return synchronize_value(bool(flag), device, 0, group)
+
+
+_PY_REDUCE = {
+    "SUM": lambda xs: functools.reduce(operator.add, xs),
+    "PRODUCT": lambda xs: functools.reduce(operator.mul, xs),
+    "MIN": min,
+    "MAX": max,
+    "BAND": lambda xs: functools.reduce(operator.and_, xs),
+    "BOR": lambda xs: functools.reduce(operator.or_, xs),
+    "BXOR": lambda xs: functools.reduce(operator.xor, xs),
+    "AVG": lambda xs: functools.reduce(operator.add, xs) / len(xs),
+}
+
+
+def all_reduce_value(
+    value: T, device: Optional[Union[str, torch.device]] = None, op: Union[str, Any] = "SUM",
+    group: Optional["ProcessGroup"] = None,
+) -> T:
+    """Reduce ``value`` across ranks and return the result on every rank.
+
+    Tensors go through one ``all_reduce`` (a copy; the input is untouched). Python numbers are
+    all-gathered in one pickle-free collective and reduced in rank order in Python, so ints
+    never overflow and every rank gets the bit-identical result.
+    """
+    name = as_reduce_op(op)
+    if isinstance(value, torch.Tensor):
+        out = value.detach().clone()
+        if device is not None:
+            out = out.to(device)
+        return all_reduce(out, name, group)  # type: ignore[return-value]
+    if not isinstance(value, (int, float)):
+        raise TypeError(
+            f"all_reduce_value(value={value!r}) needs an int, float, bool or tensor: use "
+            "reduce_and_broadcast(fn1, fn2) to combine other objects"
+        )
+    if not require_group("all_reduce_value", group):
+        return _PY_REDUCE[name]([value])
+    values = all_gather_values(lambda: value, group, "all_reduce_value")
+    assert values is not None
+    return _PY_REDUCE[name](values)
+
+
+def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["ProcessGroup"] = None,
+                          *, rank: Optional[int] = None) -> T:
+    """Run ``fn`` on group rank ``src`` only and return its result, exactly, on every rank.
+
+    ``rank=`` is accepted as axolotl's name for ``src``. If ``fn`` raises on ``src``, ``src``
+    re-raises it and every other rank raises :class:`RankFailedError` naming ``src``.
+    """
+    if rank is not None:
+        src = rank
+    if not require_group("compute_and_broadcast", group):
+        check_src(src, group)
+        return fn()
+    check_src(src, group)
+    return broadcast_value(fn, src, group, "compute_and_broadcast")
+
+
+def gather_from_all_ranks(
+    fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
+    group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
+) -> Optional[List[T]]:
+    """Run ``fn`` on every rank; group rank ``dst`` gets the list of results, others None.
+
+    ``world_size`` is optional and checked (axolotl's default of 1 silently mis-sized the list).
+    ``rank=`` is accepted as axolotl's name for ``dst``. Single process: ``[fn()]``.
+    """
+    if rank is not None:
+        dst = rank
+    if not require_group("gather_from_all_ranks", group):
+        check_world_size(world_size, group, "gather_from_all_ranks")
+        check_src(dst, group, "dst")
+        return [fn()]
+    check_world_size(world_size, group, "gather_from_all_ranks")
+    check_src(dst, group, "dst")
+    return all_gather_values(fn, group, "gather_from_all_ranks", decode_on=dst)
+
+
+def gather_scalar_from_all_ranks(
+    fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
+    group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
+) -> Optional[List[T]]:
+    """Like :func:`gather_from_all_ranks` (scalars come back exactly, not through float32)."""
+    if rank is not None:
+        dst = rank
+    if not require_group("gather_scalar_from_all_ranks", group):
+        check_world_size(world_size, group, "gather_scalar_from_all_ranks")
+        check_src(dst, group, "dst")
+        return [fn()]
+    check_world_size(world_size, group, "gather_scalar_from_all_ranks")
+    check_src(dst, group, "dst")
+    return all_gather_values(fn, group, "gather_scalar_from_all_ranks", decode_on=dst)
+
+
+def reduce_and_broadcast(
+    fn1: Callable[[], T], fn2: Callable[[List[T]], Any], world_size: Optional[int] = None,
+    group: Optional["ProcessGroup"] = None,
+) -> Any:
+    """Run ``fn1`` on every rank, reduce the list with ``fn2``, return the result everywhere.
+
+    One collective (an all-gather), not axolotl's gather + barrier + broadcast: every rank
+    applies ``fn2`` to the same list, so ``fn2`` must be deterministic (``sum``, ``min``,
+    ``max``...).
+    """
+    if not require_group("reduce_and_broadcast", group):
+        check_world_size(world_size, group, "reduce_and_broadcast")
+        return fn2([fn1()])
+    check_world_size(world_size, group, "reduce_and_broadcast")
+    values = all_gather_values(fn1, group, "reduce_and_broadcast")
+    return fn2(values)  # type: ignore[arg-type]
+
+
+def all_gather_object(obj: T, group: Optional["ProcessGroup"] = None) -> List[T]:
+    """Collect ``obj`` from every rank into a list indexed by group rank (exact; scalars unpickled)."""
+    if not require_group("all_gather_object", group):
+        _codec.encode(obj, "all_gather_object(obj)")  # same error for unpicklable input
+        return [obj]
+    values = all_gather_values(lambda: obj, group, "all_gather_object")
+    assert values is not None
+    return values
+
+
+def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = None) -> T:
+    """Return group rank ``src``'s ``obj`` on every rank."""
+    if not require_group("broadcast_object", group):
+        check_src(src, group)
+        return obj
+    check_src(src, group)
+    return broadcast_value(lambda: obj, src, group, "broadcast_object")
+
+
+def broadcast_object_list(object_list: List[Any], src: int = 0,
+                          group: Optional["ProcessGroup"] = None) -> List[Any]:
+    """Replace ``object_list``'s contents on every rank with ``src``'s, in place; returns it."""
+    if not isinstance(object_list, list):
+        raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    received = broadcast_object(list(object_list), src, group)
+    object_list[:] = received
+    return object_list
+
