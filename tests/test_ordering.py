@@ -1,0 +1,546 @@
+"""zero_first, zero_only, do_n_at_a_time and split_between_processes on real gloo ranks."""
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import axolotl_dist as ad
+from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+
+PG_TIMEOUT = 300.0  # the group's collective timeout: failures must surface long before it
+
+
+def _stamp(tmp, rank, event):
+    with open(os.path.join(tmp, "events"), "a") as fh:
+        fh.write(f"{time.monotonic():.6f} {rank} {event}\n")
+
+
+def _events(tmp):
+    with open(os.path.join(tmp, "events")) as fh:
+        rows = [line.split() for line in fh]
+    return [(float(t), int(r), e) for t, r, e in rows]
+
+
+# ---------------------------------------------------------------- zero_first ordering
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_zero_first_rank0_writes_file_others_read_it(tmp_path, ws):
+    path = tmp_path / "cache.txt"
+
+    def body():
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                time.sleep(0.3)  # the others must really wait for this
+                path.write_text("prepared by rank 0")
+            return path.read_text()
+
+    assert run_distributed(body, ws, timeout=60) == ["prepared by rank 0"] * ws
+
+
+def test_zero_first_single_process_just_runs():
+    ran = []
+    with ad.zero_first():
+        ran.append(1)
+    with ad.zero_first(is_main=True, timeout=1):
+        ran.append(2)
+    assert ran == [1, 2]
+    assert not ad.is_initialized()
+
+
+def test_zero_first_many_consecutive_blocks_stay_paired(tmp_path):
+    def body():
+        seen = []
+        for i in range(30):
+            with ad.zero_first():
+                if ad.get_rank() == 0:
+                    (tmp_path / f"f{i}").write_text(str(i))
+                seen.append(int((tmp_path / f"f{i}").read_text()))
+        return seen
+
+    assert run_distributed(body, 3, timeout=60) == [list(range(30))] * 3
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_zero_first_nested_two_levels(tmp_path, ws):
+    def body():
+        rank = ad.get_rank()
+        with ad.zero_first():
+            _stamp(tmp_path, rank, "outer-start")
+            with ad.zero_first():
+                _stamp(tmp_path, rank, "inner")
+                time.sleep(0.1)
+            _stamp(tmp_path, rank, "outer-end")
+        return True
+
+    run_distributed(body, ws, timeout=60)
+    events = _events(tmp_path)
+    t = {(r, e): ts for ts, r, e in events}
+    for r in range(1, ws):
+        # every other rank enters the outer block only after rank 0 left it entirely
+        assert t[(r, "outer-start")] >= t[(0, "outer-end")]
+        assert t[(r, "inner")] >= t[(0, "inner")]
+    assert len(events) == 3 * ws
+
+
+def test_zero_first_several_first_ranks_run_concurrently(tmp_path):
+    # ranks 0 and 2 go first (e.g. one per filesystem); 1 and 3 wait for both of them
+    def body():
+        rank = ad.get_rank()
+        with ad.zero_first(is_main=rank % 2 == 0):
+            _stamp(tmp_path, rank, "start")
+            if rank % 2 == 0:
+                time.sleep(0.5 if rank == 0 else 1.0)
+            _stamp(tmp_path, rank, "end")
+        return rank
+
+    assert run_distributed(body, 4, timeout=60) == [0, 1, 2, 3]
+    t = {(r, e): ts for ts, r, e in _events(tmp_path)}
+    assert t[(2, "start")] < t[(0, "end")] and t[(0, "start")] < t[(2, "end")]  # concurrent
+    last_first = max(t[(0, "end")], t[(2, "end")])
+    assert t[(1, "start")] >= last_first and t[(3, "start")] >= last_first
+
+
+def test_zero_first_fs_local_rank_idiom(tmp_path):
+    # two simulated nodes without a shared filesystem: local rank 0 of each node goes first
+    def body():
+        with ad.zero_first(is_main=ad.get_fs_local_rank() == 0):
+            _stamp(tmp_path, ad.get_rank(), "body")
+        return ad.get_fs_local_rank()
+
+    env = lambda r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "NODE_RANK": str(r // 2),
+                     "AXOLOTL_DIST_SHARED_FS": "0"}
+    assert run_distributed(body, 4, rank_env=env, timeout=60) == [0, 1, 0, 1]
+    t = {r: ts for ts, r, _ in _events(tmp_path)}
+    assert min(t[1], t[3]) >= max(t[0], t[2])
+
+
+def test_zero_first_nested_explicit_is_main(tmp_path):
+    def body():
+        rank = ad.get_rank()
+        with ad.zero_first(is_main=rank == 0):
+            with ad.zero_first(is_main=rank in (0, 1)):
+                _stamp(tmp_path, rank, "inner")
+        return True
+
+    run_distributed(body, 3, timeout=60)
+    t = {r: ts for ts, r, _ in _events(tmp_path)}
+    assert t[2] >= t[0] and t[1] >= t[0]
+
+
+def test_zero_first_all_ranks_main_runs_without_waiting():
+    def body():
+        with ad.zero_first(is_main=True):
+            return ad.get_rank()
+
+    assert run_distributed(body, 3, timeout=60) == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- zero_first failures
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_zero_first_rank0_raises_others_raise_rank_failed_fast(ws):
+    def body():
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                raise ValueError("tokenizer exploded")
+            return "ran the block"  # must not happen on other ranks
+
+    start = time.monotonic()
+    outcomes = run_distributed_outcomes(body, ws, timeout=60, pg_timeout=PG_TIMEOUT)
+    assert isinstance(outcomes[0].exception, ValueError)
+    for o in outcomes[1:]:
+        assert isinstance(o.exception, ad.RankFailedError), o.describe()
+        assert o.exception.rank == 0 and o.exception.exc_type == "ValueError"
+        assert "rank 0 failed in zero_first block #1: ValueError: tokenizer exploded" in o.error
+        assert "tokenizer exploded" in o.exception.remote_traceback
+        assert o.value is None
+    assert time.monotonic() - start < 5.0
+
+
+def test_zero_first_explicit_first_rank_raises():
+    def body():
+        rank = ad.get_rank()
+        with ad.zero_first(is_main=rank in (0, 1)):
+            if rank == 1:
+                raise KeyError("missing column")
+        return "ok"
+
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT)
+    assert outcomes[0].value == "ok"
+    assert isinstance(outcomes[1].exception, KeyError)
+    assert isinstance(outcomes[2].exception, ad.RankFailedError)
+    assert outcomes[2].exception.rank == 1
+    assert outcomes[2].elapsed < 5.0
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_zero_first_rank0_killed_survivors_raise(ws):
+    def body():
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return "survived"
+
+    outcomes = run_distributed_outcomes(body, ws, timeout=60, pg_timeout=PG_TIMEOUT)
+    assert outcomes[0].exitcode == -signal.SIGKILL
+    for o in outcomes[1:]:
+        assert isinstance(o.exception, ad.RankFailedError), o.describe()
+        assert o.exception.rank == 0 and o.exception.exc_type == "died"
+        assert "exited without reporting an error" in o.error
+        assert o.elapsed < 15.0
+
+
+def test_zero_first_timeout_names_the_ranks_waited_for():
+    def body():
+        with ad.zero_first(timeout=1.0):
+            if ad.get_rank() == 0:
+                time.sleep(4)
+        return "ok"
+
+    outcomes = run_distributed_outcomes(body, 3, timeout=60)
+    assert outcomes[0].value == "ok"
+    for o in outcomes[1:]:
+        assert isinstance(o.exception, ad.RankTimeoutError), o.describe()
+        assert o.exception.waiting_for == (0,)
+        assert "waiting 1 s for rank(s) [0] to finish zero_first block #1" in o.error
+        assert o.elapsed < 3.5
+
+
+def test_zero_first_wait_is_not_bound_by_collective_timeout():
+    # the group's collective timeout is 2 s; rank 0 works 4 s; rank 1 must simply wait
+    def body():
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                time.sleep(4)
+        ad.barrier()
+        return "ok"
+
+    assert run_distributed(body, 2, timeout=60, pg_timeout=2.0) == ["ok", "ok"]
+
+
+def test_zero_first_waiting_rank_logs_whom_it_waits_for(tmp_path):
+    def body():
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda rec: records.append(rec.getMessage())
+        logger = logging.getLogger("axolotl_dist")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                time.sleep(1.5)
+        return records
+
+    out = run_distributed(body, 2, timeout=60, env={"AXOLOTL_DIST_WAIT_LOG_INTERVAL": "0.4"})
+    assert out[0] == []
+    assert any("rank 1 has waited" in m and "for rank(s) [0] to finish zero_first block #1" in m
+               for m in out[1]), out[1]
+
+
+def test_zero_first_bad_timeout():
+    with pytest.raises(ValueError, match=r"zero_first\(timeout=-1\) must be a positive number of seconds"):
+        with ad.zero_first(timeout=-1):
+            pass
+
+
+# ---------------------------------------------------------------- zero_only
+
+
+@ad.zero_only
+def _record_at_import(path):
+    # decorated at import time, before any process group exists
+    with open(path, "a") as fh:
+        fh.write(f"{ad.get_rank()}\n")
+    return "wrote"
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3])
+def test_zero_only_decorator_runs_on_rank0_only(tmp_path, ws):
+    path = str(tmp_path / "log")
+
+    @ad.zero_only()
+    def with_parens():
+        return "parens"
+
+    @ad.zero_only(default="skipped")
+    def with_default():
+        return "ran"
+
+    def body():
+        return _record_at_import(path), with_parens(), with_default()
+
+    out = run_distributed(body, ws, timeout=60)
+    assert out[0] == ("wrote", "parens", "ran")
+    for r in range(1, ws):
+        assert out[r] == (None, None, "skipped")
+    assert open(path).read() == "0\n"
+
+
+def test_zero_only_checks_rank_per_call_not_at_decoration():
+    @ad.zero_only
+    def f():
+        return "ran"
+
+    def body():  # decorated in the parent (rank 0 of 1), called on each rank
+        return f()
+
+    assert run_distributed(body, 2, timeout=60) == ["ran", None]
+
+
+def test_zero_only_with_block_is_skipped_on_other_ranks(tmp_path):
+    def body():
+        effects = []
+        with ad.zero_only():
+            effects.append("body")
+            (tmp_path / f"touched-{ad.get_rank()}").write_text("x")
+        with ad.zero_only() as is_main:
+            effects.append(("flag", is_main))
+        effects.append("after")
+        return effects
+
+    out = run_distributed(body, 3, timeout=60)
+    assert out[0] == ["body", ("flag", True), "after"]
+    assert out[1] == out[2] == ["after"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["touched-0"]
+
+
+def test_zero_only_with_block_restores_existing_tracer():
+    import sys
+
+    def body():
+        calls = []
+
+        def tracer(frame, event, arg):
+            calls.append(event)
+            return None
+
+        sys.settrace(tracer)
+        try:
+            with ad.zero_only():
+                calls.append("body")
+            active = sys.gettrace() is tracer
+        finally:
+            sys.settrace(None)
+        return active, "body" in calls
+
+    out = run_distributed(body, 2, timeout=60)
+    assert out[0] == (True, True)
+    assert out[1] == (True, False)
+
+
+def test_zero_only_exception_in_body_on_rank0_propagates():
+    def body():
+        try:
+            with ad.zero_only():
+                raise RuntimeError("real error")
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    assert run_distributed(body, 2, timeout=60) == ["real error", "no error"]
+
+
+def test_zero_only_rejects_non_callable():
+    with pytest.raises(TypeError, match="zero_only\\(\\) takes a function or keyword arguments"):
+        ad.zero_only(42)
+
+
+# ---------------------------------------------------------------- do_n_at_a_time
+
+
+@pytest.mark.parametrize("ws,n", [(2, 1), (3, 1), (4, 2), (3, 2)])
+def test_do_n_at_a_time_order(tmp_path, ws, n):
+    def body():
+        rank = ad.get_rank()
+
+        def f():
+            _stamp(tmp_path, rank, "start")
+            time.sleep(0.2)
+            _stamp(tmp_path, rank, "end")
+            return rank * 10
+
+        return ad.do_n_at_a_time(f, n=n)
+
+    assert run_distributed(body, ws, timeout=60) == [r * 10 for r in range(ws)]
+    events = sorted(_events(tmp_path))
+    running, peak, calls = 0, 0, []
+    for _, r, e in events:
+        running += 1 if e == "start" else -1
+        peak = max(peak, running)
+        if e == "start":
+            calls.append(r)
+    assert sorted(calls) == list(range(ws))  # each rank called f exactly once
+    assert peak <= n
+    rounds = -(-ws // n)
+    start = {r: ts for ts, r, e in events if e == "start"}
+    end = {r: ts for ts, r, e in events if e == "end"}
+    for r in range(ws):  # round k starts after every rank of the earlier rounds ended
+        for q in range(ws):
+            if q % rounds < r % rounds:
+                assert start[r] >= end[q]
+
+
+def test_do_n_at_a_time_defaults_to_one_rank_per_node(tmp_path):
+    def body():
+        return ad.do_n_at_a_time(lambda: _stamp(tmp_path, ad.get_rank(), "call") or ad.get_num_nodes())
+
+    env = lambda r: {"LOCAL_RANK": str(r % 2), "LOCAL_WORLD_SIZE": "2", "NODE_RANK": str(r // 2)}
+    assert run_distributed(body, 4, rank_env=env, timeout=60) == [2, 2, 2, 2]
+    order = [r for _, r, _ in sorted(_events(tmp_path))]
+    assert set(order[:2]) == {0, 2} and set(order[2:]) == {1, 3}
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+def test_do_n_at_a_time_failure_raises_everywhere(failing):
+    def body():
+        def f():
+            if ad.get_rank() == failing:
+                raise OSError("disk full")
+            return "ok"
+
+        return ad.do_n_at_a_time(f, n=1)
+
+    start = time.monotonic()
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT)
+    assert isinstance(outcomes[failing].exception, OSError)
+    for o in outcomes:
+        if o.rank != failing:
+            assert isinstance(o.exception, ad.RankFailedError), o.describe()
+            assert o.exception.rank == failing
+            assert f"rank {failing} failed in do_n_at_a_time call #1: OSError: disk full" in o.error
+    assert time.monotonic() - start < 10
+
+
+def test_do_n_at_a_time_single_process_and_bad_arguments():
+    assert ad.do_n_at_a_time(lambda: 7) == 7
+    with pytest.raises(ValueError, match=r"do_n_at_a_time\(n=0\) must be >= 1"):
+        ad.do_n_at_a_time(lambda: 7, n=0)
+    with pytest.raises(ValueError, match=r"world_size=4\) disagrees with the actual world size 1"):
+        ad.do_n_at_a_time(lambda: 7, world_size=4)
+
+    def body():
+        with pytest.raises(ValueError, match=r"do_n_at_a_time\(local_rank=0\) disagrees"):
+            ad.do_n_at_a_time(lambda: 1, local_rank=0)
+        return True
+
+    outcomes = run_distributed_outcomes(body, 2, timeout=60)
+    assert outcomes[1].value is True
+
+
+# ---------------------------------------------------------------- compute_and_broadcast failure
+
+
+def test_compute_and_broadcast_failure_reaches_other_ranks():
+    def body():
+        return ad.compute_and_broadcast(lambda: 1 / 0)
+
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT)
+    assert isinstance(outcomes[0].exception, ZeroDivisionError)
+    for o in outcomes[1:]:
+        assert isinstance(o.exception, ad.RankFailedError)
+        assert "rank 0 failed in compute_and_broadcast: ZeroDivisionError" in o.error
+        assert o.elapsed < 5
+
+
+# ---------------------------------------------------------------- split_between_processes
+
+
+def _split_inputs():
+    return {
+        "list": list(range(10)),
+        "tuple": tuple("abcdefghij"),
+        "dict": {"a": list(range(10)), "b": [str(i) for i in range(10)]},
+        "tensor": torch.arange(20).reshape(10, 2),
+    }
+
+
+def _concat(parts, kind):
+    if kind == "dict":
+        return {k: sum((p[k] for p in parts), []) for k in parts[0]}
+    if kind == "tensor":
+        return torch.cat(parts)
+    if kind == "tuple":
+        return tuple(x for p in parts for x in p)
+    return [x for p in parts for x in p]
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_split_between_processes_reassembles(padding):
+    def body():
+        out = {}
+        for kind, value in _split_inputs().items():
+            with ad.split_between_processes(value, apply_padding=padding) as mine:
+                out[kind] = mine
+        return out
+
+    parts = run_distributed(body, 3, timeout=60)
+    for kind, value in _split_inputs().items():
+        pieces = [p[kind] for p in parts]
+        lengths = [len(x) if kind != "dict" else len(x["a"]) for x in pieces]
+        if padding:
+            assert lengths == [4, 4, 4]  # equal lengths, padded with the last item
+            whole = _concat(pieces, kind)
+            if kind == "dict":
+                assert whole["a"][:10] == value["a"] and whole["a"][10:] == [9, 9]
+            elif kind == "tensor":
+                assert torch.equal(whole[:10], value) and torch.equal(whole[10:], value[-1:].repeat(2, 1))
+            else:
+                assert list(whole[:10]) == list(value) and list(whole[10:]) == [value[-1]] * 2
+        else:
+            assert lengths == [4, 3, 3]  # first len % world ranks get one extra
+            whole = _concat(pieces, kind)
+            if kind == "tensor":
+                assert torch.equal(whole, value)
+            else:
+                assert whole == value
+
+
+def test_split_between_processes_single_process_unchanged():
+    data = [1, 2, 3]
+    with ad.split_between_processes(data, apply_padding=True) as mine:
+        assert mine is data
+
+
+def test_split_between_processes_bad_input():
+    def body():
+        errors = []
+        for bad, match in (({"a": [1, 2], "b": [1]}, "equal lengths"), (42, "takes a list")):
+            try:
+                with ad.split_between_processes(bad):
+                    pass
+            except (ValueError, TypeError) as exc:
+                errors.append(match in str(exc))
+        return errors
+
+    assert run_distributed(body, 2, timeout=60) == [[True, True], [True, True]]
+
+
+# ---------------------------------------------------------------- logging
+
+
+def test_get_logger_main_only_with_rank_prefix_and_no_side_effects():
+    log = ad.get_logger("axolotl_dist.tests.logger")
+    assert not ad.is_initialized()
+
+    def body():
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda rec: records.append((rec.getMessage(), rec.filename))
+        logger = logging.getLogger("axolotl_dist.tests.logger")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        log.info("step %d", 5)
+        log.warning("everywhere", main_process_only=False)
+        return records
+
+    out = run_distributed(body, 2, timeout=60)
+    assert out[0] == [("[rank 0/2] step 5", "test_ordering.py"), ("[rank 0/2] everywhere", "test_ordering.py")]
+    assert out[1] == [("[rank 1/2] everywhere", "test_ordering.py")]
+    assert not ad.is_initialized()
