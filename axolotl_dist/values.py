@@ -215,6 +215,7 @@ def synchronize_value(
 def synchronize_flag(flag: bool, device: Optional[Union[str, torch.device]] = None,
                      group: Optional["ProcessGroup"] = None) -> bool:
     """Return rank 0's ``flag`` (as a bool) on every rank."""
+    require_group("synchronize_flag", group)  # so an error names this function
     return synchronize_value(bool(flag), device, 0, group)
 
 
@@ -242,6 +243,7 @@ def all_reduce_value(
     """
     name = as_reduce_op(op)
     if isinstance(value, torch.Tensor):
+        require_group("all_reduce_value", group)  # so an error names this function
         out = value.detach().clone()
         if device is not None:
             out = out.to(device)
@@ -357,6 +359,7 @@ def broadcast_object_list(object_list: List[Any], src: int = 0,
     """Replace ``object_list``'s contents on every rank with ``src``'s, in place; returns it."""
     if not isinstance(object_list, list):
         raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    require_group("broadcast_object_list", group)  # so an error names this function
     received = broadcast_object(list(object_list), src, group)
     object_list[:] = received
     return object_list
