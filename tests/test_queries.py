@@ -170,39 +170,61 @@ def test_get_global_rank_both_meanings_on_a_subgroup():
         assert got[rank]["main_of_sub"] is (rank == 1)
 
 
-@pytest.mark.parametrize(
-    "case, env, init_kwargs, expected",
-    [
-        # shared filesystem: one writer for the whole job -> the global rank
-        ("shared", {"AXOLOTL_DIST_SHARED_FS": "1"}, {}, [0, 1, 2, 3]),
-        ("olmo-shared", {"OLMO_SHARED_FS": "1"}, {}, [0, 1, 2, 3]),
-        ("init-default-is-shared", {}, {}, [0, 1, 2, 3]),
-        # node-local filesystems: one writer per node -> the local rank
-        ("not-shared", {"AXOLOTL_DIST_SHARED_FS": "0"}, {}, [0, 1, 0, 1]),
-        ("init-not-shared", {}, {"shared_filesystem": False}, [0, 1, 0, 1]),
-        ("seed-spelling", {}, {"shared_filesytem": False}, [0, 1, 0, 1]),
-        # an explicit FS_LOCAL_RANK wins over both
-        ("explicit", {"AXOLOTL_DIST_SHARED_FS": "1", "FS_LOCAL_RANK": "{fs}"}, {}, [3, 2, 1, 0]),
-    ],
-)
-def test_get_fs_local_rank_shared_vs_not(case, env, init_kwargs, expected):
+def test_get_fs_local_rank_shared_vs_not():
+    """2 nodes x 2 ranks. Shared filesystem: one writer for the job (the global rank);
+    node-local filesystems: one writer per node (the local rank); FS_LOCAL_RANK wins over both.
+    Before init the env alone answers; init_distributed(shared_filesystem=...) sets the env var."""
+
     def rank_env(rank):
-        extra = {"LOCAL_RANK": rank % 2, "LOCAL_WORLD_SIZE": 2, "NODE_RANK": rank // 2}
-        extra.update({k: v.format(fs=3 - rank) for k, v in env.items()})
-        return extra
+        return {"LOCAL_RANK": rank % 2, "LOCAL_WORLD_SIZE": 2, "NODE_RANK": rank // 2}
 
     def body():
-        before = ad.get_fs_local_rank() if "init" not in case else None
-        ad.init_distributed(backend="gloo", **init_kwargs)
-        return before, ad.get_fs_local_rank(), ad.get_fs_local_rank(dist.group.WORLD)
+        import os
+
+        rank = ad.get_rank()
+        cases = {
+            "shared": {"AXOLOTL_DIST_SHARED_FS": "1"},
+            "olmo-shared": {"OLMO_SHARED_FS": "1"},
+            "not-shared": {"AXOLOTL_DIST_SHARED_FS": "0"},
+            "not-shared-beats-olmo": {"AXOLOTL_DIST_SHARED_FS": "false", "OLMO_SHARED_FS": "1"},
+            "explicit": {"AXOLOTL_DIST_SHARED_FS": "1", "FS_LOCAL_RANK": str(3 - rank)},
+        }
+        names = ("AXOLOTL_DIST_SHARED_FS", "OLMO_SHARED_FS", "FS_LOCAL_RANK")
+
+        def answers():
+            got = {}
+            for case, env in cases.items():
+                for name in names:
+                    os.environ.pop(name, None)
+                os.environ.update(env)
+                got[case] = ad.get_fs_local_rank()
+            for name in names:
+                os.environ.pop(name, None)
+            return got
+
+        before = answers()
+        unset_before = ad.get_fs_local_rank()  # no variable, no group: node-local
+        ad.init_distributed(backend="gloo")  # assumes a shared filesystem by default
+        default_after_init = (os.environ.get("AXOLOTL_DIST_SHARED_FS"), ad.get_fs_local_rank(),
+                              ad.get_fs_local_rank(dist.group.WORLD))
+        after = answers()
+        ad.init_distributed(shared_filesystem=False)  # idempotent, but applies the setting
+        told_not_shared = (os.environ.get("AXOLOTL_DIST_SHARED_FS"), ad.get_fs_local_rank())
+        ad.init_distributed(shared_filesytem=True)  # the seed's spelling still works
+        told_shared = (os.environ.get("AXOLOTL_DIST_SHARED_FS"), ad.get_fs_local_rank())
+        return before, unset_before, default_after_init, after, told_not_shared, told_shared
 
     got = run_distributed(body, 4, init=False, rank_env=rank_env, timeout=60)
-    for rank, (before, after, with_group) in enumerate(got):
-        assert after == expected[rank], f"rank {rank}"
-        if before is not None:  # the env alone answers before init, identically
-            assert before == expected[rank], f"rank {rank} before init"
-        if case in ("shared", "olmo-shared", "init-default-is-shared"):
-            assert with_group == rank  # the rank within group=
+    for rank, (before, unset, default, after, not_shared, shared) in enumerate(got):
+        local = rank % 2
+        expected = {"shared": rank, "olmo-shared": rank, "not-shared": local,
+                    "not-shared-beats-olmo": local, "explicit": 3 - rank}
+        assert before == expected, f"rank {rank} before init"
+        assert after == expected, f"rank {rank} after init"
+        assert unset == local
+        assert default == ("1", rank, rank)
+        assert not_shared == ("0", local)
+        assert shared == ("1", rank)
 
 
 def test_get_fs_local_rank_rejects_a_non_boolean_shared_fs():
