@@ -71,7 +71,9 @@ class _GroupState:
     preallocated buffers backed by an ``array`` (a Python store into it costs nanoseconds,
     where building a fresh tensor costs microseconds). Rebuilt when ``RANK``/``WORLD_SIZE``
     in the env change (so an env that disagrees with the group still raises) and forgotten
-    with the group (weak keys).
+    with the group (weak keys). The buffers are reused call after call, so two threads must not
+    run helpers on the same group at once (torch's collectives on one group do not allow that
+    either).
     """
 
     __slots__ = ("rank", "ws", "device", "cpu", "env", "hdr_arr", "hdr", "hdr_all", "__weakref__")

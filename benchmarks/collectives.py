@@ -252,9 +252,9 @@ def _report(med: Dict[str, float], queries: Dict[str, float], imports: Tuple[flo
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iters", type=int, default=1000, help="measured rounds (default 1000)")
-    parser.add_argument("--warmup", type=int, default=100, help="unmeasured rounds first")
-    parser.add_argument("--block", type=int, default=10, help="calls timed together per round")
+    parser.add_argument("--iters", type=int, default=3000, help="measured rounds (default 3000)")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured rounds first")
+    parser.add_argument("--block", type=int, default=1, help="calls timed together per round (1: per-call latency)")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--import-repeats", type=int, default=7)
     args = parser.parse_args(argv)
