@@ -20,6 +20,7 @@ So a scalar crosses in one small collective, and anything else in exactly two.
 from __future__ import annotations
 
 import pickle
+import reprlib
 import struct
 import traceback
 from typing import Any, List, Optional, Tuple
@@ -51,12 +52,24 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxother = _REPR.maxstring = 80
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        return _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        return f"<{type(value).__name__} object>"
+
+
 def _pickle(value: Any, what: str) -> bytes:
     try:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - pickle raises many types
         raise TypeError(
-            f"{what} of type {type(value).__name__} cannot be pickled ({type(exc).__name__}: "
+            f"{what} ({_short_repr(value)}, of type {type(value).__name__}) cannot be pickled "
+            f"({type(exc).__name__}: "
             f"{exc}): return or pass plain data (numbers, strings, lists, dicts, tensors) or "
             "make the object picklable"
         ) from exc

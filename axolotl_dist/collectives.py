@@ -152,16 +152,18 @@ def all_reduce(
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it."""
     name = as_reduce_op(reduce_operation)
+    if (name == "AVG" and not (tensor.is_floating_point() or tensor.is_complex())
+            and "nccl" not in (get_backend(group) or "")):
+        # checked before the single-process shortcut, so one rank fails like N ranks do
+        raise ValueError(
+            f"all_reduce(reduce_operation='AVG') needs a floating tensor, got {tensor.dtype}: "
+            "cast first or use 'SUM'"
+        )
     if not require_group("all_reduce", group):
         return tensor
     device = comm_device(group)
     work = _to_comm(tensor, device)
     if name == "AVG" and "nccl" not in (get_backend(group) or ""):
-        if not (work.is_floating_point() or work.is_complex()):
-            raise ValueError(
-                f"all_reduce(reduce_operation='AVG') needs a floating tensor, got {work.dtype}: "
-                "cast first or use 'SUM'"
-            )
         dist.all_reduce(work, op=dist.ReduceOp.SUM, group=group)
         work.div_(get_world_size(group))
     else:

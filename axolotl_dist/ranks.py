@@ -108,7 +108,13 @@ def get_world_size(group: Optional["ProcessGroup"] = None) -> int:
             _check_env_agrees(_env.WORLD_SIZE_ENV_VAR, _env.env_world_size(), ws)
         return ws
     _require_group_arg(group)
-    return dist.get_world_size(group)
+    ws = dist.get_world_size(group)
+    if ws < 0:  # torch answers -1 on a rank that is not a member of ``group``
+        raise ValueError(
+            f"this process (global rank {dist.get_rank()}) is not a member of the group passed "
+            "as group=: pass a group this rank belongs to (only members may use it)"
+        )
+    return ws
 
 
 def _require_group_arg(group: "ProcessGroup") -> None:
@@ -155,6 +161,8 @@ def get_group_rank(global_rank: int, group: Optional["ProcessGroup"] = None) -> 
             raise ValueError(f"global_rank={global_rank} is out of range for world size {size}")
         return global_rank
     _require_group_arg(group)
+    if group is getattr(dist.GroupMember, "NON_GROUP_MEMBER", None):
+        get_world_size(group)  # raises: torch keeps no reliable rank list for a non-member
     ranks = dist.get_process_group_ranks(group)
     if global_rank not in ranks:
         raise ValueError(f"global rank {global_rank} is not in the group (ranks {ranks})")

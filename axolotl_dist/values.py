@@ -10,14 +10,17 @@ instead of hanging.
 
 from __future__ import annotations
 
+import array
 import functools
 import operator
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, TypeVar, Union
 
 import torch
 import torch.distributed as dist
 
 from . import _codec
+from . import env as _env
 from .collectives import (
     all_gather_into,
     all_reduce,
@@ -27,7 +30,7 @@ from .collectives import (
     comm_device,
     require_group,
 )
-from .ranks import get_rank, get_world_size
+from .ranks import _WORLD, get_rank, get_world_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -60,23 +63,86 @@ def _run(fn: Callable[[], Any], rank: int, where: str) -> Tuple[_codec.Encoded, 
         return _codec.encode_error(rank, exc, where), exc
 
 
+class _GroupState:
+    """What every helper call on one group needs, computed once: ranks, device, header buffers.
+
+    The helpers are latency-bound (a scalar is a 32-byte header), so per-call Python work before
+    the collective shows up directly in their latency. On CPU backends the header goes through
+    preallocated buffers backed by an ``array`` (a Python store into it costs nanoseconds,
+    where building a fresh tensor costs microseconds). Rebuilt when ``RANK``/``WORLD_SIZE``
+    in the env change (so an env that disagrees with the group still raises) and forgotten
+    with the group (weak keys). The buffers are reused call after call, so two threads must not
+    run helpers on the same group at once (torch's collectives on one group do not allow that
+    either).
+    """
+
+    __slots__ = ("rank", "ws", "device", "cpu", "env", "hdr_arr", "hdr", "hdr_all", "__weakref__")
+
+    def __init__(self, group: Optional["ProcessGroup"], env: Tuple[Any, Any]) -> None:
+        get_rank(), get_world_size()  # the env must agree with the world group
+        self.rank = get_rank(group)
+        self.ws = get_world_size(group)
+        self.device = comm_device(group)
+        self.cpu = self.device.type == "cpu"
+        self.env = env
+        self.hdr_arr = array.array("q", bytes(8 * _codec.HEADER_LEN))
+        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
+        self.hdr_all = torch.empty(self.ws * _codec.HEADER_LEN, dtype=_I64) if self.cpu else None
+
+
+_STATES: "weakref.WeakKeyDictionary[Any, _GroupState]" = weakref.WeakKeyDictionary()
+_RAW = _env._raw
+
+
+def _group_state(group: Optional["ProcessGroup"]) -> _GroupState:
+    """The cached :class:`_GroupState` of ``group`` (default group if None); needs a group."""
+    pg = group if group is not None else _WORLD.default_pg
+    env = (_RAW(_env.RANK_ENV_VAR), _RAW(_env.WORLD_SIZE_ENV_VAR))
+    try:
+        state = _STATES.get(pg)
+    except TypeError:  # not weak-referenceable: torch's NON_GROUP_MEMBER sentinel
+        return _GroupState(group, env)  # raises: this rank is not a member
+    if state is None or state.env[0] is not env[0] or state.env[1] is not env[1]:
+        state = _GroupState(group, env)
+        _STATES[pg] = state
+    return state
+
+
+def _check_src(src: Any, state: _GroupState, group: Optional["ProcessGroup"], name: str) -> None:
+    if type(src) is not int or not 0 <= src < state.ws:
+        check_src(src, group, name)  # raises with the full message
+
+
+def _check_ws(world_size: Optional[int], state: _GroupState, group: Optional["ProcessGroup"],
+              fn: str) -> None:
+    if world_size is not None and world_size != state.ws:
+        check_world_size(world_size, group, fn)  # raises with the full message
+
+
 def broadcast_value(
     fn: Callable[[], T], src: int, group: Optional["ProcessGroup"], where: str,
-    device: Optional[torch.device] = None,
+    device: Optional[torch.device] = None, state: Optional[_GroupState] = None,
 ) -> T:
     """Run ``fn`` on group rank ``src`` only and return its result on every rank."""
-    rank = get_rank(group)
-    cdev = comm_device(group)
+    st = state if state is not None else _group_state(group)
+    cdev = st.device
     own: Optional[BaseException] = None
-    if rank == src:
-        encoded, own = _run(fn, rank, where)
+    encoded: Optional[_codec.Encoded] = None
+    if st.rank == src:
+        encoded, own = _run(fn, st.rank, where)
+    if st.cpu:
+        header = st.hdr
+        if encoded is not None:
+            h, a = encoded.header, st.hdr_arr
+            a[0], a[1], a[2], a[3] = h[0], h[1], h[2], h[3]
+    elif encoded is not None:
         header = torch.tensor(encoded.header, dtype=_I64, device=cdev)
     else:
-        encoded, header = None, torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
+        header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
     dist.broadcast(header, group=group, group_src=src)
     values = header.tolist()
     payload = None
-    if _codec.needs_payload(values):
+    if values[0] >= _codec.PICKLE:
         if encoded is not None:
             payload = encoded.payload.to(cdev)
         else:
@@ -90,32 +156,42 @@ def broadcast_value(
 def all_gather_values(
     fn: Callable[[], Any], group: Optional["ProcessGroup"], where: str,
     device: Optional[torch.device] = None, decode_on: Optional[int] = None,
+    state: Optional[_GroupState] = None,
 ) -> Optional[List[Any]]:
     """Run ``fn`` on every rank and all-gather the results (exactly).
 
     Failures anywhere raise on every rank. With ``decode_on`` only that group rank decodes the
     values (others return None after the same collectives).
     """
-    rank, ws = get_rank(group), get_world_size(group)
-    cdev = comm_device(group)
+    st = state if state is not None else _group_state(group)
+    rank, ws, cdev = st.rank, st.ws, st.device
     encoded, own = _run(fn, rank, where)
-    headers_t = torch.empty(ws * _codec.HEADER_LEN, dtype=_I64, device=cdev)
-    all_gather_into(headers_t, torch.tensor(encoded.header, dtype=_I64, device=cdev), group=group)
-    headers = _codec.header_rows(headers_t, ws)
+    n = _codec.HEADER_LEN
+    if st.cpu:
+        h, a = encoded.header, st.hdr_arr
+        a[0], a[1], a[2], a[3] = h[0], h[1], h[2], h[3]
+        all_gather_into(st.hdr_all, st.hdr, group=group)
+        flat = st.hdr_all.tolist()
+    else:
+        headers_t = torch.empty(ws * n, dtype=_I64, device=cdev)
+        all_gather_into(headers_t, torch.tensor(encoded.header, dtype=_I64, device=cdev),
+                        group=group)
+        flat = headers_t.tolist()
+    headers = [flat[i:i + n] for i in range(0, ws * n, n)]
     payloads: List[Optional[torch.Tensor]] = [None] * ws
-    stride = max(_codec.payload_len(h) for h in headers)
-    if stride:
+    if max(flat[0::n]) >= _codec.PICKLE:  # some rank sent a payload (or an error report)
+        stride = max(_codec.payload_len(h) for h in headers)
         mine = torch.zeros(stride, dtype=_U8, device=cdev)
         if encoded.payload is not None:
             mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
-        flat = torch.empty(ws * stride, dtype=_U8, device=cdev)
-        all_gather_into(flat, mine, group=group)
-        payloads = _codec.split_payloads(headers, flat, stride)
-    failed = _codec.first_error(headers)
-    if failed is not None:
-        if own is not None:
-            raise own
-        _codec.decode(headers[failed], payloads[failed])  # raises RankFailedError
+        flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
+        all_gather_into(flat_payload, mine, group=group)
+        payloads = _codec.split_payloads(headers, flat_payload, stride)
+        failed = _codec.first_error(headers)
+        if failed is not None:
+            if own is not None:
+                raise own
+            _codec.decode(headers[failed], payloads[failed])  # raises RankFailedError
     if decode_on is not None and rank != decode_on:
         return None
     return [_codec.decode(h, p, device) for h, p in zip(headers, payloads)]
@@ -132,14 +208,16 @@ def synchronize_value(
     if not require_group("synchronize_value", group):
         check_src(src, group)
         return value.to(device) if device is not None and isinstance(value, torch.Tensor) else value
-    check_src(src, group)
+    st = _group_state(group)
+    _check_src(src, st, group, "src")
     return broadcast_value(lambda: value, src, group, "synchronize_value",
-                           torch.device(device) if device is not None else None)
+                           torch.device(device) if device is not None else None, st)
 
 
 def synchronize_flag(flag: bool, device: Optional[Union[str, torch.device]] = None,
                      group: Optional["ProcessGroup"] = None) -> bool:
     """Return rank 0's ``flag`` (as a bool) on every rank."""
+    require_group("synchronize_flag", group)  # so an error names this function
     return synchronize_value(bool(flag), device, 0, group)
 
 
@@ -167,6 +245,7 @@ def all_reduce_value(
     """
     name = as_reduce_op(op)
     if isinstance(value, torch.Tensor):
+        require_group("all_reduce_value", group)  # so an error names this function
         out = value.detach().clone()
         if device is not None:
             out = out.to(device)
@@ -195,8 +274,9 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
     if not require_group("compute_and_broadcast", group):
         check_src(src, group)
         return fn()
-    check_src(src, group)
-    return broadcast_value(fn, src, group, "compute_and_broadcast")
+    st = _group_state(group)
+    _check_src(src, st, group, "src")
+    return broadcast_value(fn, src, group, "compute_and_broadcast", state=st)
 
 
 def gather_from_all_ranks(
@@ -214,9 +294,10 @@ def gather_from_all_ranks(
         check_world_size(world_size, group, "gather_from_all_ranks")
         check_src(dst, group, "dst")
         return [fn()]
-    check_world_size(world_size, group, "gather_from_all_ranks")
-    check_src(dst, group, "dst")
-    return all_gather_values(fn, group, "gather_from_all_ranks", decode_on=dst)
+    st = _group_state(group)
+    _check_ws(world_size, st, group, "gather_from_all_ranks")
+    _check_src(dst, st, group, "dst")
+    return all_gather_values(fn, group, "gather_from_all_ranks", decode_on=dst, state=st)
 
 
 def gather_scalar_from_all_ranks(
@@ -230,9 +311,10 @@ def gather_scalar_from_all_ranks(
         check_world_size(world_size, group, "gather_scalar_from_all_ranks")
         check_src(dst, group, "dst")
         return [fn()]
-    check_world_size(world_size, group, "gather_scalar_from_all_ranks")
-    check_src(dst, group, "dst")
-    return all_gather_values(fn, group, "gather_scalar_from_all_ranks", decode_on=dst)
+    st = _group_state(group)
+    _check_ws(world_size, st, group, "gather_scalar_from_all_ranks")
+    _check_src(dst, st, group, "dst")
+    return all_gather_values(fn, group, "gather_scalar_from_all_ranks", decode_on=dst, state=st)
 
 
 def reduce_and_broadcast(
@@ -248,8 +330,9 @@ def reduce_and_broadcast(
     if not require_group("reduce_and_broadcast", group):
         check_world_size(world_size, group, "reduce_and_broadcast")
         return fn2([fn1()])
-    check_world_size(world_size, group, "reduce_and_broadcast")
-    values = all_gather_values(fn1, group, "reduce_and_broadcast")
+    st = _group_state(group)
+    _check_ws(world_size, st, group, "reduce_and_broadcast")
+    values = all_gather_values(fn1, group, "reduce_and_broadcast", state=st)
     return fn2(values)  # type: ignore[arg-type]
 
 
@@ -268,8 +351,9 @@ def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = Non
     if not require_group("broadcast_object", group):
         check_src(src, group)
         return obj
-    check_src(src, group)
-    return broadcast_value(lambda: obj, src, group, "broadcast_object")
+    st = _group_state(group)
+    _check_src(src, st, group, "src")
+    return broadcast_value(lambda: obj, src, group, "broadcast_object", state=st)
 
 
 def broadcast_object_list(object_list: List[Any], src: int = 0,
@@ -277,6 +361,7 @@ def broadcast_object_list(object_list: List[Any], src: int = 0,
     """Replace ``object_list``'s contents on every rank with ``src``'s, in place; returns it."""
     if not isinstance(object_list, list):
         raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    require_group("broadcast_object_list", group)  # so an error names this function
     received = broadcast_object(list(object_list), src, group)
     object_list[:] = received
     return object_list

@@ -1,0 +1,87 @@
+"""init_distributed / initialize_dist / cleanup_distributed / validate_env_vars with real gloo."""
+
+import pytest
+import torch.distributed as dist
+
+import axolotl_dist as ad
+from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed
+
+NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
+
+
+def test_single_process_bootstrap_without_env_or_port():
+    """Plain ``python script.py``: a 1-rank group over an in-memory store, env filled in."""
+
+    def body():
+        import os
+
+        ad.validate_env_vars()
+        ad.init_distributed()
+        state = (dist.is_initialized(), ad.get_backend(), ad.get_rank(), ad.get_world_size(),
+                 {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                  "LOCAL_WORLD_SIZE", "MASTER_PORT")},
+                 ad.all_reduce_value(5), ad.gather_from_all_ranks(lambda: 1))
+        ad.init_distributed()  # idempotent
+        ad.cleanup_distributed()
+        ad.cleanup_distributed()  # safe twice
+        return state, dist.is_initialized(), ad.is_distributed(), ad.get_rank()
+
+    [(state, after, distributed, rank)] = run_distributed(body, 1, init=False, env=NO_ENV)
+    assert state == (True, "gloo", 0, 1, {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                                          "LOCAL_WORLD_SIZE": "1", "MASTER_PORT": None}, 5, [1])
+    assert (after, distributed, rank) == (False, False, 0)
+
+
+def test_init_distributed_under_torchrun_env(world_size):
+    def body():
+        before = (dist.is_initialized(), ad.get_rank())
+        ad.init_distributed(backend="gloo", timeout=60)
+        pg = dist.distributed_c10d._world.default_pg
+        ad.init_distributed()  # idempotent: same group
+        ad.init_distributed(backend="gloo")
+        ad.initialize_dist("cpu")  # composer's name, same group
+        same = dist.distributed_c10d._world.default_pg is pg
+        total = ad.all_reduce_value(ad.get_rank())
+        ad.cleanup_distributed()
+        return before, same, total, dist.is_initialized(), ad.get_rank()
+
+    got = run_distributed(body, world_size, init=False, timeout=60)
+    for rank, (before, same, total, after, rank_after) in enumerate(got):
+        assert before == (False, rank)
+        assert same is True
+        assert total == sum(range(world_size))
+        assert after is False and rank_after == rank  # back to the env after cleanup
+
+
+def test_initialize_dist_composer_entry_point():
+    def body():
+        ad.initialize_dist(device="cpu", timeout=30.0)
+        return ad.get_backend(), ad.get_world_size(), ad.compute_and_broadcast(lambda: "hi")
+
+    assert run_distributed(body, 2, init=False) == [("gloo", 2, "hi")] * 2
+
+
+def test_init_rejects_bad_timeouts_before_touching_the_network():
+    def body():
+        with pytest.raises(ValueError, match="timeout=-1 must be positive"):
+            ad.init_distributed(timeout=-1)
+        with pytest.raises(TypeError, match="timeout='soon' must be a datetime.timedelta or a number"):
+            ad.init_distributed(timeout="soon")
+        return dist.is_initialized()
+
+    assert run_distributed(body, 2, init=False) == [False, False]
+
+
+def test_init_with_another_backend_than_the_existing_group_raises():
+    def body():
+        with pytest.raises(ad.DistributedEnvError) as info:
+            ad.init_distributed(backend="nccl")
+        with pytest.raises(ad.DistributedEnvError, match="already initialized with backend 'gloo'"):
+            ad.initialize_dist("cuda")
+        return str(info.value), ad.get_backend()
+
+    for msg, backend in run_distributed(body, 2):
+        assert "init_distributed(backend='nccl')" in msg
+        assert "already initialized with backend 'gloo'" in msg
+        assert "pass backend='gloo' (or None)" in msg and "cleanup_distributed()" in msg  # the fix
+        assert backend == "gloo"
