@@ -9,9 +9,10 @@ a large world (default 8,192 ranks), so it needs no cluster::
 Each repeat creates a fresh fake group, times ``init_device_mesh(device, shape, names)`` and, in
 another fresh group, ``build_world_mesh(...)`` for the configs giving that shape (order
 alternating). ``build_world_mesh`` also validates the configs and creates the flattened DP and
-DP x CP groups up front. Prints the best (min) and median times; the ratios use the best times, which are the least
-disturbed by other processes on a shared machine. One ratio line per case and an overall one;
-``--check`` exits with status 1 if any ratio exceeds ``--target`` (default 1.5).
+DP x CP groups up front. Prints the best (min) and median times; the ratios use the best
+times, which are the least disturbed by other processes on a shared machine. One ratio line
+per case and an overall one; ``--check`` exits with status 1 if any ratio exceeds
+``--target`` (default 1.5). The garbage collector is off while timing, as in ``timeit``.
 """
 
 from __future__ import annotations

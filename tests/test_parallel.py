@@ -78,7 +78,8 @@ def test_replicate_and_shard_degree(monkeypatch):
     assert DataParallelConfig("hsdp").get_replicate_and_shard_degree(8) == (2, 4)
     assert DataParallelConfig("hsdp", num_replicas=4).get_replicate_and_shard_degree(8) == (4, 2)
     assert DataParallelConfig("hsdp", shard_degree=8).get_replicate_and_shard_degree(8) == (1, 8)
-    assert DataParallelConfig("hsdp", num_replicas=2, shard_degree=4).get_replicate_and_shard_degree(8) == (2, 4)
+    both = DataParallelConfig("hsdp", num_replicas=2, shard_degree=4)
+    assert both.get_replicate_and_shard_degree(8) == (2, 4)
 
 
 @pytest.mark.parametrize("make, words", [
