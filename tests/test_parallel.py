@@ -53,6 +53,10 @@ def test_enums_are_strings_with_their_value():
     assert PipelineScheduleType.interleaved_1F1B.is_multi_stage
     assert DataParallelConfig(name="hsdp").name is DataParallelType.hsdp
     assert DataParallelConfig(name="fsdp").as_dict()["name"] == "fsdp"
+    assert DataParallelConfig("fsdp", param_dtype="bfloat16").param_dtype == "bfloat16"
+    import torch
+
+    assert DataParallelConfig("fsdp", reduce_dtype=torch.float32).reduce_dtype is torch.float32
 
 
 def test_pipeline_styles_and_stage_ids():
@@ -88,6 +92,7 @@ def test_replicate_and_shard_degree(monkeypatch):
     (lambda: ExpertParallelConfig(degree=0), ["ExpertParallelConfig(degree=0)", ">= 1"]),
     (lambda: PipelineParallelConfig(degree=0), ["PipelineParallelConfig(degree=0)", ">= 1"]),
     (lambda: DataParallelConfig("hsdp", num_replicas=0), ["num_replicas=0", ">= 1"]),
+    (lambda: DataParallelConfig("fsdp", param_dtype="bf16"), ["param_dtype='bf16'", "torch dtype"]),
     (lambda: DataParallelConfig("zero3"), ["DataParallelConfig.name='zero3'", "'fsdp', 'hsdp', 'ddp'"]),
     (lambda: PipelineParallelConfig(2, schedule="Nope"), ["schedule='Nope'", "'1F1B'"]),
     (lambda: DataParallelConfig("hsdp", num_replicas=3, shard_degree=2).get_replicate_and_shard_degree(8),
@@ -107,6 +112,14 @@ def test_config_errors_name_the_config_and_numbers(make, words):
         make()
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_default_device_type_follows_the_backend():
+    from axolotl_dist.parallel import default_device_type
+
+    assert [default_device_type(b) for b in ("gloo", "fake", "mpi", "nccl", "cuda:nccl,cpu:gloo",
+                                             "cpu:gloo,cuda:nccl", "xpu:xccl")] == [
+        "cpu", "cpu", "cpu", "cuda", "cuda", "cuda", "xpu"]
 
 
 def test_build_without_process_group_says_to_init():

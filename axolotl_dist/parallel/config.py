@@ -13,6 +13,8 @@ import dataclasses
 from enum import Enum
 from typing import Any, Iterable, Optional, Tuple, Type, TypeVar, Union
 
+import torch
+
 from ..errors import DistributedConfigError
 
 __all__ = [
@@ -148,6 +150,18 @@ def _check_int(owner: str, field: str, value: Any, minimum: int = 1, optional: b
         raise DistributedConfigError(f"{owner}: {field}={value!r} must be an integer >= {minimum}")
 
 
+def _check_dtype(owner: str, field: str, value: Any, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, torch.dtype):
+        return
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return
+    raise DistributedConfigError(
+        f"{owner}: {field}={value!r} is not a torch dtype: use e.g. 'bfloat16', 'float32' or "
+        "torch.bfloat16")
+
+
 class _Config:
     """Mixin: ``validate()`` on construction, ``as_dict()``, a compact ``describe()``."""
 
@@ -187,8 +201,10 @@ class DataParallelConfig(_Config):
     shard_degree: Optional[int] = None
 
     def validate(self) -> None:
-        """Coerce ``name``; ``num_replicas`` and ``shard_degree`` must be ints >= 1 if set."""
+        """Coerce ``name``; dtypes must name torch dtypes; degrees must be ints >= 1 if set."""
         self.name = DataParallelType.coerce(self.name, "DataParallelConfig.name")
+        _check_dtype(self.describe(), "param_dtype", self.param_dtype, optional=True)
+        _check_dtype(self.describe(), "reduce_dtype", self.reduce_dtype)
         _check_int(self.describe(), "num_replicas", self.num_replicas, optional=True)
         _check_int(self.describe(), "shard_degree", self.shard_degree, optional=True)
 

@@ -93,20 +93,16 @@ def reset_world_mesh() -> None:
 def default_device_type(backend: Optional[str] = None) -> str:
     """The mesh device type for ``backend`` (default: the current group's).
 
-    ``gloo``, ``mpi`` and ``fake`` give ``"cpu"``; ``nccl`` gives ``"cuda"``; a mixed backend
-    such as ``"cuda:nccl,cpu:gloo"`` gives the accelerator when one is available.
+    ``gloo``, ``mpi`` and ``fake`` give ``"cpu"``; ``nccl`` gives ``"cuda"``; a per-device
+    backend such as ``"cuda:nccl,cpu:gloo"`` or ``"xpu:xccl"`` gives its accelerator.
     """
     backend = (backend or get_backend() or "gloo").lower()
-    if "nccl" in backend and torch.cuda.is_available():
-        return "cuda"
-    devices = [part.split(":")[0] for part in backend.split(",") if ":" in part]
-    for device in devices:
-        if device != "cpu" and getattr(torch, device, None) is not None:
-            handle = getattr(torch, device)
-            if getattr(handle, "is_available", lambda: False)():
-                return device
     if "nccl" in backend:
         return "cuda"
+    for part in backend.split(","):
+        device = part.split(":")[0] if ":" in part else "cpu"
+        if device != "cpu":
+            return device
     return "cpu"
 
 
