@@ -441,6 +441,7 @@ def _error_messages():
     negative.degree = -1  # mutated after construction: checked again at build time
     cases = {
         "no_dp": dict(tp=TensorParallelConfig(2)),
+        "wrong_type": dict(dp="fsdp"),
         "tp_not_dividing": dict(dp=fsdp, tp=TensorParallelConfig(3)),
         "cp_not_dividing_rest": dict(dp=fsdp, pp=PipelineParallelConfig(2), cp=ContextParallelConfig(8)),
         "negative_degree": dict(dp=fsdp, tp=negative),
@@ -483,6 +484,7 @@ def _error_messages():
 
 ERRORS = {
     "no_dp": ["TensorParallelConfig(degree=2)", "data parallel config is required"],
+    "wrong_type": ["dp='fsdp'", "must be a DataParallelConfig"],
     "tp_not_dividing": ["TensorParallelConfig(degree=3)", "8 rank(s) left of the world size 8",
                         "not divisible by 3"],
     "cp_not_dividing_rest": ["ContextParallelConfig(degree=8)", "4 rank(s) left of the world size 8"],

@@ -106,7 +106,17 @@ def default_device_type(backend: Optional[str] = None) -> str:
     return "cpu"
 
 
+_CONFIG_TYPES = {"dp": DataParallelConfig, "tp": TensorParallelConfig, "cp": ContextParallelConfig,
+                 "pp": PipelineParallelConfig, "ep": ExpertParallelConfig}
+
+
 def _describe_configs(**configs: object) -> str:
+    """``build_world_mesh(dp=..., ...)`` for messages; checks each config's type first."""
+    for key, config in configs.items():
+        if config is not None and not isinstance(config, _CONFIG_TYPES[key]):
+            raise DistributedConfigError(
+                f"build_world_mesh({key}={config!r}): {key}= must be a "
+                f"{_CONFIG_TYPES[key].__name__} or None")
     parts = [f"{k}={v.describe()}" for k, v in configs.items() if v is not None]  # type: ignore[attr-defined]
     return f"build_world_mesh({', '.join(parts)})"
 
