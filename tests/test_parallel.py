@@ -623,6 +623,8 @@ def _pipeline_vs_plain(schedules):
 
 
 def test_two_stage_pipeline_matches_the_plain_model():
+    import torch.distributed.pipelining  # noqa: F401  (once here, not in each forked rank)
+
     schedules = [("1F1B", 2), ("GPipe", 2), ("Interleaved1F1B", 4), ("ZBVZeroBubble", 4)]
     res = run_distributed(lambda: _pipeline_vs_plain(schedules), 2, timeout=TIMEOUT)
     expected_ids = {"1F1B": ([0], [1]), "GPipe": ([0], [1]), "Interleaved1F1B": ([0, 2], [1, 3]),
