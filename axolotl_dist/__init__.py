@@ -30,3 +30,40 @@ __all__ = list(_functional) + [
     "RankTimeoutError",
     "__version__",
 ]
+
+# --- device meshes and parallel configs (issue 4) --------------------------------------------
+from .parallel import (  # noqa: E402
+    ContextParallelConfig,
+    DataParallelConfig,
+    DataParallelType,
+    DPMeshDimName,
+    ExpertParallelConfig,
+    MeshDimName,
+    PipelineParallelConfig,
+    PipelineSchedule,
+    PipelineScheduleType,
+    PipelineSplitStyle,
+    TensorParallelConfig,
+    build_world_mesh,
+    flatten_mesh,
+    get_cp_mesh,
+    get_device_mesh_info,
+    get_dp_mesh,
+    get_dp_model_mesh,
+    get_dp_process_group,
+    get_ep_mesh,
+    get_pp_mesh,
+    get_pp_stage_mesh,
+    get_tp_mesh,
+    get_world_mesh,
+    reset_world_mesh,
+)
+
+__all__ += [
+    "MeshDimName", "DPMeshDimName", "DataParallelType", "DataParallelConfig",
+    "TensorParallelConfig", "ContextParallelConfig", "ExpertParallelConfig",
+    "PipelineParallelConfig", "PipelineScheduleType", "PipelineSplitStyle", "PipelineSchedule",
+    "build_world_mesh", "get_world_mesh", "reset_world_mesh", "get_dp_model_mesh", "get_dp_mesh",
+    "get_tp_mesh", "get_cp_mesh", "get_pp_mesh", "get_pp_stage_mesh", "get_ep_mesh",
+    "get_dp_process_group", "get_device_mesh_info", "flatten_mesh",
+]
