@@ -30,3 +30,8 @@ __all__ = list(_functional) + [
     "RankTimeoutError",
     "__version__",
 ]
+
+# --- sharded tensors (issue 5) -------------------------------------------------------------
+from .tensors import ShardedFlatParameter, ShardedFlatTensor, ShardingSpec  # noqa: E402
+
+__all__ += ["ShardingSpec", "ShardedFlatTensor", "ShardedFlatParameter"]
