@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import DistributedConfigError
-from ._flat_comm import GroupInfo, gather_flat, group_info, scatter_flat
+from ._flat_comm import GroupInfo, assemble, gather_flat, group_info, scatter_flat
 from .sharding_spec import RankRanges, ShardingSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -248,8 +248,8 @@ class ShardedFlatTensor(torch.Tensor):
         off_root = rank0_only and info.rank != 0
         if local.is_meta:
             return torch.empty(0 if off_root else spec.unsharded_shape, dtype=dtype, device="meta")
-        if info.world_size == 1:
-            return local.to(dtype=dtype, copy=True).view(spec.unsharded_shape)
+        if info.world_size == 1:  # nothing to communicate; the ranges may still be out of order
+            return assemble(local.to(dtype=dtype, copy=True).view(1, -1), spec).view(spec.unsharded_shape)
         flat = gather_flat(local, spec, info, dtype, rank0_only)
         if flat is None:
             return torch.empty(0, dtype=dtype, device=local.device)
@@ -334,7 +334,7 @@ class ShardedFlatTensor(torch.Tensor):
         self, full: torch.Tensor, local: torch.Tensor, spec: ShardingSpec, info: GroupInfo
     ) -> torch.Tensor:
         if local.is_meta or full.is_meta:
-            return torch.empty_like(local)
+            return torch.empty(local.shape, dtype=local.dtype, device=local.device)
         root = info.rank == 0
         if _shape(full) != spec.unsharded_shape and (root or full.numel() > 0):
             raise DistributedConfigError(
