@@ -4,8 +4,9 @@ Every shard travels padded to the largest shard, in one rank-major flat buffer:
 
 * gather: one ``all_gather_single`` (one ``gather`` to group rank 0 for ``rank0_only``),
   in place, so the padded buffer is the only allocation; when the spec's layout matches the
-  buffer (even splits, ceil-style splits) the buffer *is* the result, otherwise one copy per
-  range assembles it;
+  buffer (even splits, ceil-style splits) the buffer *is* the result, for other rank-ordered
+  layouts (uneven balanced splits) the shards are moved left in place (CPU), and only
+  out-of-order layouts are assembled by one copy per range into a new tensor;
 * shard with ``synchronize`` and reshard with ``writeback``: one ``scatter`` from group rank
   0, so each rank receives only its own shard (a broadcast would send the whole tensor).
 
@@ -14,6 +15,7 @@ Ranks are group ranks everywhere, so subgroups that do not contain global rank 0
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional
 
@@ -79,11 +81,31 @@ def pad_rank_major(flat: torch.Tensor, spec: ShardingSpec, dtype: torch.dtype) -
     return buf.view(spec.world_size, width)
 
 
+def _compact_in_place(flat: torch.Tensor, spec: ShardingSpec) -> None:
+    """Move each piece left to its place with ``memmove`` (CPU; ``spec._monotone`` layouts).
+
+    In output order each piece moves left and ends before the next piece's source, so no
+    piece overwrites data not yet moved; ``memmove`` handles a piece overlapping itself.
+    """
+    base, size = flat.data_ptr(), flat.element_size()
+    for src, dst, length in sorted(spec._plan, key=lambda p: p[1]):
+        if src != dst:
+            ctypes.memmove(base + dst * size, base + src * size, length * size)
+
+
 def assemble(buf: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
-    """The flattened full tensor from the rank-major padded buffer (a view when aligned)."""
+    """The flattened full tensor from the rank-major padded buffer ``buf`` (which it may reuse).
+
+    A view of ``buf`` when the layout is aligned (even or ceil-style splits) or can be
+    compacted in place (rank-ordered uneven splits, on CPU); otherwise one copy per range
+    into a new tensor.
+    """
     numel = spec.unsharded_numel
     flat = buf.reshape(-1)
     if spec._aligned:
+        return flat[:numel]
+    if spec._monotone and flat.device.type == "cpu" and flat.is_contiguous():
+        _compact_in_place(flat, spec)
         return flat[:numel]
     out = torch.empty(numel, dtype=buf.dtype, device=buf.device)
     for src, dst, length in spec._plan:

@@ -140,6 +140,7 @@ class ShardingSpec:
     unsharded_flattened_offsets: Tuple[RankRanges, ...]
     _plan: Tuple[Tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     _aligned: bool = field(init=False, repr=False, compare=False)
+    _monotone: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -156,6 +157,7 @@ class ShardingSpec:
         _check_ranges(math.prod(shape), offsets)
         object.__setattr__(self, "_plan", self._make_plan())
         object.__setattr__(self, "_aligned", self._is_aligned())
+        object.__setattr__(self, "_monotone", self._is_monotone())
 
     @classmethod
     def balanced(cls, unsharded_shape: Sequence[int], world_size: int) -> "ShardingSpec":
@@ -229,3 +231,10 @@ class ShardingSpec:
     def _is_aligned(self) -> bool:
         """True if the padded rank-major buffer already *is* the flattened tensor (no copy)."""
         return all(src == dst for src, dst, _ in self._plan)
+
+    def _is_monotone(self) -> bool:
+        """True if the buffer can be compacted in place: in output order, every piece moves
+        left (or stays) and the pieces keep their order (rank-ordered layouts, uneven or not)."""
+        pieces = sorted(self._plan, key=lambda p: p[1])
+        return all(dst <= src for src, dst, _ in pieces) and all(
+            a[0] < b[0] for a, b in zip(pieces, pieces[1:]))
