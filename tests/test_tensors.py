@@ -142,6 +142,27 @@ def test_single_process_without_init():
         ShardedFlatTensor.shard(full, ShardingSpec((3, 4), ((0, 6), (6, 12))))
 
 
+def test_mark_as_sharded_and_sharded_data_setter():
+    spec = ShardingSpec((2, 2), ((0, 4),))
+    t = ShardedFlatTensor(torch.arange(4.0))
+    assert not t.metadata_set and not t.is_sharded
+    t.mark_as_sharded(spec)
+    assert t.is_sharded and t.unsharded_flattened_offsets == ((0, 4),) and t.sharded_numel == 4
+    with pytest.raises(DistributedConfigError, match="already marked"):
+        t.mark_as_sharded(spec)
+    with pytest.raises(DistributedConfigError, match="1 element.*has 3"):
+        ShardedFlatTensor(torch.ones(3)).mark_as_sharded(ShardingSpec((1,), ((0, 1),)))
+    t.sharded_data = torch.ones(4)
+    assert torch.equal(t.gather(), torch.ones(2, 2))
+    t.unshard_()
+    t.sharded_data = torch.zeros(4)  # while unsharded: replaces the saved shard
+    assert t.shape == (2, 2)
+    t.reshard_()
+    assert torch.equal(t.gather(), torch.zeros(2, 2))
+    same = ShardedFlatTensor(t)  # shares the shard and the metadata
+    assert same.sharding_spec is spec and same.data_ptr() == t.data_ptr()
+
+
 def test_like_functions_deepcopy_and_module_use():
     p = ShardedFlatParameter.shard(torch.arange(6.0).view(2, 3), requires_grad=True)
     assert isinstance(p, torch.nn.Parameter) and p.requires_grad
@@ -420,6 +441,9 @@ def _fake_body():
 
     from axolotl_dist.tensors import dtensor_utils as du
 
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset as torch_calc
+    from torch.distributed.tensor.placement_types import _StridedShard
+
     out = {"first": [], "second": [], "second_placed": [], "flat8": [], "sft": []}
     for rank in range(8):
         os.environ.update(RANK=str(rank), WORLD_SIZE="8")
@@ -436,6 +460,10 @@ def _fake_body():
             out["second"].append(du.compute_local_shape_and_global_offset((2,), mesh, [Shard(0)]))
             placed = distribute_tensor(two, mesh, [Shard(0), Replicate()], src_data_rank=None)
             out["second_placed"].append(placed.to_local().tolist())
+            strided = [_StridedShard(0, split_factor=4), Shard(0)]  # FSDP2 + TP layouts
+            for shape, placements in [((16, 2), strided), ((9, 5), [Shard(1), Shard(0)])]:
+                assert du.compute_local_shape_and_global_offset(shape, mesh, placements) == tuple(
+                    map(tuple, torch_calc(shape, mesh, placements))), (shape, placements)
             flat = init_device_mesh("cpu", (8,))
             out["flat8"].append(du.compute_local_shape_and_global_offset((2,), flat, [Shard(0)]))
             # 2 elements over 8 ranks: no backwards range; each rank's part of the gather
