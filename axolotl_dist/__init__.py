@@ -67,3 +67,8 @@ __all__ += [
     "get_tp_mesh", "get_cp_mesh", "get_pp_mesh", "get_pp_stage_mesh", "get_ep_mesh",
     "get_dp_process_group", "get_device_mesh_info", "flatten_mesh",
 ]
+
+# --- sharded tensors (issue 5) -------------------------------------------------------------
+from .tensors import ShardedFlatParameter, ShardedFlatTensor, ShardingSpec  # noqa: E402
+
+__all__ += ["ShardingSpec", "ShardedFlatTensor", "ShardedFlatParameter"]

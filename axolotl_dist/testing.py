@@ -153,7 +153,17 @@ def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, Optiona
             os.environ[name] = str(value)
 
 
-def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_timeout, conn):
+def _wait_for_siblings(gate: tuple) -> None:
+    """Block until the parent has forked every rank (see ``run_distributed_outcomes``)."""
+    go_read, go_write = gate
+    os.close(go_write)
+    if os.read(go_read, 1) != b"g":  # the parent gave up while forking
+        os._exit(1)
+    os.close(go_read)
+
+
+def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_timeout, conn,
+                gate):
     """Body of a forked rank. Never returns: always ``os._exit``."""
     code = 0
     try:
@@ -162,6 +172,7 @@ def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg
         pass
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _wait_for_siblings(gate)
     message: tuple
     try:
         _rank_env(rank, world_size, port, env)
@@ -251,6 +262,11 @@ def run_distributed_outcomes(
     )
     kwargs = dict(kwargs or {})
     procs, conns = [], []
+    # Ranks wait at this gate until all are forked: a rank that connects to the store while
+    # the parent is still forking makes the store's thread resolve its address, and a fork
+    # taken while that thread holds glibc's resolver lock leaves the next rank deadlocked
+    # in getnameinfo() (seen intermittently under pytest-xdist on a busy machine).
+    gate = os.pipe()
     start = time.monotonic()
     try:
         for rank in range(world_size):
@@ -261,13 +277,14 @@ def run_distributed_outcomes(
             proc = ctx.Process(
                 target=_child_main,
                 args=(rank, world_size, store.port, fn, args, kwargs, extra, init, backend,
-                      pg_timeout, writer),
+                      pg_timeout, writer, gate),
                 daemon=False,
             )
             proc.start()
             writer.close()
             procs.append(proc)
             conns.append(reader)
+        os.write(gate[1], b"g" * world_size)
         outcomes: List[Optional[RankOutcome]] = [None] * world_size
         messages: Dict[int, tuple] = {}
         first_failure: Optional[float] = None
@@ -331,6 +348,8 @@ def run_distributed_outcomes(
                 pass
         for conn in conns:
             conn.close()
+        for fd in gate:
+            os.close(fd)
         del store
 
 
