@@ -5,7 +5,8 @@ die with the launcher even if the launcher is SIGKILLed (Linux ``PR_SET_PDEATHSI
 user's script or module as ``__main__`` (like ``python script.py`` / ``python -m module``) and,
 if it raises, writes the exception to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) so the launcher can show the traceback of the rank that failed
-first. ``SystemExit`` and ``KeyboardInterrupt`` pass through unchanged (exit code kept).
+first. ``SystemExit`` passes through unchanged (exit code kept); ``KeyboardInterrupt`` (the
+launcher forwards Ctrl-C) exits with 130 without a traceback.
 """
 
 from __future__ import annotations
@@ -106,8 +107,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     sys.argv = [target] + args[1:]
     try:
         _run(target, module)
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
+    except KeyboardInterrupt:
+        # The launcher forwards Ctrl-C to every rank: exit like a SIGINT death, without a
+        # traceback per rank (finally blocks and atexit hooks have run / still run).
+        raise SystemExit(128 + int(signal.SIGINT)) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, shown, then exit code 1 like python
         tb = _user_traceback(exc.__traceback__)
         formatted = "".join(traceback.format_exception(type(exc), exc, tb))
