@@ -87,8 +87,10 @@ def _env(**extra: str) -> Dict[str, str]:
     return env
 
 
-def _launcher(args: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "axolotl_dist.launch", *args], cwd=str(ROOT),
+def _launcher(args: List[str], env: Optional[Dict[str, str]] = None,
+              cwd: Optional[Path] = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "axolotl_dist.launch", *args],
+                            cwd=str(cwd or ROOT),
                             env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
@@ -153,10 +155,12 @@ def test_three_ranks_env_and_a_raising_rank(rank_script: Path, tmp_path: Path) -
     assert "exit code 1" in summary
 
 
-def test_two_ranks_env_and_a_sigkilled_rank(rank_script: Path, tmp_path: Path) -> None:
+def test_two_ranks_env_and_a_sigkilled_rank_run_as_module(rank_script: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    code, _, err = _finish(_launcher(["-n", "2", str(rank_script), str(out), "kill"]))
+    # -m: the target is a module found from the working directory, as with python -m.
+    code, _, err = _finish(_launcher(["-n", "2", "-m", rank_script.stem, str(out), "kill"],
+                                     cwd=tmp_path))
     _check_contract(_results(out, 2), 2)
     assert code == 137, err
     assert "rank 1 (local rank 1" in err and "SIGKILL" in err
