@@ -100,9 +100,13 @@ def init_distributed(
     * No launcher env vars (or ``WORLD_SIZE=1``): a single-rank group over an in-memory store
       (no port, no network), and ``RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1`` are
       set if missing.
-    * Several ranks: ``env://`` rendezvous; ``MASTER_ADDR``/``MASTER_PORT`` must be set unless
-      ``init_method=`` or ``store=`` is passed. SLURM / Open MPI variables are exported as the
-      torch-style ones first. On CUDA backends the device is set to ``LOCAL_RANK`` first.
+    * Several ranks: ``env://`` rendezvous. Under ``srun`` / ``mpirun`` (see
+      :mod:`axolotl_dist.env` for which launcher wins) the SLURM / Open MPI values are exported
+      first as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
+      ``NUM_NODES``. ``MASTER_ADDR``/``MASTER_PORT`` must be set unless ``init_method=`` or
+      ``store=`` is passed, or the launcher implies them: SLURM's first host of the step's
+      node list and a port from the job id, Open MPI on one node 127.0.0.1. On CUDA backends
+      the device is set to ``LOCAL_RANK`` first.
     * Already initialized: nothing is re-created; a different ``backend`` raises
       :class:`DistributedEnvError`.
     * ``shared_filesystem``: whether all nodes share one filesystem (sets

@@ -15,8 +15,11 @@ reports failures:
 * **Env contract** for every rank: ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``, ``WORLD_SIZE``,
   ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (plus torchrun's own variables).
 * **Single node** (``--nnodes 1``, no ``--master-port``): torch's c10d rendezvous on
-  127.0.0.1 with port 0, so the OS picks a free port (no race). Multi-node: the static
-  rendezvous at ``--master-addr:--master-port`` hosted by node 0.
+  127.0.0.1 with port 0, so the OS picks a free port (no race); ranks get
+  ``MASTER_ADDR=127.0.0.1`` and gloo uses the loopback interface (``GLOO_SOCKET_IFNAME=lo``
+  unless set). torch's TCPStore server itself listens on every interface: torch has no
+  option to bind it to one address. Multi-node: the static rendezvous at
+  ``--master-addr:--master-port`` hosted by node 0.
 * **Failure**: when a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL
   after a grace period (torch elastic signals each rank's whole process group). The launcher
   prints which rank failed first, with that rank's traceback, and exits with its exit code
@@ -35,6 +38,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -60,6 +64,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
 _OMP_NUM_THREADS_ENV_VAR = "OMP_NUM_THREADS"
 _LOOPBACK = "127.0.0.1"
+_GLOO_IFNAME_ENV_VAR = "GLOO_SOCKET_IFNAME"
 _NO_MESSAGE = "<NONE>"  # torch elastic's placeholder when a rank wrote no error file
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
@@ -321,6 +326,20 @@ def _quiet_torch_logs(verbose: bool) -> None:
             logging.getLogger(name).setLevel(level)
 
 
+def _set_loopback_gloo(nnodes: int) -> None:
+    """On one node, gloo's pairs use the loopback interface (not whatever the hostname resolves to)."""
+    if nnodes != 1 or _GLOO_IFNAME_ENV_VAR in os.environ:
+        return
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):  # pragma: no cover
+        return
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            os.environ[_GLOO_IFNAME_ENV_VAR] = candidate
+            return
+
+
 def _set_thread_default(nproc: int) -> None:
     if _OMP_NUM_THREADS_ENV_VAR not in os.environ and nproc > 1:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -335,6 +354,7 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
     from torch.distributed.launcher.api import elastic_launch
 
     _set_thread_default(nproc)
+    _set_loopback_gloo(nnodes)
     os.environ[_LAUNCHER_PID_ENV_VAR] = str(os.getpid())
     config = launch_config(args, nproc, nnodes, node_rank, port)
     cmd_args = ["-u", "-m", "axolotl_dist._rank_main"] + (["-m"] if args.module else [])
