@@ -22,7 +22,6 @@ import os
 import random
 import tempfile
 import time
-from typing import List
 
 import torch
 import torch.nn as nn
