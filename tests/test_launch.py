@@ -369,3 +369,18 @@ def test_accelerate_partial_state_interop(order: str) -> None:
     for agree, total, kind in results:
         assert agree == (True, True, True, True)
         assert total == 3 and "MULTI_CPU" in kind
+
+
+def test_torchrun_inside_srun_uses_torch_vars_only() -> None:
+    # One torchrun per node started by srun: SLURM describes the per-node task (rank 0 of 1 on
+    # its node), torchrun the ranks. Nothing may be mixed in from SLURM.
+    def body():
+        import axolotl_dist.env as env
+
+        return (env.launcher_source(), ad.get_rank(), ad.get_local_rank(),
+                ad.get_local_world_size(), ad.get_node_rank(), ad.get_num_nodes())
+
+    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "1",
+           "SLURM_STEP_ID": "0", "SLURM_NNODES": "1", "NODE_RANK": None}
+    assert run_distributed(body, 2, init=False, env=env, timeout=60) == [
+        ("torch", 0, 0, 2, 0, 1), ("torch", 1, 1, 2, 0, 1)]
