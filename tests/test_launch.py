@@ -384,3 +384,29 @@ def test_torchrun_inside_srun_uses_torch_vars_only() -> None:
            "SLURM_STEP_ID": "0", "SLURM_NNODES": "1", "NODE_RANK": None}
     assert run_distributed(body, 2, init=False, env=env, timeout=60) == [
         ("torch", 0, 0, 2, 0, 1), ("torch", 1, 1, 2, 0, 1)]
+
+
+def test_first_failure_prefers_root_causes(tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    def failure(local_rank: int, exitcode: int, message: Optional[str], at: float):
+        path = tmp_path / f"error{local_rank}.json"
+        if message is not None:
+            path.write_text(json.dumps({
+                "message": {"message": message, "extraInfo": {
+                    "py_callstack": f"Traceback ...\n{message}\n", "timestamp": str(int(at))}},
+                "axolotl_dist": {"time": at}}))
+        return ProcessFailure(local_rank=local_rank, pid=100 + local_rank, exitcode=exitcode,
+                              error_file=str(path))
+
+    now = float(int(time.time()))
+    failures = {
+        0: failure(0, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1", now + 0.1),
+        1: failure(1, 1, "ValueError: the real problem", now + 0.2),
+        2: failure(2, -15, None, now),
+    }
+    rank, first = launch.first_failure(failures)
+    assert rank == 1 and "the real problem" in launch._traceback_of(first)
+    # Two root causes: the earlier one wins, whatever the rank order.
+    failures[0] = failure(0, 1, "KeyError: 'also real'", now + 0.3)
+    assert launch.first_failure(failures)[0] == 1
