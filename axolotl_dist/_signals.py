@@ -139,9 +139,13 @@ def stop_heartbeat() -> None:
     """Stop the heartbeat thread, if any."""
     global _HEARTBEAT
     with _HB_LOCK:
-        if _HEARTBEAT is not None:
-            _HEARTBEAT.stop.set()
-            _HEARTBEAT = None
+        beat, _HEARTBEAT = _HEARTBEAT, None
+    if beat is not None:
+        beat.stop.set()
+        if beat.thread is not threading.current_thread():
+            # Wait for the thread to let go of its store connection: a TCPStore still in use
+            # by a daemon thread when the interpreter exits aborts the process (SIGABRT).
+            beat.thread.join(timeout=5.0)
 
 
 def _proc_dead(pid: int) -> bool:

@@ -4,14 +4,28 @@ Before a process group exists, every rank query in :mod:`axolotl_dist` reads the
 (DESIGN.md decision 1), so a script started by ``torchrun -n 2`` knows it is rank 1 before it
 calls :func:`~axolotl_dist.init_distributed`. With none of them set the process is rank 0 of 1.
 
-Precedence, first match wins for each quantity:
+One launcher is chosen per process, never a mix of two (a torchrun started by ``srun`` sees
+both its own and SLURM's variables), first match wins:
 
-1. torch / composer style: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-   ``NODE_RANK`` (torchrun's ``GROUP_RANK`` too), ``NUM_NODES``;
-2. SLURM (``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
-   ``SLURM_JOB_NUM_NODES``;
-3. Open MPI (``mpirun``): ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
-   ``OMPI_COMM_WORLD_LOCAL_RANK``, ``OMPI_COMM_WORLD_LOCAL_SIZE``.
+1. **torch / composer style** (``torchrun``, ``axolotl-dist``, ``accelerate launch``,
+   composer, plain env): chosen when ``RANK`` or ``WORLD_SIZE`` is set. ``RANK``,
+   ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK`` (else torchrun's
+   ``GROUP_RANK``), ``NUM_NODES`` (else torchrun's ``GROUP_WORLD_SIZE``).
+2. **SLURM** (``srun``): chosen when ``SLURM_PROCID`` is set *inside a job step*, i.e. when
+   ``SLURM_STEP_ID`` (or the older ``SLURM_STEPID``) holds a regular step number. An
+   ``sbatch`` script or ``salloc`` shell also carries ``SLURM_PROCID=0`` and the job's
+   ``SLURM_NTASKS`` but no step id, so a plain ``python train.py`` there is one process, not
+   rank 0 of a job that never starts. Rank ``SLURM_PROCID``; world ``SLURM_STEP_NUM_TASKS``
+   (else ``SLURM_NTASKS``); local rank ``SLURM_LOCALID``; node ``SLURM_NODEID``; nodes
+   ``SLURM_STEP_NUM_NODES`` (else ``SLURM_JOB_NUM_NODES``, ``SLURM_NNODES``); local world size
+   this node's entry of ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` /
+   ``SLURM_NTASKS_PER_NODE`` (format ``4(x2),1``), else tasks / nodes. ``MASTER_ADDR``
+   defaults to the first host of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``,
+   ``SLURM_NODELIST``) and ``MASTER_PORT`` to ``15000 + (SLURM_JOB_ID + SLURM_STEP_ID) % 20000``.
+3. **Open MPI** (``mpirun``): chosen when ``OMPI_COMM_WORLD_RANK`` or ``OMPI_COMM_WORLD_SIZE``
+   is set. ``OMPI_COMM_WORLD_RANK``, ``_SIZE``, ``_LOCAL_RANK``, ``_LOCAL_SIZE``; the node
+   index is rank // local size (by-slot mapping). ``MASTER_ADDR`` defaults to 127.0.0.1 when
+   every rank is on this node; ``MASTER_PORT`` must be exported (``mpirun -x MASTER_PORT``).
 
 Values are parsed once per distinct raw string and cached, so a query costs a couple of dict
 lookups. Malformed or inconsistent values raise :class:`~axolotl_dist.errors.DistributedEnvError`
@@ -21,8 +35,9 @@ naming the variable and the fix.
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
+from . import _slurm
 from .errors import DistributedEnvError
 
 __all__ = [
@@ -32,13 +47,23 @@ __all__ = [
     "LOCAL_WORLD_SIZE_ENV_VAR",
     "NODE_RANK_ENV_VAR",
     "GROUP_RANK_ENV_VAR",
+    "GROUP_WORLD_SIZE_ENV_VAR",
     "NUM_NODES_ENV_VAR",
     "MASTER_ADDR_ENV_VAR",
     "MASTER_PORT_ENV_VAR",
     "FS_LOCAL_RANK_ENV_VAR",
     "SHARED_FS_ENV_VAR",
     "OLMO_SHARED_FS_ENV_VAR",
+    "SLURM_STEP_ID_ENV_VARS",
+    "SLURM_NODELIST_ENV_VARS",
+    "SLURM_TASKS_PER_NODE_ENV_VARS",
+    "SLURM_JOB_ID_ENV_VAR",
+    "TORCH_SOURCE",
+    "SLURM_SOURCE",
+    "OPENMPI_SOURCE",
+    "LAUNCHER_SOURCES",
     "RANK_SOURCES",
+    "launcher_source",
     "env_rank",
     "env_world_size",
     "env_local_rank",
@@ -49,6 +74,8 @@ __all__ = [
     "env_shared_filesystem",
     "env_master_addr",
     "env_master_port",
+    "default_master_addr",
+    "default_master_port",
     "has_launcher_env",
     "validate_env_vars",
     "clear_env_cache",
@@ -60,6 +87,7 @@ LOCAL_RANK_ENV_VAR = "LOCAL_RANK"
 LOCAL_WORLD_SIZE_ENV_VAR = "LOCAL_WORLD_SIZE"
 NODE_RANK_ENV_VAR = "NODE_RANK"
 GROUP_RANK_ENV_VAR = "GROUP_RANK"  # torchrun's name for the node rank
+GROUP_WORLD_SIZE_ENV_VAR = "GROUP_WORLD_SIZE"  # torchrun's name for the number of nodes
 NUM_NODES_ENV_VAR = "NUM_NODES"
 MASTER_ADDR_ENV_VAR = "MASTER_ADDR"
 MASTER_PORT_ENV_VAR = "MASTER_PORT"
@@ -67,14 +95,53 @@ FS_LOCAL_RANK_ENV_VAR = "FS_LOCAL_RANK"
 SHARED_FS_ENV_VAR = "AXOLOTL_DIST_SHARED_FS"
 OLMO_SHARED_FS_ENV_VAR = "OLMO_SHARED_FS"
 
-#: For each quantity, the env vars that may carry it, in precedence order.
+#: Set by ``srun`` in every task of a job step; absent in ``sbatch`` scripts and ``salloc`` shells.
+SLURM_STEP_ID_ENV_VARS: Tuple[str, ...] = ("SLURM_STEP_ID", "SLURM_STEPID")
+SLURM_NODELIST_ENV_VARS: Tuple[str, ...] = (
+    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+SLURM_TASKS_PER_NODE_ENV_VARS: Tuple[str, ...] = (
+    "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+SLURM_JOB_ID_ENV_VAR = "SLURM_JOB_ID"
+#: Step ids at or above this are SLURM's special steps (batch, extern, interactive), not srun.
+_SLURM_SPECIAL_STEP = 0xFFFFFFF0
+
+TORCH_SOURCE = "torch"
+SLURM_SOURCE = "slurm"
+OPENMPI_SOURCE = "openmpi"
+
+#: For each launcher, the env vars carrying each quantity, in precedence order.
+LAUNCHER_SOURCES: Dict[str, Dict[str, Tuple[str, ...]]] = {
+    TORCH_SOURCE: {
+        "rank": (RANK_ENV_VAR,),
+        "world_size": (WORLD_SIZE_ENV_VAR,),
+        "local_rank": (LOCAL_RANK_ENV_VAR,),
+        "local_world_size": (LOCAL_WORLD_SIZE_ENV_VAR,),
+        "node_rank": (NODE_RANK_ENV_VAR, GROUP_RANK_ENV_VAR),
+        "num_nodes": (NUM_NODES_ENV_VAR, GROUP_WORLD_SIZE_ENV_VAR),
+    },
+    SLURM_SOURCE: {
+        "rank": ("SLURM_PROCID",),
+        "world_size": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+        "local_rank": ("SLURM_LOCALID",),
+        "local_world_size": (),  # from SLURM_TASKS_PER_NODE_ENV_VARS, see _slurm_local_world_size
+        "node_rank": ("SLURM_NODEID",),
+        "num_nodes": ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    },
+    OPENMPI_SOURCE: {
+        "rank": ("OMPI_COMM_WORLD_RANK",),
+        "world_size": ("OMPI_COMM_WORLD_SIZE",),
+        "local_rank": ("OMPI_COMM_WORLD_LOCAL_RANK",),
+        "local_world_size": ("OMPI_COMM_WORLD_LOCAL_SIZE",),
+        "node_rank": (),  # OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index
+        "num_nodes": (),
+    },
+}
+
+#: Every variable that may carry each quantity, launchers in precedence order (documentation
+#: and tooling; lookups use :func:`launcher_source` so launchers are never mixed).
 RANK_SOURCES: Dict[str, Tuple[str, ...]] = {
-    "rank": (RANK_ENV_VAR, "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"),
-    "world_size": (WORLD_SIZE_ENV_VAR, "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"),
-    "local_rank": (LOCAL_RANK_ENV_VAR, "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"),
-    "local_world_size": (LOCAL_WORLD_SIZE_ENV_VAR, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    "node_rank": (NODE_RANK_ENV_VAR, GROUP_RANK_ENV_VAR, "SLURM_NODEID"),
-    "num_nodes": (NUM_NODES_ENV_VAR, "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    q: tuple(n for src in LAUNCHER_SOURCES.values() for n in src[q])
+    for q in LAUNCHER_SOURCES[TORCH_SOURCE]
 }
 
 # os.environ keeps its data in a plain dict of encoded keys; reading it directly keeps a rank
@@ -100,9 +167,33 @@ def _text(raw: object) -> str:
     return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
+def _slurm_step() -> bool:
+    """Whether this process is a task of an ``srun`` job step (not a batch/salloc shell)."""
+    for name in SLURM_STEP_ID_ENV_VARS:
+        raw = _raw(name)
+        if raw is not None:
+            text = _text(raw).strip()
+            return text.isdigit() and int(text) < _SLURM_SPECIAL_STEP
+    return False
+
+
+def launcher_source() -> str:
+    """Which launcher's variables describe this process: ``"torch"``, ``"slurm"`` or ``"openmpi"``.
+
+    See the module docstring for the rule; ``"torch"`` also when nothing is set.
+    """
+    if _raw(RANK_ENV_VAR) is not None or _raw(WORLD_SIZE_ENV_VAR) is not None:
+        return TORCH_SOURCE
+    if _raw("SLURM_PROCID") is not None and _slurm_step():
+        return SLURM_SOURCE
+    if _raw("OMPI_COMM_WORLD_RANK") is not None or _raw("OMPI_COMM_WORLD_SIZE") is not None:
+        return OPENMPI_SOURCE
+    return TORCH_SOURCE
+
+
 def _lookup(quantity: str) -> Tuple[Optional[str], Optional[object]]:
-    """Return ``(var name, raw value)`` of the first source set for ``quantity``."""
-    for name in RANK_SOURCES[quantity]:
+    """Return ``(var name, raw value)`` of the first variable set for ``quantity``."""
+    for name in LAUNCHER_SOURCES[launcher_source()][quantity]:
         raw = _raw(name)
         if raw is not None:
             return name, raw
@@ -206,20 +297,46 @@ else:  # pragma: no cover
         return _slow_env_rank()
 
 
+def _slurm_local_world_size() -> Optional[int]:
+    """This node's task count from SLURM's per-node lists, or None if none is set."""
+    for name in SLURM_TASKS_PER_NODE_ENV_VARS:
+        raw = _raw(name)
+        if raw is None:
+            continue
+        counts: List[int] = _slurm.expand_tasks_per_node(_text(raw), name)
+        if len(counts) == 1:
+            return counts[0]
+        nname, nraw = _lookup("node_rank")
+        node = 0 if nraw is None else _parse_int(nname, nraw, 0, "set it to this node's index")
+        if node >= len(counts):
+            raise DistributedEnvError(
+                f"{name}={_text(raw)!r} lists {len(counts)} node(s) but {nname}={node}: the "
+                "SLURM variables disagree; launch with srun, which sets both")
+        return counts[node]
+    return None
+
+
 def env_local_world_size(world_size: Optional[int] = None) -> int:
-    """Processes on this node: ``LOCAL_WORLD_SIZE``, else world size / nodes, else world size.
+    """Processes on this node: ``LOCAL_WORLD_SIZE`` (or the launcher's equivalent), else
+    world size / nodes, else world size.
 
     :param world_size: the world size to derive from (default: :func:`env_world_size`).
     """
-    name, raw = _lookup("local_world_size")
     ws = env_world_size() if world_size is None else world_size
-    if raw is None:
+    source = launcher_source()
+    name, raw = _lookup("local_world_size")
+    lws: Optional[int] = None
+    if source == SLURM_SOURCE:
+        lws = _slurm_local_world_size()
+        name = "SLURM_TASKS_PER_NODE"
+    elif raw is not None:
+        lws = _parse_int(name, raw, 1, "set it to the number of processes on this node (>= 1)")
+    if lws is None:
         nname, nraw = _lookup("num_nodes")
         if nraw is not None:
             nodes = _parse_int(nname, nraw, 1, "set it to the number of nodes (>= 1)")
             return max(1, ws // nodes)
         return ws
-    lws = _parse_int(name, raw, 1, "set it to the number of processes on this node (>= 1)")
     if lws > ws:
         raise DistributedEnvError(
             f"{name}={lws} is larger than the world size {ws}: set it to the number of "
@@ -313,6 +430,36 @@ def env_master_port() -> Optional[int]:
     return port
 
 
+def default_master_addr() -> Optional[str]:
+    """The rendezvous host the launcher implies when ``MASTER_ADDR`` is unset, or None.
+
+    SLURM: the first host of the step's node list (a malformed list raises). Open MPI with
+    every rank on this node: ``127.0.0.1``.
+    """
+    source = launcher_source()
+    if source == SLURM_SOURCE:
+        for name in SLURM_NODELIST_ENV_VARS:
+            raw = _raw(name)
+            if raw is not None:
+                return _slurm.first_host(_text(raw), name)
+    elif source == OPENMPI_SOURCE and env_local_world_size() == env_world_size():
+        return "127.0.0.1"
+    return None
+
+
+def default_master_port() -> Optional[int]:
+    """The rendezvous port the launcher implies when ``MASTER_PORT`` is unset, or None.
+
+    SLURM: ``15000 + (SLURM_JOB_ID + SLURM_STEP_ID) % 20000``, the same in every task of a step.
+    """
+    if launcher_source() != SLURM_SOURCE:
+        return None
+    job = _raw(SLURM_JOB_ID_ENV_VAR)
+    step = next((_raw(n) for n in SLURM_STEP_ID_ENV_VARS if _raw(n) is not None), None)
+    return _slurm.default_master_port(None if job is None else _text(job),
+                                      None if step is None else _text(step))
+
+
 def has_launcher_env() -> bool:
     """True if any rank or world-size variable of any supported launcher is set."""
     return _lookup("rank")[1] is not None or _lookup("world_size")[1] is not None
@@ -332,3 +479,5 @@ def validate_env_vars() -> None:
     env_fs_local_rank()
     env_shared_filesystem()
     env_master_port()
+    if _raw(MASTER_ADDR_ENV_VAR) is None:
+        default_master_addr()

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from datetime import timedelta
-from typing import Any, Optional, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -100,9 +100,13 @@ def init_distributed(
     * No launcher env vars (or ``WORLD_SIZE=1``): a single-rank group over an in-memory store
       (no port, no network), and ``RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1`` are
       set if missing.
-    * Several ranks: ``env://`` rendezvous; ``MASTER_ADDR``/``MASTER_PORT`` must be set unless
-      ``init_method=`` or ``store=`` is passed. SLURM / Open MPI variables are exported as the
-      torch-style ones first. On CUDA backends the device is set to ``LOCAL_RANK`` first.
+    * Several ranks: ``env://`` rendezvous. Under ``srun`` / ``mpirun`` (see
+      :mod:`axolotl_dist.env` for which launcher wins) the SLURM / Open MPI values are exported
+      first as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
+      ``NUM_NODES``. ``MASTER_ADDR``/``MASTER_PORT`` must be set unless ``init_method=`` or
+      ``store=`` is passed, or the launcher implies them: SLURM's first host of the step's
+      node list and a port from the job id, Open MPI on one node 127.0.0.1. On CUDA backends
+      the device is set to ``LOCAL_RANK`` first.
     * Already initialized: nothing is re-created; a different ``backend`` raises
       :class:`DistributedEnvError`.
     * ``shared_filesystem``: whether all nodes share one filesystem (sets
@@ -148,29 +152,61 @@ def init_distributed(
         kwargs.setdefault("rank", 0)
         kwargs.setdefault("world_size", 1)
     else:
-        # Export the torch-style names so env:// and every later query agree, whatever the
-        # launcher (SLURM / Open MPI) spoke.
-        local_rank = _env.env_local_rank()
-        for name, value in ((_env.RANK_ENV_VAR, rank), (_env.WORLD_SIZE_ENV_VAR, world_size),
-                            (_env.LOCAL_RANK_ENV_VAR, local_rank),
-                            (_env.LOCAL_WORLD_SIZE_ENV_VAR, _env.env_local_world_size())):
-            os.environ.setdefault(name, str(value))
-        if not explicit_rendezvous:
-            missing = [n for n in (_env.MASTER_ADDR_ENV_VAR, _env.MASTER_PORT_ENV_VAR)
-                       if _env._raw(n) is None]
-            if missing:
-                raise DistributedEnvError(
-                    f"{' and '.join(missing)} not set for a {world_size}-rank init (rank {rank}): "
-                    "set MASTER_ADDR to the host of rank 0 and MASTER_PORT to a free port on it, "
-                    "or launch with torchrun / axolotl-dist, or pass init_method="
-                )
-            _env.env_master_port()
+        # Defaults for the rendezvous come from SLURM/MPI variables: read them before exporting.
+        master = None if explicit_rendezvous else _master_endpoint(world_size, rank)
+        _export_torch_env()
+        if master is not None:
+            os.environ.setdefault(_env.MASTER_ADDR_ENV_VAR, master[0])
+            os.environ.setdefault(_env.MASTER_PORT_ENV_VAR, str(master[1]))
     _apply_shared_filesystem(shared_filesystem)
     if "nccl" in backend.lower() and torch.cuda.is_available():
         torch.cuda.set_device(_env.env_local_rank() % max(1, torch.cuda.device_count()))
     dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
     _after_init()
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
+
+
+def _export_torch_env() -> None:
+    """Export the torch-style names so ``env://``, accelerate and every later query agree,
+    whatever launcher (SLURM / Open MPI) spoke. All values are read before any is written:
+    writing ``RANK`` switches :func:`~axolotl_dist.env.launcher_source` to torch style."""
+    values = (
+        (_env.RANK_ENV_VAR, _env.env_rank()),
+        (_env.WORLD_SIZE_ENV_VAR, _env.env_world_size()),
+        (_env.LOCAL_RANK_ENV_VAR, _env.env_local_rank()),
+        (_env.LOCAL_WORLD_SIZE_ENV_VAR, _env.env_local_world_size()),
+        (_env.NODE_RANK_ENV_VAR, _env.env_node_rank()),
+        (_env.NUM_NODES_ENV_VAR, _env.env_num_nodes()),
+    )
+    if _env.launcher_source() == _env.TORCH_SOURCE:
+        values = values[:4]  # keep torch-style node variables as the launcher set them
+    for name, value in values:
+        os.environ.setdefault(name, str(value))
+
+
+def _master_endpoint(world_size: int, rank: int) -> Tuple[str, int]:
+    """``MASTER_ADDR``/``MASTER_PORT``, else the launcher's defaults, else a clear error."""
+    source = _env.launcher_source()
+    addr, port = _env.env_master_addr(), _env.env_master_port()
+    if addr is None:
+        addr = _env.default_master_addr()
+    if port is None:
+        port = _env.default_master_port()
+    missing = [n for n, v in ((_env.MASTER_ADDR_ENV_VAR, addr), (_env.MASTER_PORT_ENV_VAR, port))
+               if v is None]
+    if missing or addr is None or port is None:
+        hint = {
+            _env.SLURM_SOURCE: " (under SLURM they default to the first host of "
+                               "SLURM_STEP_NODELIST and a port derived from SLURM_JOB_ID)",
+            _env.OPENMPI_SOURCE: " (under Open MPI export them to every rank, e.g. "
+                                 "mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500)",
+        }.get(source, "")
+        raise DistributedEnvError(
+            f"{' and '.join(missing)} not set for a {world_size}-rank init (rank {rank}): "
+            f"set MASTER_ADDR to the host of rank 0 and MASTER_PORT to a free port on it{hint}, "
+            "or launch with torchrun / axolotl-dist, or pass init_method="
+        )
+    return addr, port
 
 
 def _after_init() -> None:

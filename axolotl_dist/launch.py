@@ -1,0 +1,411 @@
+"""``axolotl-dist``: run a training script on N local ranks (or N per node), a thin front over torchrun.
+
+Usage::
+
+    axolotl-dist -n 2 train.py --lr 1e-4            # 2 ranks on this machine
+    axolotl-dist -n 8 -m my_pkg.train               # a module instead of a script
+    axolotl-dist -n 8 --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29500 train.py
+    python -m axolotl_dist.launch -n 2 train.py     # same as axolotl-dist
+
+Everything after the script (or module) goes to the script. The process manager is
+``torch.distributed`` elastic's (:class:`~torch.distributed.launcher.api.elastic_launch`, what
+``torchrun`` runs); this module chooses its configuration, completes the env contract and
+reports failures:
+
+* **Env contract** for every rank: ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``, ``WORLD_SIZE``,
+  ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (plus torchrun's own variables).
+* **Single node** (``--nnodes 1``, no ``--master-port``): torch's c10d rendezvous on
+  127.0.0.1 with port 0, so the OS picks a free port (no race); ranks get
+  ``MASTER_ADDR=127.0.0.1`` and gloo uses the loopback interface (``GLOO_SOCKET_IFNAME=lo``
+  unless set). torch's TCPStore server itself listens on every interface: torch has no
+  option to bind it to one address. Multi-node: the static rendezvous at
+  ``--master-addr:--master-port`` hosted by node 0.
+* **Failure**: when a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL
+  after a grace period (torch elastic signals each rank's whole process group). The launcher
+  prints which rank failed first, with that rank's traceback, and exits with its exit code
+  (128 + signal for a rank killed by a signal).
+* **Ctrl-C / SIGTERM** to the launcher: every rank gets the same signal, then SIGKILL after
+  ``--grace-period`` seconds; the launcher exits with 128 + signal.
+* **No process left behind**: on Linux the launcher is a child subreaper, so anything a rank
+  started and left orphaned is re-parented to it and stopped when the ranks are done, and every
+  rank dies with the launcher even if the launcher is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "PROG",
+    "DEFAULT_GRACE_PERIOD",
+    "build_parser",
+    "launch_config",
+    "exit_code_of",
+    "first_failure",
+    "main",
+]
+
+PROG = "axolotl-dist"
+#: Seconds ranks get between SIGTERM and SIGKILL when the launcher is interrupted.
+DEFAULT_GRACE_PERIOD = 30.0
+#: How long the launcher waits on left-over processes between SIGTERM and SIGKILL at exit.
+_SWEEP_GRACE = 3.0
+_PR_SET_CHILD_SUBREAPER = 36
+_LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
+_OMP_NUM_THREADS_ENV_VAR = "OMP_NUM_THREADS"
+_LOOPBACK = "127.0.0.1"
+_GLOO_IFNAME_ENV_VAR = "GLOO_SOCKET_IFNAME"
+_NO_MESSAGE = "<NONE>"  # torch elastic's placeholder when a rank wrote no error file
+_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+
+
+def _default_nproc() -> int:
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - no torch / broken CUDA: one rank
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``axolotl-dist`` argument parser (options first, then the script and its arguments)."""
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        description="Run a PyTorch training script on several ranks (a thin front over torchrun).",
+        epilog="Every argument after the script or module is passed to it unchanged.")
+    p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+                   metavar="N", default=None,
+                   help="ranks on this node (default: the number of GPUs, else 1)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="run the target as a module (python -m), not as a script path")
+    p.add_argument("--nnodes", default="1", metavar="NODES", help="number of nodes (default 1)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", default="0", metavar="R",
+                   help="index of this node in [0, NODES) (default 0)")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,
+                   metavar="HOST", help="host of node 0 (required with --nnodes > 1; "
+                   "default 127.0.0.1 on one node)")
+    p.add_argument("--master-port", "--master_port", dest="master_port", default=None,
+                   metavar="PORT", help="rendezvous port on the master host (required with "
+                   "--nnodes > 1; default: a free port chosen by the OS on one node)")
+    p.add_argument("--grace-period", dest="grace_period", type=float,
+                   default=DEFAULT_GRACE_PERIOD, metavar="SECONDS",
+                   help="after Ctrl-C or SIGTERM, seconds ranks get before SIGKILL (default 30)")
+    p.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=int, default=900,
+                   metavar="SECONDS", help="how long nodes wait for each other (default 900)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show torch elastic's own log messages")
+    p.add_argument("target", metavar="script", help="the training script (or module with -m)")
+    p.add_argument("target_args", nargs=argparse.REMAINDER, metavar="...",
+                   help="arguments for the script")
+    return p
+
+
+def _positive_int(value: str, flag: str, minimum: int = 1) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {number}")
+    return number
+
+
+def _validate(args: argparse.Namespace) -> Tuple[int, int, int, Optional[int]]:
+    """Check the options; return (nproc, nnodes, node_rank, master_port). ValueError if bad."""
+    nproc = (_default_nproc() if args.nproc_per_node is None
+             else _positive_int(args.nproc_per_node, "-n/--nproc-per-node"))
+    nnodes = _positive_int(args.nnodes, "--nnodes")
+    node_rank = _positive_int(args.node_rank, "--node-rank", minimum=0)
+    if node_rank >= nnodes:
+        raise ValueError(f"--node-rank {node_rank} must be smaller than --nnodes {nnodes} "
+                         f"(nodes are numbered 0 to {nnodes - 1})")
+    port = None
+    if args.master_port is not None:
+        port = _positive_int(args.master_port, "--master-port", minimum=0)
+        if port > 65535:
+            raise ValueError(f"--master-port must be a TCP port in [0, 65535], got {port}")
+    if nnodes > 1 and (args.master_addr is None or not port):
+        raise ValueError(f"--nnodes {nnodes} needs --master-addr and a non-zero --master-port: "
+                         "the host and port of node 0, the same on every node")
+    if args.grace_period < 0:
+        raise ValueError(f"--grace-period must be >= 0 seconds, got {args.grace_period}")
+    if not args.module and not os.path.isfile(args.target):
+        raise ValueError(f"script {args.target!r} not found (cwd {os.getcwd()}); pass a path to "
+                         "a Python file, or -m for a module")
+    return nproc, nnodes, node_rank, port
+
+
+def launch_config(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
+                  port: Optional[int]):
+    """The :class:`~torch.distributed.launcher.api.LaunchConfig` for validated options."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if nnodes == 1 and not port:
+        # c10d rendezvous on port 0: the agent's store binds a port the OS picks, race-free.
+        backend, endpoint, run_id, configs = "c10d", f"{_LOOPBACK}:0", uuid.uuid4().hex, {}
+        local_addr: Optional[str] = _LOOPBACK
+    else:
+        addr = args.master_addr or _LOOPBACK
+        backend, endpoint, run_id = "static", f"{addr}:{port}", "none"
+        configs = {"rank": node_rank}
+        local_addr = _LOOPBACK if nnodes == 1 else None
+    configs["timeout"] = args.rdzv_timeout
+    return LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc, run_id=run_id,
+        role="default", rdzv_endpoint=endpoint, rdzv_backend=backend, rdzv_configs=configs,
+        max_restarts=0, monitor_interval=0.1, start_method="spawn", local_addr=local_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=args.log_dir), shutdown_timeout=int(args.grace_period),
+    )
+
+
+def exit_code_of(exitcode: int) -> int:
+    """A process's exit status as a shell reports it: 128 + signal for a signal death."""
+    return 128 - exitcode if exitcode < 0 else exitcode
+
+
+def _error_data(failure) -> dict:
+    """The rank's error file contents, or {} if it wrote none (signal deaths, sys.exit)."""
+    data = failure.error_file_data
+    if not isinstance(data, dict) or not isinstance(data.get("message"), (dict, str)):
+        return {}
+    return {} if data.get("message") == _NO_MESSAGE else data
+
+
+def _failure_time(failure) -> Tuple[int, float]:
+    data = _error_data(failure)
+    precise = (data.get("axolotl_dist") or {}).get("time")
+    return int(failure.timestamp), float(precise) if precise is not None else float("-inf")
+
+
+def _is_secondary(failure) -> bool:
+    """A failure caused by another rank's: killed by the launcher, or a peer-lost error."""
+    data = _error_data(failure)
+    if failure.exitcode == -int(signal.SIGTERM) and not data:
+        return True
+    text = str(data.get("message", ""))
+    return any(s in text for s in ("RankFailedError", "Connection closed by peer",
+                                   "Connection reset by peer", "DistNetworkError"))
+
+
+def first_failure(failures: Dict[int, object]) -> Tuple[int, object]:
+    """``(global rank, ProcessFailure)`` of the rank that failed first.
+
+    Failures caused by others (ranks the launcher stopped, ranks that lost a peer) come after
+    root causes; then the earlier second, the earlier sub-second time, the lower rank.
+    """
+    order = {rank: i for i, rank in enumerate(failures)}
+    return min(failures.items(), key=lambda item: (
+        _is_secondary(item[1]), _failure_time(item[1])[0], _failure_time(item[1])[1],
+        order[item[0]]))
+
+
+def _traceback_of(failure) -> Optional[str]:
+    message = _error_data(failure).get("message")
+    if isinstance(message, dict):
+        return (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
+    return message if isinstance(message, str) else None
+
+
+def _report(failures: Dict[int, object], nodes: int, node_rank: int) -> int:
+    rank, failure = first_failure(failures)
+    code = exit_code_of(failure.exitcode)
+    if failure.exitcode < 0:
+        try:
+            how = f"was killed by signal {-failure.exitcode} ({signal.Signals(-failure.exitcode).name})"
+        except ValueError:
+            how = f"was killed by signal {-failure.exitcode}"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
+    lines = [f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}"]
+    tb = _traceback_of(failure)
+    if tb:
+        lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
+    others = sorted(r for r in failures if r != rank)
+    if others:
+        lines.append(f"{PROG}: stopped the other rank(s) {others}")
+    lines.append(f"{PROG}: exit code {code}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return code
+
+
+def _become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover
+        return False
+
+
+def _children() -> List[int]:
+    """Live (non-zombie) children of this process, from /proc; zombies are reaped on the way."""
+    me, out = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # pragma: no cover - no procfs
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) != me:
+            continue
+        if fields[0] == "Z":
+            _reap(int(entry))
+        else:
+            out.append(int(entry))
+    return out
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        pass
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    for send in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+        try:
+            send()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def _sweep(grace: float) -> List[int]:
+    """Stop every process still parented to the launcher: SIGTERM, ``grace``, SIGKILL."""
+    stopped: List[int] = []
+    deadline = time.monotonic() + grace
+    sig = signal.SIGTERM
+    while True:
+        pids = _children()
+        if not pids:
+            return stopped
+        if time.monotonic() >= deadline:
+            if sig == signal.SIGKILL and time.monotonic() >= deadline + grace:
+                return stopped  # unkillable (D state): give up rather than hang
+            sig, deadline = signal.SIGKILL, time.monotonic() + grace
+        for pid in pids:
+            if pid not in stopped:
+                stopped.append(pid)
+            _signal_tree(pid, sig)
+        time.sleep(0.05)
+        for pid in pids:
+            _reap(pid)
+
+
+def _raise_signal_exception(signum: int, frame) -> None:
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    raise SignalException(f"{PROG} got signal {signum}", sigval=signal.Signals(signum))
+
+
+def _quiet_torch_logs(verbose: bool) -> None:
+    level = logging.INFO if verbose else logging.CRITICAL
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(_TORCH_LOGGERS):
+            logging.getLogger(name).setLevel(level)
+
+
+def _set_loopback_gloo(nnodes: int) -> None:
+    """On one node, gloo's pairs use the loopback interface (not whatever the hostname resolves to)."""
+    if nnodes != 1 or _GLOO_IFNAME_ENV_VAR in os.environ:
+        return
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):  # pragma: no cover
+        return
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            os.environ[_GLOO_IFNAME_ENV_VAR] = candidate
+            return
+
+
+def _set_thread_default(nproc: int) -> None:
+    if _OMP_NUM_THREADS_ENV_VAR not in os.environ and nproc > 1:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        os.environ[_OMP_NUM_THREADS_ENV_VAR] = str(max(1, (cpus or 1) // nproc))
+
+
+def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
+        port: Optional[int]) -> int:
+    """Launch the ranks and wait for them; return the launcher's exit code."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    _set_thread_default(nproc)
+    _set_loopback_gloo(nnodes)
+    os.environ[_LAUNCHER_PID_ENV_VAR] = str(os.getpid())
+    config = launch_config(args, nproc, nnodes, node_rank, port)
+    cmd_args = ["-u", "-m", "axolotl_dist._rank_main"] + (["-m"] if args.module else [])
+    cmd_args += [args.target] + list(args.target_args)
+    _quiet_torch_logs(args.verbose)
+    try:
+        elastic_launch(config, sys.executable)(*cmd_args)
+        return 0
+    except ChildFailedError as exc:
+        return _report(exc.failures, nnodes, node_rank)
+    except SignalException as exc:
+        print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
+              file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``axolotl-dist`` and ``python -m axolotl_dist.launch``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        nproc, nnodes, node_rank, port = _validate(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _raise_signal_exception)  # until torch installs the same handler
+    subreaper = _become_subreaper()
+    args.log_dir = tempfile.mkdtemp(prefix="axolotl_dist_")
+    code = 1
+    try:
+        code = run(args, nproc, nnodes, node_rank, port)
+    except Exception as exc:  # noqa: BLE001 - rendezvous errors, a second Ctrl-C, ...
+        sigval = getattr(exc, "sigval", None)
+        if sigval is not None:  # a signal while torch was already shutting ranks down
+            code = 128 + int(sigval)
+        else:
+            if args.verbose:
+                raise
+            print(f"{PROG}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            code = 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # the sweep below is bounded; finish it
+        if subreaper:
+            left = _sweep(_SWEEP_GRACE)
+            if left:
+                print(f"{PROG}: stopped {len(left)} process(es) the ranks left behind: {left}",
+                      file=sys.stderr, flush=True)
+        shutil.rmtree(args.log_dir, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

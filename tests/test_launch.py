@@ -1,0 +1,412 @@
+"""The ``axolotl-dist`` launcher and the cluster env contract, with real processes.
+
+Launcher tests run ``python -m axolotl_dist.launch`` as a subprocess (the installed console
+script would import another checkout); SLURM / Open MPI / accelerate tests use the harness.
+Launches are expensive on a shared 2-core machine, so each one checks several things.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+import axolotl_dist as ad
+from axolotl_dist import launch
+from axolotl_dist._slurm import expand_nodelist, expand_tasks_per_node
+from axolotl_dist.errors import DistributedEnvError
+from axolotl_dist.testing import run_distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+            "MASTER_PORT")
+LAUNCH_TIMEOUT = 120
+
+# A rank script: write the env contract and the query results, then act on argv[2].
+RANK_SCRIPT = r'''
+import json, os, signal, subprocess, sys, time
+import axolotl_dist as ad
+out, mode = sys.argv[1], sys.argv[2]
+rank = ad.get_rank()
+info = {k: os.environ.get(k) for k in %r}
+info.update(pid=os.getpid(), rank=rank, local=ad.get_local_rank(), node=ad.get_node_rank(),
+            nodes=ad.get_num_nodes(), lws=ad.get_local_world_size(), ws=ad.get_world_size())
+if mode == "sleep":  # a grandchild in its own session: killpg of the rank cannot reach it
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             start_new_session=True)
+    info["grandchild"] = child.pid
+with open(os.path.join(out, f"rank{rank}.json.tmp"), "w") as fh:
+    json.dump(info, fh)
+os.rename(os.path.join(out, f"rank{rank}.json.tmp"), os.path.join(out, f"rank{rank}.json"))
+ws = ad.get_world_size()
+deadline = time.time() + 60
+while len([f for f in os.listdir(out) if f.endswith(".json")]) < ws and time.time() < deadline:
+    time.sleep(0.05)
+def fail_here():
+    raise ValueError(f"boom from rank {rank}")
+if rank == 1 and mode == "raise":
+    fail_here()
+if rank == 1 and mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode != "ok":
+    time.sleep(120)
+''' % (CONTRACT,)
+
+# A two-node rank: init over the static rendezvous, then the node-aware queries.
+NODE_SCRIPT = r'''
+import json, os, sys
+import axolotl_dist as ad
+ad.init_distributed(backend="gloo", timeout=60)
+res = dict(rank=ad.get_rank(), node=ad.get_node_rank(), nodes=ad.get_num_nodes(),
+           local=ad.get_local_rank(), lws=ad.get_local_world_size(), ws=ad.get_world_size(),
+           node_env=os.environ.get("NODE_RANK"))
+os.environ["AXOLOTL_DIST_SHARED_FS"] = "1"
+res["fs_shared"] = ad.get_fs_local_rank()
+os.environ["AXOLOTL_DIST_SHARED_FS"] = "0"
+res["fs_local"] = ad.get_fs_local_rank()
+res["all"] = ad.all_gather_object(res["rank"])
+with open(os.path.join(sys.argv[1], "r%d.json" % res["rank"]), "w") as fh:
+    json.dump(res, fh)
+ad.cleanup_distributed()
+'''
+
+
+def _env(**extra: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PET_", "TORCHELASTIC_"))
+           and k not in CONTRACT + ("GROUP_RANK", "NUM_NODES", "GROUP_WORLD_SIZE")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _launcher(args: List[str], env: Optional[Dict[str, str]] = None,
+              cwd: Optional[Path] = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "axolotl_dist.launch", *args],
+                            cwd=str(cwd or ROOT),
+                            env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"launcher did not finish in {timeout}s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def _results(directory: Path, n: int, pattern: str = "rank{}.json") -> List[dict]:
+    return [json.loads((directory / pattern.format(r)).read_text()) for r in range(n)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def rank_script(tmp_path: Path) -> Path:
+    script = tmp_path / "rank_script.py"
+    script.write_text(RANK_SCRIPT)
+    return script
+
+
+def _check_contract(infos: List[dict], n: int) -> None:
+    ports = {i["MASTER_PORT"] for i in infos}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    for r, info in enumerate(infos):
+        assert info["RANK"] == str(r) and info["LOCAL_RANK"] == str(r)
+        assert info["WORLD_SIZE"] == info["LOCAL_WORLD_SIZE"] == str(n)
+        assert info["NODE_RANK"] == "0" and info["MASTER_ADDR"] == "127.0.0.1"
+        assert (info["rank"], info["local"], info["node"], info["nodes"], info["ws"]) == (r, r, 0, 1, n)
+
+
+def test_three_ranks_env_and_a_raising_rank(rank_script: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    start = time.monotonic()
+    code, _, err = _finish(_launcher(["-n", "3", str(rank_script), str(out), "raise"]))
+    elapsed = time.monotonic() - start
+    _check_contract(_results(out, 3), 3)
+    assert code == 1, err
+    assert elapsed < 30 + 15, elapsed  # 30 s once launched, plus interpreter start-up
+    summary = err[err.index("axolotl-dist: rank 1"):]
+    assert "failed first" in summary and "ValueError: boom from rank 1" in summary
+    assert "in fail_here" in summary and "_rank_main" not in summary
+    assert "exit code 1" in summary
+
+
+def test_two_ranks_env_and_a_sigkilled_rank_run_as_module(rank_script: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    # -m: the target is a module found from the working directory, as with python -m.
+    code, _, err = _finish(_launcher(["-n", "2", "-m", rank_script.stem, str(out), "kill"],
+                                     cwd=tmp_path))
+    _check_contract(_results(out, 2), 2)
+    assert code == 137, err
+    assert "rank 1 (local rank 1" in err and "SIGKILL" in err
+
+
+def test_sigterm_to_launcher_leaves_nothing_behind(rank_script: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _launcher(["-n", "2", "--grace-period", "5", str(rank_script), str(out), "sleep"])
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while len(list(out.glob("*.json"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.1)
+    infos = _results(out, 2)
+    pids = [i["pid"] for i in infos] + [i["grandchild"] for i in infos]
+    assert all(_alive(p) for p in pids)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc, timeout=60)
+    assert code == 128 + signal.SIGTERM, err
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_two_nodes_on_loopback(tmp_path: Path) -> None:
+    script = tmp_path / "node_script.py"
+    script.write_text(NODE_SCRIPT)
+    port = str(_free_port())
+    procs = [_launcher(["-n", "2", "--nnodes", "2", "--node-rank", str(node), "--master-addr",
+                        "127.0.0.1", "--master-port", port, str(script), str(tmp_path)])
+             for node in (0, 1)]
+    for proc in procs:
+        code, _, err = _finish(proc)
+        assert code == 0, err
+    results = _results(tmp_path, 4, "r{}.json")
+    for rank, res in enumerate(results):
+        node, local = divmod(rank, 2)
+        assert (res["node"], res["nodes"], res["local"], res["lws"], res["ws"]) == (node, 2, local, 2, 4)
+        assert res["node_env"] == str(node)
+        assert res["fs_shared"] == rank and res["fs_local"] == local
+        assert res["all"] == [0, 1, 2, 3]
+
+
+def test_finetune_example_through_launcher(tmp_path: Path) -> None:
+    start = time.monotonic()
+    code, out, err = _finish(_launcher(["-n", "2", "examples/finetune.py", "--output-dir",
+                                        str(tmp_path)]))
+    elapsed = time.monotonic() - start
+    assert code == 0, err
+    losses = [float(line.split("loss=")[1].split()[0]) for line in out.splitlines()
+              if line.startswith("step ") and "loss=" in line]
+    assert len(losses) >= 4, out
+    assert losses[-1] < losses[0] * 0.9, losses
+    assert "tokens=" in out and (tmp_path / "checkpoint.pt").is_file()
+    assert elapsed < 90, elapsed
+
+
+# ---- bad input: clear messages, no ranks started --------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["-n", "0", "x.py"], "-n/--nproc-per-node must be an integer >= 1, got 0"),
+    (["-n", "two", "x.py"], "-n/--nproc-per-node must be an integer >= 1, got 'two'"),
+    (["-n", "1", "no/such/script.py"], "script 'no/such/script.py' not found"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "x.py"],
+     "--node-rank 2 must be smaller than --nnodes 2"),
+    (["--nnodes", "2", "x.py"], "--nnodes 2 needs --master-addr and a non-zero --master-port"),
+    (["--master-port", "70000", "x.py"], "--master-port must be a TCP port in [0, 65535]"),
+])
+def test_bad_launcher_input(argv: List[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        launch.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_script_argument(capsys) -> None:
+    with pytest.raises(SystemExit):
+        launch.main(["-n", "2"])
+    assert "the following arguments are required: script" in capsys.readouterr().err
+
+
+def test_exit_codes() -> None:
+    assert launch.exit_code_of(-9) == 137 and launch.exit_code_of(-15) == 143
+    assert launch.exit_code_of(3) == 3
+
+
+# ---- SLURM node lists ------------------------------------------------------------------------
+
+def test_slurm_nodelist_parsing() -> None:
+    assert expand_nodelist("node[01-04,07],gpu5") == [
+        "node01", "node02", "node03", "node04", "node07", "gpu5"]
+    assert expand_nodelist("r[1-2]n[8-9]") == ["r1n8", "r1n9", "r2n8", "r2n9"]
+    assert expand_nodelist("a[098-101]") == ["a098", "a099", "a100", "a101"]
+    assert expand_tasks_per_node("4(x2),1") == [4, 4, 1]
+    for bad, message in [("node[01-04", "unclosed '['"), ("node01]", "unmatched ']'"),
+                         ("a,,b", "empty entry"), ("n[4-1]", "runs backwards"),
+                         ("n[x]", "not a number or a range")]:
+        with pytest.raises(DistributedEnvError, match=message.replace("[", r"\[")):
+            expand_nodelist(bad)
+    with pytest.raises(DistributedEnvError, match="not a task count"):
+        expand_tasks_per_node("4(y2)")
+
+
+# ---- SLURM / Open MPI env mapping under init_distributed --------------------------------------
+
+_TORCH_VARS = {k: None for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                 "NODE_RANK")}
+
+
+def _queries():
+    import axolotl_dist.env as env
+
+    before = (env.launcher_source(), ad.get_rank(), ad.get_world_size(), ad.get_local_rank(),
+              ad.get_local_world_size(), ad.get_node_rank(), ad.get_num_nodes())
+    ad.init_distributed(backend="gloo", timeout=60)
+    after = (ad.get_rank(), ad.get_world_size(), ad.get_local_rank(), ad.get_node_rank(),
+             ad.get_num_nodes(), os.environ["RANK"], os.environ["MASTER_ADDR"])
+    total = ad.reduce_and_broadcast(lambda: ad.get_rank() + 1, sum)
+    return before, after, total
+
+
+def test_slurm_srun_step_mapping() -> None:
+    # 4 tasks on 2 "nodes" (block layout, 2 per node); MASTER_ADDR comes from the node list.
+    def rank_env(rank: int) -> Dict[str, Optional[str]]:
+        return {**_TORCH_VARS, "MASTER_ADDR": None, "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank % 2), "SLURM_NODEID": str(rank // 2),
+                "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_ID": "0",
+                "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)",
+                "SLURM_STEP_NODELIST": "localhost,127.0.0.[2-3]"}
+
+    results = run_distributed(_queries, 4, init=False, rank_env=rank_env, timeout=90)
+    for rank, (before, after, total) in enumerate(results):
+        assert before == ("slurm", rank, 4, rank % 2, 2, rank // 2, 2)
+        assert after == (rank, 4, rank % 2, rank // 2, 2, str(rank), "localhost")
+        assert total == 10
+
+
+def test_openmpi_mapping() -> None:
+    def rank_env(rank: int) -> Dict[str, Optional[str]]:
+        return {**_TORCH_VARS, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "3",
+                "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}
+
+    results = run_distributed(_queries, 3, init=False, rank_env=rank_env, timeout=90)
+    for rank, (before, after, total) in enumerate(results):
+        assert before == ("openmpi", rank, 3, rank, 3, 0, 1)
+        assert after == (rank, 3, rank, 0, 1, str(rank), "127.0.0.1")
+        assert total == 6
+
+
+def test_plain_python_in_an_sbatch_shell_is_one_process() -> None:
+    # A batch script carries SLURM_PROCID=0 and the job's SLURM_NTASKS, but no step id.
+    def body():
+        return ad.get_rank(), ad.get_world_size(), ad.get_local_world_size()
+
+    env = {**_TORCH_VARS, "SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_NNODES": "2"}
+    assert run_distributed(body, 1, init=False, env=env, timeout=60) == [(0, 1, 1)]
+
+
+def test_malformed_slurm_nodelist_fails_init_clearly() -> None:
+    def body():
+        with pytest.raises(DistributedEnvError, match=r"SLURM_STEP_NODELIST='node\[01-' has an "
+                                                       r"unclosed '\['"):
+            ad.init_distributed(backend="gloo")
+        return True
+
+    env = {**_TORCH_VARS, "MASTER_ADDR": None, "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+           "SLURM_STEP_ID": "3", "SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[01-"}
+    assert run_distributed(body, 1, init=False, env=env, timeout=60) == [True]
+
+
+# ---- accelerate interop ----------------------------------------------------------------------
+
+def _accelerate_agrees(order: str):
+    from accelerate import PartialState
+
+    if order == "ours_first":
+        ad.init_distributed(backend="gloo", timeout=60)
+        state = PartialState(cpu=True)
+    else:
+        state = PartialState(cpu=True)
+        ad.init_distributed(backend="gloo", timeout=60)  # adopts accelerate's group
+    agree = (state.process_index == ad.get_rank(), state.num_processes == ad.get_world_size(),
+             state.local_process_index == ad.get_local_rank(),
+             state.is_main_process == ad.is_main_process())
+    with ad.zero_first():
+        pass
+    state.wait_for_everyone()
+    total = ad.reduce_and_broadcast(lambda: state.process_index + 1, sum)
+    return agree, total, str(state.distributed_type)
+
+
+@pytest.mark.parametrize("order", ["ours_first", "accelerate_first"])
+def test_accelerate_partial_state_interop(order: str) -> None:
+    def body():
+        try:
+            return _accelerate_agrees(order)
+        finally:
+            from accelerate import PartialState
+
+            PartialState._reset_state()
+
+    results = run_distributed(body, 2, init=False, timeout=90)
+    for agree, total, kind in results:
+        assert agree == (True, True, True, True)
+        assert total == 3 and "MULTI_CPU" in kind
+
+
+def test_torchrun_inside_srun_uses_torch_vars_only() -> None:
+    # One torchrun per node started by srun: SLURM describes the per-node task (rank 0 of 1 on
+    # its node), torchrun the ranks. Nothing may be mixed in from SLURM.
+    def body():
+        import axolotl_dist.env as env
+
+        return (env.launcher_source(), ad.get_rank(), ad.get_local_rank(),
+                ad.get_local_world_size(), ad.get_node_rank(), ad.get_num_nodes())
+
+    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "1",
+           "SLURM_STEP_ID": "0", "SLURM_NNODES": "1", "NODE_RANK": None}
+    assert run_distributed(body, 2, init=False, env=env, timeout=60) == [
+        ("torch", 0, 0, 2, 0, 1), ("torch", 1, 1, 2, 0, 1)]
+
+
+def test_first_failure_prefers_root_causes(tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    def failure(local_rank: int, exitcode: int, message: Optional[str], at: float):
+        path = tmp_path / f"error{local_rank}.json"
+        if message is not None:
+            path.write_text(json.dumps({
+                "message": {"message": message, "extraInfo": {
+                    "py_callstack": f"Traceback ...\n{message}\n", "timestamp": str(int(at))}},
+                "axolotl_dist": {"time": at}}))
+        return ProcessFailure(local_rank=local_rank, pid=100 + local_rank, exitcode=exitcode,
+                              error_file=str(path))
+
+    now = float(int(time.time()))
+    failures = {
+        0: failure(0, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1", now + 0.1),
+        1: failure(1, 1, "ValueError: the real problem", now + 0.2),
+        2: failure(2, -15, None, now),
+    }
+    rank, first = launch.first_failure(failures)
+    assert rank == 1 and "the real problem" in launch._traceback_of(first)
+    # Two root causes: the earlier one wins, whatever the rank order.
+    failures[0] = failure(0, 1, "KeyError: 'also real'", now + 0.3)
+    assert launch.first_failure(failures)[0] == 1
