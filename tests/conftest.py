@@ -4,6 +4,11 @@ import os
 
 import pytest
 
+# The c10d store server (hosted in this process by the harness) reverse-resolves each client
+# address; where no resolver answers that for 127.0.0.1, glibc waits 5 s per try and a rank's
+# rendezvous stalls. Bound the wait before the resolver is first used.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+
 # Tests must not inherit a launcher environment from whatever started pytest.
 for _name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
               "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",

@@ -485,14 +485,15 @@ def test_split_between_processes_reassembles(padding):
         pieces = [p[kind] for p in parts]
         lengths = [len(x) if kind != "dict" else len(x["a"]) for x in pieces]
         if padding:
-            assert lengths == [4, 4, 4]  # equal lengths, padded with the last item
-            whole = _concat(pieces, kind)
-            if kind == "dict":
-                assert whole["a"][:10] == value["a"] and whole["a"][10:] == [9, 9]
-            elif kind == "tensor":
-                assert torch.equal(whole[:10], value) and torch.equal(whole[10:], value[-1:].repeat(2, 1))
-            else:
-                assert list(whole[:10]) == list(value) and list(whole[10:]) == [value[-1]] * 2
+            assert lengths == [4, 4, 4]  # equal lengths, each rank padded with the input's last item
+            for piece, (lo, hi) in zip(pieces, [(0, 4), (4, 7), (7, 10)]):
+                pad = 4 - (hi - lo)
+                if kind == "dict":
+                    assert piece["a"] == value["a"][lo:hi] + [value["a"][-1]] * pad
+                elif kind == "tensor":
+                    assert torch.equal(piece, torch.cat([value[lo:hi]] + [value[-1:]] * pad))
+                else:
+                    assert list(piece) == list(value[lo:hi]) + [value[-1]] * pad
         else:
             assert lengths == [4, 3, 3]  # first len % world ranks get one extra
             whole = _concat(pieces, kind)
