@@ -1,0 +1,33 @@
+"""The preprocessing example runs as one process and on 2 ranks, and the ranks agree."""
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "examples", "preprocess_dataset.py")
+
+
+def _run(cmd, tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run(cmd + [SCRIPT, "--cache-dir", str(tmp_path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_preprocess_example_single_process(tmp_path):
+    out = _run([sys.executable], tmp_path)
+    totals = re.findall(r"rank 0 local_tokens=(\d+) total_tokens=(\d+)", out)
+    assert totals and totals[0][0] == totals[0][1]
+    assert "rank 0 tokenized 200 samples" in out
+
+
+def test_preprocess_example_two_ranks_through_launcher(tmp_path):
+    out = _run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2"], tmp_path)
+    rows = dict((int(r), (int(l), int(t))) for r, l, t in
+                re.findall(r"rank (\d) local_tokens=(\d+) total_tokens=(\d+)", out))
+    assert set(rows) == {0, 1}
+    assert rows[0][1] == rows[1][1] == rows[0][0] + rows[1][0]  # agreed, exact total
+    assert out.count("tokenized 200 samples") == 1  # only rank 0 tokenized and logged
