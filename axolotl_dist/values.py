@@ -279,6 +279,19 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
     return broadcast_value(fn, src, group, "compute_and_broadcast", state=st)
 
 
+def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: int,
+               group: Optional["ProcessGroup"]) -> Optional[List[T]]:
+    """Shared body of the gather helpers; ``name`` is the helper named in errors."""
+    if not require_group(name, group):
+        check_world_size(world_size, group, name)
+        check_src(dst, group, "dst")
+        return [fn()]
+    st = _group_state(group)
+    _check_ws(world_size, st, group, name)
+    _check_src(dst, st, group, "dst")
+    return all_gather_values(fn, group, name, decode_on=dst, state=st)
+
+
 def gather_from_all_ranks(
     fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
@@ -288,16 +301,7 @@ def gather_from_all_ranks(
     ``world_size`` is optional and checked (axolotl's default of 1 silently mis-sized the list).
     ``rank=`` is accepted as axolotl's name for ``dst``. Single process: ``[fn()]``.
     """
-    if rank is not None:
-        dst = rank
-    if not require_group("gather_from_all_ranks", group):
-        check_world_size(world_size, group, "gather_from_all_ranks")
-        check_src(dst, group, "dst")
-        return [fn()]
-    st = _group_state(group)
-    _check_ws(world_size, st, group, "gather_from_all_ranks")
-    _check_src(dst, st, group, "dst")
-    return all_gather_values(fn, group, "gather_from_all_ranks", decode_on=dst, state=st)
+    return _gather_to("gather_from_all_ranks", fn, world_size, dst if rank is None else rank, group)
 
 
 def gather_scalar_from_all_ranks(
@@ -305,16 +309,8 @@ def gather_scalar_from_all_ranks(
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
 ) -> Optional[List[T]]:
     """Like :func:`gather_from_all_ranks` (scalars come back exactly, not through float32)."""
-    if rank is not None:
-        dst = rank
-    if not require_group("gather_scalar_from_all_ranks", group):
-        check_world_size(world_size, group, "gather_scalar_from_all_ranks")
-        check_src(dst, group, "dst")
-        return [fn()]
-    st = _group_state(group)
-    _check_ws(world_size, st, group, "gather_scalar_from_all_ranks")
-    _check_src(dst, st, group, "dst")
-    return all_gather_values(fn, group, "gather_scalar_from_all_ranks", decode_on=dst, state=st)
+    return _gather_to("gather_scalar_from_all_ranks", fn, world_size,
+                      dst if rank is None else rank, group)
 
 
 def reduce_and_broadcast(
