@@ -37,6 +37,8 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "HEARTBEAT_TIMEOUT_ENV_VAR",
     "WAIT_LOG_INTERVAL_ENV_VAR",
+    "HOST",
+    "Watch",
     "group_store",
     "next_sequence",
     "start_heartbeat",
@@ -51,7 +53,7 @@ log = logging.getLogger("axolotl_dist")
 HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_HEARTBEAT_TIMEOUT"
 WAIT_LOG_INTERVAL_ENV_VAR = "AXOLOTL_DIST_WAIT_LOG_INTERVAL"
-_HOST = socket.gethostname()
+HOST = socket.gethostname()
 
 
 def _float_env(name: str, default: float) -> float:
@@ -96,7 +98,7 @@ class _Heartbeat:
         self.store = store
         self.interval = interval
         self.pg = dist.distributed_c10d._world.default_pg
-        store.set(f"axd/who/{rank}", f"{_HOST}:{os.getpid()}")
+        store.set(f"axd/who/{rank}", f"{HOST}:{os.getpid()}")
         store.add(f"axd/hb/{rank}", 1)
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
@@ -163,7 +165,7 @@ def _proc_dead(pid: int) -> bool:
         return False
 
 
-class _Watch:
+class Watch:
     """Tracks the heartbeats of the global ranks a waiter depends on."""
 
     def __init__(self, store: "Store") -> None:
@@ -184,11 +186,12 @@ class _Watch:
             who = self.store.multi_get([f"axd/who/{rank}"])[0].decode() if self.store.check(
                 [f"axd/who/{rank}"]) else ""
             host, _, pid = who.rpartition(":")
-            if host == _HOST and pid.isdigit():
+            if host == HOST and pid.isdigit():
                 if _proc_dead(int(pid)):
                     raise RankFailedError(
                         rank, "died", f"process {pid} on {host} exited without reporting an "
-                        "error (killed by a signal, or out of memory?)")
+                        "error (it returned early, called exit, was killed by a signal or ran "
+                        "out of memory)")
             elif stalled > self.remote_timeout:
                 raise RankFailedError(
                     rank, "unresponsive", f"no heartbeat from {who or 'it'} for {stalled:.0f} s "
@@ -212,7 +215,7 @@ def poll_until(
     if ready():
         return
     start = time.monotonic()
-    watcher = _Watch(group_store())
+    watcher = Watch(group_store())
     log_every = _float_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
     next_log = start + log_every
     next_check = start + HEARTBEAT_INTERVAL

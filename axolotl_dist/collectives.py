@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import env as _env
+from .debug import checked, reduce_name, tensor_signature
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_rank, get_world_size, is_initialized
 
@@ -116,6 +117,7 @@ def as_reduce_op(op: Union[str, "dist.ReduceOp", Any]) -> str:
     return name
 
 
+@checked("barrier")
 def barrier(group: Optional["ProcessGroup"] = None) -> None:
     """Wait until every rank of ``group`` arrives. A no-op for a single process."""
     if not require_group("barrier", group):
@@ -131,6 +133,7 @@ def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor if tensor.device == device else tensor.to(device)
 
 
+@checked("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])})
 def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"] = None) -> torch.Tensor:
     """Broadcast ``tensor`` in place from group rank ``src``; returns it."""
     if not require_group("broadcast", group):
@@ -145,6 +148,8 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"
     return tensor
 
 
+@checked("all_reduce", lambda a: {"reduce_operation": reduce_name(a["reduce_operation"]),
+                                  "tensor": tensor_signature(a["tensor"])})
 def all_reduce(
     tensor: torch.Tensor,
     reduce_operation: Union[str, Any] = "SUM",
@@ -181,6 +186,7 @@ _DTYPES: List[torch.dtype] = [
      if hasattr(torch, n)]
 
 
+@checked("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype", type(a["tensor"])))})
 def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> List[torch.Tensor]:
     """Gather ``tensor`` from every rank into a list indexed by group rank.
 

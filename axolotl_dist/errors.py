@@ -7,7 +7,7 @@ for environment and runtime problems), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 __all__ = [
     "AxolotlDistError",
@@ -86,4 +86,18 @@ class RankTimeoutError(AxolotlDistError, TimeoutError):
 
 
 class CollectiveMismatchError(AxolotlDistError, RuntimeError):
-    """Debug mode found ranks calling different helpers, or the same helper incompatibly."""
+    """Debug mode found ranks calling different helpers, the same helper incompatibly, or a
+    rank that never arrived (see :mod:`axolotl_dist.debug`).
+
+    :ivar calls: group rank -> ``"helper(args) at file:line ..."`` for every rank that arrived.
+    :ivar missing: the group ranks that had not arrived (exited, or stuck elsewhere).
+    """
+
+    def __init__(self, message: str, calls: Optional[Dict[int, str]] = None,
+                 missing: Sequence[int] = ()) -> None:
+        self.calls = dict(calls or {})
+        self.missing = tuple(missing)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (CollectiveMismatchError, (self.args[0], self.calls, self.missing))

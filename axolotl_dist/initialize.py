@@ -17,6 +17,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from . import debug as _debug
 from . import env as _env
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_rank, get_world_size, is_initialized
@@ -125,6 +126,7 @@ def init_distributed(
     if not dist.is_available():  # pragma: no cover
         raise DistributedEnvError("torch was built without torch.distributed support")
     pg_timeout = _as_timedelta(timeout)
+    _debug.refresh_from_env()
     if is_initialized():
         existing = get_backend() or ""
         if backend is not None and not _backend_matches(backend, existing):

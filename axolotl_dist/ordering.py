@@ -24,6 +24,7 @@ import torch.distributed as dist
 from . import _signals
 from ._signals import group_store, next_sequence, poll_until, publish_error, read_error
 from .collectives import check_world_size, require_group
+from .debug import checked
 from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,6 +41,8 @@ def _global(group: Optional["ProcessGroup"], group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
+@checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
+                                  else "given per rank"})
 @contextmanager
 def zero_first(
     is_main: Optional[bool] = None,
@@ -208,6 +211,7 @@ def zero_only(fn: Optional[Callable[..., T]] = None, *, default: Any = None,
     return _ZeroOnly(default, group)
 
 
+@checked("do_n_at_a_time", lambda a: {"n": a["n"]}, group_arg="process_group")
 def do_n_at_a_time(
     f: Callable[[], T],
     *,

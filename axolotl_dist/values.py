@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from . import _codec
 from . import env as _env
+from .debug import checked, reduce_name, tensor_signature
 from .collectives import (
     all_gather_into,
     all_reduce,
@@ -53,6 +54,16 @@ __all__ = [
 T = TypeVar("T")
 _I64 = torch.int64
 _U8 = torch.uint8
+
+
+def _alias(arguments: dict, name: str) -> Any:
+    """The rank argument of a helper that also takes axolotl's ``rank=`` for it (debug mode)."""
+    return arguments["rank"] if arguments.get("rank") is not None else arguments[name]
+
+
+def _value_kind(value: Any) -> str:
+    """How :func:`all_reduce_value` moves ``value``: which collective, so ranks must agree."""
+    return f"tensor {tensor_signature(value)}" if isinstance(value, torch.Tensor) else "number"
 
 
 def _run(fn: Callable[[], Any], rank: int, where: str) -> Tuple[_codec.Encoded, Optional[BaseException]]:
@@ -197,6 +208,7 @@ def all_gather_values(
     return [_codec.decode(h, p, device) for h, p in zip(headers, payloads)]
 
 
+@checked("synchronize_value", lambda a: {"src": a["src"]})
 def synchronize_value(
     value: T, device: Optional[Union[str, torch.device]] = None, src: int = 0,
     group: Optional["ProcessGroup"] = None,
@@ -214,6 +226,7 @@ def synchronize_value(
                            torch.device(device) if device is not None else None, st)
 
 
+@checked("synchronize_flag")
 def synchronize_flag(flag: bool, device: Optional[Union[str, torch.device]] = None,
                      group: Optional["ProcessGroup"] = None) -> bool:
     """Return rank 0's ``flag`` (as a bool) on every rank."""
@@ -233,6 +246,7 @@ _PY_REDUCE = {
 }
 
 
+@checked("all_reduce_value", lambda a: {"op": reduce_name(a["op"]), "value": _value_kind(a["value"])})
 def all_reduce_value(
     value: T, device: Optional[Union[str, torch.device]] = None, op: Union[str, Any] = "SUM",
     group: Optional["ProcessGroup"] = None,
@@ -262,6 +276,7 @@ def all_reduce_value(
     return _PY_REDUCE[name](values)
 
 
+@checked("compute_and_broadcast", lambda a: {"src": _alias(a, "src")})
 def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["ProcessGroup"] = None,
                           *, rank: Optional[int] = None) -> T:
     """Run ``fn`` on group rank ``src`` only and return its result, exactly, on every rank.
@@ -292,6 +307,7 @@ def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: i
     return all_gather_values(fn, group, name, decode_on=dst, state=st)
 
 
+@checked("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")})
 def gather_from_all_ranks(
     fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
@@ -304,6 +320,7 @@ def gather_from_all_ranks(
     return _gather_to("gather_from_all_ranks", fn, world_size, dst if rank is None else rank, group)
 
 
+@checked("gather_scalar_from_all_ranks", lambda a: {"dst": _alias(a, "dst")})
 def gather_scalar_from_all_ranks(
     fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
@@ -313,6 +330,7 @@ def gather_scalar_from_all_ranks(
                       dst if rank is None else rank, group)
 
 
+@checked("reduce_and_broadcast")
 def reduce_and_broadcast(
     fn1: Callable[[], T], fn2: Callable[[List[T]], Any], world_size: Optional[int] = None,
     group: Optional["ProcessGroup"] = None,
@@ -332,6 +350,7 @@ def reduce_and_broadcast(
     return fn2(values)  # type: ignore[arg-type]
 
 
+@checked("all_gather_object")
 def all_gather_object(obj: T, group: Optional["ProcessGroup"] = None) -> List[T]:
     """Collect ``obj`` from every rank into a list indexed by group rank (exact; scalars unpickled)."""
     if not require_group("all_gather_object", group):
@@ -342,6 +361,7 @@ def all_gather_object(obj: T, group: Optional["ProcessGroup"] = None) -> List[T]
     return values
 
 
+@checked("broadcast_object", lambda a: {"src": a["src"]})
 def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = None) -> T:
     """Return group rank ``src``'s ``obj`` on every rank."""
     if not require_group("broadcast_object", group):
@@ -352,6 +372,7 @@ def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = Non
     return broadcast_value(lambda: obj, src, group, "broadcast_object", state=st)
 
 
+@checked("broadcast_object_list", lambda a: {"src": a["src"]})
 def broadcast_object_list(object_list: List[Any], src: int = 0,
                           group: Optional["ProcessGroup"] = None) -> List[Any]:
     """Replace ``object_list``'s contents on every rank with ``src``'s, in place; returns it."""
