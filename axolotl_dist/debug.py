@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from .errors import AxolotlDistError, CollectiveMismatchError, DistributedConfigError, DistributedEnvError, RankFailedError
 
@@ -164,13 +164,14 @@ _TLS = threading.local()
 
 
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
-            *, group_arg: str = "group") -> Callable[[F], F]:
+            *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group") -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
     :param name: the helper's public name, as shown in errors.
     :param describe: maps the bound arguments (defaults applied) to the values that must agree
         across ranks, e.g. ``{"src": 0, "tensor": "float32[4, 2]"}``; it must not raise.
-    :param group_arg: the name of the process-group parameter.
+    :param group_arg: the name of the process-group parameter, or a function of the bound
+        arguments returning the group.
     """
 
     def decorate(fn: F) -> F:
@@ -188,7 +189,8 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 
 
 def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: str,
-                  describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]], group_arg: str,
+                  describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]],
+                  group_arg: Union[str, Callable[[Dict[str, Any]], Any]],
                   args: tuple, kwargs: dict) -> Any:
     if getattr(_TLS, "inside", False):  # a helper called by a helper: checked by the outer one
         return fn(*args, **kwargs)
@@ -200,7 +202,7 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
         return fn(*args, **kwargs)  # let the helper raise its own TypeError
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    group = arguments.get(group_arg)
+    group = group_arg(arguments) if callable(group_arg) else arguments.get(group_arg)
     if _communicates(group):
         agree = describe(arguments) if describe is not None else {}
         _check(name, agree, group, _call_site())

@@ -356,3 +356,27 @@ def test_mismatch_error_keeps_its_fields_across_pickling():
     back = pickle.loads(pickle.dumps(err))
     assert (str(back), back.calls, back.missing) == ("text", {0: "barrier() at x.py:1"}, (1,))
     assert isinstance(back, RuntimeError)
+
+
+def test_mesh_and_sharded_tensor_collectives_are_checked():
+    def body():
+        from axolotl_dist.parallel import DataParallelConfig, TensorParallelConfig
+
+        rank = ad.get_rank()
+        tp = TensorParallelConfig(degree=2 if rank == 0 else 1)
+        mesh_error = _raises(lambda: ad.build_world_mesh(dp=DataParallelConfig(name="fsdp"), tp=tp))
+        # matched flat-tensor collectives pass; a gather against a different dtype is named
+        t = ad.ShardedFlatTensor.shard(torch.arange(6.0))
+        full = t.gather().tolist()
+        dtype = torch.float64 if rank == 1 else None
+        flat_error = _raises(lambda: t.gather(dtype=dtype))
+        return mesh_error, full, flat_error
+
+    for o in _run(body, 2):
+        mesh_error, full, flat_error = o.value
+        assert full == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        o.value = mesh_error
+        _assert_debug_error(o, "the ranks disagree on configs", "build_world_mesh(", "tp=")
+        o.value = flat_error
+        _assert_debug_error(o, "ShardedFlatTensor gather", "the ranks disagree on dtype",
+                            "rank 0: float32", "rank 1: float64")

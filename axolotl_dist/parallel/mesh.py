@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..debug import checked
 from ..errors import DistributedConfigError, DistributedEnvError
 from ..ranks import get_backend, is_initialized
 from .config import (
@@ -187,6 +188,17 @@ def _mesh_layout(world_size: int, *, dp: DataParallelConfig,
     return dims
 
 
+def _debug_configs(arguments: dict) -> dict:
+    """What every rank must pass to :func:`build_world_mesh` alike (debug mode; never raises)."""
+    configs = {k: arguments[k] for k in ("dp", "tp", "cp", "pp", "ep")}
+    try:
+        text = _describe_configs(**configs)[len("build_world_mesh("):-1]
+    except DistributedConfigError:
+        text = ", ".join(f"{k}={v!r}" for k, v in configs.items() if v is not None)
+    return {"configs": text, "device_type": arguments["device_type"]}
+
+
+@checked("build_world_mesh", _debug_configs)
 def build_world_mesh(
     *,
     dp: Optional[DataParallelConfig] = None,

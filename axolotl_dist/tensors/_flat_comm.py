@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import all_gather_into, comm_device, require_group
+from ..debug import checked
 from .sharding_spec import ShardingSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,6 +114,16 @@ def assemble(buf: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
     return out
 
 
+def _layout(arguments: dict) -> dict:
+    """What must agree across ranks for a flat-tensor collective (debug mode)."""
+    spec = arguments["spec"]
+    return {"shape": tuple(spec.unsharded_shape), "shard_numels": tuple(spec.sharded_numels),
+            "dtype": str(arguments["dtype"]).replace("torch.", "")}
+
+
+@checked("ShardedFlatTensor gather (gather/unshard_)",
+         lambda a: {**_layout(a), "rank0_only": bool(a["rank0_only"])},
+         group_arg=lambda a: a["info"].group)
 def gather_flat(
     local: torch.Tensor, spec: ShardingSpec, info: GroupInfo, dtype: torch.dtype, rank0_only: bool
 ) -> Optional[torch.Tensor]:
@@ -145,6 +156,8 @@ def gather_flat(
     return out if out.device == local.device else out.to(local.device)
 
 
+@checked("ShardedFlatTensor scatter (shard/reshard_(writeback=True))", _layout,
+         group_arg=lambda a: a["info"].group)
 def scatter_flat(
     flat: Optional[torch.Tensor],
     spec: ShardingSpec,
