@@ -31,44 +31,15 @@ __all__ = list(_functional) + [
     "__version__",
 ]
 
-# --- device meshes and parallel configs (issue 4) --------------------------------------------
-from .parallel import (  # noqa: E402
-    ContextParallelConfig,
-    DataParallelConfig,
-    DataParallelType,
-    DPMeshDimName,
-    ExpertParallelConfig,
-    MeshDimName,
-    PipelineParallelConfig,
-    PipelineSchedule,
-    PipelineScheduleType,
-    PipelineSplitStyle,
-    TensorParallelConfig,
-    build_world_mesh,
-    flatten_mesh,
-    get_cp_mesh,
-    get_device_mesh_info,
-    get_dp_mesh,
-    get_dp_model_mesh,
-    get_dp_process_group,
-    get_ep_mesh,
-    get_pp_mesh,
-    get_pp_stage_mesh,
-    get_tp_mesh,
-    get_world_mesh,
-    reset_world_mesh,
-)
+# --- device meshes, parallel configs, sharded tensors -----------------------------------------
+# Everything public in axolotl_dist.parallel and axolotl_dist.tensors except a few internals
+# (StrEnum, MeshUsageError, default_device_type and the dtensor_utils module stay there).
+from . import parallel as _parallel  # noqa: E402
+from . import tensors as _tensors  # noqa: E402
+from .parallel import *  # noqa: E402,F401,F403
+from .tensors import ShardedFlatParameter, ShardedFlatTensor, ShardingSpec  # noqa: E402,F401
 
-__all__ += [
-    "MeshDimName", "DPMeshDimName", "DataParallelType", "DataParallelConfig",
-    "TensorParallelConfig", "ContextParallelConfig", "ExpertParallelConfig",
-    "PipelineParallelConfig", "PipelineScheduleType", "PipelineSplitStyle", "PipelineSchedule",
-    "build_world_mesh", "get_world_mesh", "reset_world_mesh", "get_dp_model_mesh", "get_dp_mesh",
-    "get_tp_mesh", "get_cp_mesh", "get_pp_mesh", "get_pp_stage_mesh", "get_ep_mesh",
-    "get_dp_process_group", "get_device_mesh_info", "flatten_mesh",
-]
-
-# --- sharded tensors (issue 5) -------------------------------------------------------------
-from .tensors import ShardedFlatParameter, ShardedFlatTensor, ShardingSpec  # noqa: E402
-
-__all__ += ["ShardingSpec", "ShardedFlatTensor", "ShardedFlatParameter"]
+_KEPT_IN_SUBPACKAGES = {"StrEnum", "MeshUsageError", "default_device_type", "dtensor_utils"}
+__all__ += [n for n in (*_parallel.__all__, *_tensors.__all__) if n not in _KEPT_IN_SUBPACKAGES]
+for _hidden in _KEPT_IN_SUBPACKAGES:
+    globals().pop(_hidden, None)  # pulled in by the star import; reach them via the subpackage

@@ -463,7 +463,8 @@ def _missing_error(seq: int, me: _Call, calls: List[_Call], ws: int, group: Opti
                 f"{_group_name(group)}, which the other ranks are in")
     else:
         head = (f"rank(s) {missing} did not reach call #{seq} ({me.call()}) on "
-                f"{_group_name(group)} within {timeout:g} s of the last rank to arrive "
+                f"{_group_name(group)} within {timeout:g} s of the last rank to arrive: they are "
+                f"stuck elsewhere, exited, or run without debug mode "
                 f"({DEBUG_TIMEOUT_ENV_VAR} / enable_debug(timeout=) set this wait)")
     lines = [f"debug mode: {head}."]
     lines += _table(calls)

@@ -16,65 +16,9 @@ Example (8 ranks, 2 nodes)::
 
 from __future__ import annotations
 
-from .config import (
-    ContextParallelConfig,
-    DataParallelConfig,
-    DataParallelType,
-    DPMeshDimName,
-    ExpertParallelConfig,
-    MeshDimName,
-    PipelineParallelConfig,
-    PipelineScheduleType,
-    PipelineSplitStyle,
-    StrEnum,
-    TensorParallelConfig,
-)
-from .mesh import (
-    MeshUsageError,
-    build_world_mesh,
-    default_device_type,
-    flatten_mesh,
-    get_cp_mesh,
-    get_device_mesh_info,
-    get_dp_mesh,
-    get_dp_model_mesh,
-    get_dp_process_group,
-    get_ep_mesh,
-    get_pp_mesh,
-    get_pp_stage_mesh,
-    get_tp_mesh,
-    get_world_mesh,
-    reset_world_mesh,
-)
-from .pipeline import PipelineSchedule
+from . import config, mesh, pipeline
+from .config import *  # noqa: F401,F403
+from .mesh import *  # noqa: F401,F403
+from .pipeline import *  # noqa: F401,F403
 
-__all__ = [
-    "StrEnum",
-    "MeshDimName",
-    "DPMeshDimName",
-    "DataParallelType",
-    "DataParallelConfig",
-    "TensorParallelConfig",
-    "ContextParallelConfig",
-    "ExpertParallelConfig",
-    "PipelineParallelConfig",
-    "PipelineScheduleType",
-    "PipelineSplitStyle",
-    "PipelineSchedule",
-    "MeshUsageError",
-    "build_world_mesh",
-    "get_world_mesh",
-    "reset_world_mesh",
-    "default_device_type",
-    "get_dp_model_mesh",
-    "get_dp_mesh",
-    "get_tp_mesh",
-    "get_cp_mesh",
-    "get_pp_mesh",
-    "get_pp_stage_mesh",
-    "get_ep_mesh",
-    "get_dp_process_group",
-    "get_device_mesh_info",
-    "flatten_mesh",
-]
-
+__all__ = [*config.__all__, *mesh.__all__, *pipeline.__all__]
