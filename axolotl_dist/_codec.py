@@ -29,7 +29,8 @@ import torch
 
 from .errors import RankFailedError
 
-__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "needs_payload"]
+__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "needs_payload",
+           "scalar_header", "decode_scalar"]
 
 HEADER_LEN = 4
 NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR = range(7)
@@ -75,17 +76,43 @@ def _pickle(value: Any, what: str) -> bytes:
         ) from exc
 
 
+_NONE_HEADER = (NONE, 0, 0, 0)
+_TRUE_HEADER, _FALSE_HEADER = (BOOL, 1, 0, 0), (BOOL, 0, 0, 0)
+
+
+def scalar_header(value: Any) -> Optional[Tuple[int, int, int, int]]:
+    """The header of a payload-free value (None, bool, int64-range int, float), else None.
+
+    The hot path of every helper: no allocation beyond the tuple, never raises.
+    """
+    kind = type(value)
+    if kind is float:
+        return (FLOAT, _UNPACK_Q(_PACK_D(value))[0], 0, 0)
+    if kind is int:
+        return (INT, value, 0, 0) if _INT64_MIN <= value <= _INT64_MAX else None
+    if kind is bool:
+        return _TRUE_HEADER if value else _FALSE_HEADER
+    if value is None:
+        return _NONE_HEADER
+    return None
+
+
+def decode_scalar(kind: int, value: int) -> Any:
+    """Rebuild a payload-free value from its header's first two slots (``kind < PICKLE``)."""
+    if kind == FLOAT:
+        return _UNPACK_D(_PACK_Q(value))[0]
+    if kind == INT:
+        return value
+    if kind == BOOL:
+        return value != 0
+    return None
+
+
 def encode(value: Any, what: str = "value") -> Encoded:
     """Encode ``value``; raises ``TypeError`` naming ``what`` if it cannot be sent."""
-    kind = type(value)
-    if value is None:
-        return Encoded([NONE, 0, 0, 0])
-    if kind is bool:
-        return Encoded([BOOL, int(value), 0, 0])
-    if kind is int and _INT64_MIN <= value <= _INT64_MAX:
-        return Encoded([INT, value, 0, 0])
-    if kind is float:
-        return Encoded([FLOAT, _UNPACK_Q(_PACK_D(value))[0], 0, 0])
+    header = scalar_header(value)
+    if header is not None:
+        return Encoded(list(header))
     if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.layout == torch.strided:
         flat = value.detach()
         meta = pickle.dumps((str(flat.dtype).replace("torch.", ""), tuple(flat.shape),

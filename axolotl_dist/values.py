@@ -54,6 +54,10 @@ __all__ = [
 T = TypeVar("T")
 _I64 = torch.int64
 _U8 = torch.uint8
+_PICKLE = _codec.PICKLE
+_SCALAR_HEADER = _codec.scalar_header
+_DECODE_SCALAR = _codec.decode_scalar
+_AllgatherOptions = dist.distributed_c10d.AllgatherOptions
 
 
 def _alias(arguments: dict, name: str) -> Any:
@@ -77,46 +81,63 @@ def _run(fn: Callable[[], Any], rank: int, where: str) -> Tuple[_codec.Encoded, 
 class _GroupState:
     """What every helper call on one group needs, computed once: ranks, device, header buffers.
 
-    The helpers are latency-bound (a scalar is a 32-byte header), so per-call Python work before
+    The helpers are latency-bound (a scalar is a 32-byte header), so per-call Python work around
     the collective shows up directly in their latency. On CPU backends the header goes through
     preallocated buffers backed by an ``array`` (a Python store into it costs nanoseconds,
-    where building a fresh tensor costs microseconds). Rebuilt when ``RANK``/``WORLD_SIZE``
-    in the env change (so an env that disagrees with the group still raises) and forgotten
-    with the group (weak keys). The buffers are reused call after call, so two threads must not
-    run helpers on the same group at once (torch's collectives on one group do not allow that
-    either).
+    where building a fresh tensor costs microseconds), and is all-gathered by calling the
+    process group's own ``all_gather_single`` with cached options (what
+    ``dist.all_gather_single`` does after its argument checks). Rebuilt when ``RANK``/
+    ``WORLD_SIZE`` in the env change (so an env that disagrees with the group still raises)
+    and forgotten with the group (weak keys; the state holds only a weak reference to it). The
+    buffers are reused call after call, so two threads must not run helpers on the same group
+    at once (torch's collectives on one group do not allow that either).
     """
 
-    __slots__ = ("rank", "ws", "device", "cpu", "env", "hdr_arr", "hdr", "hdr_all", "__weakref__")
+    __slots__ = ("rank", "ws", "device", "cpu", "env_rank", "env_ws", "pg_ref", "opts",
+                 "hdr_arr", "hdr", "hdr_all", "__weakref__")
 
-    def __init__(self, group: Optional["ProcessGroup"], env: Tuple[Any, Any]) -> None:
+    def __init__(self, group: Optional["ProcessGroup"], pg: Any, env_rank: Any, env_ws: Any) -> None:
         get_rank(), get_world_size()  # the env must agree with the world group
         self.rank = get_rank(group)
         self.ws = get_world_size(group)
         self.device = comm_device(group)
         self.cpu = self.device.type == "cpu"
-        self.env = env
+        self.env_rank, self.env_ws = env_rank, env_ws
+        self.pg_ref = weakref.ref(pg)
+        self.opts = _AllgatherOptions()
+        self.opts.asyncOp = False  # as dist.all_gather_single(async_op=False) sets it
         self.hdr_arr = array.array("q", bytes(8 * _codec.HEADER_LEN))
         self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
         self.hdr_all = torch.empty(self.ws * _codec.HEADER_LEN, dtype=_I64) if self.cpu else None
 
 
 _STATES: "weakref.WeakKeyDictionary[Any, _GroupState]" = weakref.WeakKeyDictionary()
-_RAW = _env._raw
+_LAST: Optional[_GroupState] = None  # the state used last: most programs use one group
+if _env._DATA is not None and _env._ENCODE is not None:  # os.environ's dict: a lookup, no decoding
+    _ENV_GET: Callable[[Any], Any] = _env._DATA.get
+    _K_RANK, _K_WS = _env._ENCODE(_env.RANK_ENV_VAR), _env._ENCODE(_env.WORLD_SIZE_ENV_VAR)
+else:  # pragma: no cover - non-CPython os.environ layouts
+    _ENV_GET, _K_RANK, _K_WS = _env._raw, _env.RANK_ENV_VAR, _env.WORLD_SIZE_ENV_VAR
 
 
 def _group_state(group: Optional["ProcessGroup"]) -> _GroupState:
     """The cached :class:`_GroupState` of ``group`` (default group if None); needs a group."""
+    global _LAST
     pg = group if group is not None else _WORLD.default_pg
-    env = (_RAW(_env.RANK_ENV_VAR), _RAW(_env.WORLD_SIZE_ENV_VAR))
+    st = _LAST
+    if (st is not None and st.pg_ref() is pg and st.env_rank is _ENV_GET(_K_RANK)
+            and st.env_ws is _ENV_GET(_K_WS) and pg is not None):
+        return st
+    env_rank, env_ws = _ENV_GET(_K_RANK), _ENV_GET(_K_WS)
     try:
-        state = _STATES.get(pg)
-    except TypeError:  # not weak-referenceable: torch's NON_GROUP_MEMBER sentinel
-        return _GroupState(group, env)  # raises: this rank is not a member
-    if state is None or state.env[0] is not env[0] or state.env[1] is not env[1]:
-        state = _GroupState(group, env)
-        _STATES[pg] = state
-    return state
+        st = _STATES.get(pg)
+    except TypeError:  # not weak-referenceable: torch's NON_GROUP_MEMBER sentinel (or None)
+        return _GroupState(group, pg, env_rank, env_ws)  # raises: this rank is not a member
+    if st is None or st.env_rank is not env_rank or st.env_ws is not env_ws:
+        st = _GroupState(group, pg, env_rank, env_ws)
+        _STATES[pg] = st
+    _LAST = st
+    return st
 
 
 def _check_src(src: Any, state: _GroupState, group: Optional["ProcessGroup"], name: str) -> None:
@@ -173,37 +194,62 @@ def all_gather_values(
 
     Failures anywhere raise on every rank. With ``decode_on`` only that group rank decodes the
     values (others return None after the same collectives).
+
+    This is the latency-critical path of the gather/reduce helpers: when every rank's value is
+    a scalar (the usual case) it is one header all-gather, one ``tolist`` and a decode of the
+    value slots, with no per-call tensor or list building beyond that.
     """
     st = state if state is not None else _group_state(group)
-    rank, ws, cdev = st.rank, st.ws, st.device
-    encoded, own = _run(fn, rank, where)
-    n = _codec.HEADER_LEN
+    encoded: Optional[_codec.Encoded] = None
+    own: Optional[BaseException] = None
+    try:
+        value = fn()
+        header = _SCALAR_HEADER(value)
+        if header is None:
+            encoded = _codec.encode(value, f"the value returned by {where}'s fn on rank {st.rank}")
+            header = encoded.header
+    except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
+        encoded, own = _codec.encode_error(st.rank, exc, where), exc
+        header = encoded.header
     if st.cpu:
-        h, a = encoded.header, st.hdr_arr
-        a[0], a[1], a[2], a[3] = h[0], h[1], h[2], h[3]
-        all_gather_into(st.hdr_all, st.hdr, group=group)
+        a = st.hdr_arr
+        a[0], a[1], a[2], a[3] = header
+        # the group's own all_gather_single: what dist.all_gather_single runs after its checks
+        # (plain tensors, no coalescing context: this helper needs the result right away)
+        st.pg_ref().all_gather_single(st.hdr_all, st.hdr, st.opts).wait()
         flat = st.hdr_all.tolist()
     else:
-        headers_t = torch.empty(ws * n, dtype=_I64, device=cdev)
-        all_gather_into(headers_t, torch.tensor(encoded.header, dtype=_I64, device=cdev),
+        headers_t = torch.empty(st.ws * _codec.HEADER_LEN, dtype=_I64, device=st.device)
+        all_gather_into(headers_t, torch.tensor(header, dtype=_I64, device=st.device),
                         group=group)
         flat = headers_t.tolist()
+    kinds = flat[0::_codec.HEADER_LEN]
+    if max(kinds) < _PICKLE:  # every rank sent a scalar: no payload, nothing failed
+        if decode_on is not None and st.rank != decode_on:
+            return None
+        return [_DECODE_SCALAR(k, v) for k, v in zip(kinds, flat[1::_codec.HEADER_LEN])]
+    return _gather_payloads(flat, encoded, own, st, group, device, decode_on)
+
+
+def _gather_payloads(flat: List[int], encoded: Optional[_codec.Encoded], own: Optional[BaseException],
+                     st: _GroupState, group: Optional["ProcessGroup"],
+                     device: Optional[torch.device], decode_on: Optional[int]) -> Optional[List[Any]]:
+    """Second round of :func:`all_gather_values`: some rank sent a payload or an error report."""
+    n, ws, cdev = _codec.HEADER_LEN, st.ws, st.device
     headers = [flat[i:i + n] for i in range(0, ws * n, n)]
-    payloads: List[Optional[torch.Tensor]] = [None] * ws
-    if max(flat[0::n]) >= _codec.PICKLE:  # some rank sent a payload (or an error report)
-        stride = max(_codec.payload_len(h) for h in headers)
-        mine = torch.zeros(stride, dtype=_U8, device=cdev)
-        if encoded.payload is not None:
-            mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
-        flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
-        all_gather_into(flat_payload, mine, group=group)
-        payloads = _codec.split_payloads(headers, flat_payload, stride)
-        failed = _codec.first_error(headers)
-        if failed is not None:
-            if own is not None:
-                raise own
-            _codec.decode(headers[failed], payloads[failed])  # raises RankFailedError
-    if decode_on is not None and rank != decode_on:
+    stride = max(_codec.payload_len(h) for h in headers)
+    mine = torch.zeros(stride, dtype=_U8, device=cdev)
+    if encoded is not None and encoded.payload is not None:
+        mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
+    flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
+    all_gather_into(flat_payload, mine, group=group)
+    payloads = _codec.split_payloads(headers, flat_payload, stride)
+    failed = _codec.first_error(headers)
+    if failed is not None:
+        if own is not None:
+            raise own
+        _codec.decode(headers[failed], payloads[failed])  # raises RankFailedError
+    if decode_on is not None and st.rank != decode_on:
         return None
     return [_codec.decode(h, p, device) for h, p in zip(headers, payloads)]
 
@@ -297,14 +343,16 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
 def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: int,
                group: Optional["ProcessGroup"]) -> Optional[List[T]]:
     """Shared body of the gather helpers; ``name`` is the helper named in errors."""
-    if not require_group(name, group):
+    if _WORLD.default_pg is None and not require_group(name, group):
         check_world_size(world_size, group, name)
         check_src(dst, group, "dst")
         return [fn()]
     st = _group_state(group)
-    _check_ws(world_size, st, group, name)
-    _check_src(dst, st, group, "dst")
-    return all_gather_values(fn, group, name, decode_on=dst, state=st)
+    if world_size is not None and world_size != st.ws:
+        check_world_size(world_size, group, name)  # raises with the full message
+    if type(dst) is not int or not 0 <= dst < st.ws:
+        check_src(dst, group, "dst")  # raises with the full message
+    return all_gather_values(fn, group, name, None, dst, st)
 
 
 @checked("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")})

@@ -29,6 +29,9 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+# this checkout's axolotl_dist, not whichever one is installed (as benchmarks/mesh.py does)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # --------------------------------------------------------------------------------------------
 # Distributed part: runs on every rank.
 # --------------------------------------------------------------------------------------------

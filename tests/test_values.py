@@ -282,6 +282,41 @@ def test_value_helpers_on_a_subgroup_use_group_relative_ranks():
         assert res["flag"] is False  # group rank 0 (global 1) said False
 
 
+def test_helpers_follow_the_group_of_each_call_and_a_recreated_default_group():
+    """The per-group state is cached (the last one used on a fast path): alternating groups,
+    scalar and payload rounds, and a destroyed group replaced by a new one (perhaps at the old
+    one's address) must each use the right group's ranks and buffers."""
+
+    def body():
+        rank = ad.get_rank()
+        sub = dist.new_group([1, 2])
+        out = []
+        for i in range(3):
+            out.append(ad.gather_from_all_ranks(lambda: rank + i))
+            if rank:
+                out.append(ad.gather_from_all_ranks(lambda: rank * 10 + i, dst=1, group=sub))
+            out.append(ad.reduce_and_broadcast(lambda: [rank] if i == 1 else rank, list))
+        if rank:
+            dist.destroy_process_group(sub)
+        del sub
+        sub = dist.new_group([0, 2])
+        if rank != 1:
+            out.append(ad.gather_from_all_ranks(lambda: -rank, dst=1, group=sub))
+        return out
+
+    got = run_distributed(body, 3, timeout=60)
+    for rank, res in enumerate(got):
+        want = []
+        for i in range(3):
+            want.append([i, 1 + i, 2 + i] if rank == 0 else None)
+            if rank:
+                want.append([10 + i, 20 + i] if rank == 2 else None)
+            want.append([[0], [1], [2]] if i == 1 else [0, 1, 2])
+        if rank != 1:
+            want.append([0, -2] if rank == 2 else None)
+        assert res == want, (rank, res)
+
+
 class Boom(Exception):
     """The failing rank's own exception type (must come back as itself)."""
 
