@@ -18,11 +18,15 @@ Target (issue 7): ``off / bare`` within 1.05x for every helper.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+# this checkout's axolotl_dist, not whichever one is installed
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TARGET = 1.05
 HELPERS = ("barrier", "broadcast", "all_reduce", "compute_and_broadcast",

@@ -6,12 +6,17 @@ figure is the steady-state cost per block with every rank done; repeated, interl
 Target: within 1.5x of the raw barrier.
 """
 
+import os
 import statistics
+import sys
 import time
 
-import torch.distributed as dist
+# this checkout's axolotl_dist, not whichever one is installed
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import axolotl_dist as ad
+import torch.distributed as dist  # noqa: E402
+
+import axolotl_dist as ad  # noqa: E402
 
 
 def _per_block(fn, n: int) -> float:
