@@ -22,12 +22,11 @@ from __future__ import annotations
 import pickle
 import reprlib
 import struct
-import traceback
 from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .errors import RankFailedError
+from .errors import RankFailedError, failure_report
 
 __all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "needs_payload",
            "scalar_header", "decode_scalar"]
@@ -134,8 +133,7 @@ def encode(value: Any, what: str = "value") -> Encoded:
 
 def encode_error(rank: int, exc: BaseException, where: str) -> Encoded:
     """Encode a failure report of ``rank`` (never raises)."""
-    report = (rank, type(exc).__name__, str(exc), traceback.format_exc(), where)
-    data = pickle.dumps(report)
+    data = failure_report(rank, exc, where)
     return Encoded([ERROR, len(data), 0, 0], _bytes_tensor(data))
 
 
@@ -169,8 +167,7 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
     if kind == PICKLE:
         return pickle.loads(raw)
     if kind == ERROR:
-        rank, exc_type, message, tb, where = pickle.loads(raw)
-        raise RankFailedError(rank, exc_type, message, tb, where=where)
+        raise RankFailedError.from_report(raw)
     if kind == TENSOR:
         meta_len, data_len = header[1], header[2]
         dtype_name, shape, device_type, requires_grad = pickle.loads(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import socket
 import threading
 import time
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from .errors import RankFailedError, RankTimeoutError
+from .errors import RankFailedError, RankTimeoutError, failure_report
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
@@ -251,17 +250,12 @@ def poll_until(
 
 def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
     """Store a failure report of ``rank`` under ``key`` (never raises)."""
-    import traceback
-
     try:
-        report = (rank, type(exc).__name__, str(exc), traceback.format_exc(), where)
-        store.set(key, pickle.dumps(report))
-    except Exception:  # noqa: BLE001
+        store.set(key, failure_report(rank, exc, where))
+    except Exception:  # noqa: BLE001 - the store may be gone: nothing to report to
         pass
 
 
 def read_error(store: "Store", key: str) -> RankFailedError:
     """The :class:`RankFailedError` for a report stored with :func:`publish_error`."""
-    rank, exc_type, message, tb, where = pickle.loads(store.get(key))
-    return RankFailedError(rank, exc_type, message, tb, where=where)
-
+    return RankFailedError.from_report(store.get(key))

@@ -7,6 +7,8 @@ for environment and runtime problems), so ``except ValueError`` keeps working.
 
 from __future__ import annotations
 
+import pickle
+import traceback
 from typing import Dict, Optional, Sequence
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "RankFailedError",
     "RankTimeoutError",
     "CollectiveMismatchError",
+    "failure_report",
 ]
 
 
@@ -65,6 +68,29 @@ class RankFailedError(AxolotlDistError, RuntimeError):
             _rebuild_rank_failed,
             (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where),
         )
+
+
+    def to_report(self) -> bytes:
+        """The bytes another rank turns back into this error with :meth:`from_report`."""
+        return pickle.dumps(
+            (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where))
+
+    @classmethod
+    def from_report(cls, data: bytes) -> "RankFailedError":
+        """The error described by bytes from :meth:`to_report` or :func:`failure_report`."""
+        return _rebuild_rank_failed(*pickle.loads(data))
+
+
+def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
+    """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
+    ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
+    block that caught ``exc``; never raises."""
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return RankFailedError(rank, type(exc).__name__, str(exc), tb, where=where).to_report()
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure itself
+        return RankFailedError(rank, type(exc).__name__, "<message unavailable>",
+                               where=where).to_report()
 
 
 def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where):

@@ -109,7 +109,7 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     ad.init_distributed()  # gloo on CPU; plain `python` needs no env vars and no port
-    rank, world = ad.get_rank(), ad.get_world_size()
+    world = ad.get_world_size()
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts)
     dataset = load_dataset(args)
     sampler = ad.get_sampler(dataset, shuffle=True, drop_last=True, seed=args.seed)

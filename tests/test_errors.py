@@ -247,7 +247,7 @@ def test_bad_reduce_op_names():
         for msgs, total in run_distributed(body, ws, init=init, env=env, timeout=60):
             assert total == ws
             for msg, name in zip(msgs, ("'mean'", "'median'", "'average'", "PREMUL_SUM")):
-                assert msg.startswith(f"unknown reduction ") and name in msg
+                assert msg.startswith("unknown reduction ") and name in msg
                 assert msg.endswith("use one of SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR, AVG")
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
-from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed, run_distributed_outcomes
+from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed
 
 NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
 

@@ -16,7 +16,6 @@ import logging
 import warnings
 from typing import List, Optional, Sequence, Tuple
 
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
