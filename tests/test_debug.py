@@ -285,6 +285,7 @@ def test_debug_off_writes_nothing_to_the_store():
         ad.compute_and_broadcast(lambda: 1)
         store = group_store()
         written = store.check(["axd/dbg/1/n"])
+        torch.distributed.barrier()  # every rank has looked before any rank turns debug on
         with ad.debug_mode(timeout=3):
             on = ad.is_debug_enabled()
             ad.barrier()
