@@ -317,36 +317,41 @@ def _check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], si
     _signals.start_heartbeat()
     rank, ws = get_rank(group), get_world_size(group)
     me = _Call(rank, rank if group is None else dist.get_global_rank(group, rank), name, agree, site)
-    store = _signals.group_store(group)
     key = group if group is not None else dist.distributed_c10d._world.default_pg
     log = _LOGS.get(key)
     if log is None:
         log = _LOGS[key] = _GroupLog()
     seq = _signals.next_sequence(group, "debug")
+    calls: List[_Call] = []
+    try:
+        _exchange(_signals.group_store(group), seq, me, calls, ws, group, log)
+    except AxolotlDistError:
+        raise
+    except Exception as exc:  # the store went away (its host exited) or refused us
+        missing = _missing_ranks(calls, ws) if calls else []
+        raise CollectiveMismatchError(
+            f"debug mode: lost the c10d store while checking call #{seq} ({me.call()}) on "
+            f"{_group_name(group)} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "the process hosting the store (rank 0, or the launcher) probably exited"
+            + (f"; rank(s) {missing} had not arrived" if missing else ""),
+            calls=_summary(calls), missing=missing) from exc
+
+
+def _exchange(store: Any, seq: int, me: _Call, calls: List[_Call], ws: int,
+              group: Optional["ProcessGroup"], log: _GroupLog) -> None:
+    """Publish this rank's record of call ``seq``, collect everyone's, tidy up older calls."""
     prefix = f"axd/dbg/{seq}"
     slot = store.add(f"{prefix}/n", 1)
     if slot > _ABORT:
         raise _read_abort(store, prefix, me)
     store.set(f"{prefix}/c/{slot}", pickle.dumps(me))
     log.slots[seq] = slot
-
-    calls: List[_Call] = []
-    try:
-        _wait_all(store, prefix, seq, me, calls, ws, group, log)
-    except AxolotlDistError:
-        raise
-    except Exception as exc:  # the store went away (its host exited) or refused us
-        missing = _missing_ranks(calls, ws)
-        raise CollectiveMismatchError(
-            f"debug mode: lost the c10d store while checking call #{seq} ({me.call()}) on "
-            f"{_group_name(group)} ({type(exc).__name__}: {exc}); rank(s) {missing} had not "
-            "arrived: the process hosting the store (rank 0, or the launcher) probably exited",
-            calls=_summary(calls), missing=missing) from exc
-    log.last = calls
+    _wait_all(store, prefix, seq, me, calls, ws, group, log)
+    log.last = list(calls)
     old = log.slots.pop(seq - 2, None)  # every rank has read call seq-2: drop my record of it
     if old is not None:
         store.delete_key(f"axd/dbg/{seq - 2}/c/{old}")
-        if rank == 0:
+        if me.rank == 0:
             store.delete_key(f"axd/dbg/{seq - 2}/n")
 
 

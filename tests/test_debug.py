@@ -381,3 +381,26 @@ def test_mesh_and_sharded_tensor_collectives_are_checked():
         o.value = flat_error
         _assert_debug_error(o, "ShardedFlatTensor gather", "the ranks disagree on dtype",
                             "rank 0: float32", "rank 1: float64")
+
+
+def test_rank_hosting_the_store_exits():
+    # without a launcher-hosted store (plain env:// init), rank 0 hosts it: when rank 0
+    # leaves, the others' check fails on the store and says so instead of a raw network error
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    def body():
+        ad.init_distributed(backend="gloo")
+        ad.barrier()
+        if ad.get_rank() == 0:
+            os._exit(0)
+        return _raises(ad.barrier)
+
+    env = {**DEBUG_ENV, "TORCHELASTIC_USE_AGENT_STORE": None, "MASTER_PORT": str(port)}
+    outcomes = run_distributed_outcomes(body, 2, init=False, env=env, timeout=40,
+                                        pg_timeout=PG_TIMEOUT)
+    _assert_debug_error(outcomes[1], "lost the c10d store while checking call #2 (barrier())",
+                        "rank 0, or the launcher) probably exited")
