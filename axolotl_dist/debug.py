@@ -205,7 +205,10 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
     group = group_arg(arguments) if callable(group_arg) else arguments.get(group_arg)
     if _communicates(group):
         agree = describe(arguments) if describe is not None else {}
-        _check(name, agree, group, _call_site())
+        try:
+            _check(name, agree, group, _call_site())
+        except CollectiveMismatchError as exc:
+            raise exc.with_traceback(None)  # the user's frames matter, not the check's
     _TLS.inside = True
     try:
         return fn(*args, **kwargs)

@@ -31,3 +31,21 @@ def test_preprocess_example_two_ranks_through_launcher(tmp_path):
     assert set(rows) == {0, 1}
     assert rows[0][1] == rows[1][1] == rows[0][0] + rows[1][0]  # agreed, exact total
     assert out.count("tokenized 200 samples") == 1  # only rank 0 tokenized and logged
+
+
+DEBUG_SCRIPT = os.path.join(ROOT, "examples", "debug_mismatch.py")
+
+
+def test_debug_example_names_both_calls_through_the_launcher():
+    env = dict(os.environ, PYTHONPATH=ROOT, AXOLOTL_DIST_DEBUG="1")
+    launch = [sys.executable, "-m", "axolotl_dist.launch", "-n", "2", DEBUG_SCRIPT]
+    proc = subprocess.run(launch, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "CollectiveMismatchError: debug mode: mismatched call #1" in proc.stderr
+    assert "rank 0: compute_and_broadcast(src=0)" in proc.stderr
+    assert "rank 1: gather_from_all_ranks(dst=0)" in proc.stderr
+    assert re.search(r"debug_mismatch\.py:\d+ in evaluate: best = ad\.compute_and_broadcast", proc.stderr)
+    fixed = subprocess.run(launch + ["--fixed"], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert "best=0.5 losses=[1.0, 0.5]" in fixed.stdout
