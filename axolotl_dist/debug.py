@@ -19,7 +19,9 @@ arguments* (``src``/``dst``, the reduction, tensor shapes and dtypes where they 
 A check costs a few store round trips (about 0.1-0.5 ms on one host), so keep debug mode for
 hunting bugs. Off, the only cost is one global lookup per helper call (``benchmarks/debug.py``).
 Calls made by a helper inside another (``synchronize_flag`` uses ``synchronize_value``) are
-checked once, under the outer name.
+checked once, under the outer name. The ranks that go first in ``zero_first`` do not wait at
+the check (the others wait for them, and blocks nest): they compare when their outermost block
+ends. The store protocol is in :mod:`axolotl_dist._debug_check`.
 """
 
 from __future__ import annotations
@@ -28,15 +30,13 @@ import functools
 import inspect
 import linecache
 import os
-import pickle
 import sys
 import threading
-import time
-import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
-from .errors import AxolotlDistError, CollectiveMismatchError, DistributedConfigError, DistributedEnvError, RankFailedError
+from . import _debug_check
+from .errors import CollectiveMismatchError, DistributedConfigError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -164,7 +164,8 @@ _TLS = threading.local()
 
 
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
-            *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group") -> Callable[[F], F]:
+            *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
+            waits: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
     :param name: the helper's public name, as shown in errors.
@@ -172,6 +173,9 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
         across ranks, e.g. ``{"src": 0, "tensor": "float32[4, 2]"}``; it must not raise.
     :param group_arg: the name of the process-group parameter, or a function of the bound
         arguments returning the group.
+    :param waits: whether this rank waits for the others' records (default: always). False
+        for a rank the others wait for inside the helper (``zero_first``'s first ranks): it
+        publishes its record and compares later, so nested blocks cannot deadlock the check.
     """
 
     def decorate(fn: F) -> F:
@@ -181,7 +185,7 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not _ENABLED:
                 return fn(*args, **kwargs)
-            return _call_checked(fn, signature, name, describe, group_arg, args, kwargs)
+            return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)
 
         return wrapper  # type: ignore[return-value]
 
@@ -191,7 +195,7 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: str,
                   describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]],
                   group_arg: Union[str, Callable[[Dict[str, Any]], Any]],
-                  args: tuple, kwargs: dict) -> Any:
+                  waits: Optional[Callable[[Dict[str, Any]], bool]], args: tuple, kwargs: dict) -> Any:
     if getattr(_TLS, "inside", False):  # a helper called by a helper: checked by the outer one
         return fn(*args, **kwargs)
     if _env_error is not None:
@@ -206,7 +210,8 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
     if _communicates(group):
         agree = describe(arguments) if describe is not None else {}
         try:
-            _check(name, agree, group, _call_site())
+            _debug_check.check(name, agree, group, _call_site(),
+                               wait=waits is None or waits(arguments), timeout=debug_timeout())
         except CollectiveMismatchError as exc:
             raise exc.with_traceback(None)  # the user's frames matter, not the check's
     _TLS.inside = True
@@ -240,6 +245,16 @@ def _call_site() -> str:
     return f"{site}: {code}" if code else site
 
 
+@contextmanager
+def first_rank_block(group: Optional["ProcessGroup"]) -> Iterator[None]:
+    """Wrap the body of a ``zero_first`` block on a rank that goes first (no-op when off)."""
+    if not _ENABLED or not _communicates(group):
+        yield
+        return
+    with contextmanager(_debug_check.first_rank_block)(group, debug_timeout()):
+        yield
+
+
 # --- describing arguments (used by the helpers' ``describe`` functions) -----------------------
 
 def tensor_signature(value: Any) -> str:
@@ -261,249 +276,3 @@ def reduce_name(op: Any) -> str:
         return repr(op)
 
 
-# --- the check ------------------------------------------------------------------------------
-
-_ABORT = 1 << 40  # added to a call's arrival counter when a rank gave up on it
-
-
-class _Call:
-    """One rank's record of one checked call, as stored for the others to read."""
-
-    __slots__ = ("rank", "global_rank", "name", "agree", "site", "pid", "host")
-
-    def __init__(self, rank: int, global_rank: int, name: str, agree: Dict[str, Any], site: str) -> None:
-        self.rank, self.global_rank, self.name = rank, global_rank, name
-        self.agree = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
-                      for k, v in agree.items()}
-        self.site = site
-        self.pid, self.host = os.getpid(), _signals_host()
-
-    def __getstate__(self) -> tuple:
-        return tuple(getattr(self, s) for s in self.__slots__)
-
-    def __setstate__(self, state: tuple) -> None:
-        for slot, value in zip(self.__slots__, state):
-            setattr(self, slot, value)
-
-    def call(self) -> str:
-        return f"{self.name}(" + ", ".join(f"{k}={v}" for k, v in self.agree.items()) + ")"
-
-    def who(self) -> str:
-        return f"rank {self.rank}" + (f" (global {self.global_rank})" if self.global_rank != self.rank else "")
-
-
-def _signals_host() -> str:
-    from ._signals import HOST
-
-    return HOST
-
-
-class _GroupLog:
-    """Per-group memory of this rank's checks: arrival slots to delete, the last call list."""
-
-    __slots__ = ("slots", "last", "__weakref__")
-
-    def __init__(self) -> None:
-        self.slots: Dict[int, int] = {}
-        self.last: List[_Call] = []
-
-
-_LOGS: "weakref.WeakKeyDictionary[Any, _GroupLog]" = weakref.WeakKeyDictionary()
-
-
-def _check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], site: str) -> None:
-    import torch.distributed as dist
-
-    from . import _signals
-    from .ranks import get_rank, get_world_size
-
-    _signals.start_heartbeat()
-    rank, ws = get_rank(group), get_world_size(group)
-    me = _Call(rank, rank if group is None else dist.get_global_rank(group, rank), name, agree, site)
-    key = group if group is not None else dist.distributed_c10d._world.default_pg
-    log = _LOGS.get(key)
-    if log is None:
-        log = _LOGS[key] = _GroupLog()
-    seq = _signals.next_sequence(group, "debug")
-    calls: List[_Call] = []
-    try:
-        _exchange(_signals.group_store(group), seq, me, calls, ws, group, log)
-    except AxolotlDistError:
-        raise
-    except Exception as exc:  # the store went away (its host exited) or refused us
-        missing = _missing_ranks(calls, ws) if calls else []
-        raise CollectiveMismatchError(
-            f"debug mode: lost the c10d store while checking call #{seq} ({me.call()}) on "
-            f"{_group_name(group)} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            "the process hosting the store (rank 0, or the launcher) probably exited"
-            + (f"; rank(s) {missing} had not arrived" if missing else ""),
-            calls=_summary(calls), missing=missing) from exc
-
-
-def _exchange(store: Any, seq: int, me: _Call, calls: List[_Call], ws: int,
-              group: Optional["ProcessGroup"], log: _GroupLog) -> None:
-    """Publish this rank's record of call ``seq``, collect everyone's, tidy up older calls."""
-    prefix = f"axd/dbg/{seq}"
-    slot = store.add(f"{prefix}/n", 1)
-    if slot > _ABORT:
-        raise _read_abort(store, prefix, me)
-    store.set(f"{prefix}/c/{slot}", pickle.dumps(me))
-    log.slots[seq] = slot
-    _wait_all(store, prefix, seq, me, calls, ws, group, log)
-    log.last = list(calls)
-    old = log.slots.pop(seq - 2, None)  # every rank has read call seq-2: drop my record of it
-    if old is not None:
-        store.delete_key(f"axd/dbg/{seq - 2}/c/{old}")
-        if me.rank == 0:
-            store.delete_key(f"axd/dbg/{seq - 2}/n")
-
-
-def _wait_all(store: Any, prefix: str, seq: int, me: _Call, calls: List[_Call], ws: int,
-              group: Optional["ProcessGroup"], log: _GroupLog) -> None:
-    """Collect every rank's record of call ``seq`` into ``calls``; raise on any mismatch."""
-    from . import _signals
-
-    timeout = debug_timeout()
-    watcher = _signals.Watch(_signals.group_store())
-    last_progress = time.monotonic()
-    next_liveness = last_progress + _signals.HEARTBEAT_INTERVAL
-    spins, delay = 0, 0.0002
-    mismatched = False  # once seen, keep collecting (bounded) so the error lists every rank
-    while True:
-        arrived = store.add(f"{prefix}/n", 0)
-        if arrived > _ABORT:
-            if mismatched:
-                raise _mismatch_error(seq, calls, ws, group)
-            raise _read_abort(store, prefix, me)
-        if arrived > len(calls):
-            keys = [f"{prefix}/c/{i}" for i in range(len(calls) + 1, arrived + 1)]
-            calls += [pickle.loads(b) for b in store.multi_get(keys)]
-            last_progress = time.monotonic()
-            mismatched = mismatched or _disagree(calls)
-            if arrived == ws:
-                if mismatched:
-                    raise _mismatch_error(seq, calls, ws, group)
-                return
-        now = time.monotonic()
-        if now >= next_liveness:
-            next_liveness = now + _signals.HEARTBEAT_INTERVAL
-            dead = _dead_ranks(watcher, calls, ws, group, now)
-            if dead and mismatched:
-                raise _mismatch_error(seq, calls, ws, group)
-            if dead:
-                _abort(store, prefix, _missing_error(seq, me, calls, ws, group, log, dead, timeout))
-        if now - last_progress >= timeout:
-            if mismatched:
-                raise _mismatch_error(seq, calls, ws, group)
-            _abort(store, prefix, _missing_error(seq, me, calls, ws, group, log, {}, timeout))
-        if spins < 50:
-            spins += 1
-        else:
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-
-
-def _missing_ranks(calls: Sequence[_Call], ws: int) -> List[int]:
-    present = {c.rank for c in calls}
-    return [r for r in range(ws) if r not in present]
-
-
-def _global_rank(group: Optional["ProcessGroup"], rank: int) -> int:
-    import torch.distributed as dist
-
-    return rank if group is None else dist.get_global_rank(group, rank)
-
-
-def _dead_ranks(watcher: "Any", calls: Sequence[_Call], ws: int, group: Optional["ProcessGroup"],
-                now: float) -> Dict[int, str]:
-    """Missing group ranks whose process is known to be gone, with why."""
-    dead: Dict[int, str] = {}
-    for rank in _missing_ranks(calls, ws):
-        try:
-            watcher.check([_global_rank(group, rank)], now)
-        except RankFailedError as exc:
-            dead[rank] = exc.exc_message
-    return dead
-
-
-def _disagree(calls: Sequence[_Call]) -> bool:
-    first = calls[0]
-    return any(c.name != first.name or c.agree != first.agree for c in calls[1:])
-
-
-def _table(calls: Sequence[_Call]) -> List[str]:
-    return [f"  {c.who()}: {c.call()}\n      at {c.site}" for c in sorted(calls, key=lambda c: c.rank)]
-
-
-def _group_name(group: Optional["ProcessGroup"]) -> str:
-    if group is None:
-        return "the default group"
-    return f"group {getattr(group, 'group_name', '?')!s}"
-
-
-def _mismatch_error(seq: int, calls: List[_Call], ws: int,
-                    group: Optional["ProcessGroup"]) -> CollectiveMismatchError:
-    ordered = sorted(calls, key=lambda c: c.rank)
-    names = {c.name for c in ordered}
-    if len(names) > 1:
-        why = ("the ranks called different helpers (" + ", ".join(
-            f"{c.who()}: {c.name}" for c in ordered) + "): every rank must call the same "
-            "helpers in the same order")
-    else:
-        keys = [k for k in ordered[0].agree if len({repr(c.agree.get(k)) for c in ordered}) > 1]
-        why = "; ".join(
-            f"the ranks disagree on {k} (" + ", ".join(f"{c.who()}: {c.agree.get(k)}" for c in ordered)
-            + ")" for k in keys) + ": it must be the same on every rank"
-    missing = _missing_ranks(calls, ws)
-    lines = [f"debug mode: mismatched call #{seq} on {_group_name(group)}: {why}."]
-    lines += _table(ordered)
-    if missing:
-        lines.append(f"  rank(s) {missing}: did not arrive (exited, or stuck elsewhere)")
-    return CollectiveMismatchError("\n".join(lines), calls=_summary(ordered), missing=missing)
-
-
-def _missing_error(seq: int, me: _Call, calls: List[_Call], ws: int, group: Optional["ProcessGroup"],
-                   log: _GroupLog, dead: Dict[int, str], timeout: float) -> CollectiveMismatchError:
-    missing = _missing_ranks(calls, ws)
-    last = {c.rank: c for c in log.last}
-    if dead:
-        head = (f"rank(s) {sorted(dead)} exited before reaching call #{seq} ({me.call()}) on "
-                f"{_group_name(group)}, which the other ranks are in")
-    else:
-        head = (f"rank(s) {missing} did not reach call #{seq} ({me.call()}) on "
-                f"{_group_name(group)} within {timeout:g} s of the last rank to arrive: they are "
-                f"stuck elsewhere, exited, or run without debug mode "
-                f"({DEBUG_TIMEOUT_ENV_VAR} / enable_debug(timeout=) set this wait)")
-    lines = [f"debug mode: {head}."]
-    lines += _table(calls)
-    for rank in missing:
-        state = f"exited: {dead[rank]}" if rank in dead else "not arrived"
-        prev = last.get(rank)
-        after = (f"; its last checked call was #{seq - 1} {prev.call()} at {prev.site}" if prev
-                 else "; it made no checked call before this one")
-        lines.append(f"  rank {rank}: {state}{after}")
-    return CollectiveMismatchError("\n".join(lines), calls=_summary(calls), missing=missing)
-
-
-def _summary(calls: Sequence[_Call]) -> Dict[int, str]:
-    return {c.rank: f"{c.call()} at {c.site}" for c in sorted(calls, key=lambda c: c.rank)}
-
-
-def _abort(store: Any, prefix: str, error: CollectiveMismatchError) -> None:
-    """Publish ``error`` for ranks that arrive late at this call, then raise it."""
-    try:
-        store.set(f"{prefix}/abort", pickle.dumps(error))
-        store.add(f"{prefix}/n", _ABORT)
-    except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
-        pass
-    raise error
-
-
-def _read_abort(store: Any, prefix: str, me: _Call) -> CollectiveMismatchError:
-    """The error another rank published when it gave up on this call (we came too late)."""
-    error = pickle.loads(store.get(f"{prefix}/abort"))
-    if not isinstance(error, CollectiveMismatchError):  # pragma: no cover - defensive
-        return CollectiveMismatchError(str(error))
-    text = (f"debug mode: {me.who()} reached {me.call()} at {me.site} after another rank had "
-            f"given up waiting for it; that rank reported:\n{error.args[0]}")
-    return CollectiveMismatchError(text, calls=error.calls, missing=error.missing)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from . import _signals
 from ._signals import group_store, next_sequence, poll_until, publish_error, read_error
 from .collectives import check_world_size, require_group
-from .debug import checked
+from .debug import checked, first_rank_block
 from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,8 +41,15 @@ def _global(group: Optional["ProcessGroup"], group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
+def _goes_first(arguments: dict) -> bool:
+    """Whether this rank runs a ``zero_first`` block first (debug mode: it must not wait)."""
+    if arguments["is_main"] is not None:
+        return bool(arguments["is_main"])
+    return get_rank(arguments["group"]) == 0
+
+
 @checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
-                                  else "given per rank"})
+                                  else "given per rank"}, waits=lambda a: not _goes_first(a))
 @contextmanager
 def zero_first(
     is_main: Optional[bool] = None,
@@ -80,7 +87,8 @@ def zero_first(
         state_key = f"{prefix}/state"  # 0 pending, 1 done, 2 failed
         if first:
             try:
-                yield
+                with first_rank_block(group):  # debug mode: checked once the others are here
+                    yield
             except BaseException as exc:
                 publish_error(store, f"{prefix}/error", rank, exc, what)
                 store.add(state_key, 2)
@@ -109,7 +117,8 @@ def zero_first(
         release_if_complete()
     if is_main:
         try:
-            yield
+            with first_rank_block(group):
+                yield
         except BaseException as exc:
             publish_error(store, f"{prefix}/error", rank, exc, what)
             store.add(f"{prefix}/failed", 1)

@@ -404,3 +404,65 @@ def test_rank_hosting_the_store_exits():
                                         pg_timeout=PG_TIMEOUT)
     _assert_debug_error(outcomes[1], "lost the c10d store while checking call #2 (barrier())",
                         "rank 0, or the launcher) probably exited")
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_nested_zero_first_blocks_and_a_collective_after_them(tmp_path, ws):
+    # the first rank does not wait for the others' check inside zero_first (they wait for it):
+    # nested blocks work in debug mode exactly as without it
+    def body():
+        rank = ad.get_rank()
+        order = []
+        with ad.zero_first():
+            with ad.zero_first():
+                order.append("inner")
+                if rank == 0:
+                    time.sleep(0.2)
+                    (tmp_path / "made").write_text("x")
+            order.append((tmp_path / "made").read_text())
+        with ad.zero_first(is_main=rank == ws - 1):
+            order.append("explicit")
+        total = ad.all_reduce_value(rank)
+        return order, total
+
+    for order, total in run_distributed(body, ws, env=DEBUG_ENV, timeout=60, pg_timeout=PG_TIMEOUT):
+        assert order == ["inner", "x", "explicit"] and total == sum(range(ws))
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_first_rank_of_zero_first_learns_of_a_mismatch_by_the_end_of_its_block(ws):
+    def body():
+        rank = ad.get_rank()
+        if rank == 0:
+            def run():
+                with ad.zero_first():
+                    time.sleep(0.5)  # the others reach their helper meanwhile, or before
+                return "block finished"
+            return _raises(run)
+        if rank == 1:
+            time.sleep(0.2)  # arrive after rank 0 has entered its block
+        return _raises(ad.barrier)
+
+    for o in _run(body, ws):
+        _assert_debug_error(o, "rank 0: zero_first(is_main=default (group rank 0))",
+                            "rank 1: barrier()", "called different helpers")
+
+
+def test_collective_inside_a_zero_first_block_is_explained():
+    def body():
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                ad.barrier()  # the others wait for this block: a certain deadlock
+        return "done"
+
+    env = {**DEBUG_ENV, "AXOLOTL_DIST_DEBUG_TIMEOUT": "1"}
+    outcomes = run_distributed_outcomes(body, 2, env=env, timeout=40, pg_timeout=PG_TIMEOUT,
+                                        grace=10)
+    first, waiter = outcomes
+    assert "CollectiveMismatchError" in first.error and "did not reach call #2 (barrier())" in first.error
+    assert "inside a zero_first block it runs first" in first.error
+    assert "move the call out of the block" in first.error
+    # the waiting rank learns of it through zero_first's own failure report, naming rank 0
+    assert "RankFailedError: rank 0 failed in zero_first block #1" in waiter.error
+    assert "CollectiveMismatchError" in waiter.error
+    assert first.elapsed < DEADLINE and waiter.elapsed < DEADLINE
