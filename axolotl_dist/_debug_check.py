@@ -24,6 +24,7 @@ import os
 import pickle
 import time
 import weakref
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence
 
 from . import _signals
@@ -143,6 +144,7 @@ def _arrived(store: Any, seq: int) -> List[Call]:
     return [pickle.loads(b) for b in store.multi_get(keys)]
 
 
+@contextmanager
 def first_rank_block(group: Optional["ProcessGroup"], timeout: float) -> Iterator[None]:
     """Around a ``zero_first`` block this rank runs first, right after its (non-waiting) check.
 

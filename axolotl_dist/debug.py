@@ -251,7 +251,7 @@ def first_rank_block(group: Optional["ProcessGroup"]) -> Iterator[None]:
     if not _ENABLED or not _communicates(group):
         yield
         return
-    with contextmanager(_debug_check.first_rank_block)(group, debug_timeout()):
+    with _debug_check.first_rank_block(group, debug_timeout()):
         yield
 
 
