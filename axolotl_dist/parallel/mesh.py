@@ -317,6 +317,14 @@ def _dp_dims(names: Sequence[str]) -> List[str]:
     return [n for n in names if n in _DP_DIMS]
 
 
+def _required_dp_dims(mesh: DeviceMesh, names: Sequence[str], fn: str) -> List[str]:
+    """The DP dims of ``mesh``; raises, naming ``fn``, if it has none."""
+    dims = _dp_dims(names)
+    if not dims:
+        _require_dims(mesh, fn, str(MeshDimName.dp))
+    return dims
+
+
 def _flatten_ep(mesh: DeviceMesh, names: Tuple[str, ...]) -> Optional[DeviceMesh]:
     """An ``ep_replicate, ep_shard`` mesh flattened to ``dp``, or None if there are no EP dims."""
     if all(d in names for d in _EP_DIMS):
@@ -335,9 +343,7 @@ def get_dp_model_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
     ep_flat = _flatten_ep(device_mesh, names)
     if ep_flat is not None:
         return ep_flat
-    dp_dims = _dp_dims(names)
-    if not dp_dims:
-        _require_dims(device_mesh, "get_dp_model_mesh", str(MeshDimName.dp))
+    dp_dims = _required_dp_dims(device_mesh, names, "get_dp_model_mesh")
     if str(MeshDimName.cp) not in names:
         return _sub(device_mesh, dp_dims)
     inner = dp_dims[-1]
@@ -367,9 +373,7 @@ def get_dp_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
     ep_flat = _flatten_ep(device_mesh, names)
     if ep_flat is not None:
         return ep_flat
-    dp_dims = _dp_dims(names)
-    if not dp_dims:
-        _require_dims(device_mesh, "get_dp_mesh", str(MeshDimName.dp))
+    dp_dims = _required_dp_dims(device_mesh, names, "get_dp_mesh")
     return _sub(device_mesh, dp_dims)
 
 
