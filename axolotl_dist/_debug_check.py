@@ -1,31 +1,38 @@
 """The store protocol behind debug mode (:mod:`axolotl_dist.debug`): one check per helper call.
 
-For call number ``seq`` on a group (counted per process and group, so the ranks' numbers line
-up as long as they call the same helpers in the same order), every rank
+Call number ``seq`` on a group is counted per process and group, so the ranks' numbers line up
+as long as they call the same helpers in the same order. For it every rank, under
+``axd/dbg/<seq>/``,
 
-1. takes an arrival slot ``k = add("axd/dbg/<seq>/n", 1)`` and stores its record (helper,
-   arguments that must agree, call site) under ``axd/dbg/<seq>/c/<k>``;
-2. polls the counter, reading new records as they arrive, until all ranks are there; the
-   first disagreement makes it collect the rest (bounded) and raise
-   :class:`~axolotl_dist.errors.CollectiveMismatchError`; a rank that does not come within
-   the debug timeout after the last arrival, or whose process is gone, is named instead, and
-   the error is published (``axd/dbg/<seq>/abort``, the counter pushed past :data:`ABORT`)
-   so a rank arriving later raises at once instead of waiting in turn.
+1. stores its record (helper, arguments that must agree, call site) as ``c/<rank>``, adds 1 to
+   ``d/<digest>`` (the digest of helper and arguments) and then to the arrival counter ``n``;
+2. polls ``n`` and its own digest's counter: ``n`` above the digest's count means some rank
+   that arrived differs, ``n`` equal to both and to the world size means every rank is here
+   and agrees. The fast path is O(1) store operations per rank, whatever the world size:
+   records are read only to write an error.
+
+On a mismatch each rank collects the records (waiting, bounded, for the rest) and raises
+:class:`~axolotl_dist.errors.CollectiveMismatchError` with every rank's call. When a rank does
+not come, group rank 0 (the monitor; every rank watches rank 0 itself) names it once its
+process is gone or the debug timeout has passed since the last arrival, and publishes the
+error (``abort``; ``n`` pushed past :data:`ABORT`): ranks waiting, and ranks arriving later,
+raise it at once.
 
 Ranks that must not wait (the ranks that go first in :func:`~axolotl_dist.zero_first`: the
-others are blocked until they finish, and blocks may nest) only publish their record and
-compare it with the records already there; the comparison is repeated, without blocking,
-at their next waiting check, or before they report a missing rank.
+others are blocked until they finish, and blocks may nest) only post their record and look at
+the counters; they compare again, without blocking, at their next waiting check or before
+reporting a missing rank, and wait for the others when their outermost block ends.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import time
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _signals
 from .errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
@@ -39,6 +46,8 @@ __all__ = ["ABORT", "KEEP_CALLS", "check", "first_rank_block"]
 ABORT = 1 << 40
 #: A rank deletes its record of call ``seq - KEEP_CALLS`` after checking call ``seq``.
 KEEP_CALLS = 64
+#: Extra seconds a rank other than the monitor waits for the monitor's report.
+MONITOR_GRACE = 1.0
 
 
 class Call:
@@ -60,6 +69,11 @@ class Call:
         for slot, value in zip(self.__slots__, state):
             setattr(self, slot, value)
 
+    def digest(self) -> str:
+        """What must be equal on every rank, hashed (the same on every rank and host)."""
+        text = repr((self.name, sorted(self.agree.items())))
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
     def call(self) -> str:
         return f"{self.name}(" + ", ".join(f"{k}={v}" for k, v in self.agree.items()) + ")"
 
@@ -67,16 +81,34 @@ class Call:
         return f"rank {self.rank}" + (f" (global {self.global_rank})" if self.global_rank != self.rank else "")
 
 
+class _Ctx:
+    """One check in progress: who, which call, where its keys live."""
+
+    __slots__ = ("store", "seq", "me", "digest", "ws", "group", "log", "timeout", "prefix")
+
+    def __init__(self, store: Any, seq: int, me: Call, ws: int, group: Optional["ProcessGroup"],
+                 log: "_GroupLog", timeout: float) -> None:
+        self.store, self.seq, self.me, self.ws, self.group = store, seq, me, ws, group
+        self.log, self.timeout = log, timeout
+        self.digest = me.digest()
+        self.prefix = f"axd/dbg/{seq}"
+
+    def counts(self) -> Tuple[int, int]:
+        """(arrived, arrived with my digest); ``n`` is read first, so a rank counted in it has
+        already counted its digest: ``arrived > same`` proves a rank that differs."""
+        arrived = self.store.add(f"{self.prefix}/n", 0)
+        return arrived, self.store.add(f"{self.prefix}/d/{self.digest}", 0)
+
+
 class _GroupLog:
     """This rank's memory of its checks on one group."""
 
-    __slots__ = ("slots", "last", "last_seq", "pending", "first_depth", "__weakref__")
+    __slots__ = ("posted", "last_seq", "pending", "first_depth", "__weakref__")
 
     def __init__(self) -> None:
-        self.slots: Dict[int, int] = {}  # call number -> my arrival slot (to delete later)
-        self.last: List[Call] = []  # every rank's record of the last call all ranks reached
-        self.last_seq = 0
-        self.pending: Dict[int, Call] = {}  # calls published without waiting, not yet compared
+        self.posted: Dict[int, str] = {}  # call number -> my digest (to delete the keys later)
+        self.last_seq = 0  # the last call every rank was seen to reach
+        self.pending: Dict[int, _Ctx] = {}  # calls posted without waiting, not yet confirmed
         self.first_depth = 0  # zero_first blocks this rank is running first, nested
 
 
@@ -98,50 +130,39 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
     if log is None:
         log = _LOGS[key] = _GroupLog()
     seq = _signals.next_sequence(group, "debug")
-    calls: List[Call] = []
+    ctx: Optional[_Ctx] = None
     try:
-        store = _signals.group_store(group)
-        _post(store, seq, me, log)
+        ctx = _Ctx(_signals.group_store(group), seq, me, ws, group, log, timeout)
+        _post(ctx)
         if wait:
-            _wait_all(store, seq, me, calls, ws, group, log, timeout)
-            log.last, log.last_seq = list(calls), seq
-            _compare_pending(store, log, ws, group, done=True)
-            _tidy(store, seq, me, log)
+            _wait_all(ctx)
+            log.last_seq = seq
+            _compare_pending(log, done=True)
+            _tidy(ctx)
         else:
-            if _disagree(_arrived(store, seq)):  # known bad already: collect the rest, raise
-                _wait_all(store, seq, me, calls, ws, group, log, timeout)
-            log.pending[seq] = me
+            arrived, same = ctx.counts()
+            if arrived > same:  # known bad already: collect the rest and raise
+                _wait_all(ctx)
+            log.pending[seq] = ctx
     except AxolotlDistError:
         raise
     except Exception as exc:  # the store went away (its host exited) or refused us
-        missing = _missing_ranks(calls, ws) if calls else []
         first_line = (str(exc).splitlines() or [""])[0]
         raise CollectiveMismatchError(
             f"debug mode: lost the c10d store while checking call #{seq} ({me.call()}) on "
             f"{_group_name(group)} ({type(exc).__name__}: {first_line}); the process hosting "
-            "the store (rank 0, or the launcher) probably exited"
-            + (f"; rank(s) {missing} had not arrived" if missing else ""),
-            calls=_summary(calls), missing=missing) from exc
+            "the store (rank 0, or the launcher) probably exited",
+            calls={rank: f"{me.call()} at {me.site}"}) from exc
 
 
-def _post(store: Any, seq: int, me: Call, log: _GroupLog) -> None:
-    """Take an arrival slot for call ``seq`` and store this rank's record in it."""
-    prefix = f"axd/dbg/{seq}"
-    slot = store.add(f"{prefix}/n", 1)
-    if slot > ABORT:
-        raise _read_abort(store, prefix, me)
-    store.set(f"{prefix}/c/{slot}", pickle.dumps(me))
-    log.slots[seq] = slot
-
-
-def _arrived(store: Any, seq: int) -> List[Call]:
-    """The records of call ``seq`` stored so far, without blocking (empty if any is missing)."""
-    prefix = f"axd/dbg/{seq}"
-    count = store.add(f"{prefix}/n", 0) % ABORT
-    keys = [f"{prefix}/c/{i}" for i in range(1, count + 1)]
-    if not keys or not store.check(keys):  # a rank between add and set, or records deleted
-        return []
-    return [pickle.loads(b) for b in store.multi_get(keys)]
+def _post(ctx: _Ctx) -> None:
+    """Store this rank's record and count it, digest first (see :meth:`_Ctx.counts`)."""
+    store, p = ctx.store, ctx.prefix
+    store.set(f"{p}/c/{ctx.me.rank}", pickle.dumps(ctx.me))
+    store.add(f"{p}/d/{ctx.digest}", 1)
+    ctx.log.posted[ctx.seq] = ctx.digest
+    if store.add(f"{p}/n", 1) > ABORT:  # the others gave up on this call before we came
+        raise _read_abort(ctx, late=True)
 
 
 @contextmanager
@@ -149,93 +170,78 @@ def first_rank_block(group: Optional["ProcessGroup"], timeout: float) -> Iterato
     """Around a ``zero_first`` block this rank runs first, right after its (non-waiting) check.
 
     When the outermost such block ends, every other rank has had to reach the same call (it
-    waits for this block), so this rank then waits for their records of it and raises on a
-    mismatch or a missing rank. Nested blocks leave their call to the next waiting check.
+    waits for this block), so this rank then waits for them and raises on a mismatch or a
+    missing rank. Nested blocks leave their call to the next waiting check.
     """
     import torch.distributed as dist
-
-    from .ranks import get_world_size
 
     key = group if group is not None else dist.distributed_c10d._world.default_pg
     log = _LOGS.get(key)
     if log is None or not log.pending:
         yield
         return
-    seq = max(log.pending)  # the zero_first call just published
+    seq = max(log.pending)  # the zero_first call just posted
     log.first_depth += 1
     try:
         yield
     finally:
         log.first_depth -= 1
     if log.first_depth == 0 and seq in log.pending:
-        me, calls, ws = log.pending[seq], [], get_world_size(group)
         try:
-            _wait_all(_signals.group_store(group), seq, me, calls, ws, group, log, timeout)
+            _wait_all(log.pending[seq])
         except AxolotlDistError as exc:
             raise exc.with_traceback(None)
         del log.pending[seq]
 
 
-def _compare_pending(store: Any, log: _GroupLog, ws: int, group: Optional["ProcessGroup"],
-                     done: bool) -> None:
-    """Compare the calls this rank published without waiting; ``done``: forget them after."""
-    for seq in list(log.pending):
-        calls = _arrived(store, seq)
-        if _disagree(calls):
-            raise _mismatch_error(seq, calls, ws, group)
+def _compare_pending(log: _GroupLog, done: bool) -> None:
+    """Look again at the calls posted without waiting (never blocks); ``done``: every rank has
+    since reached a later call, so they are settled and forgotten."""
+    for seq, ctx in list(log.pending.items()):
+        arrived, same = ctx.counts()
+        if arrived % ABORT > same:
+            raise _mismatch_error(ctx, _records(ctx))
     if done:
         log.pending.clear()
 
 
-def _tidy(store: Any, seq: int, me: Call, log: _GroupLog) -> None:
-    """Delete this rank's records of calls long past (rank 0 also their counters)."""
-    for old in [s for s in log.slots if s <= seq - KEEP_CALLS]:
-        slot = log.slots.pop(old)
-        store.delete_key(f"axd/dbg/{old}/c/{slot}")
-        if me.rank == 0:
+def _tidy(ctx: _Ctx) -> None:
+    """Delete this rank's keys of calls long past (rank 0 also their counters)."""
+    log, store = ctx.log, ctx.store
+    for old in [s for s in log.posted if s <= ctx.seq - KEEP_CALLS]:
+        digest = log.posted.pop(old)
+        store.delete_key(f"axd/dbg/{old}/c/{ctx.me.rank}")
+        if ctx.me.rank == 0:
             store.delete_key(f"axd/dbg/{old}/n")
+            store.delete_key(f"axd/dbg/{old}/d/{digest}")
 
 
-def _wait_all(store: Any, seq: int, me: Call, calls: List[Call], ws: int,
-              group: Optional["ProcessGroup"], log: _GroupLog, timeout: float) -> None:
-    """Collect every rank's record of call ``seq`` into ``calls``; raise on any mismatch."""
-    prefix = f"axd/dbg/{seq}"
+def _wait_all(ctx: _Ctx) -> None:
+    """Return once every rank reached this call with the same digest; else raise."""
     watcher = _signals.Watch(_signals.group_store())
+    monitor = ctx.me.rank == 0
     last_progress = time.monotonic()
     next_liveness = last_progress + _signals.HEARTBEAT_INTERVAL
-    spins, delay = 0, 0.0002
-    mismatched = False  # once seen, keep collecting (bounded) so the error lists every rank
-
-    def give_up(dead: Dict[int, str]) -> None:
-        if mismatched:
-            raise _mismatch_error(seq, calls, ws, group)
-        _compare_pending(store, log, ws, group, done=False)  # an earlier call may explain it
-        _abort(store, prefix, _missing_error(seq, me, calls, ws, group, log, dead, timeout))
-
+    spins, delay, seen = 0, 0.0002, 0
     while True:
-        arrived = store.add(f"{prefix}/n", 0)
+        arrived = ctx.store.add(f"{ctx.prefix}/n", 0)
         if arrived > ABORT:
-            if mismatched:
-                raise _mismatch_error(seq, calls, ws, group)
-            _compare_pending(store, log, ws, group, done=False)
-            raise _read_abort(store, prefix, me)
-        if arrived > len(calls):
-            keys = [f"{prefix}/c/{i}" for i in range(len(calls) + 1, arrived + 1)]
-            calls += [pickle.loads(b) for b in store.multi_get(keys)]
-            last_progress = time.monotonic()
-            mismatched = mismatched or _disagree(calls)
-            if arrived == ws:
-                if mismatched:
-                    raise _mismatch_error(seq, calls, ws, group)
-                return
+            _compare_pending(ctx.log, done=False)
+            raise _read_abort(ctx, late=False)
         now = time.monotonic()
+        if arrived != seen:  # someone came: do they all agree so far? (see _Ctx.counts)
+            if arrived > ctx.store.add(f"{ctx.prefix}/d/{ctx.digest}", 0):
+                raise _collect_mismatch(ctx, last_progress)
+            if arrived == ctx.ws:
+                return
+            seen, last_progress = arrived, now
         if now >= next_liveness:
             next_liveness = now + _signals.HEARTBEAT_INTERVAL
-            dead = _dead_ranks(watcher, calls, ws, group, now)
+            dead = _dead_ranks(ctx, watcher, now, all_ranks=monitor)
             if dead:
-                give_up(dead)
-        if now - last_progress >= timeout:
-            give_up({})
+                _give_up(ctx, dead)
+        if now - last_progress >= ctx.timeout + (0.0 if monitor else MONITOR_GRACE):
+            _give_up(ctx, {})
         if spins < 50:
             spins += 1
         else:
@@ -243,27 +249,79 @@ def _wait_all(store: Any, seq: int, me: Call, calls: List[Call], ws: int,
             delay = min(delay * 2, 0.02)
 
 
+def _collect_mismatch(ctx: _Ctx, last_progress: float) -> CollectiveMismatchError:
+    """A rank differs: wait (bounded) for the rest so the error shows every rank's call."""
+    watcher = _signals.Watch(_signals.group_store())
+    next_liveness = time.monotonic() + _signals.HEARTBEAT_INTERVAL
+    seen = 0
+    while True:
+        arrived = ctx.store.add(f"{ctx.prefix}/n", 0) % ABORT
+        now = time.monotonic()
+        if arrived >= ctx.ws or now - last_progress >= ctx.timeout:
+            break
+        if arrived > seen:
+            seen, last_progress = arrived, now
+        if now >= next_liveness:
+            next_liveness = now + _signals.HEARTBEAT_INTERVAL
+            if _dead_ranks(ctx, watcher, now, all_ranks=True):
+                break
+        time.sleep(0.005)
+    return _mismatch_error(ctx, _records(ctx))
+
+
+def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
+    """Name the missing ranks: publish the error for the others, then raise it."""
+    _compare_pending(ctx.log, done=False)  # an earlier call may explain it
+    calls = _records(ctx)
+    if len({c.digest() for c in calls}) > 1:
+        raise _mismatch_error(ctx, calls)
+    error = _missing_error(ctx, calls, dead)
+    try:
+        ctx.store.set(f"{ctx.prefix}/abort", pickle.dumps(error))
+        ctx.store.add(f"{ctx.prefix}/n", ABORT)
+    except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
+        pass
+    raise error
+
+
+def _present(ctx: _Ctx) -> List[int]:
+    """The group ranks whose record of this call is stored (one store round trip each)."""
+    store, p = ctx.store, ctx.prefix
+    return [r for r in range(ctx.ws) if r == ctx.me.rank or store.check([f"{p}/c/{r}"])]
+
+
+def _records(ctx: _Ctx, seq: Optional[int] = None, ranks: Optional[Sequence[int]] = None) -> List[Call]:
+    """The stored records of call ``seq`` (default: this one) of ``ranks`` (default: all there)."""
+    p = f"axd/dbg/{seq}" if seq is not None else ctx.prefix
+    if ranks is None:
+        ranks = _present(ctx) if seq is None else [
+            r for r in range(ctx.ws) if ctx.store.check([f"{p}/c/{r}"])]
+    if not ranks:
+        return []
+    return [pickle.loads(b) for b in ctx.store.multi_get([f"{p}/c/{r}" for r in ranks])]
+
+
 def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
     present = {c.rank for c in calls}
     return [r for r in range(ws) if r not in present]
 
 
-def _dead_ranks(watcher: _signals.Watch, calls: Sequence[Call], ws: int,
-                group: Optional["ProcessGroup"], now: float) -> Dict[int, str]:
-    """Missing group ranks whose process is known to be gone, with why."""
+def _dead_ranks(ctx: _Ctx, watcher: _signals.Watch, now: float, all_ranks: bool) -> Dict[int, str]:
+    """Missing group ranks whose process is known to be gone, with why. The monitor looks at
+    every missing rank; the others only at rank 0 (one round trip), whom nobody else watches."""
     import torch.distributed as dist
 
+    if all_ranks:
+        missing = [r for r in range(ctx.ws) if r not in set(_present(ctx))]
+    else:
+        missing = [] if ctx.store.check([f"{ctx.prefix}/c/0"]) else [0]
     dead: Dict[int, str] = {}
-    for rank in _missing_ranks(calls, ws):
+    for rank in missing:
         try:
-            watcher.check([rank if group is None else dist.get_global_rank(group, rank)], now)
+            watcher.check([rank if ctx.group is None else dist.get_global_rank(ctx.group, rank)], now)
         except RankFailedError as exc:
             dead[rank] = exc.exc_message
     return dead
-
-
-def _disagree(calls: Sequence[Call]) -> bool:
-    return any(c.name != calls[0].name or c.agree != calls[0].agree for c in calls[1:])
 
 
 # --- messages -------------------------------------------------------------------------------
@@ -282,8 +340,7 @@ def _summary(calls: Sequence[Call]) -> Dict[int, str]:
     return {c.rank: f"{c.call()} at {c.site}" for c in sorted(calls, key=lambda c: c.rank)}
 
 
-def _mismatch_error(seq: int, calls: List[Call], ws: int,
-                    group: Optional["ProcessGroup"]) -> CollectiveMismatchError:
+def _mismatch_error(ctx: _Ctx, calls: List[Call]) -> CollectiveMismatchError:
     ordered = sorted(calls, key=lambda c: c.rank)
     if len({c.name for c in ordered}) > 1:
         why = ("the ranks called different helpers (" + ", ".join(
@@ -294,59 +351,55 @@ def _mismatch_error(seq: int, calls: List[Call], ws: int,
         why = "; ".join(
             f"the ranks disagree on {k} (" + ", ".join(f"{c.who()}: {c.agree.get(k)}" for c in ordered)
             + ")" for k in keys) + ": it must be the same on every rank"
-    missing = _missing_ranks(calls, ws)
-    lines = [f"debug mode: mismatched call #{seq} on {_group_name(group)}: {why}."]
+    missing = _missing_ranks(calls, ctx.ws)
+    lines = [f"debug mode: mismatched call #{ctx.seq} on {_group_name(ctx.group)}: {why}."]
     lines += _table(ordered)
     if missing:
         lines.append(f"  rank(s) {missing}: did not arrive (exited, or stuck elsewhere)")
     return CollectiveMismatchError("\n".join(lines), calls=_summary(ordered), missing=missing)
 
 
-def _missing_error(seq: int, me: Call, calls: List[Call], ws: int, group: Optional["ProcessGroup"],
-                   log: _GroupLog, dead: Dict[int, str], timeout: float) -> CollectiveMismatchError:
+def _missing_error(ctx: _Ctx, calls: List[Call], dead: Dict[int, str]) -> CollectiveMismatchError:
     from .debug import DEBUG_TIMEOUT_ENV_VAR
 
-    missing = _missing_ranks(calls, ws)
-    last = {c.rank: c for c in log.last}
+    log, where = ctx.log, f"call #{ctx.seq} ({ctx.me.call()}) on {_group_name(ctx.group)}"
+    missing = _missing_ranks(calls, ctx.ws)
     if dead:
-        head = (f"rank(s) {sorted(dead)} exited before reaching call #{seq} ({me.call()}) on "
-                f"{_group_name(group)}, which the other ranks are in")
+        head = f"rank(s) {sorted(dead)} exited before reaching {where}, which the other ranks are in"
     else:
-        head = (f"rank(s) {missing} did not reach call #{seq} ({me.call()}) on "
-                f"{_group_name(group)} within {timeout:g} s of the last rank to arrive: they are "
-                f"stuck elsewhere, exited, or run without debug mode "
+        head = (f"rank(s) {missing} did not reach {where} within {ctx.timeout:g} s of the last "
+                "rank to arrive: they are stuck elsewhere, exited, or run without debug mode "
                 f"({DEBUG_TIMEOUT_ENV_VAR} / enable_debug(timeout=) set this wait)")
     lines = [f"debug mode: {head}."]
     if log.first_depth and log.pending:
-        block = log.pending[min(log.pending)]
+        block = log.pending[min(log.pending)].me
         lines[0] += (f" This rank is inside a {block.name} block it runs first (at {block.site}) "
                      "while the other ranks wait for that block to end: a collective inside it "
                      "can never complete; move the call out of the block")
     lines += _table(calls)
+    last: Dict[int, Call] = {}
+    if log.last_seq:
+        try:
+            last = {c.rank: c for c in _records(ctx, log.last_seq, missing)}
+        except Exception:  # noqa: BLE001 - only for the message
+            last = {}
     for rank in missing:
         state = f"exited: {dead[rank]}" if rank in dead else "not arrived"
         prev = last.get(rank)
         after = (f"; its last checked call was #{log.last_seq} {prev.call()} at {prev.site}" if prev
-                 else "; it made no checked call before this one")
+                 else "; it made no checked call before this one" if not log.last_seq else "")
         lines.append(f"  rank {rank}: {state}{after}")
     return CollectiveMismatchError("\n".join(lines), calls=_summary(calls), missing=missing)
 
 
-def _abort(store: Any, prefix: str, error: CollectiveMismatchError) -> None:
-    """Publish ``error`` for ranks that arrive late at this call, then raise it."""
-    try:
-        store.set(f"{prefix}/abort", pickle.dumps(error))
-        store.add(f"{prefix}/n", ABORT)
-    except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
-        pass
-    raise error
-
-
-def _read_abort(store: Any, prefix: str, me: Call) -> CollectiveMismatchError:
-    """The error another rank published when it gave up on this call (we came too late)."""
-    error = pickle.loads(store.get(f"{prefix}/abort"))
+def _read_abort(ctx: _Ctx, late: bool) -> CollectiveMismatchError:
+    """The error a rank published when it gave up on this call."""
+    error = pickle.loads(ctx.store.get(f"{ctx.prefix}/abort"))
     if not isinstance(error, CollectiveMismatchError):  # pragma: no cover - defensive
         return CollectiveMismatchError(str(error))
+    if not late:
+        return error
+    me = ctx.me
     text = (f"debug mode: {me.who()} reached {me.call()} at {me.site} after another rank had "
             f"given up waiting for it; that rank reported:\n{error.args[0]}")
     return CollectiveMismatchError(text, calls=error.calls, missing=error.missing)

@@ -466,3 +466,19 @@ def test_collective_inside_a_zero_first_block_is_explained():
     assert "RankFailedError: rank 0 failed in zero_first block #1" in waiter.error
     assert "CollectiveMismatchError" in waiter.error
     assert first.elapsed < DEADLINE and waiter.elapsed < DEADLINE
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_rank_0_exiting_is_named_by_the_others(ws):
+    # rank 0 watches the other ranks; every rank watches rank 0 itself
+    def body():
+        ad.barrier()
+        if ad.get_rank() == 0:
+            os._exit(0)
+        return _raises(lambda: ad.all_reduce(torch.ones(1)))
+
+    outcomes = _run(body, ws)
+    for o in outcomes[1:]:
+        got = _assert_debug_error(o, "rank(s) [0] exited before reaching call #2 (all_reduce(",
+                                  "rank 0: exited", "its last checked call was #1 barrier()")
+        assert got["missing"] == (0,)
