@@ -94,7 +94,7 @@ class _GroupState:
     """
 
     __slots__ = ("rank", "ws", "device", "cpu", "env_rank", "env_ws", "pg_ref", "opts",
-                 "hdr_arr", "hdr", "hdr_all", "__weakref__")
+                 "allgather", "hdr_arr", "hdr", "hdr_all", "__weakref__")
 
     def __init__(self, group: Optional["ProcessGroup"], pg: Any, env_rank: Any, env_ws: Any) -> None:
         get_rank(), get_world_size()  # the env must agree with the world group
@@ -105,7 +105,12 @@ class _GroupState:
         self.env_rank, self.env_ws = env_rank, env_ws
         self.pg_ref = weakref.ref(pg)
         self.opts = _AllgatherOptions()
-        self.opts.asyncOp = False  # as dist.all_gather_single(async_op=False) sets it
+        if hasattr(self.opts, "asyncOp"):
+            self.opts.asyncOp = False  # as dist.all_gather_single(async_op=False) sets it
+        # the class's method, not a bound one (that would keep the group alive); torch before
+        # all_gather_single (2.13) names the same operation _allgather_base
+        cls = type(pg)
+        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base")
         self.hdr_arr = array.array("q", bytes(8 * _codec.HEADER_LEN))
         self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
         self.hdr_all = torch.empty(self.ws * _codec.HEADER_LEN, dtype=_I64) if self.cpu else None
@@ -216,7 +221,7 @@ def all_gather_values(
         a[0], a[1], a[2], a[3] = header
         # the group's own all_gather_single: what dist.all_gather_single runs after its checks
         # (plain tensors, no coalescing context: this helper needs the result right away)
-        st.pg_ref().all_gather_single(st.hdr_all, st.hdr, st.opts).wait()
+        st.allgather(st.pg_ref(), st.hdr_all, st.hdr, st.opts).wait()
         flat = st.hdr_all.tolist()
     else:
         headers_t = torch.empty(st.ws * _codec.HEADER_LEN, dtype=_I64, device=st.device)
