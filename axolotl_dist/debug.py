@@ -12,12 +12,13 @@ arguments* (``src``/``dst``, the reduction, tensor shapes and dtypes where they 
   once, listing rank by rank which helper it called, with which arguments, from which file and
   line;
 * a rank that does not arrive is named after the debug timeout (``AXOLOTL_DIST_DEBUG_TIMEOUT``
-  seconds without a new rank arriving, default 5), or within about 3 s if its process is gone,
+  seconds without a new rank arriving, default 5), or within about 4 s if its process is gone,
   together with the last checked call it made. Like ``torch.distributed.monitored_barrier``,
   but for every helper, and independent of the group's collective timeout.
 
-A check costs a few store round trips (about 0.1-0.5 ms on one host), so keep debug mode for
-hunting bugs. Off, the only cost is one global lookup per helper call (``benchmarks/debug.py``).
+A check costs a few store round trips per rank at any world size (about 0.5-0.8 ms per call on
+one host), so keep debug mode for hunting bugs. Off, the only cost is one wrapper call and one
+global lookup per helper call, about 0.1-0.2 us (``benchmarks/debug.py``).
 Calls made by a helper inside another (``synchronize_flag`` uses ``synchronize_value``) are
 checked once, under the outer name. The ranks that go first in ``zero_first`` do not wait at
 the check (the others wait for them, and blocks nest): they compare when their outermost block
