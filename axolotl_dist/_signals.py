@@ -23,7 +23,8 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
@@ -77,16 +78,20 @@ def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
     return c10d._get_process_group_store(group)
 
 
-_SEQ: Dict[object, int] = {}
+# Weak keys: holding a process group past destroy_process_group() makes it die at interpreter
+# exit, where gloo's threads abort the process.
+_SEQ: "weakref.WeakKeyDictionary[Any, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
 
 def next_sequence(group: Optional["ProcessGroup"], kind: str) -> int:
     """A per-group, per-kind call counter; every rank of the group must call in the same order."""
     from torch.distributed import distributed_c10d as c10d
 
-    key = (group if group is not None else c10d._world.default_pg, kind)
-    seq = _SEQ.get(key, 0) + 1
-    _SEQ[key] = seq
+    pg = group if group is not None else c10d._world.default_pg
+    counters = _SEQ.get(pg)
+    if counters is None:
+        counters = _SEQ[pg] = {}
+    seq = counters[kind] = counters.get(kind, 0) + 1
     return seq
 
 

@@ -9,7 +9,8 @@ Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+import weakref
+from typing import TYPE_CHECKING, Any, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -59,13 +60,18 @@ def require_group(op: str, group: Optional["ProcessGroup"] = None) -> bool:
     return False
 
 
-_DEVICES: Dict[Any, torch.device] = {}
+# Weak keys: a process group must die with destroy_process_group(), not at interpreter exit
+# (gloo's threads torn down during finalization abort the process: "terminate called...").
+_DEVICES: "weakref.WeakKeyDictionary[Any, torch.device]" = weakref.WeakKeyDictionary()
 
 
 def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
     """The device collectives on ``group`` use: CPU if the backend takes CPU tensors, else CUDA."""
     key = group if group is not None else dist.distributed_c10d._world.default_pg
-    device = _DEVICES.get(key)
+    try:
+        device = _DEVICES.get(key)
+    except TypeError:  # not weak-referenceable (torch's non-member sentinel): no caching
+        key, device = None, None
     if device is None:
         backend = (get_backend(group) or "gloo").lower()
         if "gloo" in backend or "mpi" in backend or "cpu:" in backend or backend == "fake":
@@ -74,7 +80,8 @@ def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
             device = torch.device("cuda", torch.cuda.current_device())
         else:  # pragma: no cover - e.g. xccl
             device = torch.device(backend if backend in ("xpu", "hpu") else "cpu")
-        _DEVICES[key] = device
+        if key is not None:
+            _DEVICES[key] = device
     return device
 
 

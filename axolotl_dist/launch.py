@@ -221,7 +221,13 @@ def _traceback_of(failure) -> Optional[str]:
 def _report(failures: Dict[int, object], nodes: int, node_rank: int) -> int:
     rank, failure = first_failure(failures)
     code = exit_code_of(failure.exitcode)
-    if failure.exitcode < 0:
+    if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
+        # It raised (its error file is there) and was stopped by the launcher while exiting,
+        # because another rank failed at about the same time: report the exception, exit 1
+        # as the rank itself would have.
+        code = 1
+        how = "raised an exception (and was stopped by the launcher while exiting)"
+    elif failure.exitcode < 0:
         try:
             how = f"was killed by signal {-failure.exitcode} ({signal.Signals(-failure.exitcode).name})"
         except ValueError:

@@ -85,3 +85,41 @@ def test_init_with_another_backend_than_the_existing_group_raises():
         assert "already initialized with backend 'gloo'" in msg
         assert "pass backend='gloo' (or None)" in msg and "cleanup_distributed()" in msg  # the fix
         assert backend == "gloo"
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_cleanup_lets_the_process_group_go(debug):
+    # A group kept alive by a cache past destroy_process_group() is destroyed during
+    # interpreter shutdown, where gloo's threads abort the process ("terminate called without
+    # an active exception", exit code 134, seen in ~1 of 4 launcher runs before the fix).
+    def body():
+        import gc
+        import weakref
+
+        import torch
+
+        from axolotl_dist.parallel import DataParallelConfig
+
+        ad.init_distributed(backend="gloo")
+        world = weakref.ref(dist.distributed_c10d._world.default_pg)
+        sub = dist.new_group([0, 1])
+        sub_ref = weakref.ref(sub)
+        rank = ad.get_rank()
+        ad.barrier()
+        ad.all_reduce(torch.ones(2))
+        ad.all_gather(torch.ones(rank + 1))
+        ad.compute_and_broadcast(lambda: 0.5)
+        ad.gather_from_all_ranks(lambda: rank, group=sub)
+        ad.reduce_and_broadcast(lambda: {"r": rank}, len)
+        with ad.zero_first():
+            pass
+        ad.do_n_at_a_time(lambda: None, n=1)
+        ad.build_world_mesh(dp=DataParallelConfig(name="ddp"))
+        ad.ShardedFlatTensor.shard(torch.arange(4.0)).gather()
+        del sub
+        ad.cleanup_distributed()
+        gc.collect()
+        return world() is None, sub_ref() is None
+
+    env = {"AXOLOTL_DIST_DEBUG": debug}
+    assert run_distributed(body, 2, init=False, env=env, timeout=60) == [(True, True)] * 2

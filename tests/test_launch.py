@@ -410,3 +410,30 @@ def test_first_failure_prefers_root_causes(tmp_path: Path) -> None:
     # Two root causes: the earlier one wins, whatever the rank order.
     failures[0] = failure(0, 1, "KeyError: 'also real'", now + 0.3)
     assert launch.first_failure(failures)[0] == 1
+
+
+def test_rank_stopped_while_exiting_after_raising_reports_its_exception(tmp_path: Path, capsys) -> None:
+    # Both ranks raise at about the same time; the launcher SIGTERMs the one still exiting.
+    # The report names its exception and exits 1, not 143 ("killed by SIGTERM").
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    now = float(int(time.time()))
+
+    def error_file(rank: int, message: str, at: float) -> str:
+        path = tmp_path / f"error{rank}.json"
+        path.write_text(json.dumps({
+            "message": {"message": message, "extraInfo": {
+                "py_callstack": f"Traceback ...\n{message}\n", "timestamp": str(int(at))}},
+            "axolotl_dist": {"time": at}}))
+        return str(path)
+
+    failures = {
+        0: ProcessFailure(local_rank=0, pid=100, exitcode=-15,
+                          error_file=error_file(0, "ValueError: first", now + 0.1)),
+        1: ProcessFailure(local_rank=1, pid=101, exitcode=1,
+                          error_file=error_file(1, "ValueError: second", now + 0.2)),
+    }
+    assert launch._report(failures, nodes=1, node_rank=0) == 1
+    err = capsys.readouterr().err
+    assert "rank 0 (local rank 0, pid 100) failed first: it raised an exception" in err
+    assert "ValueError: first" in err and "exit code 1" in err
