@@ -182,6 +182,13 @@ def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg
             from .distributed import init_distributed
 
             init_distributed(backend=backend, timeout=timedelta(seconds=pg_timeout))
+            if "gloo" in backend and world_size > 1:
+                # gloo connects its mesh at init: a rank that finished its side and whose fn
+                # returned at once could exit while a peer still reads the handshake
+                # ("Connection closed by peer" there). Raw torch call: no debug-mode check.
+                import torch.distributed as dist
+
+                dist.barrier()
         value = fn(*args, **kwargs)
         message = ("ok", value)
     except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit
