@@ -20,7 +20,8 @@ How it works, and why it is fast and never hangs:
   free-port race) and the ranks join it as clients, exactly as under ``torchrun``
   (``TORCHELASTIC_USE_AGENT_STORE``). Every rank gets the launcher env contract
   (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ...).
-* With ``init=True`` (default) each rank calls :func:`axolotl_dist.init_distributed` first and
+* With ``init=True`` (default) each rank calls :func:`axolotl_dist.init_distributed` first (on
+  gloo followed by one raw barrier, so every rank is connected before any ``fn`` runs) and
   destroys the group afterwards; with ``init=False`` ``fn`` gets the env and inits itself.
 * A wall-clock ``timeout`` bounds the whole run: ranks still alive then are SIGKILLed with
   their children, and the error says which ranks were stuck. When one rank raises, the others
