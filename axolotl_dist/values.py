@@ -14,7 +14,7 @@ import array
 import functools
 import operator
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 import torch.distributed as dist
@@ -70,12 +70,24 @@ def _value_kind(value: Any) -> str:
     return f"tensor {tensor_signature(value)}" if isinstance(value, torch.Tensor) else "number"
 
 
-def _run(fn: Callable[[], Any], rank: int, where: str) -> Tuple[_codec.Encoded, Optional[BaseException]]:
+def _run(fn: Callable[[], Any], rank: int, where: str
+         ) -> Tuple[Sequence[int], Optional[_codec.Encoded], Optional[BaseException]]:
+    """Run ``fn`` and encode its result: ``(header, encoded, exception)``.
+
+    ``encoded`` is None for a scalar (its header says everything; no object is built on this
+    hot path); otherwise it carries the payload, or the failure report if ``fn`` raised
+    ``exception`` (shipped to the other ranks, then re-raised here).
+    """
     try:
         value = fn()
-        return _codec.encode(value, f"the value returned by {where}'s fn on rank {rank}"), None
+        header = _SCALAR_HEADER(value)
+        if header is not None:
+            return header, None, None
+        encoded = _codec.encode(value, f"the value returned by {where}'s fn on rank {rank}")
+        return encoded.header, encoded, None
     except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
-        return _codec.encode_error(rank, exc, where), exc
+        encoded = _codec.encode_error(rank, exc, where)
+        return encoded.header, encoded, exc
 
 
 class _GroupState:
@@ -163,17 +175,18 @@ def broadcast_value(
     """Run ``fn`` on group rank ``src`` only and return its result on every rank."""
     st = state if state is not None else _group_state(group)
     cdev = st.device
+    mine: Optional[Sequence[int]] = None  # the header, on src only
     own: Optional[BaseException] = None
     encoded: Optional[_codec.Encoded] = None
     if st.rank == src:
-        encoded, own = _run(fn, st.rank, where)
+        mine, encoded, own = _run(fn, st.rank, where)
     if st.cpu:
         header = st.hdr
-        if encoded is not None:
-            h, a = encoded.header, st.hdr_arr
-            a[0], a[1], a[2], a[3] = h[0], h[1], h[2], h[3]
-    elif encoded is not None:
-        header = torch.tensor(encoded.header, dtype=_I64, device=cdev)
+        if mine is not None:
+            a = st.hdr_arr
+            a[0], a[1], a[2], a[3] = mine
+    elif mine is not None:
+        header = torch.tensor(mine, dtype=_I64, device=cdev)
     else:
         header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
     dist.broadcast(header, group=group, group_src=src)
@@ -205,17 +218,7 @@ def all_gather_values(
     value slots, with no per-call tensor or list building beyond that.
     """
     st = state if state is not None else _group_state(group)
-    encoded: Optional[_codec.Encoded] = None
-    own: Optional[BaseException] = None
-    try:
-        value = fn()
-        header = _SCALAR_HEADER(value)
-        if header is None:
-            encoded = _codec.encode(value, f"the value returned by {where}'s fn on rank {st.rank}")
-            header = encoded.header
-    except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
-        encoded, own = _codec.encode_error(st.rank, exc, where), exc
-        header = encoded.header
+    header, encoded, own = _run(fn, st.rank, where)
     if st.cpu:
         a = st.hdr_arr
         a[0], a[1], a[2], a[3] = header
@@ -353,10 +356,8 @@ def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: i
         check_src(dst, group, "dst")
         return [fn()]
     st = _group_state(group)
-    if world_size is not None and world_size != st.ws:
-        check_world_size(world_size, group, name)  # raises with the full message
-    if type(dst) is not int or not 0 <= dst < st.ws:
-        check_src(dst, group, "dst")  # raises with the full message
+    _check_ws(world_size, st, group, name)
+    _check_src(dst, st, group, "dst")
     return all_gather_values(fn, group, name, None, dst, st)
 
 
