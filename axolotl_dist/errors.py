@@ -63,17 +63,15 @@ class RankFailedError(AxolotlDistError, RuntimeError):
             text += "\n--- traceback from rank %d ---\n%s" % (rank, remote_traceback.rstrip())
         super().__init__(text)
 
-    def __reduce__(self):  # keep the structured fields across pickling
-        return (
-            _rebuild_rank_failed,
-            (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where),
-        )
+    def _fields(self) -> tuple:
+        return (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where)
 
+    def __reduce__(self):  # keep the structured fields across pickling
+        return (_rebuild_rank_failed, self._fields())
 
     def to_report(self) -> bytes:
         """The bytes another rank turns back into this error with :meth:`from_report`."""
-        return pickle.dumps(
-            (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where))
+        return pickle.dumps(self._fields())
 
     @classmethod
     def from_report(cls, data: bytes) -> "RankFailedError":
