@@ -115,6 +115,17 @@ class _GroupLog:
 _LOGS: "weakref.WeakKeyDictionary[Any, _GroupLog]" = weakref.WeakKeyDictionary()
 
 
+def _log_of(group: Optional["ProcessGroup"], create: bool) -> Optional[_GroupLog]:
+    """This rank's :class:`_GroupLog` of ``group`` (the default group if None)."""
+    import torch.distributed as dist
+
+    key = group if group is not None else dist.distributed_c10d._world.default_pg
+    log = _LOGS.get(key)
+    if log is None and create:
+        log = _LOGS[key] = _GroupLog()
+    return log
+
+
 def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], site: str, *,
           wait: bool, timeout: float) -> None:
     """Check this call of helper ``name`` against the other ranks of ``group`` (see above)."""
@@ -125,12 +136,9 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
     _signals.start_heartbeat()
     rank, ws = get_rank(group), get_world_size(group)
     me = Call(rank, rank if group is None else dist.get_global_rank(group, rank), name, agree, site)
-    key = group if group is not None else dist.distributed_c10d._world.default_pg
-    log = _LOGS.get(key)
-    if log is None:
-        log = _LOGS[key] = _GroupLog()
+    log = _log_of(group, create=True)
+    assert log is not None
     seq = _signals.next_sequence(group, "debug")
-    ctx: Optional[_Ctx] = None
     try:
         ctx = _Ctx(_signals.group_store(group), seq, me, ws, group, log, timeout)
         _post(ctx)
@@ -173,10 +181,7 @@ def first_rank_block(group: Optional["ProcessGroup"], timeout: float) -> Iterato
     waits for this block), so this rank then waits for them and raises on a mismatch or a
     missing rank. Nested blocks leave their call to the next waiting check.
     """
-    import torch.distributed as dist
-
-    key = group if group is not None else dist.distributed_c10d._world.default_pg
-    log = _LOGS.get(key)
+    log = _log_of(group, create=False)
     if log is None or not log.pending:
         yield
         return
@@ -284,18 +289,19 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
     raise error
 
 
-def _present(ctx: _Ctx) -> List[int]:
-    """The group ranks whose record of this call is stored (one store round trip each)."""
-    store, p = ctx.store, ctx.prefix
-    return [r for r in range(ctx.ws) if r == ctx.me.rank or store.check([f"{p}/c/{r}"])]
+def _present(ctx: _Ctx, seq: Optional[int] = None) -> List[int]:
+    """The group ranks whose record of call ``seq`` (default: this one) is stored (one store
+    round trip each; this rank's own record of this call is known to be there)."""
+    p = f"axd/dbg/{seq}" if seq is not None else ctx.prefix
+    mine = ctx.me.rank if seq is None else None
+    return [r for r in range(ctx.ws) if r == mine or ctx.store.check([f"{p}/c/{r}"])]
 
 
 def _records(ctx: _Ctx, seq: Optional[int] = None, ranks: Optional[Sequence[int]] = None) -> List[Call]:
     """The stored records of call ``seq`` (default: this one) of ``ranks`` (default: all there)."""
     p = f"axd/dbg/{seq}" if seq is not None else ctx.prefix
     if ranks is None:
-        ranks = _present(ctx) if seq is None else [
-            r for r in range(ctx.ws) if ctx.store.check([f"{p}/c/{r}"])]
+        ranks = _present(ctx, seq)
     if not ranks:
         return []
     return [pickle.loads(b) for b in ctx.store.multi_get([f"{p}/c/{r}" for r in ranks])]
@@ -312,7 +318,8 @@ def _dead_ranks(ctx: _Ctx, watcher: _signals.Watch, now: float, all_ranks: bool)
     import torch.distributed as dist
 
     if all_ranks:
-        missing = [r for r in range(ctx.ws) if r not in set(_present(ctx))]
+        present = set(_present(ctx))
+        missing = [r for r in range(ctx.ws) if r not in present]
     else:
         missing = [] if ctx.store.check([f"{ctx.prefix}/c/0"]) else [0]
     dead: Dict[int, str] = {}
