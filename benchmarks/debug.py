@@ -25,7 +25,7 @@ import random
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 # this checkout's axolotl_dist, not whichever one is installed
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,13 +144,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           "| on / bare |")
     print("|---|---:|---:|---:|---|---|---:|---:|")
     ok = True
-    rows: List[Tuple[str, float]] = []
     for name in HELPERS:
         bare, off, on = med[f"bare:{name}"], med[f"off:{name}"], med[f"on:{name}"]
         ratio = _paired_ratio(per_rank, name)
         met = ratio <= TARGET
         ok &= met
-        rows.append((name, ratio))
         print(f"| `{name}` | {bare:.0f} | {off:.0f} | {ratio:.3f}x | <= {TARGET:.2f}x | "
               f"{'yes' if met else 'NO'} | {on:.0f} | {on / bare:.1f}x |")
     hook = _hook_cost_ns()
