@@ -155,12 +155,24 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
     except AxolotlDistError:
         raise
     except Exception as exc:  # the store went away (its host exited) or refused us
-        first_line = (str(exc).splitlines() or [""])[0]
-        raise CollectiveMismatchError(
-            f"debug mode: lost the c10d store while checking call #{seq} ({me.call()}) on "
-            f"{_group_name(group)} ({type(exc).__name__}: {first_line}); the process hosting "
-            "the store (rank 0, or the launcher) probably exited",
-            calls={rank: f"{me.call()} at {me.site}"}) from exc
+        raise _store_lost(exc, seq, me, group) from exc
+
+
+def _store_lost(exc: BaseException, seq: int, me: Call, group: Optional["ProcessGroup"]
+                ) -> CollectiveMismatchError:
+    """The error for a store that vanished during call ``seq``: its host is gone."""
+    first_line = (str(exc).splitlines() or [""])[0]
+    host = _signals.store_host()
+    where = f"call #{seq} ({me.call()}) on {_group_name(group)}"
+    if host is not None:
+        head = (f"rank {host} (the store host) died or exited while this rank checked {where}: "
+                f"the c10d store it hosted is gone ({type(exc).__name__}: {first_line}); look at "
+                f"rank {host}'s own output for why it ended")
+    else:
+        head = (f"lost the c10d store while checking {where} ({type(exc).__name__}: "
+                f"{first_line}): the launcher process that hosted it exited or was killed")
+    return CollectiveMismatchError(f"debug mode: {head}", calls={me.rank: f"{me.call()} at {me.site}"},
+                                   missing=() if host is None else (host,))
 
 
 def _post(ctx: _Ctx) -> None:
@@ -285,7 +297,8 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
         ctx.store.set(f"{ctx.prefix}/abort", pickle.dumps(error))
         ctx.store.add(f"{ctx.prefix}/n", ABORT)
     except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
-        pass
+        raise error from None
+    _acknowledge(ctx, f"{ctx.prefix}/abort", [c.rank for c in calls])
     raise error
 
 
@@ -347,7 +360,18 @@ def _summary(calls: Sequence[Call]) -> Dict[int, str]:
     return {c.rank: f"{c.call()} at {c.site}" for c in sorted(calls, key=lambda c: c.rank)}
 
 
+def _acknowledge(ctx: _Ctx, key: str, readers: Sequence[int]) -> None:
+    """This rank has read what it needs under ``key`` for its error; if it hosts the store it
+    keeps it up until the other ``readers`` have too (bounded), so they can name the cause."""
+    try:
+        ctx.store.set(f"{key}/ack/{ctx.me.rank}", b"")
+    except Exception:  # noqa: BLE001 - the store is gone: the error says what we know
+        return
+    _signals.await_readers(ctx.store, key, [r for r in readers if r != ctx.me.rank], ctx.group)
+
+
 def _mismatch_error(ctx: _Ctx, calls: List[Call]) -> CollectiveMismatchError:
+    _acknowledge(ctx, ctx.prefix, [c.rank for c in calls])
     ordered = sorted(calls, key=lambda c: c.rank)
     if len({c.name for c in ordered}) > 1:
         why = ("the ranks called different helpers (" + ", ".join(
@@ -402,6 +426,7 @@ def _missing_error(ctx: _Ctx, calls: List[Call], dead: Dict[int, str]) -> Collec
 def _read_abort(ctx: _Ctx, late: bool) -> CollectiveMismatchError:
     """The error a rank published when it gave up on this call."""
     error = pickle.loads(ctx.store.get(f"{ctx.prefix}/abort"))
+    _acknowledge(ctx, f"{ctx.prefix}/abort", [r for r in range(ctx.ws) if r not in error.missing])
     if not isinstance(error, CollectiveMismatchError):  # pragma: no cover - defensive
         return CollectiveMismatchError(str(error))
     if not late:

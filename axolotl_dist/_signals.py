@@ -1,34 +1,49 @@
-"""Store-based signalling between ranks: heartbeats and bounded, liveness-aware waits.
+"""Store-based signalling between ranks: who is who, heartbeats, failure records, bounded waits.
 
 Rank-ordered blocks (:func:`~axolotl_dist.zero_first`, :func:`~axolotl_dist.do_n_at_a_time`)
 signal through the process group's c10d store instead of collectives, so a wait is not bound
-by the collective timeout, costs one store round trip when there is nothing to wait for, and
+by the collective timeout, costs a store round trip when there is nothing to wait for, and
 can watch the ranks it waits for:
 
-* every process of a multi-rank group runs a daemon thread that bumps ``axd/hb/<rank>`` in the
-  store every :data:`HEARTBEAT_INTERVAL` seconds (on its own store connection);
+* at init every rank of a multi-rank group records who it is (``axd/who/<rank>``: host, pid
+  and launcher) and runs a daemon thread that bumps ``axd/hb/<rank>`` every
+  :data:`HEARTBEAT_INTERVAL` seconds on its own store connection; the thread also copies the
+  other ranks' records locally, so a rank can still be named after the store is gone;
+* :class:`Watch` judges the ranks a waiter depends on: a rank whose process left an exit
+  record (:func:`publish_exit`) or is gone from this host is dead at once; one that is stopped
+  (``SIGSTOP``) or silent is reported at WARNING level; a rank on another host whose heartbeat
+  stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as dead;
 * a waiting rank polls with non-blocking ``add(key, 0)`` (no C++ timeout warnings), spinning
-  briefly and then backing off to at most 0.25 s;
-* when a watched rank's heartbeat stalls, a rank on the same host checks its pid (a dead or
-  zombie process raises at once); for a rank on another host a stall longer than
-  ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as death;
-* waiting ranks log at INFO every ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds (default 30) whom
-  they wait for.
+  briefly and then backing off to at most 0.25 s, and logs at WARNING whom it waits for after
+  ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds (default 30), then at doubling intervals;
+* a failure published for other ranks (:func:`publish_error`) is acknowledged by each rank
+  that reads it (:func:`read_error`). Where the store lives in rank 0's own process (a plain
+  env launch: bare ``RANK``/``WORLD_SIZE``, ``srun``, ``mpirun``) rank 0 waits, before it
+  raises, until every live reader has acknowledged, at most ``AXOLOTL_DIST_STORE_LINGER``
+  seconds (default 5) (:func:`await_readers`), so its peers read the real cause even if its
+  process ends at once (``os._exit``, an uncaught exception);
+* a store that is really gone is reported as such, naming its host (:func:`store_lost_error`),
+  and a collective that fails because a peer is gone is turned into a
+  :class:`~axolotl_dist.errors.RankFailedError` naming the lost rank and how that was judged
+  (:func:`diagnose_lost_peer`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import torch.distributed as dist
 
-from .errors import RankFailedError, RankTimeoutError, failure_report
+from .errors import DistributedEnvError, RankFailedError, RankTimeoutError, failure_report
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
@@ -37,37 +52,61 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "HEARTBEAT_TIMEOUT_ENV_VAR",
     "WAIT_LOG_INTERVAL_ENV_VAR",
+    "STORE_LINGER_ENV_VAR",
+    "AGENT_STORE_ENV_VAR",
     "HOST",
+    "Peer",
     "Watch",
     "group_store",
+    "world_store",
     "next_sequence",
+    "store_host",
+    "hosts_store",
+    "is_store_error",
+    "store_lost_error",
+    "store_errors",
     "start_heartbeat",
     "stop_heartbeat",
     "poll_until",
     "publish_error",
     "read_error",
+    "await_readers",
+    "publish_exit",
+    "diagnose_lost_peer",
+    "global_ranks",
 ]
 
 log = logging.getLogger("axolotl_dist")
 
 HEARTBEAT_INTERVAL = 1.0
+#: How often a waiting rank judges the ranks it waits for (seconds).
+LIVENESS_INTERVAL = 0.5
 HEARTBEAT_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_HEARTBEAT_TIMEOUT"
 WAIT_LOG_INTERVAL_ENV_VAR = "AXOLOTL_DIST_WAIT_LOG_INTERVAL"
+STORE_LINGER_ENV_VAR = "AXOLOTL_DIST_STORE_LINGER"
+#: torch elastic's switch: set to ``True`` when the launcher's agent hosts the store.
+AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+_MAX_WAIT_LOG_INTERVAL = 600.0
+#: A heartbeat silent this long (seconds) is worth a warning.
+_SILENT_AFTER = 3.0 * HEARTBEAT_INTERVAL
 HOST = socket.gethostname()
 
 
-def _float_env(name: str, default: float) -> float:
+def _seconds_env(name: str, default: float) -> float:
     raw = os.environ.get(name)
-    if raw is None:
+    if raw is None or not raw.strip():
         return default
     try:
         value = float(raw)
     except ValueError:
-        from .errors import DistributedEnvError
-
-        raise DistributedEnvError(f"{name}={raw!r} is not a number of seconds: set e.g. {name}={default:g}") from None
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise DistributedEnvError(
+            f"{name}={raw!r} must be a positive number of seconds: set e.g. {name}={default:g}")
     return value
 
+
+# --- stores and sequence numbers --------------------------------------------------------------
 
 def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
     """The c10d store of ``group`` (default: the world's)."""
@@ -76,6 +115,18 @@ def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
     if group is None:
         return c10d._get_default_store()
     return c10d._get_process_group_store(group)
+
+
+def world_store() -> "Store":
+    """The world's store, where heartbeats, peer records and exit records live."""
+    return group_store(None)
+
+
+def global_ranks(group: Optional["ProcessGroup"]) -> List[int]:
+    """Global rank of every group rank, in group-rank order."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    return list(dist.get_process_group_ranks(group))
 
 
 # Weak keys: holding a process group past destroy_process_group() makes it die at interpreter
@@ -95,17 +146,148 @@ def next_sequence(group: Optional["ProcessGroup"], kind: str) -> int:
     return seq
 
 
+# --- where the store lives -------------------------------------------------------------------
+
+def store_host() -> Optional[int]:
+    """The global rank whose process hosts the world store, or None if it lives elsewhere.
+
+    torch's ``env://``/``tcp://`` rendezvous makes rank 0 host the ``TCPStore`` unless the
+    launcher's agent hosts it (torchrun, ``axolotl-dist``, ``accelerate launch`` set
+    ``TORCHELASTIC_USE_AGENT_STORE=True``); a file or in-memory store has no host process.
+    """
+    if os.environ.get(AGENT_STORE_ENV_VAR) == "True":
+        return None
+    try:
+        store = world_store()
+    except Exception:  # noqa: BLE001 - no group
+        return None
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return 0 if isinstance(store, dist.TCPStore) else None
+
+
+def hosts_store() -> bool:
+    """Whether this process hosts the world store (see :func:`store_host`)."""
+    return dist.is_initialized() and store_host() == dist.get_rank()
+
+
+def _store_address() -> str:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else "its address"
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store's connection is gone (not a timeout, not a bad key)."""
+    network = getattr(dist, "DistNetworkError", None)
+    if network is not None and isinstance(exc, network):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(s in text for s in (
+        "Broken pipe", "Connection reset", "Connection was likely closed", "Connection refused"))
+
+
+@contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """Turn a lost store inside the block into :func:`store_lost_error`'s error."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        if is_store_error(exc) and not isinstance(exc, (RankFailedError, DistributedEnvError)):
+            raise store_lost_error(exc, what) from exc
+        raise
+
+
+def store_lost_error(exc: BaseException, what: str) -> Exception:
+    """The error to raise when the store vanished while this rank was in ``what``."""
+    first = (str(exc).splitlines() or [""])[0]
+    host = store_host()
+    if host is not None:
+        peer = _PEERS.get(host)
+        where = f" (process {peer.pid} on {peer.host})" if peer is not None else ""
+        return RankFailedError(
+            host, "died", f"rank {host} (the store host){where} died or exited: the c10d store "
+            f"it hosted at {_store_address()} is gone ({type(exc).__name__}: {first}). Look at "
+            f"rank {host}'s own output for why it ended", where=what)
+    return DistributedEnvError(
+        f"lost the c10d store at {_store_address()} while in {what}: the launcher process that "
+        f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "
+        f"({type(exc).__name__}: {first})")
+
+
+# --- who is who ------------------------------------------------------------------------------
+
+class Peer(NamedTuple):
+    """What a rank recorded about itself at init."""
+
+    host: str
+    pid: int
+    launcher: str
+
+    def describe(self) -> str:
+        return f"process {self.pid} on {self.host}, started by {self.launcher}"
+
+
+_PEERS: Dict[int, Peer] = {}  # global rank -> record, copied from the store by the heartbeat
+
+
+def _launcher() -> str:
+    env = os.environ
+    if env.get("AXOLOTL_DIST_LAUNCHER_PID"):
+        return "axolotl-dist"
+    if any(k.startswith("ACCELERATE_") for k in env) and env.get("TORCHELASTIC_RUN_ID"):
+        return "accelerate launch"
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return "torchrun"
+    if env.get("SLURM_PROCID") is not None and env.get("RANK") is None:
+        return "srun"
+    if env.get("OMPI_COMM_WORLD_RANK") is not None and env.get("RANK") is None:
+        return "mpirun"
+    return "env vars"
+
+
+def _encode_peer(peer: Peer) -> str:
+    return f"{peer.host}|{peer.pid}|{peer.launcher}"
+
+
+def _decode_peer(raw: bytes) -> Optional[Peer]:
+    parts = raw.decode(errors="replace").split("|", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return Peer(parts[0], int(parts[1]), parts[2])
+
+
+def _peer(store: "Store", rank: int) -> Optional[Peer]:
+    """The record of global ``rank`` (local copy first, then the store; None if unknown)."""
+    peer = _PEERS.get(rank)
+    if peer is None and store.check([f"axd/who/{rank}"]):
+        peer = _decode_peer(store.get(f"axd/who/{rank}"))
+        if peer is not None:
+            _PEERS[rank] = peer
+    return peer
+
+
 class _Heartbeat:
-    def __init__(self, store: "Store", rank: int, interval: float) -> None:
+    def __init__(self, store: "Store", rank: int, world_size: int, interval: float) -> None:
         self.rank = rank
+        self.world_size = world_size
         self.stop = threading.Event()
         self.store = store
         self.interval = interval
         self.pg = dist.distributed_c10d._world.default_pg
-        store.set(f"axd/who/{rank}", f"{HOST}:{os.getpid()}")
+        me = Peer(HOST, os.getpid(), _launcher())
+        _PEERS[rank] = me
+        store.set(f"axd/who/{rank}", _encode_peer(me))
         store.add(f"axd/hb/{rank}", 1)
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
+
+    def _copy_peers(self) -> None:
+        missing = [r for r in range(self.world_size) if r not in _PEERS]
+        if missing and self.store.check([f"axd/who/{r}" for r in missing]):
+            for r, raw in zip(missing, self.store.multi_get([f"axd/who/{r}" for r in missing])):
+                peer = _decode_peer(raw)
+                if peer is not None:
+                    _PEERS[r] = peer
 
     def _run(self) -> None:
         key = f"axd/hb/{self.rank}"
@@ -114,17 +296,21 @@ class _Heartbeat:
                 return  # the group this heartbeat belongs to is gone
             try:
                 self.store.add(key, 1)
+                if len(_PEERS) < self.world_size:
+                    self._copy_peers()
             except Exception:  # noqa: BLE001 - store gone: nothing to report to
                 return
 
 
 _HEARTBEAT: Optional[_Heartbeat] = None
 _HB_LOCK = threading.Lock()
+#: The last heartbeat's store connection, kept for the exit record after the thread stopped.
+_EXIT_STORE: Optional[Tuple["Store", int, Any]] = None
 
 
 def start_heartbeat() -> None:
-    """Start this process's heartbeat thread for the current default group (idempotent)."""
-    global _HEARTBEAT
+    """Record this rank and start its heartbeat thread for the current default group (idempotent)."""
+    global _HEARTBEAT, _EXIT_STORE
     pg = dist.distributed_c10d._world.default_pg
     if pg is None:
         return
@@ -133,12 +319,15 @@ def start_heartbeat() -> None:
             return
         if _HEARTBEAT is not None:
             _HEARTBEAT.stop.set()
-        base = group_store()
+        if _HEARTBEAT is None or _HEARTBEAT.pg is not pg:
+            _PEERS.clear()
+        base = world_store()
         try:
             store = base.clone()
         except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
             store = base
-        _HEARTBEAT = _Heartbeat(store, dist.get_rank(), HEARTBEAT_INTERVAL)
+        _HEARTBEAT = _Heartbeat(store, dist.get_rank(), dist.get_world_size(), HEARTBEAT_INTERVAL)
+        _EXIT_STORE = (store, dist.get_rank(), weakref.ref(pg))
 
 
 def stop_heartbeat() -> None:
@@ -154,53 +343,161 @@ def stop_heartbeat() -> None:
             beat.thread.join(timeout=5.0)
 
 
-def _proc_dead(pid: int) -> bool:
+# --- judging other ranks ---------------------------------------------------------------------
+
+def _proc_state(pid: int) -> Optional[str]:
+    """``"gone"``, ``"stopped"``, ``"running"`` for a pid on this host (None if unknowable)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
+        return "gone"
     except PermissionError:
-        return False
+        return "running"
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state in (b"Z", b"X")
     except (OSError, IndexError):
-        return False
+        return None
+    if state in (b"Z", b"X"):
+        return "gone"
+    if state in (b"T", b"t"):
+        return "stopped"
+    return "running"
+
+
+class Lost(NamedTuple):
+    """A rank judged gone: how, and the failure it reported at exit (if it did)."""
+
+    rank: int
+    how: str
+    detail: str
+    report: Optional[RankFailedError]
+
+
+def _exit_key(rank: int) -> str:
+    return f"axd/exit/{rank}"
 
 
 class Watch:
-    """Tracks the heartbeats of the global ranks a waiter depends on."""
+    """Judges the global ranks a waiter depends on (see the module docstring)."""
 
-    def __init__(self, store: "Store") -> None:
-        self.store = store  # the world store, where heartbeats live
+    def __init__(self, store: Optional["Store"] = None, me: Optional[int] = None) -> None:
+        self.store = store if store is not None else world_store()
+        self.me = dist.get_rank() if me is None and dist.is_initialized() else (me or 0)
         self.seen: Dict[int, Tuple[int, float]] = {}
-        self.remote_timeout = _float_env(HEARTBEAT_TIMEOUT_ENV_VAR, 15.0)
+        self.warned: Dict[int, float] = {}
+        self.checked: Dict[int, int] = {}  # rank -> exit count when its record was looked for
+        self.exited: Dict[int, Lost] = {}
+        self.remote_timeout = _seconds_env(HEARTBEAT_TIMEOUT_ENV_VAR, 15.0)
+        self.warn_every = _seconds_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
 
-    def check(self, ranks: Sequence[int], now: float) -> None:
+    def find_lost(self, ranks: Sequence[int], now: float, what: str = "") -> List[Lost]:
+        """The ranks among ``ranks`` that are gone; warns about stopped or silent ones."""
+        exited = self._exit_records(ranks)
+        lost: List[Lost] = []
         for rank in ranks:
-            beat = self.store.add(f"axd/hb/{rank}", 0)
-            last = self.seen.get(rank)
-            if last is None or last[0] != beat:
-                self.seen[rank] = (beat, now)
+            if rank == self.me:
                 continue
-            stalled = now - last[1]
-            if beat == 0 or stalled < 2.5 * HEARTBEAT_INTERVAL:
-                continue  # never started (not yet initialized here) or just slow
-            who = self.store.multi_get([f"axd/who/{rank}"])[0].decode() if self.store.check(
-                [f"axd/who/{rank}"]) else ""
-            host, _, pid = who.rpartition(":")
-            if host == HOST and pid.isdigit():
-                if _proc_dead(int(pid)):
-                    raise RankFailedError(
-                        rank, "died", f"process {pid} on {host} exited without reporting an "
-                        "error (it returned early, called exit, was killed by a signal or ran "
-                        "out of memory)")
-            elif stalled > self.remote_timeout:
-                raise RankFailedError(
-                    rank, "unresponsive", f"no heartbeat from {who or 'it'} for {stalled:.0f} s "
-                    f"(raise {HEARTBEAT_TIMEOUT_ENV_VAR} if it is busy holding the GIL)")
+            if rank in exited:
+                lost.append(exited[rank])
+                continue
+            verdict = self._judge(rank, now, what)
+            if verdict is not None:
+                lost.append(verdict)
+        return lost
 
+    def check(self, ranks: Sequence[int], now: float, what: str = "") -> None:
+        """Raise :class:`RankFailedError` for the first lost rank among ``ranks``."""
+        lost = self.find_lost(ranks, now, what)
+        if lost:
+            raise lost_error(lost, what)
+
+    def _exit_records(self, ranks: Sequence[int]) -> Dict[int, Lost]:
+        """Exit records of ``ranks`` (one store round trip unless some rank exited since)."""
+        count = self.store.add("axd/exits", 0)
+        for rank in ranks:
+            if rank == self.me or rank in self.exited or self.checked.get(rank) == count:
+                continue
+            self.checked[rank] = count
+            if count == 0 or not self.store.check([_exit_key(rank)]):
+                continue
+            report = pickle.loads(self.store.get(_exit_key(rank)))
+            self.store.set(f"{_exit_key(rank)}/ack/{self.me}", b"")
+            if report is None:
+                self.exited[rank] = Lost(rank, "exited", "its process finished its script and "
+                                         "exited (no uncaught exception)", None)
+            else:
+                error = RankFailedError.from_report(report)
+                self.exited[rank] = Lost(rank, "exited", f"its process exited after an uncaught "
+                                         f"{error.exc_type}: {error.exc_message}", error)
+        return {r: self.exited[r] for r in ranks if r in self.exited}
+
+    def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
+        beat = self.store.add(f"axd/hb/{rank}", 0)
+        last = self.seen.get(rank)
+        if last is None or last[0] != beat:
+            self.seen[rank] = last = (beat, now)
+        stalled = now - last[1]
+        peer = _peer(self.store, rank)
+        if peer is not None and peer.host == HOST:
+            state = _proc_state(peer.pid)
+            if state == "gone":
+                return Lost(rank, "died", f"{peer.describe()}, exited without reporting an "
+                            "error (judged: process gone on this host; it returned early, called "
+                            "os._exit, was killed by a signal or ran out of memory)", None)
+            if state == "stopped":
+                self._warn(rank, now, f"rank {rank} ({peer.describe()}) is stopped (/proc says "
+                           f"state T: SIGSTOP or a debugger); {what or 'this rank'} waits for it")
+            elif beat and stalled >= _SILENT_AFTER:
+                self._warn(rank, now, f"rank {rank} ({peer.describe()}) is running but sent no "
+                           f"heartbeat for {stalled:.0f} s (busy in code that holds the GIL?)")
+            return None
+        if beat == 0:
+            return None  # not initialized yet
+        if stalled > self.remote_timeout:
+            who = peer.describe() if peer is not None else "its process"
+            return Lost(rank, "unresponsive", f"no heartbeat from {who} for {stalled:.0f} s "
+                        f"(judged: no heartbeat; raise {HEARTBEAT_TIMEOUT_ENV_VAR} if it is busy "
+                        "holding the GIL)", None)
+        if stalled >= _SILENT_AFTER:
+            who = peer.describe() if peer is not None else "its process"
+            self._warn(rank, now, f"no heartbeat from rank {rank} ({who}) for {stalled:.0f} s; "
+                       f"it counts as dead after {self.remote_timeout:g} s "
+                       f"({HEARTBEAT_TIMEOUT_ENV_VAR})")
+        return None
+
+    def _warn(self, rank: int, now: float, message: str) -> None:
+        last = self.warned.get(rank)
+        if last is None or now - last >= self.warn_every:
+            self.warned[rank] = now
+            log.warning("rank %d: %s", self.me, message)
+
+
+def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
+    """One :class:`RankFailedError` for the lost ranks, naming the root cause first.
+
+    A rank that exited because it learnt of another rank's failure is explained by that rank.
+    """
+    def secondary(item: Lost) -> bool:  # it exited on a failure it learnt from another rank
+        return item.report is not None and item.report.rank != item.rank
+
+    ordered = sorted(lost, key=lambda item: (secondary(item), item.rank))
+    root, others = ordered[0], ordered[1:]
+    also = "".join(f"; also rank {o.rank} {o.how}: {o.detail}" for o in others)
+    ranks = tuple(o.rank for o in ordered)
+    if root.report is not None and not secondary(root):
+        error = root.report
+        return RankFailedError(root.rank, error.exc_type, error.exc_message + also,
+                               error.remote_traceback, where=what, ranks=ranks)
+    if root.report is not None:  # every lost rank only relayed another rank's failure
+        error = root.report
+        relay = f" (rank {root.rank} exited on this failure)"
+        return RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
+                               error.remote_traceback, where=what, ranks=(error.rank,) + ranks)
+    return RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks)
+
+
+# --- waiting ---------------------------------------------------------------------------------
 
 def poll_until(
     ready: Callable[[], bool],
@@ -214,15 +511,27 @@ def poll_until(
 
     :param ready: a cheap, non-blocking store probe.
     :param watch: the global ranks we are waiting for (re-evaluated at each liveness check).
-    :param what: a description used in log lines and errors ("zero_first block #3").
+    :param what: a description used in log lines and errors ("zero_first block #3 at x.py:4").
     """
-    if ready():
-        return
+    try:
+        if ready():
+            return
+        _poll(ready, watch, timeout, what, me)
+    except (RankFailedError, RankTimeoutError, DistributedEnvError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store's host is gone
+        if is_store_error(exc):
+            raise store_lost_error(exc, what) from exc
+        raise
+
+
+def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
+          what: str, me: int) -> None:
     start = time.monotonic()
-    watcher = Watch(group_store())
-    log_every = _float_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
+    watcher = Watch(world_store())
+    log_every = _seconds_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
     next_log = start + log_every
-    next_check = start + HEARTBEAT_INTERVAL
+    next_check = start + LIVENESS_INTERVAL / 2
     spins, delay = 0, 0.0005
     while True:
         if spins < 20:
@@ -241,17 +550,20 @@ def poll_until(
                 ranks,
             )
         if now >= next_check:
-            next_check = now + HEARTBEAT_INTERVAL
-            try:
-                watcher.check(watch(), now)
-            except RankFailedError as exc:
-                exc.where = what
-                raise RankFailedError(exc.rank, exc.exc_type, exc.exc_message, where=what) from None
+            next_check = now + LIVENESS_INTERVAL
+            lost = watcher.find_lost(watch(), now, what)
+            if lost:
+                if ready():  # it finished, then went away: nothing was lost for us
+                    return
+                raise lost_error(lost, what)
         if now >= next_log:
+            log.warning("rank %d has waited %.0f s for rank(s) %s to finish %s", me, now - start,
+                        list(watch()), what)
+            log_every = min(log_every * 2, _MAX_WAIT_LOG_INTERVAL)
             next_log = now + log_every
-            log.info("rank %d has waited %.0f s for rank(s) %s to finish %s", me, now - start,
-                     list(watch()), what)
 
+
+# --- failure records -------------------------------------------------------------------------
 
 def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
     """Store a failure report of ``rank`` under ``key`` (never raises)."""
@@ -261,6 +573,120 @@ def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where
         pass
 
 
-def read_error(store: "Store", key: str) -> RankFailedError:
-    """The :class:`RankFailedError` for a report stored with :func:`publish_error`."""
-    return RankFailedError.from_report(store.get(key))
+def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailedError:
+    """The :class:`RankFailedError` for a report stored with :func:`publish_error`; with ``me``
+    (this rank's rank in the group), acknowledge it for :func:`await_readers`."""
+    try:
+        error = RankFailedError.from_report(store.get(key))
+        if me is not None:
+            store.set(f"{key}/ack/{me}", b"")
+    except Exception as exc:  # noqa: BLE001
+        if is_store_error(exc):
+            raise store_lost_error(exc, "reading another rank's failure") from exc
+        raise
+    return error
+
+
+def linger_timeout() -> float:
+    """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
+    return _seconds_env(STORE_LINGER_ENV_VAR, 5.0)
+
+
+def await_readers(store: "Store", key: str, readers: Sequence[int],
+                  group: Optional["ProcessGroup"] = None) -> None:
+    """If this process hosts the store, wait until every live group rank in ``readers`` has
+    acknowledged the report under ``key`` (:func:`read_error` with ``me``), at most
+    :func:`linger_timeout` seconds. Elsewhere a no-op: the store outlives this process.
+    Never raises."""
+    if not readers or not hosts_store():
+        return
+    try:
+        _await_acks(store, [f"{key}/ack/{r}" for r in readers], readers, group)
+    except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
+        pass
+
+
+def _await_acks(store: "Store", keys: List[str], readers: Sequence[int],
+                group: Optional["ProcessGroup"]) -> None:
+    ranks = global_ranks(group)
+    pending = dict(zip(keys, (ranks[r] for r in readers)))
+    watcher = Watch(world_store())
+    start = time.monotonic()
+    deadline, next_check = start + linger_timeout(), start + LIVENESS_INTERVAL
+    while pending and time.monotonic() < deadline:
+        for k in [k for k in pending if store.check([k])]:
+            del pending[k]
+        now = time.monotonic()
+        if pending and now >= next_check:
+            next_check = now + LIVENESS_INTERVAL
+            dead = {lost.rank for lost in watcher.find_lost(list(pending.values()), now)}
+            pending = {k: r for k, r in pending.items() if r not in dead}
+        time.sleep(0.005)
+
+
+# --- exit records ----------------------------------------------------------------------------
+
+def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
+    """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
+    exception, else a normal exit. Uses the heartbeat's connection (never opens a new one: a
+    dead store would make that wait). Returns ``(store, rank)`` if the record was written."""
+    if _EXIT_STORE is None:
+        return None
+    store, rank, pg_ref = _EXIT_STORE
+    if pg_ref() is not dist.distributed_c10d._world.default_pg:
+        return None  # a later group replaced the one this connection belongs to
+    try:
+        if exc is None:
+            report = None
+        elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
+            report = exc.to_report()
+        else:
+            report = failure_report(rank, exc, "its script")
+        store.set(_exit_key(rank), pickle.dumps(report))
+        store.add("axd/exits", 1)
+    except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
+        return None
+    return store, rank
+
+
+def await_exit_readers(store: "Store", rank: int, world_size: int) -> None:
+    """At exit on an uncaught exception, if this process hosts the store: wait (bounded) until
+    every other live rank has read this rank's exit record."""
+    readers = [r for r in range(world_size) if r != rank]
+    try:
+        _await_acks(store, [f"{_exit_key(rank)}/ack/{r}" for r in readers], readers, None)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# --- collectives that failed -----------------------------------------------------------------
+
+def diagnose_lost_peer(exc: BaseException, what: str, group: Optional["ProcessGroup"]) -> BaseException:
+    """The error to raise for a collective of ``what`` that failed with ``exc``.
+
+    If a peer of ``group`` is gone (an exit record, its process gone from this host, no
+    heartbeat, or the store's host gone), a :class:`RankFailedError` naming it and how that was
+    judged (raise it ``from exc``); otherwise ``exc`` itself. Waits at most a few seconds for a
+    peer that is still exiting (longer, up to the heartbeat timeout, for peers on other hosts).
+    """
+    if not dist.is_initialized() or isinstance(exc, (RankFailedError, DistributedEnvError)):
+        return exc
+    try:
+        me = dist.get_rank()
+        ranks = [r for r in global_ranks(group) if r != me]
+        watcher = Watch(world_store(), me)
+        remote = any(p is None or p.host != HOST for p in (_PEERS.get(r) for r in ranks))
+        start = time.monotonic()
+        limit = start + (watcher.remote_timeout + 2.0 if remote else 3.0 * HEARTBEAT_INTERVAL)
+        while True:
+            now = time.monotonic()
+            lost = watcher.find_lost(ranks, now, what)
+            if lost:
+                return lost_error(lost, what)
+            if now >= limit:
+                return exc
+            time.sleep(0.05)
+    except Exception as store_exc:  # noqa: BLE001
+        if is_store_error(store_exc):
+            return store_lost_error(store_exc, what)
+        return exc

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import linecache
 import os
-import sys
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
 from . import _debug_check
+from ._callsite import call_site
 from .errors import CollectiveMismatchError, DistributedConfigError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +59,6 @@ DEFAULT_DEBUG_TIMEOUT = 5.0
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -229,21 +227,8 @@ def _communicates(group: Optional["ProcessGroup"]) -> bool:
 
 
 def _call_site() -> str:
-    """``file:line in function`` of the innermost frame outside this package."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    if frame is None:  # pragma: no cover - called from inside the package only
-        return "<unknown>"
-    path = frame.f_code.co_filename
-    try:
-        rel = os.path.relpath(path)
-        path = rel if not rel.startswith("..") else path
-    except ValueError:  # pragma: no cover - another drive on Windows
-        pass
-    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    site = f"{path}:{frame.f_lineno} in {frame.f_code.co_name}"
-    return f"{site}: {code}" if code else site
+    """``file:line in function: code`` of the innermost frame outside this package."""
+    return call_site().with_code()
 
 
 @contextmanager

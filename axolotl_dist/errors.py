@@ -41,6 +41,8 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     :ivar exc_type: the name of the exception type raised there (``"died"`` if it vanished).
     :ivar exc_message: that exception's message.
     :ivar remote_traceback: the formatted traceback from the failing rank, if known.
+    :ivar where: the helper or block this rank was in when it learnt of the failure.
+    :ivar ranks: every rank known to have failed, the root cause first (``(rank,)`` usually).
     """
 
     def __init__(
@@ -51,12 +53,14 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         remote_traceback: Optional[str] = None,
         *,
         where: str = "",
+        ranks: Sequence[int] = (),
     ) -> None:
         self.rank = rank
         self.exc_type = exc_type
         self.exc_message = exc_message
         self.remote_traceback = remote_traceback
         self.where = where
+        self.ranks = tuple(dict.fromkeys((rank, *ranks)))
         place = f" in {where}" if where else ""
         text = f"rank {rank} failed{place}: {exc_type}: {exc_message}"
         if remote_traceback:
@@ -64,7 +68,8 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         super().__init__(text)
 
     def _fields(self) -> tuple:
-        return (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where)
+        return (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where,
+                self.ranks)
 
     def __reduce__(self):  # keep the structured fields across pickling
         return (_rebuild_rank_failed, self._fields())
@@ -91,8 +96,8 @@ def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
                                where=where).to_report()
 
 
-def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where):
-    return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where)
+def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where, ranks=()):
+    return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where, ranks=ranks)
 
 
 class RankTimeoutError(AxolotlDistError, TimeoutError):

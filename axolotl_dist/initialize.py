@@ -17,6 +17,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from . import _signals
 from . import debug as _debug
 from . import env as _env
 from .errors import DistributedEnvError
@@ -213,9 +214,7 @@ def _master_endpoint(world_size: int, rank: int) -> Tuple[str, int]:
 
 def _after_init() -> None:
     if get_world_size() > 1:
-        from .ordering import start_heartbeat
-
-        start_heartbeat()
+        _signals.start_heartbeat()
 
 
 def initialize_dist(device: Union[str, torch.device, None] = None, timeout: float = 300.0) -> None:
@@ -230,9 +229,7 @@ def initialize_dist(device: Union[str, torch.device, None] = None, timeout: floa
 
 def cleanup_distributed() -> None:
     """Destroy the default process group (if any) and forget the world mesh. Safe to call twice."""
-    from .ordering import stop_heartbeat
-
-    stop_heartbeat()
+    _signals.stop_heartbeat()
     parallel = sys.modules.get("axolotl_dist.parallel")
     if parallel is not None:  # only if meshes were ever used
         parallel.reset_world_mesh()

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, TypeV
 import torch.distributed as dist
 
 from . import _signals
-from ._signals import group_store, next_sequence, poll_until, publish_error, read_error
+from ._blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
+from ._callsite import call_site
+from ._signals import next_sequence
 from .collectives import check_world_size, require_group
 from .debug import checked, first_rank_block
 from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
@@ -30,15 +32,9 @@ from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["zero_first", "zero_only", "do_n_at_a_time", "start_heartbeat", "stop_heartbeat"]
+__all__ = ["zero_first", "zero_only", "do_n_at_a_time"]
 
 T = TypeVar("T")
-start_heartbeat = _signals.start_heartbeat
-stop_heartbeat = _signals.stop_heartbeat
-
-
-def _global(group: Optional["ProcessGroup"], group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
 def _goes_first(arguments: dict) -> bool:
@@ -63,13 +59,17 @@ def zero_first(
         ``get_fs_local_rank() == 0`` for one first rank per filesystem; all of those run
         concurrently, and every other rank waits for all of them.
     :param group: the process group (default: the world).
-    :param timeout: seconds a waiting rank waits before raising
+    :param timeout: seconds a rank waits for the others before raising
         :class:`~axolotl_dist.errors.RankTimeoutError` (default: forever). The process
         group's collective timeout does not apply.
 
     If a first rank raises, it re-raises, and every waiting rank raises
-    :class:`~axolotl_dist.errors.RankFailedError` naming it instead of running the block. Blocks
-    may be nested. A single process just runs the block.
+    :class:`~axolotl_dist.errors.RankFailedError` naming it instead of running the block. A
+    first rank does not wait before its body; when its outermost first-run block ends it waits
+    until every rank has reached the block (as the barrier that ends axolotl's and
+    accelerate's versions), so blocks may be nested. Ranks pair blocks by call site: blocks
+    entered by only some ranks raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
+    on every rank, naming both sites. A single process just runs the block.
     """
     if timeout is not None and timeout <= 0:
         raise ValueError(f"zero_first(timeout={timeout}) must be a positive number of seconds or None")
@@ -78,67 +78,25 @@ def zero_first(
         return
     _signals.start_heartbeat()
     rank, ws = get_rank(group), get_world_size(group)
-    store = group_store(group)
-    seq = next_sequence(group, "zero_first")
-    prefix = f"axd/zf/{seq}"
-    what = f"zero_first block #{seq}"
-    if is_main is None:
-        first = rank == 0
-        state_key = f"{prefix}/state"  # 0 pending, 1 done, 2 failed
-        if first:
-            try:
-                with first_rank_block(group):  # debug mode: checked once the others are here
-                    yield
-            except BaseException as exc:
-                publish_error(store, f"{prefix}/error", rank, exc, what)
-                store.add(state_key, 2)
-                raise
-            store.add(state_key, 1)
-            return
-        watched = [_global(group, 0)]
-        poll_until(lambda: store.add(state_key, 0) != 0, watch=lambda: watched,
-                   timeout=timeout, what=what, me=rank)
-        if store.add(state_key, 0) != 1:
-            raise read_error(store, f"{prefix}/error")
+    first = rank == 0 if is_main is None else bool(is_main)
+    block = ZeroFirstBlock(group, next_sequence(group, "zero_first"), rank, ws, call_site(),
+                           explicit=is_main is not None, first=first)
+    block.enter()
+    if not first:
+        block.await_firsts(timeout)
         yield
         return
-
-    # Explicit is_main: first ranks register, the last rank to arrive or the last first rank
-    # to finish releases the waiters (at least one of them sees the other's update).
-    def release_if_complete() -> None:
-        if (store.add(f"{prefix}/arrived", 0) == ws
-                and store.add(f"{prefix}/ndone", 0) == store.add(f"{prefix}/nfirst", 0)):
-            store.add(f"{prefix}/release", 1)
-
-    if is_main:
-        k = store.add(f"{prefix}/nfirst", 1)
-        store.set(f"{prefix}/first/{k}", str(_global(group, rank)))
-    if store.add(f"{prefix}/arrived", 1) == ws:
-        release_if_complete()
-    if is_main:
-        try:
-            with first_rank_block(group):
-                yield
-        except BaseException as exc:
-            publish_error(store, f"{prefix}/error", rank, exc, what)
-            store.add(f"{prefix}/failed", 1)
-            store.add(f"{prefix}/release", 1)
-            raise
-        store.add(f"{prefix}/ndone", 1)
-        release_if_complete()
-        return
-
-    def firsts() -> List[int]:
-        n = store.add(f"{prefix}/nfirst", 0)
-        if n == 0:
-            return []
-        return [int(v) for v in store.multi_get([f"{prefix}/first/{i}" for i in range(1, n + 1)])]
-
-    poll_until(lambda: store.add(f"{prefix}/release", 0) != 0, watch=firsts, timeout=timeout,
-               what=what, me=rank)
-    if store.add(f"{prefix}/failed", 0):
-        raise read_error(store, f"{prefix}/error")
-    yield
+    first_run_begin()
+    try:
+        with first_rank_block(group):  # debug mode: checked once the others are here
+            yield
+    except BaseException as exc:
+        first_run_end(block, ok=False)
+        block.fail(exc)
+        raise
+    block.done()
+    for finished in first_run_end(block, ok=True):
+        finished.await_arrivals(timeout)
 
 
 class _SkipBlock(BaseException):
@@ -259,33 +217,5 @@ def do_n_at_a_time(
         return f()
     _signals.start_heartbeat()
     rounds = -(-ws // n)
-    my_round = rank % rounds
-    store = group_store(group)
-    seq = next_sequence(group, "do_n_at_a_time")
-    prefix = f"axd/dn/{seq}"
-    what = f"do_n_at_a_time call #{seq}"
-
-    def members(k: int) -> List[int]:
-        return [_global(group, r) for r in range(k, ws, rounds)]
-
-    def round_done(k: int) -> bool:
-        return store.add(f"{prefix}/done/{k}", 0) >= len(range(k, ws, rounds))
-
-    def wait_round(k: int) -> None:
-        poll_until(lambda: round_done(k) or store.add(f"{prefix}/failed", 0) > 0,
-                   watch=lambda: members(k), timeout=timeout, what=what, me=rank)
-        if store.add(f"{prefix}/failed", 0):
-            raise read_error(store, f"{prefix}/error")
-
-    for k in range(my_round):
-        wait_round(k)
-    try:
-        result = f()
-    except BaseException as exc:
-        publish_error(store, f"{prefix}/error", rank, exc, what)
-        store.add(f"{prefix}/failed", 1)
-        raise
-    store.add(f"{prefix}/done/{my_round}", 1)
-    for k in range(my_round, rounds):
-        wait_round(k)
-    return result
+    return run_in_rounds(f, group, next_sequence(group, "do_n_at_a_time"), rank, ws, rounds,
+                         timeout)

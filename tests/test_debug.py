@@ -402,8 +402,9 @@ def test_rank_hosting_the_store_exits():
     env = {**DEBUG_ENV, "TORCHELASTIC_USE_AGENT_STORE": None, "MASTER_PORT": str(port)}
     outcomes = run_distributed_outcomes(body, 2, init=False, env=env, timeout=40,
                                         pg_timeout=PG_TIMEOUT)
-    _assert_debug_error(outcomes[1], "lost the c10d store while checking call #2 (barrier())",
-                        "rank 0, or the launcher) probably exited")
+    got = _assert_debug_error(outcomes[1], "rank 0 (the store host) died or exited while this "
+                              "rank checked call #2 (barrier()) on the default group")
+    assert got["missing"] == (0,)
 
 
 @pytest.mark.parametrize("ws", [2, 3])
