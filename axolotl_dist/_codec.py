@@ -107,13 +107,23 @@ def decode_scalar(kind: int, value: int) -> Any:
     return None
 
 
+def resolved(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with lazy conjugation and negation applied (a conjugate or negative view
+    cannot be viewed as bytes or sent); the same tensor when there is nothing to resolve."""
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor
+
+
 def encode(value: Any, what: str = "value") -> Encoded:
     """Encode ``value``; raises ``TypeError`` naming ``what`` if it cannot be sent."""
     header = scalar_header(value)
     if header is not None:
         return Encoded(list(header))
     if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.layout == torch.strided:
-        flat = value.detach()
+        flat = resolved(value.detach())
         meta = pickle.dumps((str(flat.dtype).replace("torch.", ""), tuple(flat.shape),
                              flat.device.type, value.requires_grad))
         if flat.device.type == "meta":

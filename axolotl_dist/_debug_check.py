@@ -34,7 +34,7 @@ import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import _signals
+from . import _signals, _teardown
 from .errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,7 +133,7 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
 
     from .ranks import get_rank, get_world_size
 
-    _signals.start_heartbeat()
+    _teardown.start_services()
     rank, ws = get_rank(group), get_world_size(group)
     me = Call(rank, rank if group is None else dist.get_global_rank(group, rank), name, agree, site)
     log = _log_of(group, create=True)

@@ -72,6 +72,8 @@ __all__ = [
     "read_error",
     "await_readers",
     "publish_exit",
+    "await_peers_exit",
+    "linger_timeout",
     "diagnose_lost_peer",
     "global_ranks",
 ]
@@ -274,6 +276,7 @@ class _Heartbeat:
         self.store = store
         self.interval = interval
         self.pg = dist.distributed_c10d._world.default_pg
+        self.host_rank = store_host()
         me = Peer(HOST, os.getpid(), _launcher())
         _PEERS[rank] = me
         store.set(f"axd/who/{rank}", _encode_peer(me))
@@ -289,11 +292,19 @@ class _Heartbeat:
                 if peer is not None:
                     _PEERS[r] = peer
 
+    def _store_host_gone(self) -> bool:
+        """Whether the store's host is a process on this host that has ended (then a store
+        call would fail and torch would print a warning with a C++ stack)."""
+        if self.host_rank is None or self.host_rank == self.rank:
+            return False
+        peer = _PEERS.get(self.host_rank)
+        return peer is not None and peer.host == HOST and _proc_state(peer.pid) == "gone"
+
     def _run(self) -> None:
         key = f"axd/hb/{self.rank}"
         while not self.stop.wait(self.interval):
-            if dist.distributed_c10d._world.default_pg is not self.pg:
-                return  # the group this heartbeat belongs to is gone
+            if dist.distributed_c10d._world.default_pg is not self.pg or self._store_host_gone():
+                return  # the group this heartbeat belongs to, or the store, is gone
             try:
                 self.store.add(key, 1)
                 if len(_PEERS) < self.world_size:
@@ -601,26 +612,29 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
     if not readers or not hosts_store():
         return
     try:
-        _await_acks(store, [f"{key}/ack/{r}" for r in readers], readers, group)
+        ranks = global_ranks(group)
+        _linger(lambda: [r for r in readers if not store.check([f"{key}/ack/{r}"])],
+                lambda pending: [ranks[r] for r in pending], Watch(world_store()))
     except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
         pass
 
 
-def _await_acks(store: "Store", keys: List[str], readers: Sequence[int],
-                group: Optional["ProcessGroup"]) -> None:
-    ranks = global_ranks(group)
-    pending = dict(zip(keys, (ranks[r] for r in readers)))
-    watcher = Watch(world_store())
+def _linger(pending: Callable[[], List[int]], to_global: Callable[[List[int]], List[int]],
+            watcher: "Watch") -> None:
+    """Poll until ``pending()`` is empty or every rank left in it is gone (judged by
+    ``watcher``), at most :func:`linger_timeout` seconds."""
     start = time.monotonic()
     deadline, next_check = start + linger_timeout(), start + LIVENESS_INTERVAL
-    while pending and time.monotonic() < deadline:
-        for k in [k for k in pending if store.check([k])]:
-            del pending[k]
+    while time.monotonic() < deadline:
+        left = pending()
+        if not left:
+            return
         now = time.monotonic()
-        if pending and now >= next_check:
+        if now >= next_check:
             next_check = now + LIVENESS_INTERVAL
-            dead = {lost.rank for lost in watcher.find_lost(list(pending.values()), now)}
-            pending = {k: r for k, r in pending.items() if r not in dead}
+            waiting = to_global(left)
+            if len(watcher.find_lost(waiting, now)) == len(waiting):
+                return
         time.sleep(0.005)
 
 
@@ -649,12 +663,14 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
     return store, rank
 
 
-def await_exit_readers(store: "Store", rank: int, world_size: int) -> None:
-    """At exit on an uncaught exception, if this process hosts the store: wait (bounded) until
-    every other live rank has read this rank's exit record."""
-    readers = [r for r in range(world_size) if r != rank]
+def await_peers_exit(store: "Store", rank: int, world_size: int) -> None:
+    """For the store host at exit: keep the store up until every other rank has left its exit
+    record (so it read what it needed, and its own exit finds a live store) or is gone, at most
+    :func:`linger_timeout` seconds. Never raises."""
+    others = [r for r in range(world_size) if r != rank]
     try:
-        _await_acks(store, [f"{_exit_key(rank)}/ack/{r}" for r in readers], readers, None)
+        _linger(lambda: [] if store.add("axd/exits", 0) >= world_size else others,
+                lambda pending: pending, Watch(store, rank))
     except Exception:  # noqa: BLE001
         pass
 

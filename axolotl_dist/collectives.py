@@ -10,12 +10,14 @@ Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved a
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional, Union
 
 import torch
 import torch.distributed as dist
 
+from . import _signals, _teardown
 from . import env as _env
+from ._codec import resolved
 from .debug import checked, reduce_name, tensor_signature
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_rank, get_world_size, is_initialized
@@ -35,6 +37,7 @@ __all__ = [
     "check_src",
     "check_world_size",
     "all_gather_into",
+    "raise_lost_peer",
 ]
 
 #: Reduction names accepted wherever an ``op`` / ``reduce_operation`` is taken (any case).
@@ -42,6 +45,20 @@ REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def raise_lost_peer(exc: RuntimeError, where: str, group: Optional["ProcessGroup"]) -> NoReturn:
+    """Re-raise a failed collective's ``exc`` as a :class:`~axolotl_dist.errors.RankFailedError`
+    naming the lost peer and how it was judged, if a peer of ``group`` is gone; else as is.
+
+    Call it in the ``except`` block. Outcomes can differ per rank: a broadcast may reach some
+    ranks before the root notices a lost one; those ranks return the value and raise at their
+    next collective.
+    """
+    error = _signals.diagnose_lost_peer(exc, where, group)
+    if error is exc:
+        raise exc
+    raise error from exc
 
 
 def require_group(op: str, group: Optional["ProcessGroup"] = None) -> bool:
@@ -73,6 +90,7 @@ def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
     except TypeError:  # not weak-referenceable (torch's non-member sentinel): no caching
         key, device = None, None
     if device is None:
+        _teardown.start_services()  # first use of a group: exit hook, peer record, heartbeat
         backend = (get_backend(group) or "gloo").lower()
         if "gloo" in backend or "mpi" in backend or "cpu:" in backend or backend == "fake":
             device = torch.device("cpu")
@@ -130,14 +148,21 @@ def barrier(group: Optional["ProcessGroup"] = None) -> None:
     if not require_group("barrier", group):
         return
     device = comm_device(group)
-    if device.type == "cuda":
-        dist.barrier(group, device_ids=[device.index])
-    else:
-        dist.barrier(group)
+    try:
+        if device.type == "cuda":
+            dist.barrier(group, device_ids=[device.index])
+        else:
+            dist.barrier(group)
+    except RuntimeError as exc:
+        raise_lost_peer(exc, "barrier", group)
 
 
 def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor if tensor.device == device else tensor.to(device)
+    """The tensor a collective can use in place of ``tensor``: on the backend's device, and a
+    plain tensor (not a lazy conjugate or negative view). Copied back afterwards if different."""
+    if tensor.device != device:
+        return resolved(tensor).to(device)
+    return resolved(tensor).clone() if tensor.is_conj() or tensor.is_neg() else tensor
 
 
 @checked("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])})
@@ -149,7 +174,10 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"
     check_src(src, group)
     device = comm_device(group)
     work = _to_comm(tensor, device)
-    dist.broadcast(work, group=group, group_src=src)
+    try:
+        dist.broadcast(work, group=group, group_src=src)
+    except RuntimeError as exc:
+        raise_lost_peer(exc, "broadcast", group)
     if work is not tensor:
         tensor.copy_(work)
     return tensor
@@ -175,11 +203,14 @@ def all_reduce(
         return tensor
     device = comm_device(group)
     work = _to_comm(tensor, device)
-    if name == "AVG" and "nccl" not in (get_backend(group) or ""):
-        dist.all_reduce(work, op=dist.ReduceOp.SUM, group=group)
-        work.div_(get_world_size(group))
-    else:
-        dist.all_reduce(work, op=getattr(dist.ReduceOp, name), group=group)
+    try:
+        if name == "AVG" and "nccl" not in (get_backend(group) or ""):
+            dist.all_reduce(work, op=dist.ReduceOp.SUM, group=group)
+            work.div_(get_world_size(group))
+        else:
+            dist.all_reduce(work, op=getattr(dist.ReduceOp, name), group=group)
+    except RuntimeError as exc:
+        raise_lost_peer(exc, "all_reduce", group)
     if work is not tensor:
         tensor.copy_(work)
     return tensor
@@ -211,7 +242,10 @@ def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> 
     meta = [_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))
     metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
-    all_gather_into(metas_t, torch.tensor(meta, dtype=torch.int64, device=device), group=group)
+    try:
+        all_gather_into(metas_t, torch.tensor(meta, dtype=torch.int64, device=device), group=group)
+    except RuntimeError as exc:
+        raise_lost_peer(exc, "all_gather", group)
     metas = metas_t.view(ws, len(meta)).tolist()
     for r, m in enumerate(metas):
         if m[0] != meta[0]:
@@ -221,12 +255,15 @@ def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> 
             )
     elem = tensor.element_size()
     stride = max(m[2] for m in metas) * elem
-    mine = _to_comm(tensor.detach().reshape(-1), device).contiguous().view(torch.uint8)
+    mine = _to_comm(resolved(tensor.detach()).reshape(-1), device).contiguous().view(torch.uint8)
     if mine.numel() < stride:
         mine = torch.cat([mine, mine.new_zeros(stride - mine.numel())])
     flat = torch.empty(ws * stride, dtype=torch.uint8, device=device)
     if stride:
-        all_gather_into(flat, mine, group=group)
+        try:
+            all_gather_into(flat, mine, group=group)
+        except RuntimeError as exc:
+            raise_lost_peer(exc, "all_gather", group)
     out = []
     for r, m in enumerate(metas):
         shape = m[3:3 + m[1]]

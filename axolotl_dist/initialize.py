@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from datetime import timedelta
 from typing import Any, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from . import _signals
+from . import _teardown
 from . import debug as _debug
 from . import env as _env
 from .errors import DistributedEnvError
@@ -213,8 +212,7 @@ def _master_endpoint(world_size: int, rank: int) -> Tuple[str, int]:
 
 
 def _after_init() -> None:
-    if get_world_size() > 1:
-        _signals.start_heartbeat()
+    _teardown.start_services()
 
 
 def initialize_dist(device: Union[str, torch.device, None] = None, timeout: float = 300.0) -> None:
@@ -228,12 +226,9 @@ def initialize_dist(device: Union[str, torch.device, None] = None, timeout: floa
 
 
 def cleanup_distributed() -> None:
-    """Destroy the default process group (if any) and forget the world mesh. Safe to call twice."""
-    _signals.stop_heartbeat()
-    parallel = sys.modules.get("axolotl_dist.parallel")
-    if parallel is not None:  # only if meshes were ever used
-        parallel.reset_world_mesh()
-    if is_initialized():
-        if torch.cuda.is_available() and "nccl" in (get_backend() or ""):
-            torch.cuda.synchronize()
-        dist.destroy_process_group()
+    """Destroy the default process group (if any) and forget the world mesh.
+
+    Safe to call twice, or never: :func:`init_distributed` also arranges the same teardown at
+    interpreter exit (see :mod:`axolotl_dist._teardown`).
+    """
+    _teardown.cleanup()

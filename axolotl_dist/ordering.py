@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, TypeV
 
 import torch.distributed as dist
 
-from . import _signals
+from . import _teardown
 from ._blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
 from ._callsite import call_site
 from ._signals import next_sequence
@@ -76,7 +76,7 @@ def zero_first(
     if not require_group("zero_first", group) or get_world_size(group) == 1:
         yield
         return
-    _signals.start_heartbeat()
+    _teardown.start_services()
     rank, ws = get_rank(group), get_world_size(group)
     first = rank == 0 if is_main is None else bool(is_main)
     block = ZeroFirstBlock(group, next_sequence(group, "zero_first"), rank, ws, call_site(),
@@ -215,7 +215,7 @@ def do_n_at_a_time(
         raise ValueError(f"do_n_at_a_time(n={n!r}) must be an int >= 1 (ranks running f at once)")
     if ws == 1:
         return f()
-    _signals.start_heartbeat()
+    _teardown.start_services()
     rounds = -(-ws // n)
     return run_in_rounds(f, group, next_sequence(group, "do_n_at_a_time"), rank, ws, rounds,
                          timeout)

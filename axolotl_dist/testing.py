@@ -16,10 +16,13 @@ How it works, and why it is fast and never hangs:
 * Ranks are **forked** from the test process (no fresh interpreter, no pickling of ``fn``, so
   closures and lambdas work). Each rank runs in its own process group so the whole tree can
   be killed.
-* The test process hosts the c10d ``TCPStore`` on ``127.0.0.1`` with an OS-chosen port (no
-  free-port race) and the ranks join it as clients, exactly as under ``torchrun``
-  (``TORCHELASTIC_USE_AGENT_STORE``). Every rank gets the launcher env contract
-  (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ...).
+* ``store="parent"`` (default): the test process hosts the c10d ``TCPStore`` on ``127.0.0.1``
+  with an OS-chosen port (no free-port race) and the ranks join it as clients, exactly as
+  under ``torchrun`` (``TORCHELASTIC_USE_AGENT_STORE``). ``store="rank0"``: rank 0's own
+  process hosts it, as with bare env vars, ``srun`` or ``mpirun``, so the store dies with
+  rank 0 (the port is a socket the test process bound and rank 0 inherits: no race either).
+  Every rank gets the launcher env contract (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ...).
 * With ``init=True`` (default) each rank calls :func:`axolotl_dist.init_distributed` first (on
   gloo followed by one raw barrier, so every rank is connected before any ``fn`` runs) and
   destroys the group afterwards; with ``init=False`` ``fn`` gets the env and inits itself.
@@ -56,6 +59,7 @@ __all__ = [
     "run_distributed_outcomes",
     "loopback_interface",
     "LAUNCHER_ENV_VARS",
+    "STORE_PLACEMENTS",
     "requires_gpu",
     "requires_multi_gpu",
     "GPU_MARKS",
@@ -133,7 +137,12 @@ def loopback_interface() -> Optional[str]:
     return None
 
 
-def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, Optional[str]]) -> None:
+#: Where :func:`run_distributed` puts the c10d store: the test process, or rank 0's process.
+STORE_PLACEMENTS = ("parent", "rank0")
+
+
+def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, Optional[str]],
+              agent_store: bool) -> None:
     for name in LAUNCHER_ENV_VARS:
         os.environ.pop(name, None)
     os.environ.update(
@@ -144,8 +153,9 @@ def _rank_env(rank: int, world_size: int, port: int, extra: Mapping[str, Optiona
         NODE_RANK="0",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-        TORCHELASTIC_USE_AGENT_STORE="True",
     )
+    if agent_store:
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     lo = loopback_interface()
     if lo is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
@@ -165,8 +175,24 @@ def _wait_for_siblings(gate: tuple) -> None:
     os.close(go_read)
 
 
+def _host_store(rank: int, world_size: int, port: int, listen_fd: Optional[int],
+                pg_timeout: float) -> Any:
+    """``store="rank0"``: rank 0 starts the store server on the inherited listening socket
+    (``env://`` init then reuses it: torch makes rank 0's store multi-tenant); the other ranks
+    close their copy of the socket. Returns the server to keep alive, or None."""
+    if listen_fd is None:
+        return None
+    if rank != 0:
+        os.close(listen_fd)
+        return None
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, world_size, True, timedelta(seconds=pg_timeout),
+                         wait_for_workers=False, multi_tenant=True, master_listen_fd=listen_fd)
+
+
 def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_timeout, conn,
-                gate):
+                gate, listen_fd):
     """Body of a forked rank. Never returns: always ``os._exit``."""
     code = 0
     try:
@@ -177,8 +203,10 @@ def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _wait_for_siblings(gate)
     message: tuple
+    failure: Optional[BaseException] = None
     try:
-        _rank_env(rank, world_size, port, env)
+        _rank_env(rank, world_size, port, env, agent_store=listen_fd is None)
+        server = _host_store(rank, world_size, port, listen_fd, pg_timeout)  # noqa: F841 - kept alive
         if init:
             from .distributed import init_distributed
 
@@ -201,6 +229,7 @@ def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg
             pickled = None
         message = ("err", pickled, f"{type(exc).__name__}: {exc}", tb)
         code = 1
+        failure = None if isinstance(exc, SystemExit) else exc
     try:
         # Plain pickle, not multiprocessing's: torch's ForkingPickler would send tensors as
         # shared-memory handles that die with this process.
@@ -214,11 +243,10 @@ def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg
         conn.send_bytes(data)
         conn.close()
     finally:
-        try:
-            import torch.distributed as dist
+        try:  # what the kit does at a script's exit (an uncaught exception, or a normal end)
+            from ._teardown import teardown
 
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+            teardown(failure)
         except Exception:  # noqa: BLE001
             pass
         sys.stdout.flush()
@@ -247,6 +275,7 @@ def run_distributed_outcomes(
     timeout: float = 60.0,
     grace: Optional[float] = None,
     pg_timeout: float = 300.0,
+    store: str = "parent",
 ) -> List[RankOutcome]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` forked ranks; return every rank's outcome.
 
@@ -257,19 +286,31 @@ def run_distributed_outcomes(
     :param grace: once a rank has failed, seconds the others get before they are killed
         (default: wait for them until ``timeout``).
     :param pg_timeout: the process group's collective timeout, seconds.
+    :param store: ``"parent"`` (this process hosts the c10d store, as torchrun's agent does) or
+        ``"rank0"`` (rank 0's process hosts it, as with bare env vars, srun or mpirun).
     """
     if world_size < 1:
         raise ValueError(f"world_size={world_size} must be >= 1")
     if timeout <= 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    if store not in STORE_PLACEMENTS:
+        raise ValueError(f"store={store!r} must be one of {STORE_PLACEMENTS}")
     import multiprocessing as mp
 
     import torch.distributed as dist
 
     ctx = mp.get_context("fork")
-    store = dist.TCPStore(
-        "127.0.0.1", 0, world_size, True, timedelta(seconds=pg_timeout), wait_for_workers=False
-    )
+    listener: Optional[socket.socket] = None
+    server: Any = None
+    if store == "parent":
+        server = dist.TCPStore("127.0.0.1", 0, world_size, True, timedelta(seconds=pg_timeout),
+                               wait_for_workers=False)
+        port = server.port
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
     kwargs = dict(kwargs or {})
     procs, conns = [], []
     # Ranks wait at this gate until all are forked: a rank that connects to the store while
@@ -286,17 +327,21 @@ def run_distributed_outcomes(
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_child_main,
-                args=(rank, world_size, store.port, fn, args, kwargs, extra, init, backend,
-                      pg_timeout, writer, gate),
+                args=(rank, world_size, port, fn, args, kwargs, extra, init, backend,
+                      pg_timeout, writer, gate, None if listener is None else listener.fileno()),
                 daemon=False,
             )
             proc.start()
             writer.close()
             procs.append(proc)
             conns.append(reader)
+        if listener is not None:  # rank 0 has its own copy of the listening socket
+            listener.close()
+            listener = None
         os.write(gate[1], b"g" * world_size)
         outcomes: List[Optional[RankOutcome]] = [None] * world_size
         messages: Dict[int, tuple] = {}
+        reported: Dict[int, float] = {}
         first_failure: Optional[float] = None
         deadline = start + timeout
         while any(o is None for o in outcomes):
@@ -322,12 +367,14 @@ def run_distributed_outcomes(
                         messages[rank] = ("err", None, f"{type(exc).__name__}: the result of "
                                           f"rank {rank} could not be unpickled: {exc}", "")
                 proc = procs[rank]
-                if rank in messages or not proc.is_alive():
+                if rank in messages and rank not in reported:
+                    reported[rank] = time.monotonic() - start  # its result, before its exit
+                if not proc.is_alive():  # ended (after its exit teardown, if it reported)
                     if rank not in messages:
                         messages[rank] = ("died",)
                     proc.join(timeout=5.0)
                     outcome = RankOutcome(rank=rank, exitcode=proc.exitcode,
-                                          elapsed=time.monotonic() - start)
+                                          elapsed=reported.get(rank, time.monotonic() - start))
                     msg = messages[rank]
                     if msg[0] == "ok":
                         outcome.value = msg[1]
@@ -360,7 +407,9 @@ def run_distributed_outcomes(
             conn.close()
         for fd in gate:
             os.close(fd)
-        del store
+        if listener is not None:
+            listener.close()
+        del server
 
 
 def run_distributed(
@@ -376,6 +425,7 @@ def run_distributed(
     timeout: float = 60.0,
     grace: float = 3.0,
     pg_timeout: float = 300.0,
+    store: str = "parent",
 ) -> List[Any]:
     """Run ``fn`` on ``world_size`` ranks and return the list of return values, by rank.
 
@@ -385,7 +435,7 @@ def run_distributed(
     """
     outcomes = run_distributed_outcomes(
         fn, world_size, args=args, kwargs=kwargs, env=env, rank_env=rank_env, init=init,
-        backend=backend, timeout=timeout, grace=grace, pg_timeout=pg_timeout,
+        backend=backend, timeout=timeout, grace=grace, pg_timeout=pg_timeout, store=store,
     )
     failed = [o for o in outcomes if not o.ok]
     if failed:

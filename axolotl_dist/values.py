@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _codec
+from . import _codec, _teardown
 from . import env as _env
 from .debug import checked, reduce_name, tensor_signature
 from .collectives import (
     all_gather_into,
+    raise_lost_peer,
     all_reduce,
     as_reduce_op,
     check_src,
@@ -110,6 +111,7 @@ class _GroupState:
 
     def __init__(self, group: Optional["ProcessGroup"], pg: Any, env_rank: Any, env_ws: Any) -> None:
         get_rank(), get_world_size()  # the env must agree with the world group
+        _teardown.start_services()  # first use of a group: exit hook, peer record, heartbeat
         self.rank = get_rank(group)
         self.ws = get_world_size(group)
         self.device = comm_device(group)
@@ -189,15 +191,18 @@ def broadcast_value(
         header = torch.tensor(mine, dtype=_I64, device=cdev)
     else:
         header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
-    dist.broadcast(header, group=group, group_src=src)
-    values = header.tolist()
-    payload = None
-    if values[0] >= _codec.PICKLE:
-        if encoded is not None:
-            payload = encoded.payload.to(cdev)
-        else:
-            payload = torch.empty(_codec.payload_len(values), dtype=_U8, device=cdev)
-        dist.broadcast(payload, group=group, group_src=src)
+    try:
+        dist.broadcast(header, group=group, group_src=src)
+        values = header.tolist()
+        payload = None
+        if values[0] >= _codec.PICKLE:
+            if encoded is not None:
+                payload = encoded.payload.to(cdev)
+            else:
+                payload = torch.empty(_codec.payload_len(values), dtype=_U8, device=cdev)
+            dist.broadcast(payload, group=group, group_src=src)
+    except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
+        raise_lost_peer(exc, where, group)
     if own is not None:
         raise own
     return _codec.decode(values, payload, device)
@@ -219,29 +224,33 @@ def all_gather_values(
     """
     st = state if state is not None else _group_state(group)
     header, encoded, own = _run(fn, st.rank, where)
-    if st.cpu:
-        a = st.hdr_arr
-        a[0], a[1], a[2], a[3] = header
-        # the group's own all_gather_single: what dist.all_gather_single runs after its checks
-        # (plain tensors, no coalescing context: this helper needs the result right away)
-        st.allgather(st.pg_ref(), st.hdr_all, st.hdr, st.opts).wait()
-        flat = st.hdr_all.tolist()
-    else:
-        headers_t = torch.empty(st.ws * _codec.HEADER_LEN, dtype=_I64, device=st.device)
-        all_gather_into(headers_t, torch.tensor(header, dtype=_I64, device=st.device),
-                        group=group)
-        flat = headers_t.tolist()
+    try:
+        if st.cpu:
+            a = st.hdr_arr
+            a[0], a[1], a[2], a[3] = header
+            # the group's own all_gather_single: what dist.all_gather_single runs after its
+            # checks (plain tensors, no coalescing context: the result is needed right away)
+            st.allgather(st.pg_ref(), st.hdr_all, st.hdr, st.opts).wait()
+            flat = st.hdr_all.tolist()
+        else:
+            headers_t = torch.empty(st.ws * _codec.HEADER_LEN, dtype=_I64, device=st.device)
+            all_gather_into(headers_t, torch.tensor(header, dtype=_I64, device=st.device),
+                            group=group)
+            flat = headers_t.tolist()
+    except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
+        raise_lost_peer(exc, where, group)
     kinds = flat[0::_codec.HEADER_LEN]
     if max(kinds) < _PICKLE:  # every rank sent a scalar: no payload, nothing failed
         if decode_on is not None and st.rank != decode_on:
             return None
         return [_DECODE_SCALAR(k, v) for k, v in zip(kinds, flat[1::_codec.HEADER_LEN])]
-    return _gather_payloads(flat, encoded, own, st, group, device, decode_on)
+    return _gather_payloads(flat, encoded, own, st, group, device, decode_on, where)
 
 
 def _gather_payloads(flat: List[int], encoded: Optional[_codec.Encoded], own: Optional[BaseException],
                      st: _GroupState, group: Optional["ProcessGroup"],
-                     device: Optional[torch.device], decode_on: Optional[int]) -> Optional[List[Any]]:
+                     device: Optional[torch.device], decode_on: Optional[int],
+                     where: str) -> Optional[List[Any]]:
     """Second round of :func:`all_gather_values`: some rank sent a payload or an error report."""
     n, ws, cdev = _codec.HEADER_LEN, st.ws, st.device
     headers = [flat[i:i + n] for i in range(0, ws * n, n)]
@@ -250,7 +259,10 @@ def _gather_payloads(flat: List[int], encoded: Optional[_codec.Encoded], own: Op
     if encoded is not None and encoded.payload is not None:
         mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
     flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
-    all_gather_into(flat_payload, mine, group=group)
+    try:
+        all_gather_into(flat_payload, mine, group=group)
+    except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
+        raise_lost_peer(exc, where, group)
     payloads = _codec.split_payloads(headers, flat_payload, stride)
     failed = _codec.first_error(headers)
     if failed is not None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .. import _teardown
 from ..debug import checked
 from ..errors import DistributedConfigError, DistributedEnvError
 from ..ranks import get_backend, is_initialized
@@ -64,8 +66,9 @@ class MeshUsageError(DistributedConfigError, RuntimeError):
     """
 
 
-# The world mesh and the default process group it was built on (a mesh outlives nothing).
-_WORLD: Optional[Tuple[DeviceMesh, object]] = None
+# The world mesh and (weakly: a group must die with destroy_process_group, not at interpreter
+# exit) the default process group it was built on; a mesh outlives nothing.
+_WORLD_MESH: Optional[Tuple[DeviceMesh, "weakref.ref[object]"]] = None
 
 
 def _default_pg() -> object:
@@ -74,10 +77,10 @@ def _default_pg() -> object:
 
 def get_world_mesh() -> Optional[DeviceMesh]:
     """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed)."""
-    global _WORLD
-    if _WORLD is not None and (_WORLD[1] is not _default_pg()):
-        _WORLD = None
-    return None if _WORLD is None else _WORLD[0]
+    global _WORLD_MESH
+    if _WORLD_MESH is not None and (_WORLD_MESH[1]() is not _default_pg()):
+        _WORLD_MESH = None
+    return None if _WORLD_MESH is None else _WORLD_MESH[0]
 
 
 def reset_world_mesh() -> None:
@@ -86,8 +89,11 @@ def reset_world_mesh() -> None:
     Its process groups stay alive until the default group is destroyed;
     :func:`~axolotl_dist.cleanup_distributed` calls this for you.
     """
-    global _WORLD
-    _WORLD = None
+    global _WORLD_MESH
+    _WORLD_MESH = None
+
+
+_teardown.on_cleanup(reset_world_mesh)
 
 
 def default_device_type(backend: Optional[str] = None) -> str:
@@ -250,8 +256,8 @@ def build_world_mesh(
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     _prepare_groups(mesh)
     log.info("built world mesh: %s", get_device_mesh_info(mesh))
-    global _WORLD
-    _WORLD = (mesh, _default_pg())
+    global _WORLD_MESH
+    _WORLD_MESH = (mesh, weakref.ref(_default_pg()))
     return mesh
 
 

@@ -1,0 +1,105 @@
+"""Orderly teardown: at ``cleanup_distributed()`` and, whether or not it was called, at exit.
+
+Why at exit: a gloo worker thread releases the last reference to a finished collective's
+tensors a moment after the caller's ``wait()`` returned, and that release needs the GIL. If the
+script ends in that moment (its last line is a collective), the thread asks for the GIL while
+the interpreter finalizes, which ends the thread from inside a C++ destructor: "terminate
+called without an active exception" and SIGABRT (exit code 134), after a run that succeeded.
+Plain torch does the same without ``destroy_process_group()``. So once a group exists the kit
+registers an ``atexit`` hook that, before finalization:
+
+1. stops the heartbeat and leaves this rank's exit record in the store (an uncaught exception's
+   report, or a normal exit), so peers name the real cause of a rank that ended;
+2. destroys every process group (a destroyed group joins its worker threads, and its peers'
+   pending collectives fail at once instead of waiting for this process to end), resetting
+   the world mesh through the hooks registered with :func:`on_cleanup`;
+3. if this process hosts the store (rank 0 under a plain env launch), keeps it up until every
+   other rank has left its exit record or is gone, at most ``AXOLOTL_DIST_STORE_LINGER``
+   seconds: peers read the real cause of a failure, and their own exits find a live store;
+4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
+   its threads could not be joined, gives them a moment with the GIL released to finish.
+
+:func:`cleanup` is safe to call twice or never.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import sys
+import time
+import weakref
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _signals
+
+__all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
+
+_CLEANUP_HOOKS: List[Callable[[], None]] = []
+_REGISTERED = False
+#: Seconds given to gloo worker threads of a group still referenced at exit.
+_DRAIN = 0.05
+
+
+def on_cleanup(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at every :func:`cleanup` (e.g. forgetting the world mesh)."""
+    if hook not in _CLEANUP_HOOKS:
+        _CLEANUP_HOOKS.append(hook)
+
+
+def start_services() -> None:
+    """Once a group exists: register the exit hook, and on several ranks record this rank and
+    start its heartbeat (idempotent; cheap after the first call)."""
+    global _REGISTERED
+    if not _REGISTERED:
+        _REGISTERED = True
+        atexit.register(_at_exit)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _signals.start_heartbeat()
+
+
+def cleanup() -> None:
+    """Stop the heartbeat, run the cleanup hooks and destroy the default process group."""
+    _signals.stop_heartbeat()
+    for hook in list(_CLEANUP_HOOKS):
+        hook()
+    if dist.is_available() and dist.is_initialized():
+        backend = str(dist.get_backend())
+        if torch.cuda.is_available() and "nccl" in backend:
+            torch.cuda.synchronize()
+        dist.destroy_process_group()
+
+
+def _uncaught() -> Optional[BaseException]:
+    """The exception the interpreter is exiting on, if any (set before atexit hooks run)."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return exc if isinstance(exc, BaseException) and not isinstance(exc, SystemExit) else None
+
+
+def _at_exit() -> None:
+    teardown(_uncaught())
+
+
+def teardown(exc: Optional[BaseException] = None) -> None:
+    """Steps 1-4 of the module docstring; ``exc``: the exception this process is ending on."""
+    if not (dist.is_available() and dist.is_initialized()):
+        _signals.stop_heartbeat()
+        return
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    hosts = _signals.hosts_store()
+    _signals.stop_heartbeat()
+    record = _signals.publish_exit(exc) if world_size > 1 else None
+    groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
+    try:
+        cleanup()
+    except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
+        pass
+    if hosts and record is not None:
+        _signals.await_peers_exit(record[0], rank, world_size)
+    if any(ref() is not None for ref in groups):
+        gc.collect()
+        if any(ref() is not None for ref in groups):
+            time.sleep(_DRAIN)  # GIL released: their worker threads finish releasing work
