@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import socket
 import threading
 import time
@@ -43,7 +44,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTup
 
 import torch.distributed as dist
 
-from .errors import DistributedEnvError, RankFailedError, RankTimeoutError, failure_report
+from .errors import (DistributedEnvError, RankFailedError, RankTimeoutError, failure_report,
+                     learnt_failure)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
@@ -72,6 +74,8 @@ __all__ = [
     "read_error",
     "await_readers",
     "publish_exit",
+    "mark_exited",
+    "bounded",
     "await_peers_exit",
     "linger_timeout",
     "diagnose_lost_peer",
@@ -205,9 +209,9 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
     host = store_host()
     if host is not None:
         peer = _PEERS.get(host)
-        where = f" (process {peer.pid} on {peer.host})" if peer is not None else ""
+        where = f" ({peer.describe()})" if peer is not None else ""
         return RankFailedError(
-            host, "died", f"rank {host} (the store host){where} died or exited: the c10d store "
+            host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
             f"it hosted at {_store_address()} is gone ({type(exc).__name__}: {first}). Look at "
             f"rank {host}'s own output for why it ended", where=what)
     return DistributedEnvError(
@@ -377,12 +381,14 @@ def _proc_state(pid: int) -> Optional[str]:
 
 
 class Lost(NamedTuple):
-    """A rank judged gone: how, and the failure it reported at exit (if it did)."""
+    """A rank judged gone: how, the failure it reported at exit (if it did), and when it exited
+    (``inf`` if unknown)."""
 
     rank: int
     how: str
     detail: str
     report: Optional[RankFailedError]
+    when: float = float("inf")
 
 
 def _exit_key(rank: int) -> str:
@@ -402,9 +408,11 @@ class Watch:
         self.remote_timeout = _seconds_env(HEARTBEAT_TIMEOUT_ENV_VAR, 15.0)
         self.warn_every = _seconds_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
 
-    def find_lost(self, ranks: Sequence[int], now: float, what: str = "") -> List[Lost]:
-        """The ranks among ``ranks`` that are gone; warns about stopped or silent ones."""
-        exited = self._exit_records(ranks)
+    def find_lost(self, ranks: Sequence[int], now: float, what: str = "",
+                  exits: bool = True) -> List[Lost]:
+        """The ranks among ``ranks`` that are gone; warns about stopped or silent ones.
+        ``exits``: a rank that left an exit record counts as gone (else only a gone process)."""
+        exited = self._exit_records(ranks) if exits else {}
         lost: List[Lost] = []
         for rank in ranks:
             if rank == self.me:
@@ -432,15 +440,15 @@ class Watch:
             self.checked[rank] = count
             if count == 0 or not self.store.check([_exit_key(rank)]):
                 continue
-            report = pickle.loads(self.store.get(_exit_key(rank)))
+            report, when = pickle.loads(self.store.get(_exit_key(rank)))
             self.store.set(f"{_exit_key(rank)}/ack/{self.me}", b"")
             if report is None:
                 self.exited[rank] = Lost(rank, "exited", "its process finished its script and "
-                                         "exited (no uncaught exception)", None)
+                                         "exited (no uncaught exception)", None, when)
             else:
                 error = RankFailedError.from_report(report)
-                self.exited[rank] = Lost(rank, "exited", f"its process exited after an uncaught "
-                                         f"{error.exc_type}: {error.exc_message}", error)
+                self.exited[rank] = Lost(rank, "exited", f"its process exited after "
+                                         f"{error.exc_type}: {error.exc_message}", error, when)
         return {r: self.exited[r] for r in ranks if r in self.exited}
 
     def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
@@ -485,14 +493,23 @@ class Watch:
 
 
 def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
-    """One :class:`RankFailedError` for the lost ranks, naming the root cause first.
-
-    A rank that exited because it learnt of another rank's failure is explained by that rank.
-    """
+    """One :class:`RankFailedError` for the lost ranks, naming the root cause first: a rank
+    that failed on its own exception, then one that died without a word, then the earliest
+    normal exit; a rank that exited after learning of another rank's failure comes last and
+    is explained by that rank."""
     def secondary(item: Lost) -> bool:  # it exited on a failure it learnt from another rank
         return item.report is not None and item.report.rank != item.rank
 
-    ordered = sorted(lost, key=lambda item: (secondary(item), item.rank))
+    def order(item: Lost) -> Tuple[int, float, int]:
+        if secondary(item):
+            category = 3
+        elif item.report is not None:
+            category = 0
+        else:
+            category = 1 if item.how != "exited" else 2
+        return category, item.when, item.rank
+
+    ordered = sorted(lost, key=order)
     root, others = ordered[0], ordered[1:]
     also = "".join(f"; also rank {o.rank} {o.how}: {o.detail}" for o in others)
     ranks = tuple(o.rank for o in ordered)
@@ -536,6 +553,90 @@ def poll_until(
         raise
 
 
+class _Job:
+    """A store call handed to the :class:`_StoreWorker`."""
+
+    __slots__ = ("fn", "done", "value", "error")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.done = fn, threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _StoreWorker:
+    """One daemon thread that makes a waiting rank's store calls.
+
+    A store call blocks for as long as the store's host process is stopped (``SIGSTOP``, a
+    debugger, a suspended job): torch applies no timeout to it. Made here, the waiting rank
+    keeps its own clock: it warns about the silent host and raises at its ``timeout``.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[_Job]" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> _Job:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="axolotl-dist-store",
+                                                daemon=True)
+                self._thread.start()
+        job = _Job(fn)
+        self._jobs.put(job)
+        return job
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.value = job.fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                job.error = exc
+            job.done.set()
+
+
+_WORKER = _StoreWorker()
+#: How long a store call may take before the waiting rank looks at the store's host.
+_STORE_SILENT_AFTER = 1.0
+
+
+def bounded(fn: Callable[[], Any], seconds: float, default: Any = None) -> Any:
+    """``fn()`` made on the store worker; ``default`` if it has not answered within
+    ``seconds`` (the store's host is stopped or unreachable) or raised. For calls that must not
+    hold up an exit."""
+    job = _WORKER.submit(fn)
+    if not job.done.wait(seconds) or job.error is not None:
+        return default
+    return job.value
+
+
+def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float],
+                  now: float) -> None:
+    """Warn (at most every 30 s) that the store has not answered a call for ``silent_for`` s."""
+    last = warned.get(-1)
+    if last is not None and now - last < 30.0:
+        return
+    warned[-1] = now
+    host = store_host()
+    peer = _PEERS.get(host) if host is not None else None
+    state = _proc_state(peer.pid) if peer is not None and peer.host == HOST else None
+    if host is None:
+        who = f"the launcher's store at {_store_address()}"
+    else:
+        who = f"rank {host} (the store host" + (f", {peer.describe()})" if peer else ")")
+    why = (" is stopped (/proc says state T: SIGSTOP, a debugger or a suspended job)"
+           if state == "stopped" else " has not answered a store call")
+    log.warning("rank %d: %s%s for %.0f s while this rank waits in %s", me, who, why,
+                silent_for, what)
+
+
 def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
           what: str, me: int) -> None:
     start = time.monotonic()
@@ -544,30 +645,52 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
     next_log = start + log_every
     next_check = start + LIVENESS_INTERVAL / 2
     spins, delay = 0, 0.0005
-    while True:
-        if spins < 20:
-            spins += 1
-        else:
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05 if time.monotonic() - start < 10 else 0.25)
+    job: Optional[_Job] = None
+    job_since = start
+    watched: List[int] = []  # the last answer of watch(), for a timeout while the store is silent
+
+    def probe(liveness: bool, now: float) -> Tuple[str, Any]:
         if ready():
-            return
+            return "ready", None
+        if liveness:
+            watched[:] = watch()
+            lost = watcher.find_lost(watched, now, what)
+            if lost:
+                return ("ready", None) if ready() else ("lost", lost)
+        return "waiting", None
+
+    while True:
+        if job is None:
+            if spins < 20:
+                spins += 1
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05 if time.monotonic() - start < 10 else 0.25)
+            now = time.monotonic()
+            liveness = now >= next_check
+            if liveness:
+                next_check = now + LIVENESS_INTERVAL
+            job = _WORKER.submit(lambda liveness=liveness, now=now: probe(liveness, now))
+            job_since = now
+        answered = job.done.wait(_STORE_SILENT_AFTER)
         now = time.monotonic()
+        if answered:
+            verdict, lost = job.result()
+            job = None
+            if verdict == "ready":
+                return
+            if verdict == "lost":
+                raise lost_error(lost, what)
+        elif now - job_since >= _STORE_SILENT_AFTER:
+            _silent_store(what, me, now - job_since, watcher.warned, now)
         if timeout is not None and now - start >= timeout:
-            ranks = list(watch())
+            ranks = list(watch()) if job is None else list(watched)
             raise RankTimeoutError(
                 f"rank {me} gave up after waiting {timeout:g} s for rank(s) {ranks} to finish "
                 f"{what} (timeout={timeout:g}); raise the timeout or find why they are slow",
                 ranks,
             )
-        if now >= next_check:
-            next_check = now + LIVENESS_INTERVAL
-            lost = watcher.find_lost(watch(), now, what)
-            if lost:
-                if ready():  # it finished, then went away: nothing was lost for us
-                    return
-                raise lost_error(lost, what)
-        if now >= next_log:
+        if now >= next_log and job is None:
             log.warning("rank %d has waited %.0f s for rank(s) %s to finish %s", me, now - start,
                         list(watch()), what)
             log_every = min(log_every * 2, _MAX_WAIT_LOG_INTERVAL)
@@ -613,27 +736,30 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
         return
     try:
         ranks = global_ranks(group)
-        _linger(lambda: [r for r in readers if not store.check([f"{key}/ack/{r}"])],
-                lambda pending: [ranks[r] for r in pending], Watch(world_store()))
+
+        def left() -> List[int]:
+            return [ranks[r] for r in readers if not store.check([f"{key}/ack/{r}"])]
+
+        _linger(lambda: not left(), left, Watch(world_store()), exits=True)
     except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
         pass
 
 
-def _linger(pending: Callable[[], List[int]], to_global: Callable[[List[int]], List[int]],
-            watcher: "Watch") -> None:
-    """Poll until ``pending()`` is empty or every rank left in it is gone (judged by
-    ``watcher``), at most :func:`linger_timeout` seconds."""
+def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "Watch",
+            exits: bool) -> None:
+    """Poll until ``done()``, or until every global rank in ``left()`` is gone (judged by
+    ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
+    :func:`linger_timeout` seconds."""
     start = time.monotonic()
     deadline, next_check = start + linger_timeout(), start + LIVENESS_INTERVAL
     while time.monotonic() < deadline:
-        left = pending()
-        if not left:
+        if done():
             return
         now = time.monotonic()
         if now >= next_check:
             next_check = now + LIVENESS_INTERVAL
-            waiting = to_global(left)
-            if len(watcher.find_lost(waiting, now)) == len(waiting):
+            waiting = left()
+            if len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
                 return
         time.sleep(0.005)
 
@@ -651,26 +777,41 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
         return None  # a later group replaced the one this connection belongs to
     try:
         if exc is None:
+            exc = learnt_failure()  # it ended normally, but after learning of a failure
+        if exc is None:
             report = None
         elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
             report = exc.to_report()
         else:
             report = failure_report(rank, exc, "its script")
-        store.set(_exit_key(rank), pickle.dumps(report))
+        store.set(_exit_key(rank), pickle.dumps((report, time.time())))
         store.add("axd/exits", 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
         return None
     return store, rank
 
 
+def mark_exited(record: Tuple["Store", int]) -> None:
+    """After this process's groups are destroyed: it will not touch the store again."""
+    store, rank = record
+    try:
+        store.set(f"axd/gone/{rank}", b"")
+        store.add("axd/gone", 1)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def await_peers_exit(store: "Store", rank: int, world_size: int) -> None:
-    """For the store host at exit: keep the store up until every other rank has left its exit
-    record (so it read what it needed, and its own exit finds a live store) or is gone, at most
-    :func:`linger_timeout` seconds. Never raises."""
+    """For the store host at exit: keep the store up until every other rank has finished its
+    own exit teardown (:func:`mark_exited`; it reads exit records and destroys its groups
+    through the store) or is gone, at most :func:`linger_timeout` seconds. Never raises."""
     others = [r for r in range(world_size) if r != rank]
     try:
-        _linger(lambda: [] if store.add("axd/exits", 0) >= world_size else others,
-                lambda pending: pending, Watch(store, rank))
+        def left() -> List[int]:
+            return [r for r in others if not store.check([f"axd/gone/{r}"])]
+
+        _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
+                exits=False)
     except Exception:  # noqa: BLE001
         pass
 

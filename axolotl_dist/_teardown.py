@@ -42,10 +42,13 @@ _CLEANUP_HOOKS: List[Callable[[], None]] = []
 _REGISTERED = False
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
+#: Seconds an exit waits for the store to take this rank's exit record.
+_STORE_CALLS = 3.0
 
 
 def on_cleanup(hook: Callable[[], None]) -> None:
-    """Run ``hook`` at every :func:`cleanup` (e.g. forgetting the world mesh)."""
+    """Run ``hook`` at every :func:`cleanup`, before the groups are destroyed (e.g. forgetting
+    the world mesh, waiting for the value helpers' buffers to be released)."""
     if hook not in _CLEANUP_HOOKS:
         _CLEANUP_HOOKS.append(hook)
 
@@ -62,11 +65,20 @@ def start_services() -> None:
 
 
 def cleanup() -> None:
-    """Stop the heartbeat, run the cleanup hooks and destroy the default process group."""
+    """Stop the heartbeat, run the cleanup hooks, let gloo's worker threads finish releasing
+    their last collectives, and destroy the default process group.
+
+    The pause matters: destroying a group joins its worker threads while this thread holds the
+    GIL, so a worker still releasing a finished collective's tensors (which needs the GIL)
+    would deadlock it, now or when a ``DistributedDataParallel`` module holding the group is
+    deleted later. The kit's own helpers are waited for exactly (their buffers' references);
+    other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
+    """
     _signals.stop_heartbeat()
     for hook in list(_CLEANUP_HOOKS):
         hook()
     if dist.is_available() and dist.is_initialized():
+        time.sleep(_DRAIN)
         backend = str(dist.get_backend())
         if torch.cuda.is_available() and "nccl" in backend:
             torch.cuda.synchronize()
@@ -90,15 +102,22 @@ def teardown(exc: Optional[BaseException] = None) -> None:
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
     hosts = _signals.hosts_store()
+    # the group owns the store's server: keep it past destroy_process_group() while we linger
+    server = _signals.world_store() if hosts else None
     _signals.stop_heartbeat()
-    record = _signals.publish_exit(exc) if world_size > 1 else None
+    # store calls go through the bounded worker: a stopped store host must not hang the exit
+    record = _signals.bounded(lambda: _signals.publish_exit(exc), _STORE_CALLS) \
+        if world_size > 1 else None
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
     try:
         cleanup()
     except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
         pass
-    if hosts and record is not None:
-        _signals.await_peers_exit(record[0], rank, world_size)
+    if record is not None:
+        _signals.bounded(lambda: _signals.mark_exited(record), _STORE_CALLS)
+        if hosts:
+            _signals.await_peers_exit(record[0], rank, world_size)
+    del server
     if any(ref() is not None for ref in groups):
         gc.collect()
         if any(ref() is not None for ref in groups):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import Dict, Optional, Sequence
+import weakref
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 __all__ = [
     "AxolotlDistError",
@@ -19,6 +20,7 @@ __all__ = [
     "RankTimeoutError",
     "CollectiveMismatchError",
     "failure_report",
+    "learnt_failure",
 ]
 
 
@@ -61,6 +63,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         self.remote_traceback = remote_traceback
         self.where = where
         self.ranks = tuple(dict.fromkeys((rank, *ranks)))
+        _learnt(self)
         place = f" in {where}" if where else ""
         text = f"rank {rank} failed{place}: {exc_type}: {exc_message}"
         if remote_traceback:
@@ -82,6 +85,35 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     def from_report(cls, data: bytes) -> "RankFailedError":
         """The error described by bytes from :meth:`to_report` or :func:`failure_report`."""
         return _rebuild_rank_failed(*pickle.loads(data))
+
+
+# (the default process group it was learnt under, weakly; the error)
+_LEARNT: Optional[Tuple[Callable[[], Any], "RankFailedError"]] = None
+
+
+def _learnt(error: "RankFailedError") -> None:
+    """Remember ``error`` as learnt under the current default group (if any)."""
+    global _LEARNT
+    try:
+        from torch.distributed import distributed_c10d
+
+        pg = distributed_c10d._world.default_pg
+    except Exception:  # noqa: BLE001 - no torch.distributed
+        pg = None
+    if pg is not None:
+        _LEARNT = (weakref.ref(pg), error)
+
+
+def learnt_failure() -> Optional[RankFailedError]:
+    """The last :class:`RankFailedError` this process raised or received under the current
+    default group, caught or not: a rank that exits after one relays it, so its peers name the
+    rank that really failed (and not this one)."""
+    if _LEARNT is None:
+        return None
+    from torch.distributed import distributed_c10d
+
+    pg, error = _LEARNT[0](), _LEARNT[1]
+    return error if pg is not None and pg is distributed_c10d._world.default_pg else None
 
 
 def failure_report(rank: int, exc: BaseException, where: str) -> bytes:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import array
 import functools
 import operator
+import sys
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -131,6 +133,21 @@ class _GroupState:
 
 
 _STATES: "weakref.WeakKeyDictionary[Any, _GroupState]" = weakref.WeakKeyDictionary()
+
+
+def _await_released(limit: float = 1.0) -> None:
+    """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
+    references to the cached header buffers: a collective's ``wait()`` returns before the
+    worker releases it, and releasing needs the GIL (see :func:`axolotl_dist._teardown.cleanup`)."""
+    deadline = time.monotonic() + limit
+    for st in list(_STATES.values()):
+        for buf in (st.hdr, st.hdr_all):
+            # idle: referenced by the state and by getrefcount's argument; a work adds one
+            while buf is not None and sys.getrefcount(buf) > 2 and time.monotonic() < deadline:
+                time.sleep(0.0005)
+
+
+_teardown.on_cleanup(_await_released)
 _LAST: Optional[_GroupState] = None  # the state used last: most programs use one group
 if _env._DATA is not None and _env._ENCODE is not None:  # os.environ's dict: a lookup, no decoding
     _ENV_GET: Callable[[Any], Any] = _env._DATA.get

@@ -16,6 +16,13 @@ for _name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK
     os.environ.pop(_name, None)
 
 
+@pytest.fixture(params=["parent", "rank0"], ids=lambda s: f"store-{s}")
+def store(request):
+    """Where the c10d store lives: the test process (like torchrun's agent) or rank 0's own
+    process (bare env vars, srun, mpirun); every fault test runs with both."""
+    return request.param
+
+
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"ws{n}")
 def world_size(request):
     """World sizes every multi-process behaviour is checked at (3 catches uneven splits)."""

@@ -145,7 +145,7 @@ def test_zero_first_all_ranks_main_runs_without_waiting():
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_zero_first_rank0_raises_others_raise_rank_failed_fast(ws):
+def test_zero_first_rank0_raises_others_raise_rank_failed_fast(ws, store):
     def body():
         with ad.zero_first():
             if ad.get_rank() == 0:
@@ -153,7 +153,7 @@ def test_zero_first_rank0_raises_others_raise_rank_failed_fast(ws):
             return "ran the block"  # must not happen on other ranks
 
     start = time.monotonic()
-    outcomes = run_distributed_outcomes(body, ws, timeout=60, pg_timeout=PG_TIMEOUT)
+    outcomes = run_distributed_outcomes(body, ws, timeout=60, pg_timeout=PG_TIMEOUT, store=store)
     assert isinstance(outcomes[0].exception, ValueError)
     for o in outcomes[1:]:
         assert isinstance(o.exception, ad.RankFailedError), o.describe()
@@ -165,7 +165,7 @@ def test_zero_first_rank0_raises_others_raise_rank_failed_fast(ws):
     assert time.monotonic() - start < 5.0
 
 
-def test_zero_first_explicit_first_rank_raises():
+def test_zero_first_explicit_first_rank_raises(store):
     def body():
         rank = ad.get_rank()
         with ad.zero_first(is_main=rank in (0, 1)):
@@ -173,7 +173,7 @@ def test_zero_first_explicit_first_rank_raises():
                 raise KeyError("missing column")
         return "ok"
 
-    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT)
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT, store=store)
     assert outcomes[0].value == "ok"
     assert isinstance(outcomes[1].exception, KeyError)
     assert isinstance(outcomes[2].exception, ad.RankFailedError)
@@ -182,7 +182,7 @@ def test_zero_first_explicit_first_rank_raises():
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_zero_first_rank0_killed_survivors_raise(ws):
+def test_zero_first_rank0_killed_survivors_raise(ws, store):
     def body():
         with ad.zero_first():
             if ad.get_rank() == 0:
@@ -190,23 +190,26 @@ def test_zero_first_rank0_killed_survivors_raise(ws):
                 os.kill(os.getpid(), signal.SIGKILL)
         return "survived"
 
-    outcomes = run_distributed_outcomes(body, ws, timeout=60, pg_timeout=PG_TIMEOUT)
+    outcomes = run_distributed_outcomes(body, ws, timeout=60, pg_timeout=PG_TIMEOUT, store=store)
     assert outcomes[0].exitcode == -signal.SIGKILL
     for o in outcomes[1:]:
         assert isinstance(o.exception, ad.RankFailedError), o.describe()
         assert o.exception.rank == 0 and o.exception.exc_type == "died"
-        assert "exited without reporting an error" in o.error
+        if store == "rank0":  # the store died with it
+            assert "rank 0 (the store host) died or exited" in o.error
+        else:
+            assert "exited without reporting an error" in o.error
         assert o.elapsed < 15.0
 
 
-def test_zero_first_timeout_names_the_ranks_waited_for():
+def test_zero_first_timeout_names_the_ranks_waited_for(store):
     def body():
         with ad.zero_first(timeout=1.0):
             if ad.get_rank() == 0:
                 time.sleep(4)
         return "ok"
 
-    outcomes = run_distributed_outcomes(body, 3, timeout=60)
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, store=store)
     assert outcomes[0].value == "ok"
     for o in outcomes[1:]:
         assert isinstance(o.exception, ad.RankTimeoutError), o.describe()
@@ -400,7 +403,7 @@ def test_do_n_at_a_time_defaults_to_one_rank_per_node(tmp_path):
 
 
 @pytest.mark.parametrize("failing", [0, 2])
-def test_do_n_at_a_time_failure_raises_everywhere(failing):
+def test_do_n_at_a_time_failure_raises_everywhere(failing, store):
     def body():
         def f():
             if ad.get_rank() == failing:
@@ -410,7 +413,7 @@ def test_do_n_at_a_time_failure_raises_everywhere(failing):
         return ad.do_n_at_a_time(f, n=1)
 
     start = time.monotonic()
-    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT)
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT, store=store)
     assert isinstance(outcomes[failing].exception, OSError)
     for o in outcomes:
         if o.rank != failing:
@@ -439,11 +442,11 @@ def test_do_n_at_a_time_single_process_and_bad_arguments():
 # ---------------------------------------------------------------- compute_and_broadcast failure
 
 
-def test_compute_and_broadcast_failure_reaches_other_ranks():
+def test_compute_and_broadcast_failure_reaches_other_ranks(store):
     def body():
         return ad.compute_and_broadcast(lambda: 1 / 0)
 
-    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT)
+    outcomes = run_distributed_outcomes(body, 3, timeout=60, pg_timeout=PG_TIMEOUT, store=store)
     assert isinstance(outcomes[0].exception, ZeroDivisionError)
     for o in outcomes[1:]:
         assert isinstance(o.exception, ad.RankFailedError)
@@ -547,3 +550,92 @@ def test_get_logger_main_only_with_rank_prefix_and_no_side_effects():
     assert out[0] == [("[rank 0/2] step 5", "test_ordering.py"), ("[rank 0/2] everywhere", "test_ordering.py")]
     assert out[1] == [("[rank 1/2] everywhere", "test_ordering.py")]
     assert not ad.is_initialized()
+
+
+# ---------------------------------------------------------------- pairing, store keys, stops
+
+
+def test_unpaired_zero_first_blocks_raise_on_both_ranks_naming_both_sites(store):
+    # a zero_first inside a @zero_only function runs on rank 0 only, so rank 1's first block
+    # would pair with it: both ranks must raise, naming both call sites (debug mode off)
+    @ad.zero_only
+    def prepare_on_main():
+        with ad.zero_first():
+            return "main-only block"
+
+    def body():
+        start = time.monotonic()
+        try:
+            prepare_on_main()
+            with ad.zero_first():
+                pass
+        except ad.CollectiveMismatchError as exc:
+            return str(exc), time.monotonic() - start
+        return "no error", None
+
+    outcomes = run_distributed_outcomes(body, 2, store=store, timeout=60, pg_timeout=PG_TIMEOUT)
+    for o in outcomes:
+        assert o.ok, o.describe()
+        message, elapsed = o.value
+        assert elapsed is not None and elapsed < 10.0, message
+        assert "zero_first blocks do not pair: block #1" in message, message
+        assert re.search(r"test_ordering\.py:\d+ in prepare_on_main on rank 0", message), message
+        assert re.search(r"test_ordering\.py:\d+ in body on rank 1", message), message
+
+
+def test_blocks_leave_no_keys_in_the_store(store):
+    def body():
+        from axolotl_dist import _signals
+
+        count = _signals.world_store().num_keys
+        ad.barrier()
+        before = count()
+        for _ in range(1000):
+            with ad.zero_first():
+                pass
+        for _ in range(1000):
+            ad.do_n_at_a_time(lambda: None, n=1)
+        ad.barrier()
+        after = count()
+        ad.barrier()  # nobody leaves before both have counted
+        return before, after
+
+    for before, after in run_distributed(body, 2, store=store, timeout=120):
+        assert after - before <= 4, (before, after)  # a constant, not per block
+
+
+def test_stopped_first_rank_is_reported_and_the_wait_times_out(store, tmp_path):
+    # rank 0 is stopped (SIGSTOP) inside its block; with store="rank0" the store stops with it
+    pid_file = tmp_path / "rank0.pid"
+
+    def body():
+        rank = ad.get_rank()
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda rec: records.append((time.monotonic(), rec.levelno, rec.getMessage()))
+        logging.getLogger("axolotl_dist").addHandler(handler)
+        start = time.monotonic()
+        try:
+            with ad.zero_first(timeout=6.0):
+                if rank == 0:
+                    pid_file.write_text(str(os.getpid()))
+                    time.sleep(0.5)  # the others are waiting by now
+                    os.kill(os.getpid(), signal.SIGSTOP)
+        except ad.RankTimeoutError as exc:
+            if rank == 1:  # the test is over: let the harness see rank 0 end
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            return {"error": str(exc), "waiting_for": exc.waiting_for,
+                    "elapsed": time.monotonic() - start,
+                    "warnings": [(t - start, m) for t, lvl, m in records if lvl == logging.WARNING]}
+        return "no timeout"
+
+    outcomes = run_distributed_outcomes(body, 3, store=store, timeout=40, pg_timeout=PG_TIMEOUT)
+    assert outcomes[0].exitcode == -signal.SIGKILL  # stopped, then killed by rank 1
+    for o in outcomes[1:]:
+        assert o.ok, o.describe()
+        got = o.value
+        assert got["waiting_for"] == (0,)
+        assert 6.0 <= got["elapsed"] < 9.0, got
+        stopped = [(t, m) for t, m in got["warnings"] if "rank 0" in m and "stopped" in m]
+        assert stopped, got["warnings"]
+        assert stopped[0][0] < 2 * 15.0, stopped  # within 2x the heartbeat timeout (15 s)

@@ -322,7 +322,7 @@ class Boom(Exception):
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_failure_in_fn_raises_everywhere_naming_the_rank(ws):
+def test_failure_in_fn_raises_everywhere_naming_the_rank(ws, store):
     """fn raising on one rank: that rank raises its own exception, every other rank a
     RankFailedError naming it, promptly; and the ranks stay in step afterwards."""
     bad = ws - 1
@@ -360,7 +360,7 @@ def test_failure_in_fn_raises_everywhere_naming_the_rank(ws):
         return seen
 
     t0 = __import__("time").monotonic()
-    got = run_distributed(body, ws, timeout=60)
+    got = run_distributed(body, ws, timeout=60, store=store)
     assert __import__("time").monotonic() - t0 < 30  # promptly, not after a collective timeout
     failing = {"compute_and_broadcast": (0, "cab"), "compute_and_broadcast(src=bad)": (bad, "cab2"),
                "gather_from_all_ranks": (bad, "gfar"), "gather_scalar_from_all_ranks": (bad, "gsfar"),
@@ -375,7 +375,7 @@ def test_failure_in_fn_raises_everywhere_naming_the_rank(ws):
                 assert seen[name] == ("RankFailedError", who, "Boom", msg, where, True), (name, rank)
 
 
-def test_failure_carries_the_remote_traceback():
+def test_failure_carries_the_remote_traceback(store):
     def body():
         def fn():
             if ad.get_rank() == 1:
@@ -389,13 +389,13 @@ def test_failure_carries_the_remote_traceback():
         except KeyError as exc:
             return repr(exc)
 
-    tb0, own = run_distributed(body, 2)
+    tb0, own = run_distributed(body, 2, store=store)
     assert own == "KeyError('missing-key')"
     assert "Traceback" in tb0 and "missing-key" in tb0 and "in fn" in tb0
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_unpicklable_value_fails_on_its_rank_and_is_reported_elsewhere(ws):
+def test_unpicklable_value_fails_on_its_rank_and_is_reported_elsewhere(ws, store):
     """A lambda or a threading.Lock returned by fn (or passed as obj): TypeError naming the
     value on the failing rank, RankFailedError naming that rank on the others."""
 
@@ -422,7 +422,7 @@ def test_unpicklable_value_fails_on_its_rank_and_is_reported_elsewhere(ws):
         seen["after"] = ad.all_reduce_value(1)
         return seen, {n: who for n, (who, _) in cases.items()}
 
-    got = run_distributed(body, ws, timeout=60)
+    got = run_distributed(body, ws, timeout=60, store=store)
     for rank, (seen, failing) in enumerate(got):
         assert seen["after"] == ws
         for name, who in failing.items():
@@ -486,3 +486,58 @@ def test_all_reduce_value_rejects_non_numbers_with_the_fix():
         return True
 
     assert run_distributed(body, 2) == [True, True]
+
+
+def test_conjugate_and_negative_views_travel_exactly_through_every_helper():
+    # lazy conjugate / negative views cannot be viewed as bytes or sent as they are
+    def body():
+        rank = ad.get_rank()
+        conj = torch.tensor([1 + 2j, rank - 4j]).conj()
+        neg = torch.tensor([1.5, float(rank)])._neg_view()
+        want_conj = torch.tensor([1 - 2j, rank + 4j])
+        want_neg = torch.tensor([-1.5, -float(rank)])
+        got = {}
+        for name, value, want in (("conj", conj, want_conj), ("neg", neg, want_neg)):
+            assert value.is_conj() or value.is_neg()
+            got[name] = {
+                "compute_and_broadcast": ad.compute_and_broadcast(lambda: value),
+                "gather_from_all_ranks": ad.gather_from_all_ranks(lambda: value),
+                "gather_scalar_from_all_ranks": ad.gather_scalar_from_all_ranks(lambda: value),
+                "reduce_and_broadcast": ad.reduce_and_broadcast(lambda: value, list),
+                "all_gather_object": ad.all_gather_object(value),
+                "broadcast_object": ad.broadcast_object(value),
+                "broadcast_object_list": ad.broadcast_object_list([value]),
+                "synchronize_value": ad.synchronize_value(value),
+                "all_reduce_value": ad.all_reduce_value(value),
+                "all_gather": ad.all_gather(value),
+                "all_reduce": ad.all_reduce(value.clone()),
+            }
+            sent = value.clone()
+            ad.broadcast(sent, src=0)
+            got[name]["broadcast"] = sent
+            got[name]["want"] = want
+        return got
+
+    outcomes = run_distributed(body, 3)
+    for rank, got in enumerate(outcomes):
+        for name in ("conj", "neg"):
+            per = got[name]
+            rank0 = outcomes[0][name]["want"]
+            every = [o[name]["want"] for o in outcomes]
+            total = sum(every[1:], every[0])
+            expect = {
+                "compute_and_broadcast": rank0, "broadcast_object": rank0,
+                "broadcast_object_list": [rank0], "synchronize_value": rank0,
+                "broadcast": rank0, "all_gather_object": every, "all_gather": every,
+                "reduce_and_broadcast": every, "all_reduce_value": total, "all_reduce": total,
+                "gather_from_all_ranks": every if rank == 0 else None,
+                "gather_scalar_from_all_ranks": every if rank == 0 else None,
+            }
+            for helper, want in expect.items():
+                have = per[helper]
+                if want is None:
+                    assert have is None, (name, helper)
+                    continue
+                pairs = zip(have, want) if isinstance(want, list) else [(have, want)]
+                for h, w in pairs:  # logical values (a pickled view may stay a view)
+                    assert h.dtype == w.dtype and torch.equal(h, w), (name, helper, h, w)
