@@ -1,12 +1,16 @@
 """What every rank started by ``axolotl-dist`` runs: ``python -m axolotl_dist._rank_main``.
 
 It completes the env contract (``NODE_RANK`` from torchrun's ``GROUP_RANK``), makes the rank
-die with the launcher even if the launcher is SIGKILLed (Linux ``PR_SET_PDEATHSIG``), runs the
-user's script or module as ``__main__`` (like ``python script.py`` / ``python -m module``) and,
-if it raises, writes the exception to torch elastic's error file
+die with the launcher even if the launcher is SIGKILLed (Linux ``PR_SET_PDEATHSIG``), and
+forks a small guard process that, when the rank dies and the launcher is gone too, kills
+whatever the rank left running in its process group (a SIGKILLed launcher leaves nothing
+behind). It runs the user's script or module as ``__main__`` (like ``python script.py`` /
+``python -m module``) and, if it raises, writes the exception to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) so the launcher can show the traceback of the rank that failed
 first. ``SystemExit`` passes through unchanged (exit code kept); ``KeyboardInterrupt`` (the
-launcher forwards Ctrl-C) exits with 130 without a traceback.
+launcher forwards Ctrl-C) exits with 130 without a traceback. Every way the script ends is
+recorded (exit code and time) in ``AXOLOTL_DIST_END_DIR``, so the launcher can name the first
+rank that ended while the others still ran, even with exit code 0.
 """
 
 from __future__ import annotations
@@ -21,12 +25,64 @@ import traceback
 from types import TracebackType
 from typing import List, Optional
 
-__all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "main"]
+__all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "main"]
 
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
 LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
+#: Where each rank records how and when its script ended (set by the launcher).
+END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
 _PR_SET_PDEATHSIG = 1
+
+
+def _prctl_pdeathsig(sig: int) -> bool:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie, killed but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):  # pragma: no cover - no procfs: trust kill()
+        return True
+
+
+def _start_guard() -> None:
+    """Fork the guard: it waits for this rank to die (parent-death signal) and then, if the
+    launcher is gone too, SIGKILLs this rank's process group, where the children it started
+    live (they would otherwise run on with parent pid 1). With the launcher alive it just
+    exits: the launcher stops leftovers itself."""
+    launcher = os.environ.get(LAUNCHER_PID_ENV_VAR, "")
+    if not sys.platform.startswith("linux") or not launcher.isdigit():
+        return
+    rank_pid, group = os.getpid(), os.getpgid(0)
+    if os.fork() != 0:
+        return
+    try:  # the guard: no Python beyond this function, never returns
+        os.setpgid(0, 0)  # out of the rank's group: signals to it must not reach us
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)  # hold none of the rank's pipes open
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if _prctl_pdeathsig(signal.SIGTERM) and os.getppid() == rank_pid:
+            signal.sigwait({signal.SIGTERM})
+        if not _alive(int(launcher)):
+            os.killpg(group, signal.SIGKILL)
+    except BaseException:  # noqa: BLE001 - the guard must never outlive its purpose
+        pass
+    os._exit(0)
 
 
 def _die_with_launcher() -> None:
@@ -34,12 +90,7 @@ def _die_with_launcher() -> None:
     expected = os.environ.get(LAUNCHER_PID_ENV_VAR)
     if not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+    if not _prctl_pdeathsig(signal.SIGKILL):  # pragma: no cover - exotic libc
         return
     if expected is not None and expected.isdigit() and os.getppid() != int(expected):
         os._exit(128 + int(signal.SIGKILL))  # the launcher died before we got here
@@ -85,6 +136,27 @@ def _write_error_file(exc: BaseException, formatted: str) -> None:
         pass
 
 
+def _exit_code(exc: SystemExit) -> int:
+    """The process exit status ``sys.exit(code)`` gives."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def _record_end(code: int) -> None:
+    """Tell the launcher how and when this rank's script ended."""
+    directory, rank = os.environ.get(END_DIR_ENV_VAR), os.environ.get("RANK")
+    if not directory or rank is None:
+        return
+    try:
+        path = os.path.join(directory, f"{rank}.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"rank": int(rank), "code": code, "time": time.time(), "pid": os.getpid()}, fh)
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError):  # pragma: no cover - the launcher then knows less
+        pass
+
+
 def _run(target: str, module: bool) -> None:
     if module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -102,24 +174,35 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not args:
         raise SystemExit("usage: python -m axolotl_dist._rank_main [-m] target [args...]")
     _die_with_launcher()
+    _start_guard()
     _set_node_env()
     target = args[0]
     sys.argv = [target] + args[1:]
+    code = 1
     try:
         _run(target, module)
-    except SystemExit:
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
         raise
     except KeyboardInterrupt:
         # The launcher forwards Ctrl-C to every rank: exit like a SIGINT death, without a
         # traceback per rank (finally blocks and atexit hooks have run / still run).
-        raise SystemExit(128 + int(signal.SIGINT)) from None
+        code = 128 + int(signal.SIGINT)
+        raise SystemExit(code) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, shown, then exit code 1 like python
         tb = _user_traceback(exc.__traceback__)
         formatted = "".join(traceback.format_exception(type(exc), exc, tb))
         _write_error_file(exc, formatted)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.stderr.flush()
+        # what python sets for an uncaught exception: the kit's exit hook reports it to peers
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+        if sys.version_info >= (3, 12):  # pragma: no cover - 3.12 reads sys.last_exc
+            sys.last_exc = exc
         raise SystemExit(1) from None
+    finally:
+        _record_end(code)
 
 
 if __name__ == "__main__":

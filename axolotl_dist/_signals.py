@@ -447,8 +447,10 @@ class Watch:
                                          "exited (no uncaught exception)", None, when)
             else:
                 error = RankFailedError.from_report(report)
-                self.exited[rank] = Lost(rank, "exited", f"its process exited after "
-                                         f"{error.exc_type}: {error.exc_message}", error, when)
+                detail = (f"its process exited after learning that rank {error.rank} failed"
+                          if error.rank != rank else f"its process exited after an uncaught "
+                          f"{error.exc_type}: {error.exc_message}")
+                self.exited[rank] = Lost(rank, "exited", detail, error, when)
         return {r: self.exited[r] for r in ranks if r in self.exited}
 
     def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:

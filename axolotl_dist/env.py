@@ -76,7 +76,7 @@ __all__ = [
     "env_master_port",
     "default_master_addr",
     "default_master_port",
-    "has_launcher_env",
+    "MAX_RANKS",
     "validate_env_vars",
     "clear_env_cache",
 ]
@@ -203,7 +203,11 @@ def _lookup(quantity: str) -> Tuple[Optional[str], Optional[object]]:
 _INT_CACHE: Dict[Tuple[str, object], int] = {}
 
 
-def _parse_int(name: str, raw: object, minimum: int, fix: str) -> int:
+#: The most ranks torch's c10d store takes (its world size is a C ``int``).
+MAX_RANKS = 2**31 - 1
+
+
+def _parse_int(name: str, raw: object, minimum: int, fix: str, maximum: Optional[int] = None) -> int:
     cached = _INT_CACHE.get((name, raw))
     if cached is not None:
         return cached
@@ -216,6 +220,9 @@ def _parse_int(name: str, raw: object, minimum: int, fix: str) -> int:
         ) from None
     if value < minimum:
         raise DistributedEnvError(f"{name}={value} must be >= {minimum}; {fix}")
+    if maximum is not None and value > maximum:
+        raise DistributedEnvError(
+            f"{name}={value} is larger than the {maximum} ranks torch's c10d store takes; {fix}")
     _INT_CACHE[(name, raw)] = value
     return value
 
@@ -231,18 +238,31 @@ _RANK_FIX = "set it to this process's global rank in [0, WORLD_SIZE)"
 _WS_FIX = "set it to the total number of processes (>= 1)"
 
 
+def _names_of(quantity: str) -> str:
+    """The variables this process's launcher uses for ``quantity``, for messages."""
+    names = LAUNCHER_SOURCES[launcher_source()][quantity]
+    return " (or ".join(reversed(names)) + ")" * (len(names) - 1) if names else quantity.upper()
+
+
+def _launcher_hint() -> str:
+    return {SLURM_SOURCE: "srun sets both", OPENMPI_SOURCE: "mpirun sets both"}.get(
+        launcher_source(), "a launcher such as torchrun sets both")
+
+
 def env_world_size() -> int:
     """World size from the environment, 1 when no launcher variable is set."""
     name, raw = _lookup("world_size")
     if raw is None:
         rname, rraw = _lookup("rank")
-        if rraw is not None and _parse_int(rname, rraw, 0, _RANK_FIX) != 0:
+        if rraw is not None and _parse_int(rname, rraw, 0, _RANK_FIX, MAX_RANKS) != 0:
+            wanted = _names_of("world_size")
             raise DistributedEnvError(
-                f"{rname}={_text(rraw)} is set but WORLD_SIZE is not: set WORLD_SIZE to the "
-                "total number of processes (a launcher such as torchrun sets both)"
+                f"{rname}={_text(rraw)} is set but {wanted} is not: set "
+                f"{LAUNCHER_SOURCES[launcher_source()]['world_size'][-1]} to the total number of "
+                f"processes ({_launcher_hint()})"
             )
         return 1
-    return _parse_int(name, raw, 1, _WS_FIX)
+    return _parse_int(name, raw, 1, _WS_FIX, MAX_RANKS)
 
 
 def _slow_env_rank() -> int:
@@ -251,12 +271,13 @@ def _slow_env_rank() -> int:
         ws = env_world_size()
         if ws > 1:
             wname = _lookup("world_size")[0]
+            rname = LAUNCHER_SOURCES[launcher_source()]["rank"][0]
             raise DistributedEnvError(
-                f"{wname}={ws} is set but RANK is not: set RANK to this process's global rank "
-                "in [0, WORLD_SIZE) (a launcher such as torchrun sets both)"
+                f"{wname}={ws} is set but {rname} is not: set {rname} to this process's global "
+                f"rank in [0, {wname}) ({_launcher_hint()})"
             )
         return 0
-    rank = _parse_int(name, raw, 0, _RANK_FIX)
+    rank = _parse_int(name, raw, 0, _RANK_FIX, MAX_RANKS)
     ws = env_world_size()
     if rank >= ws:
         raise DistributedEnvError(f"{name}={rank} is out of range for WORLD_SIZE={ws}: {_RANK_FIX}")
@@ -412,9 +433,21 @@ def env_fs_local_rank() -> Optional[int]:
 
 
 def env_master_addr() -> Optional[str]:
-    """``MASTER_ADDR``, or None."""
+    """``MASTER_ADDR``, or None; a value torch could not use (blank, spaces) raises."""
     raw = _raw(MASTER_ADDR_ENV_VAR)
-    return None if raw is None else _text(raw)
+    if raw is None:
+        return None
+    text = _text(raw)
+    fix = "set it to the host name or IP address of rank 0's node, e.g. MASTER_ADDR=10.0.0.1"
+    if not text.strip():
+        raise DistributedEnvError(f"MASTER_ADDR={text!r} is empty: {fix}")
+    if text != text.strip():
+        raise DistributedEnvError(
+            f"MASTER_ADDR={text!r} has spaces around the address (torch would wait its whole "
+            f"timeout for a host of that name): set MASTER_ADDR={text.strip()}")
+    if any(c.isspace() or c in "/\\'\"" for c in text):
+        raise DistributedEnvError(f"MASTER_ADDR={text!r} is not a host name or address: {fix}")
+    return text
 
 
 def env_master_port() -> Optional[int]:
@@ -460,11 +493,6 @@ def default_master_port() -> Optional[int]:
                                       None if step is None else _text(step))
 
 
-def has_launcher_env() -> bool:
-    """True if any rank or world-size variable of any supported launcher is set."""
-    return _lookup("rank")[1] is not None or _lookup("world_size")[1] is not None
-
-
 def validate_env_vars() -> None:
     """Check every launcher variable that is set; raise :class:`DistributedEnvError` if any is bad.
 
@@ -479,5 +507,5 @@ def validate_env_vars() -> None:
     env_fs_local_rank()
     env_shared_filesystem()
     env_master_port()
-    if _raw(MASTER_ADDR_ENV_VAR) is None:
+    if env_master_addr() is None:
         default_master_addr()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from datetime import timedelta
 from typing import Any, Optional, Tuple, Union
 
@@ -208,7 +209,19 @@ def _master_endpoint(world_size: int, rank: int) -> Tuple[str, int]:
             f"set MASTER_ADDR to the host of rank 0 and MASTER_PORT to a free port on it{hint}, "
             "or launch with torchrun / axolotl-dist, or pass init_method="
         )
+    _check_resolves(addr, port)
     return addr, port
+
+
+def _check_resolves(addr: str, port: int) -> None:
+    """Fail now, naming ``MASTER_ADDR``, if the rendezvous host does not resolve (torch would
+    retry it until its timeout)."""
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise DistributedEnvError(
+            f"MASTER_ADDR={addr!r} does not resolve to an address ({type(exc).__name__}: {exc}): "
+            "set it to the host name or IP address of rank 0's node") from None
 
 
 def _after_init() -> None:

@@ -34,6 +34,7 @@ reports failures:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -44,6 +45,9 @@ import tempfile
 import time
 import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from ._rank_main import END_DIR_ENV_VAR
+from ._rank_main import LAUNCHER_PID_ENV_VAR as _LAUNCHER_PID_ENV_VAR
 
 __all__ = [
     "PROG",
@@ -61,7 +65,6 @@ DEFAULT_GRACE_PERIOD = 30.0
 #: How long the launcher waits on left-over processes between SIGTERM and SIGKILL at exit.
 _SWEEP_GRACE = 3.0
 _PR_SET_CHILD_SUBREAPER = 36
-_LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
 _OMP_NUM_THREADS_ENV_VAR = "OMP_NUM_THREADS"
 _LOOPBACK = "127.0.0.1"
 _GLOO_IFNAME_ENV_VAR = "GLOO_SOCKET_IFNAME"
@@ -218,7 +221,54 @@ def _traceback_of(failure) -> Optional[str]:
     return message if isinstance(message, str) else None
 
 
-def _report(failures: Dict[int, object], nodes: int, node_rank: int) -> int:
+def _read_ends(directory: Optional[str]) -> Dict[int, dict]:
+    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see ``_rank_main``)."""
+    ends: Dict[int, dict] = {}
+    if not directory or not os.path.isdir(directory):
+        return ends
+    for name in os.listdir(directory):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(directory, name)) as fh:
+                    data = json.load(fh)
+                ends[int(data["rank"])] = data
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return ends
+
+
+def _ended_at(rank: int, failure, ends: Dict[int, dict]) -> float:
+    """When a failed rank ended: its own record, its error file, else the whole second torch
+    saw it fail (rounded up: a signal death leaves no finer time)."""
+    if rank in ends:
+        return float(ends[rank]["time"])
+    whole, precise = _failure_time(failure)
+    return precise if precise != float("-inf") else whole + 1.0
+
+
+def _early_exit(failures: Dict[int, object], ends: Dict[int, dict]) -> Optional[Tuple[int, dict]]:
+    """The rank that ended cleanly (exit code 0) before any rank failed, if one did."""
+    clean = [(data["time"], rank) for rank, data in ends.items()
+             if data.get("code") == 0 and rank not in failures]
+    if not clean:
+        return None
+    when, rank = min(clean)
+    first_failure = min(_ended_at(r, f, ends) for r, f in failures.items())
+    return (rank, ends[rank]) if when < first_failure else None
+
+
+def _report(failures: Dict[int, object], nodes: int, node_rank: int,
+            ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None) -> int:
+    ends = ends or {}
+    lines: List[str] = []
+    early = _early_exit(failures, ends)
+    if early is not None:
+        quitter, data = early
+        ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
+        running = [r for r in ranks if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
+        lines.append(f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
+                     f"rank(s) {running} were still running; the others needed it (a rank that "
+                     "returns or calls sys.exit early leaves its peers waiting in collectives)")
     rank, failure = first_failure(failures)
     code = exit_code_of(failure.exitcode)
     if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
@@ -235,7 +285,10 @@ def _report(failures: Dict[int, object], nodes: int, node_rank: int) -> int:
     else:
         how = f"exited with code {failure.exitcode}"
     where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
-    lines = [f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}"]
+    if early is None:
+        lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
+    else:
+        lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
     tb = _traceback_of(failure)
     if tb:
         lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
@@ -362,6 +415,8 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
     _set_thread_default(nproc)
     _set_loopback_gloo(nnodes)
     os.environ[_LAUNCHER_PID_ENV_VAR] = str(os.getpid())
+    os.environ[END_DIR_ENV_VAR] = os.path.join(args.log_dir, "ends")
+    os.makedirs(os.environ[END_DIR_ENV_VAR], exist_ok=True)
     config = launch_config(args, nproc, nnodes, node_rank, port)
     cmd_args = ["-u", "-m", "axolotl_dist._rank_main"] + (["-m"] if args.module else [])
     cmd_args += [args.target] + list(args.target_args)
@@ -370,7 +425,8 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
         elastic_launch(config, sys.executable)(*cmd_args)
         return 0
     except ChildFailedError as exc:
-        return _report(exc.failures, nnodes, node_rank)
+        return _report(exc.failures, nnodes, node_rank, _read_ends(os.environ.get(END_DIR_ENV_VAR)),
+                       nproc * nnodes)
     except SignalException as exc:
         print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
               file=sys.stderr, flush=True)

@@ -30,12 +30,16 @@ ENV_CASES = {
     "NODE_RANK negative": ({"NODE_RANK": "-1"}, r"NODE_RANK=-1 must be >= 0; set it to this node's index"),
     "NODE_RANK out of range": ({"NODE_RANK": "1"}, r"NODE_RANK=1 is out of range for 1 node\(s\): set it to this node's index in \[0, NUM_NODES\)"),
     "MASTER_PORT out of range": ({"MASTER_PORT": "70000"}, r"MASTER_PORT=70000 is not a TCP port: set it to a free port in \[1, 65535\]"),
+    "WORLD_SIZE beyond the store": ({"WORLD_SIZE": "2147483648"}, r"WORLD_SIZE=2147483648 is larger than the 2147483647 ranks torch's c10d store takes; set it to the total number of processes"),
+    "RANK beyond the store": ({"RANK": "2147483648"}, r"RANK=2147483648 is larger than the 2147483647 ranks torch's c10d store takes; set it to this process's global rank"),
+    "MASTER_ADDR with a stray space": ({"MASTER_ADDR": "127.0.0.1 "}, r"MASTER_ADDR='127.0.0.1 ' has spaces around the address \(torch would wait its whole timeout for a host of that name\): set MASTER_ADDR=127.0.0.1$"),
+    "MASTER_ADDR empty": ({"MASTER_ADDR": ""}, r"MASTER_ADDR='' is empty: set it to the host name or IP address of rank 0's node"),
 }
 
 #: which query reports each variable (validate_env_vars and init_distributed report all of them)
 QUERY_FOR = {"RANK": "get_rank", "WORLD_SIZE": "get_world_size", "LOCAL_RANK": "get_local_rank",
              "LOCAL_WORLD_SIZE": "get_local_world_size", "NODE_RANK": "get_node_rank",
-             "MASTER_PORT": "validate_env_vars"}
+             "MASTER_PORT": "validate_env_vars", "MASTER_ADDR": "validate_env_vars"}
 
 
 @pytest.mark.parametrize("case", list(ENV_CASES))
@@ -95,6 +99,37 @@ def test_master_addr_missing_for_a_multi_rank_init():
         assert f"MASTER_ADDR not set for a 2-rank init (rank {rank})" in msg
         assert "set MASTER_ADDR to the host of rank 0" in msg and "torchrun" in msg
         assert not initialized
+
+
+def test_unresolvable_master_addr_fails_init_at_once():
+    # torch would retry the rendezvous host until its timeout (here 300 s)
+    def body():
+        import time
+
+        start = time.monotonic()
+        with pytest.raises(ad.DistributedEnvError) as info:
+            ad.init_distributed()
+        return str(info.value), time.monotonic() - start
+
+    for msg, elapsed in run_distributed(body, 2, init=False, timeout=60,
+                                        env={"MASTER_ADDR": "no-such-host.invalid"}):
+        assert msg.startswith("MASTER_ADDR='no-such-host.invalid' does not resolve to an address"), msg
+        assert msg.endswith("set it to the host name or IP address of rank 0's node"), msg
+        assert elapsed < 10
+
+
+def test_slurm_task_without_its_task_count_names_the_slurm_variable():
+    def body():
+        with pytest.raises(ad.DistributedEnvError) as info:
+            ad.get_world_size()
+        return str(info.value)
+
+    env = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None,
+           "SLURM_PROCID": "1", "SLURM_STEP_ID": "0"}
+    msgs = run_distributed(body, 2, init=False, env=env, rank_env=lambda r: {"SLURM_PROCID": str(r + 1)})
+    for msg in msgs:
+        assert "is set but SLURM_NTASKS (or SLURM_STEP_NUM_TASKS) is not: set SLURM_NTASKS to the " \
+               "total number of processes (srun sets both)" in msg, msg
 
 
 def test_env_that_disagrees_with_the_initialized_group():

@@ -437,3 +437,62 @@ def test_rank_stopped_while_exiting_after_raising_reports_its_exception(tmp_path
     err = capsys.readouterr().err
     assert "rank 0 (local rank 0, pid 100) failed first: it raised an exception" in err
     assert "ValueError: first" in err and "exit code 1" in err
+
+
+# ---- who ended first, and nothing left behind ------------------------------------------------
+
+EARLY_EXIT_SCRIPT = r'''
+import sys
+import axolotl_dist as ad
+ad.init_distributed()
+ad.barrier()
+if ad.get_rank() == 0:
+    sys.exit(0)  # leaves the others in the next barrier
+ad.barrier()
+'''
+
+
+def test_a_rank_that_exits_early_with_code_0_is_reported_first(tmp_path: Path) -> None:
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_EXIT_SCRIPT)
+    code, _, err = _finish(_launcher(["-n", "3", str(script)]))
+    assert code == 1, err
+    summary = err[err.index("axolotl-dist: rank 0"):]
+    assert "axolotl-dist: rank 0 (pid " in summary
+    assert "exited with code 0 while rank(s) [1, 2] were still running" in summary
+    assert "then rank" in summary and "RankFailedError: rank 0 failed in barrier" in summary
+
+
+GUARDED_SCRIPT = r'''
+import json, os, subprocess, sys, time
+import axolotl_dist as ad
+out = sys.argv[1]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+with open(os.path.join(out, f"rank{ad.get_rank()}.json.tmp"), "w") as fh:
+    json.dump({"pid": os.getpid(), "child": child.pid}, fh)
+os.rename(os.path.join(out, f"rank{ad.get_rank()}.json.tmp"),
+          os.path.join(out, f"rank{ad.get_rank()}.json"))
+time.sleep(300)
+'''
+
+
+def test_sigkilled_launcher_leaves_no_rank_or_child_behind(tmp_path: Path) -> None:
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _launcher(["-n", "2", str(script), str(out)])
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while len(list(out.glob("*.json"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.1)
+    infos = _results(out, 2)
+    pids = [i["pid"] for i in infos] + [i["child"] for i in infos]
+    assert all(_alive(p) for p in pids)
+    os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the ranks and their children must go
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
