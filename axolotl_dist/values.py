@@ -139,12 +139,14 @@ def _await_released(limit: float = 1.0) -> None:
     """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
     references to the cached header buffers: a collective's ``wait()`` returns before the
     worker releases it, and releasing needs the GIL (see :func:`axolotl_dist._teardown.cleanup`)."""
+    def busy(st: _GroupState) -> bool:  # idle: the state's slot and getrefcount's argument
+        return (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
+            st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2)
+
     deadline = time.monotonic() + limit
     for st in list(_STATES.values()):
-        for buf in (st.hdr, st.hdr_all):
-            # idle: referenced by the state and by getrefcount's argument; a work adds one
-            while buf is not None and sys.getrefcount(buf) > 2 and time.monotonic() < deadline:
-                time.sleep(0.0005)
+        while busy(st) and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
 
 _teardown.on_cleanup(_await_released)

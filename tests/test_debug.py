@@ -224,6 +224,7 @@ def test_late_rank_learns_that_the_others_gave_up():
 # ---------------------------------------------------------------- matched calls work normally
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 @pytest.mark.parametrize("ws", [1, 2, 3, 4])
 def test_matched_calls_return_the_same_values_as_without_debug_mode(ws):
     def body():
@@ -266,6 +267,7 @@ def test_matched_calls_return_the_same_values_as_without_debug_mode(ws):
         assert checks == (18 if ws > 1 else 0)
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_subgroup_calls_are_checked_within_the_subgroup():
     def body():
         import torch.distributed as dist
@@ -286,6 +288,7 @@ def test_subgroup_calls_are_checked_within_the_subgroup():
         _assert_debug_error(o, "the ranks disagree on src", "rank 1 (global 2)", "on group ")
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_debug_off_writes_nothing_to_the_store():
     def body():
         from axolotl_dist._signals import group_store
@@ -308,6 +311,7 @@ def test_debug_off_writes_nothing_to_the_store():
 # ---------------------------------------------------------------- switches and bad input
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_bad_env_value_names_the_variable():
     def body():
         return ad.barrier()
@@ -318,6 +322,7 @@ def test_bad_env_value_names_the_variable():
     assert "AXOLOTL_DIST_DEBUG=1" in outcomes[0].error
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_bad_debug_timeout_env_names_the_variable():
     def body():
         return ad.barrier()
@@ -328,6 +333,7 @@ def test_bad_debug_timeout_env_names_the_variable():
         assert "AXOLOTL_DIST_DEBUG_TIMEOUT='soon' must be a positive number of seconds" in (o.error or "")
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 @pytest.mark.parametrize("bad", [0, -1, "5", True])
 def test_enable_debug_rejects_a_bad_timeout(bad):
     with pytest.raises(ad.DistributedConfigError, match=r"enable_debug\(timeout=\.\.\.\)=.* must be a positive"):
@@ -335,6 +341,7 @@ def test_enable_debug_rejects_a_bad_timeout(bad):
     assert not ad.is_debug_enabled()
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_switches_in_one_process(monkeypatch):
     assert not ad.is_debug_enabled()
     try:
@@ -359,6 +366,7 @@ def test_switches_in_one_process(monkeypatch):
     assert ad_debug.debug_timeout() == 7.5
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_mismatch_error_keeps_its_fields_across_pickling():
     import pickle
 
@@ -368,6 +376,7 @@ def test_mismatch_error_keeps_its_fields_across_pickling():
     assert isinstance(back, RuntimeError)
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_mesh_and_sharded_tensor_collectives_are_checked():
     def body():
         from axolotl_dist.parallel import DataParallelConfig, TensorParallelConfig
@@ -392,6 +401,7 @@ def test_mesh_and_sharded_tensor_collectives_are_checked():
                             "rank 0: float32", "rank 1: float64")
 
 
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_rank_hosting_the_store_exits():
     # without a launcher-hosted store (plain env:// init), rank 0 hosts it: when rank 0
     # leaves, the others' check fails on the store and says so instead of a raw network error
