@@ -260,11 +260,11 @@ def map_part(dataset: "Dataset", call: MapCall, files: PartFiles, start: int, en
     An old marker is removed first, the Arrow file is written under a temporary name and
     renamed, and the marker is written last: no marker ever describes an unfinished file.
     """
+    os.makedirs(files.directory, exist_ok=True)
     files.clear_marker()
     if start == end:
         files.write_marker(start, end, changed=False)
         return
-    os.makedirs(files.directory, exist_ok=True)
     tmp = files.temporary(".arrow")
     part = dataset.select(range(start, end))
     kwargs = dict(call.kwargs)

@@ -60,6 +60,16 @@ def batched_index(batch, idx):
     return {"i2": [i * 2 for i in idx], "width": [len(t) for t in batch["t"]]}
 
 
+def index_and_rank(ex, idx, rank):
+    _count(1)
+    return {"idx": idx, "rank": -1 if rank is None else rank}
+
+
+async def async_double(ex):
+    _count(1)
+    return {"b": ex["a"] * 2}
+
+
 def scale(a, k=1):
     _count(1)
     return {"scaled": a * k}
@@ -92,7 +102,13 @@ CASES = {
     "unbatched-with-indices-remove": (with_index, {"with_indices": True, "remove_columns": ["t"]}),
     "batched-pack-remove": (pack, {"batched": True, "batch_size": 4, "remove_columns": ["a", "t"]}),
     "batched-with-indices": (batched_index, {"batched": True, "batch_size": 7, "with_indices": True}),
+    "batched-drop-last": (pack, {"batched": True, "batch_size": 4, "drop_last_batch": True,
+                                 "remove_columns": ["a", "t"]}),
     "input-columns-fn-kwargs": (scale, {"input_columns": "a", "fn_kwargs": {"k": 3}}),
+    "with-rank-is-none-as-in-one-process": (index_and_rank, {"with_indices": True, "with_rank": True}),
+    "features": (double, {"features": datasets.Features(
+        {"a": datasets.Value("int64"), "t": datasets.Value("string"), "b": datasets.Value("int32")})}),
+    "async": (async_double, {}),
 }
 
 
@@ -156,8 +172,9 @@ def test_same_result_as_one_process_and_each_rank_maps_its_part(tmp_path, ws, ca
         assert files == [f"cache-{expected._fingerprint}-part{i:05d}of{ws:05d}.arrow" for i in range(ws)]
     batch = kwargs.get("batch_size", 1) if kwargs.get("batched") else 1
     batches = -(-ROWS // batch)
+    last = ROWS // batch * batch if kwargs.get("drop_last_batch") else ROWS  # rows map calls fn on
     parts = [shard_bounds(batches, ws, r) for r in range(ws)]
-    assert rows == [min(e * batch, ROWS) - s * batch for s, e in parts]
+    assert rows == [max(0, min(e * batch, last) - s * batch) for s, e in parts]
 
 
 def test_formatted_dataset_keeps_its_format_and_in_memory_dataset_works(tmp_path):
@@ -459,3 +476,17 @@ def test_missing_datasets_names_the_extra_and_the_package_imports_without_it():
     assert done.returncode == 0, done.stderr
     assert 'pip install "axolotl-dist[datasets]"' in done.stdout
     assert "the 'datasets' extra" in done.stdout
+
+
+def test_empty_dataset_and_more_ranks_than_batches(tmp_path):
+    def body():
+        empty = ad.shared_map(_source().select([]), double, remove_columns=["t"])
+        one_batch = ad.shared_map(_source(), pack, batched=True, batch_size=None,
+                                  remove_columns=["a", "t"])
+        return _summary(empty), _summary(one_batch)
+
+    results = run_distributed(body, 3, env=_env(tmp_path), timeout=90)
+    expected = (_summary(_source().select([]).map(double, remove_columns=["t"])),
+                _summary(_source().map(pack, batched=True, batch_size=None, remove_columns=["a", "t"])))
+    assert results == [expected] * 3
+    assert _rows_mapped(tmp_path, 3) == [ROWS, 0, 0]  # one batch of everything: rank 0's
