@@ -14,8 +14,9 @@ travel as files). Keys live under ``axd/sm/<call number>/``:
 * ``progress``: rows mapped so far, added by every rank twice a second (the main rank's bar);
 * ``done``: ranks whose part is on disk and marked complete; everyone waits for all of them;
 * ``failed``, ``error/<rank>``: a rank that raises publishes a failure report, and the others
-  raise :class:`~axolotl_dist.errors.RankFailedError` naming it and its rows, within half a
-  second while they map and at once while they wait (a killed rank is noticed by heartbeat);
+  raise :class:`~axolotl_dist.errors.RankFailedError` naming it and its rows: at the first
+  row or batch after their next half-second check while they map, at once while they wait
+  (a killed rank is noticed by heartbeat while they wait);
 * ``left``, ``left/<filesystem group>``: the last rank to leave deletes the call's keys (and,
   for a dataset held in memory, the group's temporary part files).
 
@@ -101,8 +102,9 @@ def shared_map(
       ``datasets`` caching disabled) without ``cache_dir`` is mapped through temporary files
       into an in-memory result and not cached, as ``datasets`` does.
     * **Failures:** if ``function`` raises on one rank, that rank re-raises and every other
-      rank raises :class:`~axolotl_dist.errors.RankFailedError` naming it and its rows within
-      about a second (a killed rank: within seconds); completed parts stay reusable.
+      rank raises :class:`~axolotl_dist.errors.RankFailedError` naming it and its rows, within
+      about a second (between two rows or batches); a killed rank is noticed within seconds
+      once the others wait. Completed parts stay reusable.
     * **Progress:** one bar on rank 0 counting every rank's rows; ``datasets``' bars are off.
 
     :param cache_dir: directory for the parts (default: next to the dataset's cache files).
@@ -171,7 +173,9 @@ class _SharedMap:
         self.entries: List[Dict[str, Any]] = []
         self.fs_key = "shared" if env_shared_filesystem() else f"node{get_node_rank()}"
         self.temp_dir: Optional[str] = None
-        self.peer_error: Optional[BaseException] = None
+        # An error this rank must not publish as its own: a peer's, or one every rank finds
+        # by itself (the ranks disagree about the dataset).
+        self.not_mine: Optional[BaseException] = None
         self.bar: Any = None
         self.counted = self.reported = 0
         self.next_report = self.next_bar = 0.0
@@ -186,7 +190,7 @@ class _SharedMap:
         try:
             return self._run()
         except BaseException as exc:
-            if exc is not self.peer_error:
+            if exc is not self.not_mine:
                 publish_error(self.store, self.key("error", self.rank), self.rank, exc, self.where)
                 with contextlib.suppress(Exception):
                     self.store.add(self.key("failed"), 1)
@@ -200,7 +204,11 @@ class _SharedMap:
         from . import _hf_parts as hf
 
         self._arrive()
-        members = self._plan()
+        try:
+            members = self._plan()
+        except DistributedConfigError as exc:  # every rank read the same entries: all raise it
+            self.not_mine = exc
+            raise
         count, index = len(members), members.index(self.rank)
         rows = len(self.dataset)
         bounds = [hf.part_bounds(rows, count, j, self.call) for j in range(count)]
@@ -285,31 +293,34 @@ class _SharedMap:
     # --- waiting, failures, progress --------------------------------------------------------
 
     def _wait(self, counter: str, target: int) -> None:
-        """Wait until ``counter`` reaches ``target``; raise if a rank failed or died."""
+        """Wait until ``counter`` reaches ``target``; raise if a rank failed first or died."""
+        def reached() -> bool:
+            return self.store.add(self.key(counter), 0) >= target
+
         def ready() -> bool:
             self._refresh_bar()
-            return (self.store.add(self.key("failed"), 0) > 0
-                    or self.store.add(self.key(counter), 0) >= target)
+            return reached() or self.store.add(self.key("failed"), 0) > 0
 
         try:
             poll_until(ready, watch=lambda: self.others, timeout=self.timeout, what=self.what,
                        me=self.rank)
         except RankFailedError as exc:
-            self.peer_error = exc
+            self.not_mine = exc
             raise
-        self._raise_if_failed()
+        if not reached():  # a failure after everyone got there belongs to a later step
+            self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
         if not self.store.add(self.key("failed"), 0):
             return
         for r in range(self.ws):
             if self.store.check([self.key("error", r)]):
-                self.peer_error = read_error(self.store, self.key("error", r))
+                self.not_mine = read_error(self.store, self.key("error", r))
                 break
         else:
-            self.peer_error = RankFailedError(-1, "unknown", "a rank reported a failure whose "
-                                              "report could not be read", where=self.what)
-        raise self.peer_error
+            self.not_mine = RankFailedError(-1, "unknown", "a rank reported a failure whose "
+                                            "report could not be read", where=self.what)
+        raise self.not_mine
 
     def _tick(self, rows: int) -> None:
         """Called by the mapping function for each row or batch (cheap unless it is time to report)."""
