@@ -1,9 +1,11 @@
 """axolotl_dist: the distributed helpers PyTorch training scripts keep rewriting.
 
 Every public name is importable from here; :mod:`axolotl_dist.distributed` holds the
-functional layer, :mod:`axolotl_dist.parallel` device meshes, :mod:`axolotl_dist.tensors`
+functional layer, :mod:`axolotl_dist.hf_data` ``shared_map`` (a Hugging Face ``datasets.map``
+split across ranks), :mod:`axolotl_dist.parallel` device meshes, :mod:`axolotl_dist.tensors`
 sharded flat tensors, :mod:`axolotl_dist.launch` the launcher and :mod:`axolotl_dist.testing`
-a multi-process test harness. Importing this package never creates a process group.
+a multi-process test harness. Importing this package never creates a process group, and never
+imports ``datasets`` (only calling ``shared_map`` does).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ This module only re-exports; the code lives in small modules a reader would gues
 * :mod:`axolotl_dist.values`: exact value helpers (axolotl's and OLMo-core's names);
 * :mod:`axolotl_dist.ordering`: ``zero_first``, ``zero_only``, ``do_n_at_a_time``;
 * :mod:`axolotl_dist.data`: ``get_sampler``, ``split_between_processes``;
+* :mod:`axolotl_dist.hf_data`: ``shared_map``, a Hugging Face ``datasets.map`` split across
+  ranks (needs the ``datasets`` extra only when called);
 * :mod:`axolotl_dist.log`: ``get_logger``;
 * :mod:`axolotl_dist.debug`: debug mode (``AXOLOTL_DIST_DEBUG=1``), which checks every
   helper call across ranks.
@@ -20,6 +22,7 @@ from .collectives import all_gather, all_reduce, barrier, broadcast
 from .debug import debug_mode, disable_debug, enable_debug, is_debug_enabled
 from .data import get_sampler, split_between_processes
 from .env import validate_env_vars
+from .hf_data import shared_map
 from .initialize import cleanup_distributed, default_backend, init_distributed, initialize_dist
 from .log import get_logger
 from .ordering import do_n_at_a_time, zero_first, zero_only
@@ -75,7 +78,7 @@ __all__ = [
     # rank-ordered blocks
     "zero_first", "zero_only", "do_n_at_a_time",
     # data and logging
-    "get_sampler", "split_between_processes", "get_logger",
+    "get_sampler", "split_between_processes", "get_logger", "shared_map",
     # debug mode
     "enable_debug", "disable_debug", "is_debug_enabled", "debug_mode",
 ]

@@ -1,4 +1,4 @@
-"""The preprocessing example runs as one process and on 2 ranks, and the ranks agree."""
+"""The examples run as one process and on 2 ranks, and the ranks agree."""
 
 import os
 import re
@@ -49,3 +49,24 @@ def test_debug_example_names_both_calls_through_the_launcher():
                            text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert "best=0.5 losses=[1.0, 0.5]" in fixed.stdout
+
+
+SHARED_MAP_SCRIPT = os.path.join(ROOT, "examples", "shared_map.py")
+
+
+def test_shared_map_example_on_two_ranks_matches_one_process(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_DATASETS_OFFLINE="1")
+    found = {}
+    for name, launch in [("one", [sys.executable]),
+                         ("two", [sys.executable, "-m", "axolotl_dist.launch", "-n", "2"])]:
+        proc = subprocess.run(launch + [SHARED_MAP_SCRIPT, "--cache-dir", str(tmp_path / name),
+                                        "--samples", "300"],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found[name] = re.findall(r"rank (\d): rows=(\d+) tokens=(\d+) fingerprint=(\w+)", proc.stdout)
+    [(_, rows, tokens, fingerprint)] = found["one"]
+    assert rows == "300"
+    assert sorted(found["two"]) == [("0", rows, tokens, fingerprint), ("1", rows, tokens, fingerprint)]
+    parts = sorted(p.name for p in (tmp_path / "two" / "raw_300").glob("cache-*"))
+    assert parts == [f"cache-{fingerprint}-part0000{i}of00002.{ext}" for i in (0, 1)
+                     for ext in ("arrow", "done")]

@@ -1,0 +1,66 @@
+"""Dataset preprocessing shared by every rank with ``shared_map`` (instead of ``zero_first``).
+
+Builds a small text dataset on disk (inside ``zero_first``: built once, loaded everywhere),
+then tokenizes it with ``shared_map``: each rank tokenizes a contiguous part and every rank
+gets the whole tokenized dataset, identical to a one-process ``dataset.map``. A second call
+finds the cached parts and maps nothing.
+
+    axolotl-dist -n 2 examples/shared_map.py
+    torchrun --standalone --nproc-per-node 2 examples/shared_map.py
+    python examples/shared_map.py
+
+Needs Hugging Face datasets: ``pip install "axolotl-dist[datasets]"``.
+"""
+
+import argparse
+import os
+import random
+import tempfile
+import time
+from typing import Dict, List
+
+import datasets
+
+import axolotl_dist as ad
+
+WORDS = "the a model learns tokens from text data ranks share one cache on disk".split()
+VOCAB = {w: i + 1 for i, w in enumerate(WORDS)}
+
+
+def tokenize(batch: Dict[str, List[str]]) -> Dict[str, List[List[int]]]:
+    """A stand-in for a tokenizer: word ids, 0 for unknown words."""
+    ids = [[VOCAB.get(w, 0) for w in text.split()] for text in batch["text"]]
+    return {"input_ids": ids, "length": [len(x) for x in ids]}
+
+
+def build(path: str, n: int) -> None:
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(n)]
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "axolotl_dist_shared_map_example"))
+    parser.add_argument("--samples", type=int, default=1000)
+    args = parser.parse_args()
+    ad.init_distributed()
+    path = os.path.join(args.cache_dir, f"raw_{args.samples}")
+    with ad.zero_first():  # built once, by rank 0; the others load it afterwards
+        if not os.path.exists(path):
+            build(path, args.samples)
+    raw = datasets.load_from_disk(path)
+
+    # Was: with ad.zero_first(): tokenized = raw.map(tokenize, batched=True, ...)
+    tokenized = ad.shared_map(raw, tokenize, batched=True, batch_size=100, remove_columns=["text"])
+    start = time.perf_counter()  # the same call again: every part is cached, nothing is mapped
+    ad.shared_map(raw, tokenize, batched=True, batch_size=100, remove_columns=["text"])
+    again_ms = (time.perf_counter() - start) * 1e3
+
+    print(f"rank {ad.get_rank()}: rows={len(tokenized)} tokens={sum(tokenized['length'])} "
+          f"fingerprint={tokenized._fingerprint} second_call_ms={again_ms:.0f}", flush=True)
+    ad.cleanup_distributed()
+
+
+if __name__ == "__main__":
+    main()
