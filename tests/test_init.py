@@ -1,6 +1,7 @@
 """init_distributed / initialize_dist / cleanup_distributed / validate_env_vars with real gloo."""
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
@@ -123,3 +124,19 @@ def test_cleanup_lets_the_process_group_go(debug):
 
     env = {"AXOLOTL_DIST_DEBUG": debug}
     assert run_distributed(body, 2, init=False, env=env, timeout=60) == [(True, True)] * 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_nccl_without_cuda_says_to_drop_the_backend():
+    def body():
+        with pytest.raises(ad.DistributedEnvError) as info:
+            ad.init_distributed(backend="nccl")
+        with pytest.raises(ad.DistributedEnvError, match="init_distributed\\(backend='nccl'\\)"):
+            ad.initialize_dist("cuda")
+        return str(info.value), dist.is_initialized()
+
+    for msg, initialized in run_distributed(body, 2, init=False, timeout=60):
+        assert msg.startswith("init_distributed(backend='nccl'): NCCL needs CUDA GPUs")
+        assert "torch.cuda.is_available() is False" in msg
+        assert "drop backend= (init_distributed() then picks gloo on CPU) or pass backend='gloo'" in msg
+        assert initialized is False
