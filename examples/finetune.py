@@ -60,6 +60,8 @@ def tokenize(text: str, seq_len: int) -> torch.Tensor:
 class TinyCausalLM(nn.Module):
     """Token + position embeddings, a causal transformer encoder, a linear output head."""
 
+    mask: torch.Tensor  # a buffer (registered below)
+
     def __init__(self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
