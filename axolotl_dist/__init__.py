@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .distributed import *  # noqa: F401,F403
 from .distributed import __all__ as _functional
+from .distributed import print  # noqa: F401,A004 - ad.print, kept out of __all__ (see distributed)
 from .errors import (
     AxolotlDistError,
     CollectiveMismatchError,

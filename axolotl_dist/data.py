@@ -4,7 +4,19 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ContextManager,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    overload,
+)
 
 import torch
 
@@ -17,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["get_sampler", "split_between_processes", "shard_bounds"]
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def get_sampler(
@@ -77,11 +91,11 @@ def _take(inputs: Any, start: int, end: int, pad_to: Optional[int]) -> Any:
     if isinstance(inputs, dict):
         return {k: _take(v, start, end, pad_to) for k, v in inputs.items()}
     if isinstance(inputs, torch.Tensor):
-        part = inputs[start:end]
-        if pad_to is not None and part.shape[0] < pad_to:
+        rows = inputs[start:end]
+        if pad_to is not None and rows.shape[0] < pad_to:
             last = inputs[-1:] if inputs.shape[0] else inputs.new_zeros((1,) + tuple(inputs.shape[1:]))
-            part = torch.cat([part] + [last] * (pad_to - part.shape[0]))
-        return part
+            rows = torch.cat([rows] + [last] * (pad_to - rows.shape[0]))
+        return rows
     if hasattr(inputs, "select") and not isinstance(inputs, (list, tuple)):  # datasets.Dataset
         idx: List[int] = list(range(start, end))
         if pad_to is not None and len(idx) < pad_to and len(inputs):
@@ -93,9 +107,39 @@ def _take(inputs: Any, start: int, end: int, pad_to: Optional[int]) -> Any:
     return tuple(part) if isinstance(inputs, tuple) else part
 
 
+@overload
+def split_between_processes(inputs: List[T], *, apply_padding: bool = False,
+                            group: Optional["ProcessGroup"] = None) -> ContextManager[List[T]]: ...
+
+
+@overload
+def split_between_processes(inputs: Tuple[T, ...], *, apply_padding: bool = False,
+                            group: Optional["ProcessGroup"] = None) -> ContextManager[Tuple[T, ...]]: ...
+
+
+@overload
+def split_between_processes(inputs: torch.Tensor, *, apply_padding: bool = False,
+                            group: Optional["ProcessGroup"] = None) -> ContextManager[torch.Tensor]: ...
+
+
+@overload
+def split_between_processes(inputs: Dict[K, V], *, apply_padding: bool = False,
+                            group: Optional["ProcessGroup"] = None) -> ContextManager[Dict[K, V]]: ...
+
+
+@overload
+def split_between_processes(inputs: Sequence[T], *, apply_padding: bool = False,
+                            group: Optional["ProcessGroup"] = None) -> ContextManager[Sequence[T]]: ...
+
+
+@overload
+def split_between_processes(inputs: Any, *, apply_padding: bool = False,
+                            group: Optional["ProcessGroup"] = None) -> ContextManager[Any]: ...
+
+
 @contextmanager
 def split_between_processes(
-    inputs: Union[Sequence[T], Dict[str, Sequence[T]], torch.Tensor, Any],
+    inputs: Any,
     *,
     apply_padding: bool = False,
     group: Optional["ProcessGroup"] = None,
@@ -107,6 +151,10 @@ def split_between_processes(
     ``apply_padding=True`` every rank gets the same length, padded with the last item, so a
     following gather lines up (drop the padding afterwards). A single process gets ``inputs``
     unchanged. No communication.
+
+    For type checkers the share has the input's type: a list gives a list, a tuple a tuple,
+    a tensor a tensor, a dict a dict, another sequence a sequence (a list at runtime), and a
+    dataset what its ``select`` returns (typed ``Any``).
     """
     ws = get_world_size(group) if group is not None or is_initialized() else get_world_size()
     if ws == 1:

@@ -12,6 +12,8 @@ This module only re-exports; the code lives in small modules a reader would gues
 * :mod:`axolotl_dist.hf_data`: ``shared_map``, a Hugging Face ``datasets.map`` split across
   ranks (needs the ``datasets`` extra only when called);
 * :mod:`axolotl_dist.log`: ``get_logger``;
+* :mod:`axolotl_dist.process`: Accelerate- and composer-style names: ``main_process_first``,
+  ``run_local_rank_zero_first``, ``on_main_process``-style decorators, ``tqdm``, ``print``;
 * :mod:`axolotl_dist.debug`: debug mode (``AXOLOTL_DIST_DEBUG=1``), which checks every
   helper call across ranks.
 """
@@ -26,6 +28,19 @@ from .hf_data import shared_map
 from .initialize import cleanup_distributed, default_backend, init_distributed, initialize_dist
 from .log import get_logger
 from .ordering import do_n_at_a_time, zero_first, zero_only
+from .process import (
+    ProgressBar,
+    local_main_process_first,
+    main_process_first,
+    on_last_process,
+    on_local_main_process,
+    on_local_process,
+    on_main_process,
+    on_process,
+    print,
+    run_local_rank_zero_first,
+    tqdm,
+)
 from .ranks import (
     backend_supports_cpu,
     backend_supports_cuda,
@@ -77,6 +92,11 @@ __all__ = [
     "gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
     # rank-ordered blocks
     "zero_first", "zero_only", "do_n_at_a_time",
+    # Accelerate / composer style
+    "main_process_first", "local_main_process_first", "run_local_rank_zero_first",
+    "on_main_process", "on_local_main_process", "on_last_process", "on_process",
+    "on_local_process", "tqdm", "ProgressBar",
+    # not "print": `from axolotl_dist import *` must never shadow the builtin (use ad.print)
     # data and logging
     "get_sampler", "split_between_processes", "get_logger", "shared_map",
     # debug mode

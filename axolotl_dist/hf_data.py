@@ -35,8 +35,9 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
-from . import _signals
-from ._signals import group_store, next_sequence, poll_until, publish_error, read_error
+from . import _teardown
+from ._signals import (await_readers, group_store, next_sequence, poll_until, publish_error,
+                       read_error)
 from .collectives import require_group
 from .debug import checked
 from .env import env_shared_filesystem
@@ -186,14 +187,18 @@ class _SharedMap:
     # --- the call ---------------------------------------------------------------------------
 
     def run(self) -> "Dataset":
-        _signals.start_heartbeat()
+        _teardown.start_services()
         try:
             return self._run()
         except BaseException as exc:
             if exc is not self.not_mine:
-                publish_error(self.store, self.key("error", self.rank), self.rank, exc, self.where)
+                key = self.key("error", self.rank)
+                publish_error(self.store, key, self.rank, exc, self.where)
                 with contextlib.suppress(Exception):
                     self.store.add(self.key("failed"), 1)
+                # where this process hosts the store: keep it up until the others have read it
+                await_readers(self.store, key, [r for r in range(self.ws) if r != self.rank],
+                              self.group)
             raise
         finally:
             if self.bar is not None:
@@ -315,7 +320,9 @@ class _SharedMap:
             return
         for r in range(self.ws):
             if self.store.check([self.key("error", r)]):
-                self.not_mine = read_error(self.store, self.key("error", r))
+                self.not_mine = read_error(self.store, self.key("error", r), self.rank)
+                await_readers(self.store, self.key("error", r),
+                              [x for x in range(self.ws) if x not in (r, self.rank)], self.group)
                 break
         else:
             self.not_mine = RankFailedError(-1, "unknown", "a rank reported a failure whose "

@@ -82,6 +82,24 @@ def _backend_matches(requested: str, existing: str) -> bool:
     return requested in parts or requested == "fake" and "fake" in existing
 
 
+def _check_backend_usable(backend: Optional[str]) -> None:
+    """Fail early, saying what to do, when ``backend`` asks for NCCL only, on a machine without it.
+
+    Mixed strings such as ``"cuda:nccl,cpu:gloo"`` are left to torch (gloo serves CPU tensors).
+    """
+    if backend is None or {p.split(":")[-1].strip() for p in backend.lower().split(",")} != {"nccl"}:
+        return
+    if not torch.cuda.is_available():
+        why = "this machine has no usable CUDA GPU (torch.cuda.is_available() is False)"
+    elif not dist.is_nccl_available():
+        why = "this torch build has no NCCL (torch.distributed.is_nccl_available() is False)"
+    else:
+        return
+    raise DistributedEnvError(
+        f"init_distributed(backend={backend!r}): NCCL needs CUDA GPUs, but {why}: drop "
+        "backend= (init_distributed() then picks gloo on CPU) or pass backend='gloo'")
+
+
 def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
     if shared_filesystem is not None:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared_filesystem else "0"
@@ -141,6 +159,7 @@ def init_distributed(
         _after_init()
         return
 
+    _check_backend_usable(backend)
     validate_env_vars()
     if backend is None:
         backend = default_backend()

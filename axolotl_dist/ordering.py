@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import sys
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, TypeVar, Union, overload
 
 import torch.distributed as dist
 
@@ -29,12 +29,20 @@ from .collectives import check_world_size, require_group
 from .debug import checked, first_rank_block
 from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
 
+if sys.version_info >= (3, 10):
+    from typing import ParamSpec
+else:  # pragma: no cover - Python 3.9
+    from typing_extensions import ParamSpec
+
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
 __all__ = ["zero_first", "zero_only", "do_n_at_a_time"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+D = TypeVar("D")  # what a skipped @zero_only(default=...) call returns
 
 
 def _goes_first(arguments: dict) -> bool:
@@ -103,19 +111,19 @@ class _SkipBlock(BaseException):
     """Raised by the trace hook at the first line of a skipped ``with zero_only():`` body."""
 
 
-class _ZeroOnly:
+class _ZeroOnly(Generic[D]):
     """Both a decorator factory and a context manager; see :func:`zero_only`."""
 
-    def __init__(self, default: Any = None, group: Optional["ProcessGroup"] = None) -> None:
+    def __init__(self, default: D, group: Optional["ProcessGroup"] = None) -> None:
         self.default = default
         self.group = group
         self._stack: List[tuple] = []
 
-    def __call__(self, fn: Callable[..., T]) -> Callable[..., Optional[T]]:
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, Union[R, D]]:
         default, group = self.default, self.group
 
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Optional[T]:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Union[R, D]:
             if is_main_process(group):
                 return fn(*args, **kwargs)
             return default
@@ -149,14 +157,18 @@ class _ZeroOnly:
 
 
 @overload
-def zero_only(fn: Callable[..., T]) -> Callable[..., Optional[T]]: ...
+def zero_only(fn: Callable[P, R]) -> Callable[P, Optional[R]]: ...
 
 
 @overload
-def zero_only(fn: None = None, *, default: Any = None, group: Optional["ProcessGroup"] = None) -> _ZeroOnly: ...
+def zero_only(fn: None = None, *, group: Optional["ProcessGroup"] = None) -> _ZeroOnly[None]: ...
 
 
-def zero_only(fn: Optional[Callable[..., T]] = None, *, default: Any = None,
+@overload
+def zero_only(fn: None = None, *, default: D, group: Optional["ProcessGroup"] = None) -> _ZeroOnly[D]: ...
+
+
+def zero_only(fn: Optional[Callable[..., Any]] = None, *, default: Any = None,
               group: Optional["ProcessGroup"] = None) -> Any:
     """Run something on the main rank only, and really skip it on the others.
 

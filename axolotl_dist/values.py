@@ -55,12 +55,21 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 _I64 = torch.int64
 _U8 = torch.uint8
 _PICKLE = _codec.PICKLE
 _SCALAR_HEADER = _codec.scalar_header
 _DECODE_SCALAR = _codec.decode_scalar
 _AllgatherOptions = dist.distributed_c10d.AllgatherOptions
+
+
+def _require_callable(fn: Any, helper: str, argument: str = "fn") -> None:
+    """Reject a value passed where a function is expected, before any communication."""
+    if not callable(fn):
+        raise TypeError(
+            f"{helper}({argument}={fn!r}): {argument} must be a function that returns the value, "
+            f"not the value itself: pass a function, e.g. `lambda: {fn!r}`")
 
 
 def _alias(arguments: dict, name: str) -> Any:
@@ -369,6 +378,7 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
     ``rank=`` is accepted as axolotl's name for ``src``. If ``fn`` raises on ``src``, ``src``
     re-raises it and every other rank raises :class:`RankFailedError` naming ``src``.
     """
+    _require_callable(fn, "compute_and_broadcast")
     if rank is not None:
         src = rank
     if not require_group("compute_and_broadcast", group):
@@ -382,6 +392,7 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
 def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: int,
                group: Optional["ProcessGroup"]) -> Optional[List[T]]:
     """Shared body of the gather helpers; ``name`` is the helper named in errors."""
+    _require_callable(fn, name)
     if _WORLD.default_pg is None and not require_group(name, group):
         check_world_size(world_size, group, name)
         check_src(dst, group, "dst")
@@ -417,22 +428,29 @@ def gather_scalar_from_all_ranks(
 
 @checked("reduce_and_broadcast")
 def reduce_and_broadcast(
-    fn1: Callable[[], T], fn2: Callable[[List[T]], Any], world_size: Optional[int] = None,
+    fn1: Callable[[], Any], fn2: Callable[[List[Any]], R], world_size: Optional[int] = None,
     group: Optional["ProcessGroup"] = None,
-) -> Any:
+) -> R:
     """Run ``fn1`` on every rank, reduce the list with ``fn2``, return the result everywhere.
 
     One collective (an all-gather), not axolotl's gather + barrier + broadcast: every rank
     applies ``fn2`` to the same list, so ``fn2`` must be deterministic (``sum``, ``min``,
-    ``max``...).
+    ``max``...). The result has ``fn2``'s return type (``fn2``'s argument is typed
+    ``List[Any]`` so that overloaded builtins like ``sum`` and ``min`` type-check).
     """
+    _require_callable(fn1, "reduce_and_broadcast", "fn1")
+    if not callable(fn2):
+        raise TypeError(
+            f"reduce_and_broadcast(fn2={fn2!r}): fn2 must be a function that combines the list "
+            "of every rank's value, e.g. sum, min, max or `lambda values: sum(values) / len(values)`")
     if not require_group("reduce_and_broadcast", group):
         check_world_size(world_size, group, "reduce_and_broadcast")
         return fn2([fn1()])
     st = _group_state(group)
     _check_ws(world_size, st, group, "reduce_and_broadcast")
     values = all_gather_values(fn1, group, "reduce_and_broadcast", state=st)
-    return fn2(values)  # type: ignore[arg-type]
+    assert values is not None
+    return fn2(values)
 
 
 @checked("all_gather_object")

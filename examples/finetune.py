@@ -60,6 +60,8 @@ def tokenize(text: str, seq_len: int) -> torch.Tensor:
 class TinyCausalLM(nn.Module):
     """Token + position embeddings, a causal transformer encoder, a linear output head."""
 
+    mask: torch.Tensor  # a buffer (registered below)
+
     def __init__(self, vocab: int, seq_len: int, dim: int = 64, layers: int = 2, heads: int = 4):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
@@ -147,6 +149,10 @@ def main() -> None:
         epoch += 1
     if bar is not None:
         bar.close()
+    # DDP's reducer holds a reference to the process group; drop it while the group is alive,
+    # so that it is not the reducer that destroys the group after cleanup_distributed() (its
+    # destructor runs holding the GIL and can deadlock with gloo's worker thread).
+    del ddp
 
     # Every rank saw different windows: agree on the totals (one all-gather, exact ints).
     tokens = ad.reduce_and_broadcast(lambda: local_tokens, sum)

@@ -17,7 +17,7 @@ import os
 import random
 import tempfile
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import datasets
 
@@ -27,8 +27,8 @@ WORDS = "the a model learns tokens from text data ranks share one cache on disk"
 VOCAB = {w: i + 1 for i, w in enumerate(WORDS)}
 
 
-def tokenize(batch: Dict[str, List[str]]) -> Dict[str, List[List[int]]]:
-    """A stand-in for a tokenizer: word ids, 0 for unknown words."""
+def tokenize(batch: Dict[str, List[str]]) -> Dict[str, List[Any]]:
+    """A stand-in for a tokenizer: word ids (0 for unknown words) and their count."""
     ids = [[VOCAB.get(w, 0) for w in text.split()] for text in batch["text"]]
     return {"input_ids": ids, "length": [len(x) for x in ids]}
 

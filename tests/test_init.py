@@ -1,6 +1,7 @@
 """init_distributed / initialize_dist / cleanup_distributed / validate_env_vars with real gloo."""
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
@@ -72,18 +73,21 @@ def test_init_rejects_bad_timeouts_before_touching_the_network():
     assert run_distributed(body, 2, init=False) == [False, False]
 
 
-def test_init_with_another_backend_than_the_existing_group_raises():
-    def body():
-        with pytest.raises(ad.DistributedEnvError) as info:
-            ad.init_distributed(backend="nccl")
-        with pytest.raises(ad.DistributedEnvError, match="already initialized with backend 'gloo'"):
-            ad.initialize_dist("cuda")
-        return str(info.value), ad.get_backend()
+def _ask_for_nccl():
+    """Both entry points asked for NCCL: (init_distributed's error, initialize_dist's, backend)."""
+    with pytest.raises(ad.DistributedEnvError) as info:
+        ad.init_distributed(backend="nccl")
+    with pytest.raises(ad.DistributedEnvError) as composer:
+        ad.initialize_dist("cuda")
+    return str(info.value), str(composer.value), ad.get_backend()
 
-    for msg, backend in run_distributed(body, 2):
+
+def test_init_with_another_backend_than_the_existing_group_raises():
+    for msg, composer, backend in run_distributed(_ask_for_nccl, 2):
         assert "init_distributed(backend='nccl')" in msg
         assert "already initialized with backend 'gloo'" in msg
         assert "pass backend='gloo' (or None)" in msg and "cleanup_distributed()" in msg  # the fix
+        assert "already initialized with backend 'gloo'" in composer
         assert backend == "gloo"
 
 
@@ -123,3 +127,13 @@ def test_cleanup_lets_the_process_group_go(debug):
 
     env = {"AXOLOTL_DIST_DEBUG": debug}
     assert run_distributed(body, 2, init=False, env=env, timeout=60) == [(True, True)] * 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_nccl_without_cuda_says_to_drop_the_backend():
+    for msg, composer, backend in run_distributed(_ask_for_nccl, 2, init=False, timeout=60):
+        assert msg.startswith("init_distributed(backend='nccl'): NCCL needs CUDA GPUs")
+        assert "torch.cuda.is_available() is False" in msg
+        assert "drop backend= (init_distributed() then picks gloo on CPU) or pass backend='gloo'" in msg
+        assert composer == msg  # initialize_dist("cuda") asks for the same backend
+        assert backend is None  # no group was created

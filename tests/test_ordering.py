@@ -639,3 +639,43 @@ def test_stopped_first_rank_is_reported_and_the_wait_times_out(store, tmp_path):
         stopped = [(t, m) for t, m in got["warnings"] if "rank 0" in m and "stopped" in m]
         assert stopped, got["warnings"]
         assert stopped[0][0] < 2 * 15.0, stopped  # within 2x the heartbeat timeout (15 s)
+LOGGING_SCENARIOS = r'''
+import logging, os, sys
+import axolotl_dist as ad
+log = ad.get_logger("demo")
+os.environ["AXOLOTL_DIST_DEFAULT_LOGGING"] = "0"  # off: Python's rules (WARNING+, message only)
+log.info("hidden-off")
+log.warning("last resort")
+del os.environ["AXOLOTL_DIST_DEFAULT_LOGGING"]
+log.info("shown %d", 1)                          # unconfigured: INFO goes to stderr
+log.debug("hidden-debug")
+try:
+    1 / 0
+except ZeroDivisionError:
+    log.exception("with traceback")
+logging.getLogger("demo").setLevel(logging.WARNING)
+log.info("hidden-level")                          # an explicit level is respected
+logging.getLogger("demo").setLevel(logging.NOTSET)
+logging.basicConfig(level=logging.WARNING, format="configured %(message)s")
+log.info("hidden-configured")                     # the user's configuration takes over
+log.warning("once")                               # printed once, by the user's handler
+'''
+
+
+def test_get_logger_shows_info_while_logging_is_unconfigured_and_yields_to_configuration():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    env.pop(ad.log.DEFAULT_LOGGING_ENV_VAR, None)
+    run = subprocess.run([sys.executable, "-c", LOGGING_SCENARIOS], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert lines[0] == "[rank 0/1] last resort", run.stderr
+    assert lines[1].endswith(" INFO demo: [rank 0/1] shown 1"), run.stderr
+    assert lines[2].endswith(" ERROR demo: [rank 0/1] with traceback")
+    assert "ZeroDivisionError: division by zero" in run.stderr
+    assert "hidden" not in run.stderr
+    assert lines[-1] == "configured [rank 0/1] once" and run.stderr.count("once") == 1

@@ -145,7 +145,7 @@ def test_single_process_without_init():
 def test_mark_as_sharded_and_sharded_data_setter():
     spec = ShardingSpec((2, 2), ((0, 4),))
     t = ShardedFlatTensor(torch.arange(4.0))
-    assert not t.metadata_set and not t.is_sharded
+    assert t.metadata_set and not t.is_sharded  # OLMo-core: built by __new__, not yet marked
     t.mark_as_sharded(spec)
     assert t.is_sharded and t.unsharded_flattened_offsets == ((0, 4),) and t.sharded_numel == 4
     with pytest.raises(DistributedConfigError, match="already marked"):
@@ -177,7 +177,34 @@ def test_like_functions_deepcopy_and_module_use():
     lin = torch.nn.Linear(3, 2)
     lin.weight = ShardedFlatParameter.shard(lin.weight.detach(), requires_grad=True)
     assert lin.weight in list(lin.parameters())
-    assert "ShardedFlatParameter(" in repr(lin.weight) and "unsharded_shape=(2, 3)" in repr(lin.weight)
+    assert repr(lin.weight) == (
+        f"ShardedFlatParameter(local_tensor={lin.weight.sharded_data}, requires_grad=True)")
+
+
+@pytest.mark.parametrize("cls", [ShardedFlatTensor, ShardedFlatParameter])
+@pytest.mark.parametrize("make", ["_make_subclass", "as_subclass"])
+def test_instances_made_without_new_answer_metadata_set_is_sharded_and_repr(cls, make):
+    data = torch.arange(3.0)
+    t = torch.Tensor._make_subclass(cls, data, False) if make == "_make_subclass" else data.as_subclass(cls)
+    assert type(t) is cls
+    assert t.metadata_set is False and t.is_sharded is False
+    assert "[0., 1., 2.]" in repr(t) and "local_tensor=" not in repr(t)  # a plain tensor's repr
+    with pytest.raises(DistributedConfigError, match="not been marked"):
+        t.sharding_spec
+    t.mark_as_sharded(ShardingSpec((3,), ((0, 3),)))  # and it can still be marked
+    assert t.metadata_set and t.is_sharded and torch.equal(t.gather(), data)
+
+
+def test_repr_follows_olmo_core_format():
+    t = ShardedFlatTensor(torch.arange(4.0))
+    assert repr(t) == "ShardedFlatTensor(local_tensor=tensor([0., 1., 2., 3.]))"
+    t.mark_as_sharded(ShardingSpec((2, 2), ((0, 4),)))
+    t.unshard_()
+    assert repr(t) == ("ShardedFlatTensor(local_tensor=tensor([0., 1., 2., 3.]), "
+                       f"global_tensor={t.data})")
+    p = ShardedFlatParameter(torch.ones(2), requires_grad=False)
+    assert repr(p) == "ShardedFlatParameter(local_tensor=tensor([1., 1.]), requires_grad=False)"
+    assert repr(ShardedFlatParameter()) == "ShardedFlatParameter(local_tensor=tensor([]), requires_grad=True)"
 
 
 def test_meta_tensors_stay_on_meta():

@@ -541,3 +541,27 @@ def test_conjugate_and_negative_views_travel_exactly_through_every_helper():
                 pairs = zip(have, want) if isinstance(want, list) else [(have, want)]
                 for h, w in pairs:  # logical values (a pickled view may stay a view)
                     assert h.dtype == w.dtype and torch.equal(h, w), (name, helper, h, w)
+@pytest.mark.parametrize("call, message", [
+    (lambda: ad.compute_and_broadcast(42),
+     r"compute_and_broadcast\(fn=42\): fn must be a function .*pass a function, e\.g\. `lambda: 42`"),
+    (lambda: ad.gather_from_all_ranks(3.5),
+     r"gather_from_all_ranks\(fn=3\.5\): .*e\.g\. `lambda: 3\.5`"),
+    (lambda: ad.gather_scalar_from_all_ranks("x"),
+     r"gather_scalar_from_all_ranks\(fn='x'\): .*e\.g\. `lambda: 'x'`"),
+    (lambda: ad.reduce_and_broadcast(7, sum),
+     r"reduce_and_broadcast\(fn1=7\): fn1 must be a function .*`lambda: 7`"),
+    (lambda: ad.reduce_and_broadcast(lambda: 7, [1]),
+     r"reduce_and_broadcast\(fn2=\[1\]\): fn2 must be a function that combines .*e\.g\. sum"),
+])
+def test_value_helpers_given_a_value_instead_of_a_function_say_what_to_pass(call, message):
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+def test_value_helper_given_a_value_fails_on_every_rank_before_communicating():
+    def body():
+        with pytest.raises(TypeError, match="e.g. `lambda: 42`"):
+            ad.compute_and_broadcast(42)
+        return ad.reduce_and_broadcast(lambda: 1, sum)  # the group is still in step
+
+    assert run_distributed(body, 2, timeout=60) == [2, 2]

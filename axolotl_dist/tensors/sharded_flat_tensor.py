@@ -64,9 +64,12 @@ class ShardedFlatTensor(torch.Tensor):
     tensor shares its local shard and its sharding metadata.
     """
 
-    _afd_spec: Optional[ShardingSpec]
-    _afd_info: Optional[GroupInfo]
-    _afd_local: Optional[torch.Tensor]
+    # Class-level defaults: an instance made without __new__ (``torch.Tensor._make_subclass``,
+    # ``tensor.as_subclass(ShardedFlatTensor)``) reads as unmarked instead of raising
+    # AttributeError; ``metadata_set`` tells such an instance apart.
+    _afd_spec: Optional[ShardingSpec] = None
+    _afd_info: Optional[GroupInfo] = None
+    _afd_local: Optional[torch.Tensor] = None
 
     def __new__(cls: Type[T], data: Optional[torch.Tensor] = None, requires_grad: bool = False) -> T:
         if data is None:
@@ -183,8 +186,14 @@ class ShardedFlatTensor(torch.Tensor):
 
     @property
     def metadata_set(self) -> bool:
-        """Whether a sharding spec and process group have been set."""
-        return self._afd_spec is not None
+        """Whether this instance carries its metadata fields (OLMo-core's meaning).
+
+        True for every tensor built by ``ShardedFlatTensor(...)``, :meth:`shard` or a torch
+        ``*_like`` function, marked as sharded or not (:attr:`is_sharded` tells that); False
+        for one made by ``torch.Tensor._make_subclass`` or ``.as_subclass``, which bypass
+        ``__new__``. Such an instance still answers :attr:`is_sharded` (False) and ``repr``.
+        """
+        return "_afd_spec" in self.__dict__
 
     @property
     def is_sharded(self) -> bool:
@@ -409,15 +418,20 @@ class ShardedFlatTensor(torch.Tensor):
         return _take(flat, self.unsharded_flattened_offsets)
 
     # ------------------------------------------------------------------ python protocol
-    def __repr__(self) -> str:
-        body = repr(self.data)
-        if self._afd_spec is None or self._afd_info is None:
-            return f"{type(self).__name__}({body}, not marked as sharded)"
-        state = "sharded" if self.is_sharded else "unsharded"
-        return (
-            f"{type(self).__name__}({body}, {state}, group rank {self._afd_info.rank} of "
-            f"{self._afd_info.world_size}, unsharded_shape={self._afd_spec.unsharded_shape})"
-        )
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        """OLMo-core's format: ``ShardedFlatTensor(local_tensor=tensor([...]))``, plus
+        ``global_tensor=`` while unsharded in place (and ``requires_grad=`` for a parameter).
+        An instance without metadata (see :attr:`metadata_set`) prints as a plain tensor."""
+        if not self.metadata_set:
+            return torch.Tensor.__repr__(self, tensor_contents=tensor_contents)
+        fields = [f"local_tensor={self.sharded_data}"]
+        if self._afd_local is not None:
+            fields.append(f"global_tensor={self.data}")
+        fields.extend(self._repr_extra())
+        return f"{type(self).__name__}({', '.join(fields)})"
+
+    def _repr_extra(self) -> List[str]:
+        return []
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "ShardedFlatTensor":
         """A copy with cloned data (and gradient) sharing the spec and the process group."""
@@ -447,3 +461,6 @@ class ShardedFlatParameter(ShardedFlatTensor, nn.Parameter):  # type: ignore[mis
 
     def __new__(cls, data: Optional[torch.Tensor] = None, requires_grad: bool = True) -> "ShardedFlatParameter":
         return ShardedFlatTensor.__new__(cls, data, requires_grad)  # type: ignore[return-value]
+
+    def _repr_extra(self) -> List[str]:
+        return [f"requires_grad={self.requires_grad}"]

@@ -1,0 +1,142 @@
+"""The examples on the real stack and through the launchers users run, with 2 real processes.
+
+``examples/hf_finetune.py`` (Hugging Face datasets, tokenizers, transformers) through
+``axolotl-dist -n 2``: the loss goes down, and rank 1 loads rank 0's ``datasets`` cache file
+instead of calling the map function. Both fine-tuning examples through ``accelerate launch``
+with two CPU processes. Needs the ``hf`` extra; each launch is bounded by a timeout, every
+cache lives under the test's ``tmp_path``, and nothing touches the network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+for _module in ("datasets", "tokenizers", "transformers", "accelerate"):
+    pytest.importorskip(_module, reason="needs the hf extra: pip install -e '.[hf]'")
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_TIMEOUT = 150  # below pytest-timeout's 180 s, so a stuck launch is reported with its output
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                 "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")
+
+
+def _env(tmp_path: Path) -> Dict[str, str]:
+    """This checkout first on the path, offline, every cache under ``tmp_path``, no launcher env."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "OMPI_", "PET_", "TORCHELASTIC_",
+                                                           "ACCELERATE_"))}
+    home = tmp_path / "hf_home"
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(home),
+               HF_DATASETS_CACHE=str(home / "datasets"), XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _descendants(pid: int) -> List[int]:
+    """``pid``'s child processes, recursively (launchers put ranks in their own sessions)."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    for victim in [pid] + _descendants(pid):
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _run(cmd: List[str], tmp_path: Path) -> Tuple[int, str, str]:
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd} did not finish in {LAUNCH_TIMEOUT}s:\n{out}\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:  # interrupted (Ctrl-C, pytest-timeout): leave nothing behind
+            _kill_tree(proc.pid)
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def _losses(out: str) -> List[float]:
+    return [float(m) for m in re.findall(r"^step \d+ loss=([0-9.]+)$", out, re.MULTILINE)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accelerate_launch(script: str, *args: str) -> List[str]:
+    """``accelerate launch`` with no config file: the flags that start 2 CPU processes.
+
+    ``--multi_gpu`` makes it start ``--num_processes`` processes through torchrun even without
+    a GPU (``--cpu`` would silently start one); the other flags are the values it would
+    otherwise read from a config file (and warn about).
+    """
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), script, *args]
+
+
+def test_hf_example_two_ranks_rank1_loads_rank0s_datasets_cache(tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    code, out, err = _run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2",
+                           "examples/hf_finetune.py", "--output-dir", str(out_dir)], tmp_path)
+    assert code == 0, err[-3000:]
+
+    maps = dict((int(r), (int(n), f)) for r, n, f in
+                re.findall(r"^rank (\d) map calls=(\d+) cache=(\S+)$", out, re.MULTILINE))
+    assert set(maps) == {0, 1}, out
+    assert maps[0][0] >= 1, "rank 0 must run the tokenize function"
+    assert maps[1][0] == 0, "rank 1 must load rank 0's cache file instead of calling the map function"
+    assert maps[0][1] == maps[1][1] and maps[0][1].startswith("cache-")
+    (cache_file,) = list(out_dir.glob(f"data_*/raw/{maps[0][1]}"))  # datasets' file, on disk
+    assert cache_file.stat().st_size > 0
+
+    losses = _losses(out)
+    assert len(losses) == 5 and out.count("step 1 loss=") == 1, out  # main process only
+    assert losses[-1] < losses[0] * 0.6, losses
+    assert "done: ranks=2 steps=40 tokens=20480 " in out  # 2 ranks x 40 steps x 8 x 32, agreed
+    assert err.count("INFO hf_finetune: [rank 0/2] wrote 1200 lines") == 1, err[-3000:]
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (out_dir / "checkpoint" / name).is_file(), name
+    assert not (tmp_path / "hf_home" / "hub").exists()  # nothing fetched from the hub
+
+
+@pytest.mark.parametrize("script", ["examples/finetune.py", "examples/hf_finetune.py"])
+def test_examples_through_accelerate_launch_on_two_cpu_processes(script: str, tmp_path: Path) -> None:
+    code, out, err = _run(_accelerate_launch(script, "--output-dir", str(tmp_path / "out")), tmp_path)
+    assert code == 0, err[-3000:]
+    assert re.search(r"^done: ranks=2 steps=\d+ tokens=\d+ ", out, re.MULTILINE), out  # 2 processes
+    losses = _losses(out)
+    assert len(losses) >= 4 and losses[-1] < losses[0], losses
+    if script.endswith("hf_finetune.py"):
+        assert "rank 1 map calls=0 cache=cache-" in out, out
