@@ -7,27 +7,31 @@
   own call site with it (one ``compare_set``), so blocks that do not pair (a block only some
   ranks enter shifts the numbering) raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
   on every rank, naming both sites, instead of releasing a rank early;
-* ``arrived``: +1 per rank that reached the block, and ``mask/<i>`` a bit per rank (read only
-  to name the ranks a wait still depends on); ``state``: +1 per first rank that finished its
-  body, +:data:`FAILED` when one raised; both get +:data:`MISMATCH` on a mismatch;
-* ``nfirst`` and ``first/<k>`` (explicit ``is_main``): each first rank's global rank, with
-  ``|done`` appended once its body finished;
-* ``error`` / ``mismatch``: the failure for the other ranks, acknowledged by each reader
-  (``<key>/ack/<rank>``) so a store host lingers until they have read it;
-* ``fin``: +1 per rank done with the block's keys; the rank that makes it the world size
-  deletes them all, so a loop of blocks does not grow the store.
+* ``state``: the block's counters packed in one store integer, so that one ``add`` both
+  updates and reads them (:class:`_Tally`): which ranks arrived, how many first ranks
+  registered and finished, how many ranks are done with the block's keys, and the
+  failed / mismatch flags. Beyond 31 ranks the arrival bits move to ``mask/<i>`` and the
+  done / finished counts to ``tally``;
+* ``firsts/<i>`` (explicit ``is_main``): for 31 ranks each, a bit per first rank and one per
+  first rank done;
+* ``error`` / ``mismatch``: the failure for the other ranks (the first published wins, by
+  ``compare_set``), acknowledged by each reader (``<key>/ack/<rank>``) so a store host
+  lingers until they have read it.
 
-A first rank waits for nobody before its body; when its outermost first-run block ends it waits
-until every rank has reached each block it ran first (so nested blocks cannot deadlock), like
-the barrier that ends axolotl's and accelerate's versions. ``do_n_at_a_time`` call ``seq``
-keeps ``done/<round>`` counters, ``failed``, ``error`` and ``fin`` under ``axd/dn/<seq>/``.
+A block costs each rank three or four store round trips when nobody has to wait, and the rank
+that finishes last deletes its two or three keys, so a loop of blocks does not grow the store.
+A first rank waits for nobody before its body; when its outermost first-run block ends it
+waits until every rank has reached each block it ran first (so nested blocks cannot
+deadlock), like the barrier that ends axolotl's and accelerate's versions.
+``do_n_at_a_time`` call ``seq`` keeps ``done/<round>`` counters, ``failed``, ``error`` and
+``fin`` under ``axd/dn/<seq>/``.
 """
 
 from __future__ import annotations
 
 import pickle
 import threading
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 from ._callsite import CallSite
 from ._signals import (
@@ -39,21 +43,52 @@ from ._signals import (
     read_error,
     store_errors,
 )
-from .errors import CollectiveMismatchError
+from .errors import CollectiveMismatchError, failure_report
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["MISMATCH", "FAILED", "ZeroFirstBlock", "first_run_begin", "first_run_end", "run_in_rounds"]
-
-#: Added to a block's counters when two ranks reached it from different call sites.
-MISMATCH = 1 << 40
-#: Added to a block's state when a first rank raised.
-FAILED = 1 << 20
-#: Ranks per arrival mask key (bits of a signed 64-bit store counter).
-_MASK_BITS = 62
+__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "run_in_rounds"]
 
 T = TypeVar("T")
+
+#: Up to this many ranks a block's counters and arrival bits share one store integer.
+_PACKED = 31
+_FAILED = 1 << 56
+_MISMATCH = 1 << 57
+_MASK_BITS = 62  # arrival bits per ``mask/<i>`` key beyond _PACKED ranks
+_WIDE = (1 << 28) - 1
+
+
+class _Counts(NamedTuple):
+    arrived: int
+    firsts: int
+    done: int
+    fin: int
+    failed: bool
+    mismatch: bool
+
+
+class _Tally:
+    """How a block's counters sit in store integers (see the module docstring)."""
+
+    def __init__(self, ws: int) -> None:
+        self.packed = ws <= _PACKED
+        if self.packed:  # state: arrival bits 0-30, firsts 32-39, done 40-47, fin 48-55
+            self.first, self.done, self.fin = 1 << 32, 1 << 40, 1 << 48
+        else:  # state: arrived 0-27, firsts 28-55; tally: done 0-27, fin 28-55
+            self.first, self.done, self.fin = 1 << 28, 1, 1 << 28
+
+    def arrival(self, rank: int) -> int:
+        return 1 << rank if self.packed else 1
+
+    def counts(self, state: int, tally: int = 0) -> _Counts:
+        failed, mismatch = bool(state & _FAILED), bool(state & _MISMATCH)
+        if self.packed:
+            return _Counts(bin(state & 0x7FFFFFFF).count("1"), (state >> 32) & 0xFF,
+                           (state >> 40) & 0xFF, (state >> 48) & 0xFF, failed, mismatch)
+        return _Counts(state & _WIDE, (state >> 28) & _WIDE, tally & _WIDE, (tally >> 28) & _WIDE,
+                       failed, mismatch)
 
 
 class ZeroFirstBlock:
@@ -68,6 +103,24 @@ class ZeroFirstBlock:
         self.p = f"axd/zf/{seq}"
         self.seq = seq
         self.what = f"zero_first block #{seq} at {site}"
+        self.tally = _Tally(ws)
+        self.now = _Counts(0, 0, 0, 0, False, False)  # the counts last read
+
+    # -- the counters ---------------------------------------------------------------------
+
+    def _add(self, state: int = 0, tally: int = 0) -> _Counts:
+        """Add to the counters (0: just read them); remember and return what they say now."""
+        s = self.store.add(f"{self.p}/state", state)
+        t = 0 if self.tally.packed else self.store.add(f"{self.p}/tally", tally)
+        self.now = self.tally.counts(s, t)
+        return self.now
+
+    def _flag(self, key: str, payload: bytes, flag: int) -> bool:
+        """Publish ``payload`` under ``key`` unless another rank's came first; True if ours."""
+        if self.store.compare_set(key, "", payload) != payload:
+            return False
+        self.store.add(f"{self.p}/state", flag)
+        return True
 
     # -- arriving -------------------------------------------------------------------------
 
@@ -80,12 +133,15 @@ class ZeroFirstBlock:
                 other, key, where = have.split("|", 2)
                 if key != self.site.key:
                     self._publish_mismatch(int(other), where)
-            if self.explicit and self.first:
-                self.k = self.store.add(f"{self.p}/nfirst", 1)
-                self.store.set(f"{self.p}/first/{self.k}", str(self.globals[self.rank]))
-            word, bit = divmod(self.rank, _MASK_BITS)
-            self.store.add(f"{self.p}/mask/{word}", 1 << bit)
-            if self.store.add(f"{self.p}/arrived", 1) >= MISMATCH:
+            registers = self.explicit and self.first
+            if registers:
+                key, bit = self._first_bit()
+                self.store.add(key, 1 << bit)
+            if not self.tally.packed:
+                word, bit = divmod(self.rank, _MASK_BITS)
+                self.store.add(f"{self.p}/mask/{word}", 1 << bit)
+            arrival = self.tally.arrival(self.rank) + (self.tally.first if registers else 0)
+            if self._add(arrival).mismatch:
                 raise self._stored("mismatch")
 
     def _publish_mismatch(self, other: int, other_site: str) -> None:
@@ -96,9 +152,8 @@ class ZeroFirstBlock:
             "zero_first blocks in the same order: a zero_first inside a @zero_only function, "
             "or under an `if` on the rank, runs on some ranks only.",
             calls={other: f"zero_first at {other_site}", self.rank: f"zero_first at {self.site}"})
-        self.store.set(f"{self.p}/mismatch", pickle.dumps((self.rank, error)))
-        self.store.add(f"{self.p}/state", MISMATCH)
-        self.store.add(f"{self.p}/arrived", MISMATCH)
+        if not self._flag(f"{self.p}/mismatch", pickle.dumps((self.rank, error)), _MISMATCH):
+            raise self._stored("mismatch")  # another pair of ranks found it first
         await_readers(self.store, f"{self.p}/mismatch",
                       [r for r in range(self.ws) if r != self.rank], self.group)
         raise error
@@ -117,23 +172,37 @@ class ZeroFirstBlock:
         await_readers(self.store, key, readers, self.group)
         return error
 
-    def _firsts(self) -> Dict[int, bool]:
-        """Global rank -> done, of every first rank registered so far (explicit ``is_main``)."""
-        n = self.store.add(f"{self.p}/nfirst", 0)
-        if not n:
-            return {}
-        values = self.store.multi_get([f"{self.p}/first/{i}" for i in range(1, n + 1)])
-        return {int(v.split(b"|")[0]): v.endswith(b"|done") for v in values}
+    def _first_bit(self) -> Tuple[str, int]:
+        """This rank's ``firsts/<i>`` key and bit (its done bit is 31 higher)."""
+        word, bit = divmod(self.rank, 31)
+        return f"{self.p}/firsts/{word}", bit
+
+    def _first_words(self) -> List[int]:
+        return [self.store.add(f"{self.p}/firsts/{w}", 0) for w in range(-(-self.ws // 31))]
+
+    def _firsts(self) -> List[int]:
+        """Group ranks that go first: rank 0, or those that registered (explicit ``is_main``)."""
+        if not self.explicit:
+            return [0]
+        words = self._first_words()
+        return [r for r in range(self.ws) if words[r // 31] >> (r % 31) & 1]
+
+    def _running_firsts(self) -> List[int]:
+        """Global ranks of the first ranks whose body has not finished."""
+        words = self._first_words()
+        return [self.globals[r] for r in range(self.ws)
+                if words[r // 31] >> (r % 31) & 1 and not words[r // 31] >> (r % 31 + 31) & 1]
 
     def _readers(self) -> List[int]:
         """The group ranks that read this block's failure: the ranks that wait for it."""
-        if not self.explicit:
-            return list(range(1, self.ws))
-        firsts = self._firsts()
-        return [r for r in range(self.ws) if self.globals[r] not in firsts]
+        firsts = set(self._firsts())
+        return [r for r in range(self.ws) if r not in firsts]
 
     def _not_arrived(self) -> List[int]:
         """Global ranks that have not reached this block yet."""
+        if self.tally.packed:
+            bits = self.store.add(f"{self.p}/state", 0) & 0x7FFFFFFF
+            return [g for r, g in enumerate(self.globals) if not bits >> r & 1]
         words = -(-self.ws // _MASK_BITS)
         masks = [self.store.add(f"{self.p}/mask/{w}", 0) for w in range(words)]
         return [g for r, g in enumerate(self.globals)
@@ -145,74 +214,82 @@ class ZeroFirstBlock:
         """This first rank's body finished."""
         with store_errors(self.what):
             if self.explicit:
-                self.store.set(f"{self.p}/first/{self.k}", f"{self.globals[self.rank]}|done")
-            self.store.add(f"{self.p}/state", 1)
+                key, bit = self._first_bit()
+                self.store.add(key, 1 << (bit + 31))
+            if self.tally.packed:
+                self._add(self.tally.done)
+            else:
+                self._add(0, self.tally.done)
 
     def fail(self, exc: BaseException) -> None:
         """This first rank's body raised ``exc``: tell the waiting ranks (never raises)."""
-        publish_error(self.store, f"{self.p}/error", self.rank, exc, self.what)
         try:
-            self.store.add(f"{self.p}/state", FAILED)
+            ours = self._flag(f"{self.p}/error", failure_report(self.rank, exc, self.what), _FAILED)
             readers = self._readers()
         except Exception:  # noqa: BLE001 - the store is gone: nobody can be told
+            publish_error(self.store, f"{self.p}/error", self.rank, exc, self.what)
             return
-        await_readers(self.store, f"{self.p}/error", readers, self.group)
+        if ours:
+            await_readers(self.store, f"{self.p}/error", readers, self.group)
 
     def await_arrivals(self, timeout: Optional[float]) -> None:
         """Wait until every rank has reached this block (and raise if they do not pair)."""
-        poll_until(lambda: self.store.add(f"{self.p}/arrived", 0) >= self.ws,
-                   watch=self._not_arrived, timeout=timeout, me=self.rank,
-                   what=f"{self.what} (waiting for every rank to reach it)")
+        if not (self.now.arrived >= self.ws or self.now.mismatch):  # not known yet: poll
+            poll_until(lambda: self._add().arrived >= self.ws or self.now.mismatch,
+                       watch=self._not_arrived, timeout=timeout, me=self.rank,
+                       what=f"{self.what} (waiting for every rank to reach it)")
         with store_errors(self.what):
-            if self.store.add(f"{self.p}/arrived", 0) >= MISMATCH:
+            if self.now.mismatch:
                 raise self._stored("mismatch")
             self.finish()
 
     # -- a waiting rank -------------------------------------------------------------------
 
+    def _released(self) -> bool:
+        now = self.now
+        if now.failed or now.mismatch:
+            return True
+        if not self.explicit:
+            return now.done >= 1
+        return now.arrived == self.ws and now.done == now.firsts
+
     def await_firsts(self, timeout: Optional[float]) -> None:
         """Wait until the first rank(s) are done; raise their failure or a mismatch."""
-        store, p = self.store, self.p
-        if not self.explicit:
-            def ready() -> bool:
-                return store.add(f"{p}/state", 0) != 0
-
+        if self.explicit:
+            def watch() -> Sequence[int]:  # the firsts still running and the ranks not here
+                return sorted(set(self._running_firsts()) | set(self._not_arrived()))
+        else:
             def watch() -> Sequence[int]:
                 return [self.globals[0]]
-        else:
-            def ready() -> bool:
-                state = store.add(f"{p}/state", 0)
-                if state >= FAILED:
-                    return True
-                arrived = store.add(f"{p}/arrived", 0)
-                return arrived >= MISMATCH or (
-                    arrived == self.ws and state == store.add(f"{p}/nfirst", 0))
 
-            def watch() -> Sequence[int]:  # the firsts still running and the ranks not here
-                running = [g for g, done in self._firsts().items() if not done]
-                return sorted(set(running) | set(self._not_arrived()))
+        def released() -> bool:
+            self._add()
+            return self._released()
 
-        poll_until(ready, watch=watch, timeout=timeout, what=self.what, me=self.rank)
+        if not self._released():  # the arrival's own read did not release us: poll
+            poll_until(released, watch=watch, timeout=timeout, what=self.what, me=self.rank)
         with store_errors(self.what):
-            state = store.add(f"{p}/state", 0)
-            if state >= MISMATCH or store.add(f"{p}/arrived", 0) >= MISMATCH:
+            if self.now.mismatch:
                 raise self._stored("mismatch")
-            if state >= FAILED:
+            if self.now.failed:
                 raise self._stored("error")
             self.finish()
 
     # -- cleaning up ----------------------------------------------------------------------
 
     def finish(self) -> None:
-        """This rank reads none of the block's keys again; the last one deletes them."""
-        store, p = self.store, self.p
-        if store.add(f"{p}/fin", 1) != self.ws:
+        """This rank reads none of the block's keys again; the last one deletes them (every
+        rank got here, so nothing failed: no ``error`` or ``mismatch`` key exists)."""
+        fin = self._add(self.tally.fin) if self.tally.packed else self._add(0, self.tally.fin)
+        if fin.fin != self.ws:
             return
-        n = store.add(f"{p}/nfirst", 0)
-        for name in ["site", "arrived", "state", "error", "mismatch", "nfirst", "fin",
-                     *(f"first/{i}" for i in range(1, n + 1)),
-                     *(f"mask/{w}" for w in range(-(-self.ws // _MASK_BITS)))]:
-            store.delete_key(f"{p}/{name}")
+        names = ["site", "state"]
+        if self.explicit:
+            names += [f"firsts/{w}" for w in range(-(-self.ws // 31))]
+        if not self.tally.packed:
+            names += ["tally", *(f"mask/{w}" for w in range(-(-self.ws // _MASK_BITS)))]
+        for name in names:
+            self.store.delete_key(f"{self.p}/{name}")
 
 
 class _FirstRuns(threading.local):

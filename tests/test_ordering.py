@@ -679,3 +679,41 @@ def test_get_logger_shows_info_while_logging_is_unconfigured_and_yields_to_confi
     assert "ZeroDivisionError: division by zero" in run.stderr
     assert "hidden" not in run.stderr
     assert lines[-1] == "configured [rank 0/1] once" and run.stderr.count("once") == 1
+
+
+def test_the_wide_block_layout_beyond_31_ranks(tmp_path):
+    # above 31 ranks a block's arrival bits and counts move to separate keys; force that
+    # layout on 3 ranks and run ordering, several first ranks, a failure and the cleanup
+    def body():
+        from axolotl_dist import _blocks, _signals
+
+        _blocks._PACKED = 0
+        rank = ad.get_rank()
+        count = _signals.world_store().num_keys
+        ad.barrier()
+        before = count()
+        for i in range(20):
+            with ad.zero_first():
+                _stamp(tmp_path, rank, f"default-{i}")
+            with ad.zero_first(is_main=rank != 1):
+                _stamp(tmp_path, rank, f"explicit-{i}")
+        ad.barrier()
+        after = count()
+        ad.barrier()
+        failed = None  # rank 0, a first rank too, runs its own body and waits for nobody
+        try:
+            with ad.zero_first(is_main=rank in (0, 2)):
+                if rank == 2:
+                    raise KeyError("wide")
+        except (KeyError, ad.RankFailedError) as exc:
+            failed = type(exc).__name__, getattr(exc, "rank", None)
+        return after - before, failed
+
+    out = run_distributed(body, 3, timeout=60)
+    for r, (grown, failed) in enumerate(out):
+        assert grown <= 4, grown
+        assert failed == {0: None, 1: ("RankFailedError", 2), 2: ("KeyError", None)}[r], failed
+    t = {(r, e): ts for ts, r, e in _events(tmp_path)}
+    for i in range(20):
+        assert t[(1, f"default-{i}")] >= t[(0, f"default-{i}")]
+        assert t[(1, f"explicit-{i}")] >= max(t[(0, f"explicit-{i}")], t[(2, f"explicit-{i}")])
