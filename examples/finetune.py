@@ -149,11 +149,6 @@ def main() -> None:
         epoch += 1
     if bar is not None:
         bar.close()
-    # DDP's reducer holds a reference to the process group; drop it while the group is alive,
-    # so that it is not the reducer that destroys the group after cleanup_distributed() (its
-    # destructor runs holding the GIL and can deadlock with gloo's worker thread).
-    del ddp
-
     # Every rank saw different windows: agree on the totals (one all-gather, exact ints).
     tokens = ad.reduce_and_broadcast(lambda: local_tokens, sum)
     mean_first = ad.reduce_and_broadcast(lambda: losses[0], lambda xs: sum(xs) / len(xs))

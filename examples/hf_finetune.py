@@ -178,11 +178,6 @@ def main() -> None:
                 break
         epoch += 1
     bar.close()
-    # DDP's reducer holds a reference to the process group; drop it while the group is alive,
-    # so that it is not the reducer that destroys the group after cleanup_distributed() (its
-    # destructor runs holding the GIL and can deadlock with gloo's worker thread).
-    del ddp
-
     # Every rank saw different blocks: agree on the totals (one all-gather each, exact).
     tokens = ad.reduce_and_broadcast(lambda: local_tokens, sum)
     first = ad.reduce_and_broadcast(lambda: losses[0], lambda xs: sum(xs) / len(xs))
