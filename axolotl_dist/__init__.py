@@ -6,6 +6,11 @@ split across ranks), :mod:`axolotl_dist.parallel` device meshes, :mod:`axolotl_d
 sharded flat tensors, :mod:`axolotl_dist.launch` the launcher and :mod:`axolotl_dist.testing`
 a multi-process test harness. Importing this package never creates a process group, and never
 imports ``datasets`` (only calling ``shared_map`` does).
+
+Under the public modules, each private module (``_groups``: per-group state, ``_backends``:
+backend -> devices, ``_envvars``: env parsing, ``_procs``: processes, ``_signals``: failure
+signals...) holds one concept the public ones share; README's "Where each concept lives" lists
+them all.
 """
 
 from __future__ import annotations

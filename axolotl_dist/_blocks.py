@@ -34,9 +34,9 @@ import threading
 from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 from ._callsite import CallSite
+from ._groups import global_ranks
 from ._signals import (
     await_readers,
-    global_ranks,
     group_store,
     poll_until,
     publish_error,

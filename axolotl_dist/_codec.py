@@ -28,7 +28,7 @@ import torch
 
 from .errors import RankFailedError, failure_report
 
-__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "needs_payload",
+__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode",
            "scalar_header", "decode_scalar"]
 
 HEADER_LEN = 4
@@ -157,10 +157,6 @@ def payload_len(header: List[int]) -> int:
     return 0
 
 
-def needs_payload(header: List[int]) -> bool:
-    return header[0] >= PICKLE
-
-
 def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[torch.device] = None) -> Any:
     """Rebuild a value; an ERROR header raises :class:`RankFailedError`."""
     kind = header[0]
@@ -219,11 +215,6 @@ def split_payloads(headers: List[List[int]], flat: torch.Tensor, stride: int) ->
         n = payload_len(header)
         out.append(flat[i * stride:i * stride + n] if n else None)
     return out
-
-
-def header_rows(tensor: torch.Tensor, world_size: int) -> List[List[int]]:
-    """The gathered header tensor as a list of per-rank header lists."""
-    return tensor.view(world_size, HEADER_LEN).tolist()
 
 
 def first_error(headers: List[List[int]]) -> Optional[int]:

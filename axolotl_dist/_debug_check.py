@@ -30,17 +30,22 @@ import hashlib
 import os
 import pickle
 import time
-import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _signals, _teardown
+from ._groups import global_rank, next_sequence, state_of
 from .errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["ABORT", "KEEP_CALLS", "check", "first_rank_block"]
+__all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "check", "first_rank_block"]
+
+#: The per-group call counter (see :mod:`axolotl_dist._groups`) debug checks are numbered by.
+SEQUENCE_KIND = "debug"
+#: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
+DEBUG_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_DEBUG_TIMEOUT"
 
 #: Added to a call's arrival counter when a rank gave up on it.
 ABORT = 1 << 40
@@ -112,18 +117,14 @@ class _GroupLog:
         self.first_depth = 0  # zero_first blocks this rank is running first, nested
 
 
-_LOGS: "weakref.WeakKeyDictionary[Any, _GroupLog]" = weakref.WeakKeyDictionary()
-
-
 def _log_of(group: Optional["ProcessGroup"], create: bool) -> Optional[_GroupLog]:
     """This rank's :class:`_GroupLog` of ``group`` (the default group if None)."""
-    import torch.distributed as dist
-
-    key = group if group is not None else dist.distributed_c10d._world.default_pg
-    log = _LOGS.get(key)
-    if log is None and create:
-        log = _LOGS[key] = _GroupLog()
-    return log
+    state = state_of(group)
+    if state is None:
+        return None
+    if state.debug is None and create:
+        state.debug = _GroupLog()
+    return state.debug
 
 
 def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], site: str, *,
@@ -131,14 +132,12 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
     """Check this call of helper ``name`` against the other ranks of ``group`` (see above)."""
     import torch.distributed as dist
 
-    from .ranks import get_rank, get_world_size
-
     _teardown.start_services()
-    rank, ws = get_rank(group), get_world_size(group)
-    me = Call(rank, rank if group is None else dist.get_global_rank(group, rank), name, agree, site)
+    rank, ws = dist.get_rank(group), dist.get_world_size(group)
+    me = Call(rank, global_rank(group, rank), name, agree, site)
     log = _log_of(group, create=True)
     assert log is not None
-    seq = _signals.next_sequence(group, "debug")
+    seq = next_sequence(group, SEQUENCE_KIND)
     try:
         ctx = _Ctx(_signals.group_store(group), seq, me, ws, group, log, timeout)
         _post(ctx)
@@ -328,8 +327,6 @@ def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
 def _dead_ranks(ctx: _Ctx, watcher: _signals.Watch, now: float, all_ranks: bool) -> Dict[int, str]:
     """Missing group ranks whose process is known to be gone, with why. The monitor looks at
     every missing rank; the others only at rank 0 (one round trip), whom nobody else watches."""
-    import torch.distributed as dist
-
     if all_ranks:
         present = set(_present(ctx))
         missing = [r for r in range(ctx.ws) if r not in present]
@@ -338,7 +335,7 @@ def _dead_ranks(ctx: _Ctx, watcher: _signals.Watch, now: float, all_ranks: bool)
     dead: Dict[int, str] = {}
     for rank in missing:
         try:
-            watcher.check([rank if ctx.group is None else dist.get_global_rank(ctx.group, rank)], now)
+            watcher.check([global_rank(ctx.group, rank)], now)
         except RankFailedError as exc:
             dead[rank] = exc.exc_message
     return dead
@@ -391,8 +388,6 @@ def _mismatch_error(ctx: _Ctx, calls: List[Call]) -> CollectiveMismatchError:
 
 
 def _missing_error(ctx: _Ctx, calls: List[Call], dead: Dict[int, str]) -> CollectiveMismatchError:
-    from .debug import DEBUG_TIMEOUT_ENV_VAR
-
     log, where = ctx.log, f"call #{ctx.seq} ({ctx.me.call()}) on {_group_name(ctx.group)}"
     missing = _missing_ranks(calls, ctx.ws)
     if dead:

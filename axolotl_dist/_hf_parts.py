@@ -18,11 +18,11 @@ Imported only once ``datasets`` is known to be installed.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import os
 import socket
-import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -35,7 +35,7 @@ from datasets.fingerprint import (
     validate_fingerprint,
 )
 
-from .data import shard_bounds
+from ._shards import shard_bounds
 
 __all__ = [
     "MapCall",
@@ -72,7 +72,7 @@ def _maps_identity() -> Callable[[Any], Any]:
                and c.co_name == "<lambda>" and c.co_argcount == 1]
     if len(lambdas) != 1:  # another datasets version: hashes differ, results do not
         return lambda x: x  # noqa: E731
-    return types.FunctionType(lambdas[0], sys.modules[Dataset.__module__].__dict__)
+    return types.FunctionType(lambdas[0], vars(importlib.import_module(Dataset.__module__)))
 
 
 @dataclasses.dataclass

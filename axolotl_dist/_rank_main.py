@@ -25,11 +25,14 @@ import traceback
 from types import TracebackType
 from typing import List, Optional
 
+from . import _procs
+from ._envvars import TORCHRUN_NODE_ALIASES
+from ._procs import LAUNCHER_PID_ENV_VAR
+
 __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "main"]
 
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
-LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
 #: Where each rank records how and when its script ended (set by the launcher).
 END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
 _PR_SET_PDEATHSIG = 1
@@ -42,21 +45,6 @@ def _prctl_pdeathsig(sig: int) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
         return False
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie, killed but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):  # pragma: no cover - no procfs: trust kill()
-        return True
 
 
 def _start_guard() -> None:
@@ -78,7 +66,7 @@ def _start_guard() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if _prctl_pdeathsig(signal.SIGTERM) and os.getppid() == rank_pid:
             signal.sigwait({signal.SIGTERM})
-        if not _alive(int(launcher)):
+        if not _procs.alive(int(launcher)):
             os.killpg(group, signal.SIGKILL)
     except BaseException:  # noqa: BLE001 - the guard must never outlive its purpose
         pass
@@ -97,12 +85,12 @@ def _die_with_launcher() -> None:
 
 
 def _set_node_env() -> None:
-    group_rank = os.environ.get("GROUP_RANK")
-    if group_rank is not None:
-        os.environ["NODE_RANK"] = group_rank
-    group_size = os.environ.get("GROUP_WORLD_SIZE")
-    if group_size is not None:
-        os.environ["NUM_NODES"] = group_size
+    """Copy torchrun's node names (``GROUP_RANK``...) to the kit's (``NODE_RANK``...), for user
+    code that reads the env itself; the kit reads either."""
+    for ours, torchrun in TORCHRUN_NODE_ALIASES:
+        value = os.environ.get(torchrun)
+        if value is not None:
+            os.environ[ours] = value
 
 
 def _user_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:

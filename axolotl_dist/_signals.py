@@ -44,6 +44,9 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTup
 
 import torch.distributed as dist
 
+from . import _procs
+from ._envvars import read_seconds
+from ._groups import global_ranks, resolve
 from .errors import (DistributedEnvError, RankFailedError, RankTimeoutError, failure_report,
                      learnt_failure)
 
@@ -61,7 +64,6 @@ __all__ = [
     "Watch",
     "group_store",
     "world_store",
-    "next_sequence",
     "store_host",
     "hosts_store",
     "is_store_error",
@@ -79,7 +81,6 @@ __all__ = [
     "await_peers_exit",
     "linger_timeout",
     "diagnose_lost_peer",
-    "global_ranks",
 ]
 
 log = logging.getLogger("axolotl_dist")
@@ -98,20 +99,6 @@ _SILENT_AFTER = 3.0 * HEARTBEAT_INTERVAL
 HOST = socket.gethostname()
 
 
-def _seconds_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value != value or value == float("inf"):
-        raise DistributedEnvError(
-            f"{name}={raw!r} must be a positive number of seconds: set e.g. {name}={default:g}")
-    return value
-
-
 # --- stores and sequence numbers --------------------------------------------------------------
 
 def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
@@ -126,30 +113,6 @@ def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
 def world_store() -> "Store":
     """The world's store, where heartbeats, peer records and exit records live."""
     return group_store(None)
-
-
-def global_ranks(group: Optional["ProcessGroup"]) -> List[int]:
-    """Global rank of every group rank, in group-rank order."""
-    if group is None:
-        return list(range(dist.get_world_size()))
-    return list(dist.get_process_group_ranks(group))
-
-
-# Weak keys: holding a process group past destroy_process_group() makes it die at interpreter
-# exit, where gloo's threads abort the process.
-_SEQ: "weakref.WeakKeyDictionary[Any, Dict[str, int]]" = weakref.WeakKeyDictionary()
-
-
-def next_sequence(group: Optional["ProcessGroup"], kind: str) -> int:
-    """A per-group, per-kind call counter; every rank of the group must call in the same order."""
-    from torch.distributed import distributed_c10d as c10d
-
-    pg = group if group is not None else c10d._world.default_pg
-    counters = _SEQ.get(pg)
-    if counters is None:
-        counters = _SEQ[pg] = {}
-    seq = counters[kind] = counters.get(kind, 0) + 1
-    return seq
 
 
 # --- where the store lives -------------------------------------------------------------------
@@ -238,7 +201,7 @@ _PEERS: Dict[int, Peer] = {}  # global rank -> record, copied from the store by 
 
 def _launcher() -> str:
     env = os.environ
-    if env.get("AXOLOTL_DIST_LAUNCHER_PID"):
+    if env.get(_procs.LAUNCHER_PID_ENV_VAR):
         return "axolotl-dist"
     if any(k.startswith("ACCELERATE_") for k in env) and env.get("TORCHELASTIC_RUN_ID"):
         return "accelerate launch"
@@ -279,7 +242,7 @@ class _Heartbeat:
         self.stop = threading.Event()
         self.store = store
         self.interval = interval
-        self.pg = dist.distributed_c10d._world.default_pg
+        self.pg = resolve(None)
         self.host_rank = store_host()
         me = Peer(HOST, os.getpid(), _launcher())
         _PEERS[rank] = me
@@ -302,12 +265,12 @@ class _Heartbeat:
         if self.host_rank is None or self.host_rank == self.rank:
             return False
         peer = _PEERS.get(self.host_rank)
-        return peer is not None and peer.host == HOST and _proc_state(peer.pid) == "gone"
+        return peer is not None and peer.host == HOST and _procs.proc_state(peer.pid) == "gone"
 
     def _run(self) -> None:
         key = f"axd/hb/{self.rank}"
         while not self.stop.wait(self.interval):
-            if dist.distributed_c10d._world.default_pg is not self.pg or self._store_host_gone():
+            if resolve(None) is not self.pg or self._store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
             try:
                 self.store.add(key, 1)
@@ -326,7 +289,7 @@ _EXIT_STORE: Optional[Tuple["Store", int, Any]] = None
 def start_heartbeat() -> None:
     """Record this rank and start its heartbeat thread for the current default group (idempotent)."""
     global _HEARTBEAT, _EXIT_STORE
-    pg = dist.distributed_c10d._world.default_pg
+    pg = resolve(None)
     if pg is None:
         return
     with _HB_LOCK:
@@ -360,26 +323,6 @@ def stop_heartbeat() -> None:
 
 # --- judging other ranks ---------------------------------------------------------------------
 
-def _proc_state(pid: int) -> Optional[str]:
-    """``"gone"``, ``"stopped"``, ``"running"`` for a pid on this host (None if unknowable)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "gone"
-    except PermissionError:
-        return "running"
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-    if state in (b"Z", b"X"):
-        return "gone"
-    if state in (b"T", b"t"):
-        return "stopped"
-    return "running"
-
-
 class Lost(NamedTuple):
     """A rank judged gone: how, the failure it reported at exit (if it did), and when it exited
     (``inf`` if unknown)."""
@@ -405,8 +348,8 @@ class Watch:
         self.warned: Dict[int, float] = {}
         self.checked: Dict[int, int] = {}  # rank -> exit count when its record was looked for
         self.exited: Dict[int, Lost] = {}
-        self.remote_timeout = _seconds_env(HEARTBEAT_TIMEOUT_ENV_VAR, 15.0)
-        self.warn_every = _seconds_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
+        self.remote_timeout = read_seconds(HEARTBEAT_TIMEOUT_ENV_VAR, 15.0)
+        self.warn_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
 
     def find_lost(self, ranks: Sequence[int], now: float, what: str = "",
                   exits: bool = True) -> List[Lost]:
@@ -461,7 +404,7 @@ class Watch:
         stalled = now - last[1]
         peer = _peer(self.store, rank)
         if peer is not None and peer.host == HOST:
-            state = _proc_state(peer.pid)
+            state = _procs.proc_state(peer.pid)
             if state == "gone":
                 return Lost(rank, "died", f"{peer.describe()}, exited without reporting an "
                             "error (judged: process gone on this host; it returned early, called "
@@ -628,7 +571,7 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
     warned[-1] = now
     host = store_host()
     peer = _PEERS.get(host) if host is not None else None
-    state = _proc_state(peer.pid) if peer is not None and peer.host == HOST else None
+    state = _procs.proc_state(peer.pid) if peer is not None and peer.host == HOST else None
     if host is None:
         who = f"the launcher's store at {_store_address()}"
     else:
@@ -643,7 +586,7 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
           what: str, me: int) -> None:
     start = time.monotonic()
     watcher = Watch(world_store())
-    log_every = _seconds_env(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
+    log_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, 30.0)
     next_log = start + log_every
     next_check = start + LIVENESS_INTERVAL / 2
     spins, delay = 0, 0.0005
@@ -728,7 +671,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
 
 def linger_timeout() -> float:
     """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
-    return _seconds_env(STORE_LINGER_ENV_VAR, 5.0)
+    return read_seconds(STORE_LINGER_ENV_VAR, 5.0)
 
 
 def await_readers(store: "Store", key: str, readers: Sequence[int],
@@ -778,7 +721,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
     if _EXIT_STORE is None:
         return None
     store, rank, pg_ref = _EXIT_STORE
-    if pg_ref() is not dist.distributed_c10d._world.default_pg:
+    if pg_ref() is not resolve(None):
         return None  # a later group replaced the one this connection belongs to
     try:
         if exc is None:

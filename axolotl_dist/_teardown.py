@@ -34,7 +34,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import _signals
+from . import _backends, _signals
 
 __all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
 
@@ -79,8 +79,7 @@ def cleanup() -> None:
         hook()
     if dist.is_available() and dist.is_initialized():
         time.sleep(_DRAIN)
-        backend = str(dist.get_backend())
-        if torch.cuda.is_available() and "nccl" in backend:
+        if torch.cuda.is_available() and _backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
         dist.destroy_process_group()
 

@@ -9,16 +9,17 @@ Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved a
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any, List, NoReturn, Optional, Union
 
 import torch
 import torch.distributed as dist
 
-from . import _signals, _teardown
+from . import _backends, _signals, _teardown
+from ._groups import state_of
 from . import env as _env
 from ._codec import resolved
-from .debug import checked, reduce_name, tensor_signature
+from ._reduce import REDUCE_OPS, as_reduce_op, reduce_name
+from .debug import checked, tensor_signature
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_rank, get_world_size, is_initialized
 
@@ -39,9 +40,6 @@ __all__ = [
     "all_gather_into",
     "raise_lost_peer",
 ]
-
-#: Reduction names accepted wherever an ``op`` / ``reduce_operation`` is taken (any case).
-REDUCE_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -77,29 +75,15 @@ def require_group(op: str, group: Optional["ProcessGroup"] = None) -> bool:
     return False
 
 
-# Weak keys: a process group must die with destroy_process_group(), not at interpreter exit
-# (gloo's threads torn down during finalization abort the process: "terminate called...").
-_DEVICES: "weakref.WeakKeyDictionary[Any, torch.device]" = weakref.WeakKeyDictionary()
-
-
 def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
-    """The device collectives on ``group`` use: CPU if the backend takes CPU tensors, else CUDA."""
-    key = group if group is not None else dist.distributed_c10d._world.default_pg
-    try:
-        device = _DEVICES.get(key)
-    except TypeError:  # not weak-referenceable (torch's non-member sentinel): no caching
-        key, device = None, None
+    """The device collectives on ``group`` use (see :func:`axolotl_dist._backends.comm_device`)."""
+    state = state_of(group)
+    device = state.device if state is not None else None
     if device is None:
         _teardown.start_services()  # first use of a group: exit hook, peer record, heartbeat
-        backend = (get_backend(group) or "gloo").lower()
-        if "gloo" in backend or "mpi" in backend or "cpu:" in backend or backend == "fake":
-            device = torch.device("cpu")
-        elif torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
-        else:  # pragma: no cover - e.g. xccl
-            device = torch.device(backend if backend in ("xpu", "hpu") else "cpu")
-        if key is not None:
-            _DEVICES[key] = device
+        device = _backends.comm_device(get_backend(group) or "gloo")
+        if state is not None:
+            state.device = device
     return device
 
 
@@ -125,21 +109,6 @@ def check_world_size(world_size: Optional[int], group: Optional["ProcessGroup"],
             "drop the world_size argument (it is inferred) or pass the real size"
         )
     return actual
-
-
-def as_reduce_op(op: Union[str, "dist.ReduceOp", Any]) -> str:
-    """Normalise a reduction given as a string (``"sum"``, ``"MAX"``) or a ``ReduceOp``."""
-    if isinstance(op, str):
-        name = op.upper()
-    else:
-        name = str(getattr(op, "name", op)).split(".")[-1].upper()
-        if name.startswith("REDOPTYPE"):
-            name = name.split(".")[-1]
-    if name == "PROD":
-        name = "PRODUCT"
-    if name not in REDUCE_OPS:
-        raise ValueError(f"unknown reduction {op!r}: use one of {', '.join(REDUCE_OPS)}")
-    return name
 
 
 @checked("barrier")
@@ -192,8 +161,9 @@ def all_reduce(
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it."""
     name = as_reduce_op(reduce_operation)
+    native_avg = _backends.device_type(get_backend(group) or "gloo") == "cuda"  # NCCL's AVG
     if (name == "AVG" and not (tensor.is_floating_point() or tensor.is_complex())
-            and "nccl" not in (get_backend(group) or "")):
+            and not native_avg):
         # checked before the single-process shortcut, so one rank fails like N ranks do
         raise ValueError(
             f"all_reduce(reduce_operation='AVG') needs a floating tensor, got {tensor.dtype}: "
@@ -204,7 +174,7 @@ def all_reduce(
     device = comm_device(group)
     work = _to_comm(tensor, device)
     try:
-        if name == "AVG" and "nccl" not in (get_backend(group) or ""):
+        if name == "AVG" and not native_avg:
             dist.all_reduce(work, op=dist.ReduceOp.SUM, group=group)
             work.div_(get_world_size(group))
         else:

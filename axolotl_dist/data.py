@@ -20,6 +20,7 @@ from typing import (
 
 import torch
 
+from ._shards import shard_bounds
 from .ranks import get_rank, get_world_size, is_initialized
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,13 +60,6 @@ def get_sampler(
             f"rank in [0, {replicas})")
     return DistributedSampler(dataset, num_replicas=replicas, rank=this, shuffle=shuffle,
                               seed=seed, drop_last=drop_last)
-
-
-def shard_bounds(length: int, world_size: int, rank: int) -> Tuple[int, int]:
-    """``[start, end)`` of ``rank``'s contiguous chunk; the first ``length % world_size`` ranks get one extra."""
-    base, extra = divmod(length, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
 
 
 def _length(inputs: Any) -> int:

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
-from . import _debug_check
+from . import _debug_check, _envvars, _groups
 from ._callsite import call_site
 from .errors import CollectiveMismatchError, DistributedConfigError, DistributedEnvError
 
@@ -49,16 +48,14 @@ __all__ = [
     "disable_debug",
     "is_debug_enabled",
     "debug_mode",
+    "checked_calls",
     "checked",
 ]
 
 DEBUG_ENV_VAR = "AXOLOTL_DIST_DEBUG"
-DEBUG_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_DEBUG_TIMEOUT"
+DEBUG_TIMEOUT_ENV_VAR = _debug_check.DEBUG_TIMEOUT_ENV_VAR
 #: Seconds a rank waits, after the last rank to arrive, before naming the ranks still missing.
 DEFAULT_DEBUG_TIMEOUT = 5.0
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,17 +70,14 @@ _env_error: Optional[str] = None
 
 def _parse_env() -> None:
     global _ENABLED, _env_error
-    raw = os.environ.get(DEBUG_ENV_VAR, "")
-    value = raw.strip().lower()
+    raw = _envvars.raw(DEBUG_ENV_VAR)
     _env_error = None
-    if value in _TRUE:
-        _ENABLED = True
-    elif value in _FALSE:
-        _ENABLED = False
-    else:  # raise on the first helper call, not at import
-        _ENABLED = True
-        _env_error = (f"{DEBUG_ENV_VAR}={raw!r} is not a switch: set {DEBUG_ENV_VAR}=1 to turn "
-                      f"debug mode on or {DEBUG_ENV_VAR}=0 (or unset it) to leave it off")
+    try:
+        _ENABLED = raw is not None and _envvars.parse_flag(
+            DEBUG_ENV_VAR, raw, f"set {DEBUG_ENV_VAR}=1 to turn debug mode on or "
+            f"{DEBUG_ENV_VAR}=0 (or unset it) to leave it off")
+    except DistributedEnvError as exc:  # raise on the first helper call, not at import
+        _ENABLED, _env_error = True, str(exc)
 
 
 def refresh_from_env() -> None:
@@ -115,6 +109,14 @@ def is_debug_enabled() -> bool:
     return _ENABLED
 
 
+def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
+    """How many calls debug mode has checked on ``group`` (default: the default group) in this
+    process so far; 0 without a process group. Every rank checks the same calls, so the counts
+    agree across ranks; a helper that calls another helper is checked once."""
+    state = _groups.state_of(group)
+    return 0 if state is None else state.seq.get(_debug_check.SEQUENCE_KIND, 0)
+
+
 @contextmanager
 def debug_mode(timeout: Optional[float] = None) -> Iterator[None]:
     """Debug mode on inside the block, restored to its previous state after it."""
@@ -141,18 +143,7 @@ def debug_timeout() -> float:
     """The debug timeout in effect, in seconds."""
     if _timeout is not None:
         return _timeout
-    raw = os.environ.get(DEBUG_TIMEOUT_ENV_VAR)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_DEBUG_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise DistributedEnvError(
-            f"{DEBUG_TIMEOUT_ENV_VAR}={raw!r} must be a positive number of seconds, e.g. "
-            f"{DEBUG_TIMEOUT_ENV_VAR}={DEFAULT_DEBUG_TIMEOUT:g}")
-    return value
+    return _envvars.read_seconds(DEBUG_TIMEOUT_ENV_VAR, DEFAULT_DEBUG_TIMEOUT)
 
 
 _parse_env()
@@ -250,15 +241,5 @@ def tensor_signature(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
     return type(value).__name__
-
-
-def reduce_name(op: Any) -> str:
-    """The normalised reduction name, or the repr of an invalid one (never raises)."""
-    from .collectives import as_reduce_op
-
-    try:
-        return as_reduce_op(op)
-    except Exception:  # noqa: BLE001 - the helper itself reports bad ops
-        return repr(op)
 
 

@@ -34,10 +34,10 @@ naming the variable and the fix.
 
 from __future__ import annotations
 
-import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from . import _slurm
+from . import _envvars, _slurm
+from ._procs import LAUNCHER_PID_ENV_VAR
 from .errors import DistributedEnvError
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "OPENMPI_SOURCE",
     "LAUNCHER_SOURCES",
     "RANK_SOURCES",
+    "LAUNCHER_ENV_VARS",
     "launcher_source",
     "env_rank",
     "env_world_size",
@@ -78,17 +79,17 @@ __all__ = [
     "default_master_port",
     "MAX_RANKS",
     "validate_env_vars",
-    "clear_env_cache",
+    "is_set",
+    "rank_raw",
+    "world_size_raw",
 ]
 
 RANK_ENV_VAR = "RANK"
 WORLD_SIZE_ENV_VAR = "WORLD_SIZE"
 LOCAL_RANK_ENV_VAR = "LOCAL_RANK"
 LOCAL_WORLD_SIZE_ENV_VAR = "LOCAL_WORLD_SIZE"
-NODE_RANK_ENV_VAR = "NODE_RANK"
-GROUP_RANK_ENV_VAR = "GROUP_RANK"  # torchrun's name for the node rank
-GROUP_WORLD_SIZE_ENV_VAR = "GROUP_WORLD_SIZE"  # torchrun's name for the number of nodes
-NUM_NODES_ENV_VAR = "NUM_NODES"
+(NODE_RANK_ENV_VAR, GROUP_RANK_ENV_VAR), (NUM_NODES_ENV_VAR, GROUP_WORLD_SIZE_ENV_VAR) = \
+    _envvars.TORCHRUN_NODE_ALIASES  # the kit's names, then torchrun's
 MASTER_ADDR_ENV_VAR = "MASTER_ADDR"
 MASTER_PORT_ENV_VAR = "MASTER_PORT"
 FS_LOCAL_RANK_ENV_VAR = "FS_LOCAL_RANK"
@@ -144,27 +145,17 @@ RANK_SOURCES: Dict[str, Tuple[str, ...]] = {
     for q in LAUNCHER_SOURCES[TORCH_SOURCE]
 }
 
-# os.environ keeps its data in a plain dict of encoded keys; reading it directly keeps a rank
-# query at the cost of a dict lookup. Fall back to os.environ where that detail is missing.
-_DATA = getattr(os.environ, "_data", None)
-_ENCODE: Optional[Callable[[str], object]] = getattr(os.environ, "encodekey", None)
-if _DATA is None or _ENCODE is None:  # pragma: no cover - non-CPython layouts
+#: Every variable a launcher sets that the kit reads, copies or trusts: what a harness clears
+#: so an outer launcher (pytest started under torchrun or srun) cannot leak into its ranks.
+LAUNCHER_ENV_VARS: Tuple[str, ...] = tuple(dict.fromkeys((
+    *(name for names in RANK_SOURCES.values() for name in names),
+    *SLURM_STEP_ID_ENV_VARS, *SLURM_NODELIST_ENV_VARS, *SLURM_TASKS_PER_NODE_ENV_VARS,
+    SLURM_JOB_ID_ENV_VAR, MASTER_ADDR_ENV_VAR, MASTER_PORT_ENV_VAR, FS_LOCAL_RANK_ENV_VAR,
+    SHARED_FS_ENV_VAR, OLMO_SHARED_FS_ENV_VAR, "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RUN_ID", LAUNCHER_PID_ENV_VAR)))
 
-    def _raw(name: str) -> Optional[object]:
-        return os.environ.get(name)
-
-else:
-    _KEYS: Dict[str, object] = {}
-
-    def _raw(name: str) -> Optional[object]:
-        key = _KEYS.get(name)
-        if key is None:
-            key = _KEYS[name] = _ENCODE(name)
-        return _DATA.get(key)
-
-
-def _text(raw: object) -> str:
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+_raw = _envvars.raw
+_text = _envvars.text
 
 
 def _slurm_step() -> bool:
@@ -200,38 +191,13 @@ def _lookup(quantity: str) -> Tuple[Optional[str], Optional[object]]:
     return None, None
 
 
-_INT_CACHE: Dict[Tuple[str, object], int] = {}
-
-
 #: The most ranks torch's c10d store takes (its world size is a C ``int``).
 MAX_RANKS = 2**31 - 1
+_MAX_IS = "ranks torch's c10d store takes"
 
 
 def _parse_int(name: str, raw: object, minimum: int, fix: str, maximum: Optional[int] = None) -> int:
-    cached = _INT_CACHE.get((name, raw))
-    if cached is not None:
-        return cached
-    text = _text(raw).strip()
-    try:
-        value = int(text)
-    except ValueError:
-        raise DistributedEnvError(
-            f"{name}={text!r} is not an integer; {fix}"
-        ) from None
-    if value < minimum:
-        raise DistributedEnvError(f"{name}={value} must be >= {minimum}; {fix}")
-    if maximum is not None and value > maximum:
-        raise DistributedEnvError(
-            f"{name}={value} is larger than the {maximum} ranks torch's c10d store takes; {fix}")
-    _INT_CACHE[(name, raw)] = value
-    return value
-
-
-def clear_env_cache() -> None:
-    """Forget parsed env values (only needed if you mutate ``os.environ._data`` directly)."""
-    _INT_CACHE.clear()
-    if "_RANK_CACHE" in globals():
-        _RANK_CACHE.clear()
+    return _envvars.parse_int(name, raw, minimum, fix, maximum, _MAX_IS)
 
 
 _RANK_FIX = "set it to this process's global rank in [0, WORLD_SIZE)"
@@ -284,38 +250,30 @@ def _slow_env_rank() -> int:
     return rank
 
 
-if _DATA is not None and _ENCODE is not None:
-    _RANK_KEYS = tuple(_ENCODE(n) for n in RANK_SOURCES["rank"])
-    _WS_KEYS = tuple(_ENCODE(n) for n in RANK_SOURCES["world_size"])
-    _RANK_CACHE: Dict[Tuple[object, ...], int] = {}
+_RANK_CACHE: Dict[Tuple[object, ...], int] = {}
+#: Zero-argument getters of the raw RANK / WORLD_SIZE values (the objects os.environ stores).
+rank_raw = _envvars.raw_getter(RANK_ENV_VAR)
+world_size_raw = _envvars.raw_getter(WORLD_SIZE_ENV_VAR)
+_OTHER_RAW = tuple(_envvars.raw_getter(n) for n in RANK_SOURCES["rank"][1:] + RANK_SOURCES["world_size"][1:])
 
-    _K_RANK, _K_WS = _RANK_KEYS[0], _WS_KEYS[0]
-    _OTHER_KEYS = _RANK_KEYS[1:] + _WS_KEYS[1:]
 
-    def env_rank() -> int:
-        """Global rank from the environment, 0 when no launcher variable is set."""
-        get = _DATA.get
-        raw = get(_K_RANK)
-        if raw is not None:  # torch / composer style: cache on (RANK, WORLD_SIZE)
-            key = (raw, get(_K_WS))
-            rank = _RANK_CACHE.get(key)
-            if rank is None:
-                rank = _slow_env_rank()
-                if key[1] is not None:
-                    _RANK_CACHE[key] = rank
-            return rank
-        if get(_K_WS) is None:
-            for k in _OTHER_KEYS:
-                if get(k) is not None:
-                    return _slow_env_rank()
-            return 0
-        return _slow_env_rank()
-
-else:  # pragma: no cover
-
-    def env_rank() -> int:
-        """Global rank from the environment, 0 when no launcher variable is set."""
-        return _slow_env_rank()
+def env_rank() -> int:
+    """Global rank from the environment, 0 when no launcher variable is set."""
+    raw = rank_raw()
+    if raw is not None:  # torch / composer style: cache on (RANK, WORLD_SIZE)
+        key = (raw, world_size_raw())
+        rank = _RANK_CACHE.get(key)
+        if rank is None:
+            rank = _slow_env_rank()
+            if key[1] is not None:
+                _RANK_CACHE[key] = rank
+        return rank
+    if world_size_raw() is None:
+        for get in _OTHER_RAW:
+            if get() is not None:
+                return _slow_env_rank()
+        return 0
+    return _slow_env_rank()
 
 
 def _slurm_local_world_size() -> Optional[int]:
@@ -411,15 +369,8 @@ def env_shared_filesystem() -> bool:
     for name in (SHARED_FS_ENV_VAR, OLMO_SHARED_FS_ENV_VAR):
         raw = _raw(name)
         if raw is not None:
-            text = _text(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off", ""):
-                return False
-            raise DistributedEnvError(
-                f"{name}={text!r} is not a boolean: set it to 1 if all nodes share one "
-                "filesystem, else 0"
-            )
+            return _envvars.parse_flag(name, raw, "set it to 1 if all nodes share one "
+                                       "filesystem, else 0")
     return False
 
 
@@ -491,6 +442,11 @@ def default_master_port() -> Optional[int]:
     step = next((_raw(n) for n in SLURM_STEP_ID_ENV_VARS if _raw(n) is not None), None)
     return _slurm.default_master_port(None if job is None else _text(job),
                                       None if step is None else _text(step))
+
+
+def is_set(name: str) -> bool:
+    """Whether environment variable ``name`` is set (a dict lookup)."""
+    return _raw(name) is not None
 
 
 def validate_env_vars() -> None:

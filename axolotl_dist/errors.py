@@ -16,6 +16,7 @@ __all__ = [
     "AxolotlDistError",
     "DistributedConfigError",
     "DistributedEnvError",
+    "MeshUsageError",
     "RankFailedError",
     "RankTimeoutError",
     "CollectiveMismatchError",
@@ -34,6 +35,14 @@ class DistributedConfigError(AxolotlDistError, ValueError):
 
 class DistributedEnvError(AxolotlDistError, RuntimeError):
     """The launcher environment or the process group is missing, malformed or inconsistent."""
+
+
+class MeshUsageError(DistributedConfigError, RuntimeError):
+    """A device mesh was used in a way it does not support (a missing dim, built twice).
+
+    A :class:`DistributedConfigError` that is also a ``RuntimeError``, which is what OLMo-core
+    raised for these cases. Also importable from :mod:`axolotl_dist.parallel`.
+    """
 
 
 class RankFailedError(AxolotlDistError, RuntimeError):
@@ -95,9 +104,9 @@ def _learnt(error: "RankFailedError") -> None:
     """Remember ``error`` as learnt under the current default group (if any)."""
     global _LEARNT
     try:
-        from torch.distributed import distributed_c10d
+        from ._groups import resolve
 
-        pg = distributed_c10d._world.default_pg
+        pg = resolve(None)
     except Exception:  # noqa: BLE001 - no torch.distributed
         pg = None
     if pg is not None:
@@ -110,10 +119,10 @@ def learnt_failure() -> Optional[RankFailedError]:
     rank that really failed (and not this one)."""
     if _LEARNT is None:
         return None
-    from torch.distributed import distributed_c10d
+    from ._groups import resolve
 
     pg, error = _LEARNT[0](), _LEARNT[1]
-    return error if pg is not None and pg is distributed_c10d._world.default_pg else None
+    return error if pg is not None and pg is resolve(None) else None
 
 
 def failure_report(rank: int, exc: BaseException, where: str) -> bytes:

@@ -36,8 +36,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
 from . import _teardown
-from ._signals import (await_readers, group_store, next_sequence, poll_until, publish_error,
-                       read_error)
+from ._groups import next_sequence
+from ._signals import await_readers, group_store, poll_until, publish_error, read_error
 from .collectives import require_group
 from .debug import checked
 from .env import env_shared_filesystem

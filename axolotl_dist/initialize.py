@@ -17,7 +17,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _teardown
+from . import _backends, _teardown
 from . import debug as _debug
 from . import env as _env
 from .errors import DistributedEnvError
@@ -74,20 +74,12 @@ def default_backend(device: Union[str, torch.device, None] = None) -> str:
     return "nccl" if device_type == "cuda" else "gloo"  # pragma: no cover - torch < 2.6
 
 
-def _backend_matches(requested: str, existing: str) -> bool:
-    requested, existing = requested.lower(), existing.lower()
-    if requested == existing:
-        return True
-    parts = {p.split(":")[-1] for p in existing.split(",")}
-    return requested in parts or requested == "fake" and "fake" in existing
-
-
 def _check_backend_usable(backend: Optional[str]) -> None:
     """Fail early, saying what to do, when ``backend`` asks for NCCL only, on a machine without it.
 
     Mixed strings such as ``"cuda:nccl,cpu:gloo"`` are left to torch (gloo serves CPU tensors).
     """
-    if backend is None or {p.split(":")[-1].strip() for p in backend.lower().split(",")} != {"nccl"}:
+    if backend is None or not _backends.only(backend, "nccl"):
         return
     if not torch.cuda.is_available():
         why = "this machine has no usable CUDA GPU (torch.cuda.is_available() is False)"
@@ -103,8 +95,7 @@ def _check_backend_usable(backend: Optional[str]) -> None:
 def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
     if shared_filesystem is not None:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared_filesystem else "0"
-    elif (_env._raw(_env.SHARED_FS_ENV_VAR) is None
-          and _env._raw(_env.OLMO_SHARED_FS_ENV_VAR) is None):
+    elif not _env.is_set(_env.SHARED_FS_ENV_VAR) and not _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR):
         os.environ[_env.SHARED_FS_ENV_VAR] = "1"
 
 
@@ -148,7 +139,7 @@ def init_distributed(
     _debug.refresh_from_env()
     if is_initialized():
         existing = get_backend() or ""
-        if backend is not None and not _backend_matches(backend, existing):
+        if backend is not None and not _backends.matches(backend, existing):
             raise DistributedEnvError(
                 f"init_distributed(backend={backend!r}) but the process group is already "
                 f"initialized with backend {existing!r}: pass backend={existing!r} (or None), or "
@@ -181,7 +172,7 @@ def init_distributed(
             os.environ.setdefault(_env.MASTER_ADDR_ENV_VAR, master[0])
             os.environ.setdefault(_env.MASTER_PORT_ENV_VAR, str(master[1]))
     _apply_shared_filesystem(shared_filesystem)
-    if "nccl" in backend.lower() and torch.cuda.is_available():
+    if _backends.supports(backend, "cuda") and torch.cuda.is_available():
         torch.cuda.set_device(_env.env_local_rank() % max(1, torch.cuda.device_count()))
     dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
     _after_init()

@@ -39,15 +39,15 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
 import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import _procs
+from ._procs import LAUNCHER_PID_ENV_VAR
 from ._rank_main import END_DIR_ENV_VAR
-from ._rank_main import LAUNCHER_PID_ENV_VAR as _LAUNCHER_PID_ENV_VAR
 
 __all__ = [
     "PROG",
@@ -312,42 +312,14 @@ def _become_subreaper() -> bool:
 
 
 def _children() -> List[int]:
-    """Live (non-zombie) children of this process, from /proc; zombies are reaped on the way."""
-    me, out = os.getpid(), []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # pragma: no cover - no procfs
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) != me:
-            continue
-        if fields[0] == "Z":
-            _reap(int(entry))
+    """Live (non-zombie) children of this process; zombies are reaped on the way."""
+    live = []
+    for pid, state in _procs.children(os.getpid()):
+        if state == "Z":
+            _procs.reap(pid)
         else:
-            out.append(int(entry))
-    return out
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except (ChildProcessError, OSError):
-        pass
-
-
-def _signal_tree(pid: int, sig: int) -> None:
-    for send in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
-        try:
-            send()
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
+            live.append(pid)
+    return live
 
 
 def _sweep(grace: float) -> List[int]:
@@ -366,10 +338,10 @@ def _sweep(grace: float) -> List[int]:
         for pid in pids:
             if pid not in stopped:
                 stopped.append(pid)
-            _signal_tree(pid, sig)
+            _procs.signal_tree(pid, sig)
         time.sleep(0.05)
         for pid in pids:
-            _reap(pid)
+            _procs.reap(pid)
 
 
 def _raise_signal_exception(signum: int, frame) -> None:
@@ -389,14 +361,9 @@ def _set_loopback_gloo(nnodes: int) -> None:
     """On one node, gloo's pairs use the loopback interface (not whatever the hostname resolves to)."""
     if nnodes != 1 or _GLOO_IFNAME_ENV_VAR in os.environ:
         return
-    try:
-        names = {name for _, name in socket.if_nameindex()}
-    except (OSError, AttributeError):  # pragma: no cover
-        return
-    for candidate in ("lo", "lo0"):
-        if candidate in names:
-            os.environ[_GLOO_IFNAME_ENV_VAR] = candidate
-            return
+    lo = _procs.loopback_interface()
+    if lo is not None:
+        os.environ[_GLOO_IFNAME_ENV_VAR] = lo
 
 
 def _set_thread_default(nproc: int) -> None:
@@ -414,7 +381,7 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
 
     _set_thread_default(nproc)
     _set_loopback_gloo(nnodes)
-    os.environ[_LAUNCHER_PID_ENV_VAR] = str(os.getpid())
+    os.environ[LAUNCHER_PID_ENV_VAR] = str(os.getpid())
     os.environ[END_DIR_ENV_VAR] = os.path.join(args.log_dir, "ends")
     os.makedirs(os.environ[END_DIR_ENV_VAR], exist_ok=True)
     config = launch_config(args, nproc, nnodes, node_rank, port)

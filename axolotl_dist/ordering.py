@@ -19,12 +19,11 @@ import sys
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, TypeVar, Union, overload
 
-import torch.distributed as dist
 
 from . import _teardown
 from ._blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
 from ._callsite import call_site
-from ._signals import next_sequence
+from ._groups import next_sequence
 from .collectives import check_world_size, require_group
 from .debug import checked, first_rank_block
 from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process

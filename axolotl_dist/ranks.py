@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch.distributed as dist
 
+from . import _backends, _groups
 from . import env as _env
 from .errors import DistributedEnvError
 
@@ -44,11 +45,11 @@ _AVAILABLE = dist.is_available()
 if _AVAILABLE:
     from torch.distributed import distributed_c10d as _c10d
 
-    _WORLD = _c10d._world  # the holder of the default group; reading it is side-effect free
+    _world = _groups.world  # the holder of the default group; reading it is side-effect free
 
     def is_initialized() -> bool:
         """Whether the default process group exists."""
-        return _WORLD.default_pg is not None
+        return _world.default_pg is not None
 
 else:  # pragma: no cover - torch built without distributed
 
@@ -85,7 +86,7 @@ def get_rank(group: Optional["ProcessGroup"] = None) -> int:
         if not is_initialized():
             return _env.env_rank()
         rank = dist.get_rank()
-        if _env._raw(_env.RANK_ENV_VAR) is not None and _env.env_rank() != rank:
+        if _env.is_set(_env.RANK_ENV_VAR) and _env.env_rank() != rank:
             _check_env_agrees(_env.RANK_ENV_VAR, _env.env_rank(), rank)
         return rank
     _require_group_arg(group)
@@ -104,7 +105,7 @@ def get_world_size(group: Optional["ProcessGroup"] = None) -> int:
         if not is_initialized():
             return _env.env_world_size()
         ws = dist.get_world_size()
-        if _env._raw(_env.WORLD_SIZE_ENV_VAR) is not None and _env.env_world_size() != ws:
+        if _env.is_set(_env.WORLD_SIZE_ENV_VAR) and _env.env_world_size() != ws:
             _check_env_agrees(_env.WORLD_SIZE_ENV_VAR, _env.env_world_size(), ws)
         return ws
     _require_group_arg(group)
@@ -241,8 +242,7 @@ def backend_supports_cuda(backend: Optional[str] = None) -> bool:
             import torch
 
             return torch.cuda.is_available()
-    backend = backend.lower()
-    return "nccl" in backend or "cuda" in backend
+    return _backends.supports(backend, "cuda")
 
 
 def backend_supports_cpu(backend: Optional[str] = None) -> bool:
@@ -254,8 +254,7 @@ def backend_supports_cpu(backend: Optional[str] = None) -> bool:
         backend = get_backend()
         if backend is None:
             return True
-    backend = backend.lower()
-    return "gloo" in backend or "mpi" in backend or "cpu:" in backend or backend == "fake"
+    return _backends.supports(backend, "cpu")
 
 
 def get_mesh_coordinates(mesh: "DeviceMesh", rank: Optional[int] = None) -> Optional[List[int]]:

@@ -49,8 +49,10 @@ from datetime import timedelta
 from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import pytest  # noqa: F401  (markers below; pytest is a test dependency)
 import torch
+
+from ._procs import kill_tree, loopback_interface, signal_tree
+from .env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
 
 __all__ = [
     "RankOutcome",
@@ -66,26 +68,31 @@ __all__ = [
 ]
 
 #: Variables the harness clears in each rank before setting its own, so an outer launcher
-#: (pytest itself started under torchrun or srun) cannot leak into the ranks.
-LAUNCHER_ENV_VARS: Sequence[str] = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-    "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "FS_LOCAL_RANK", "AXOLOTL_DIST_SHARED_FS",
-    "OLMO_SHARED_FS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_NUM_NODES",
-    "SLURM_NNODES", "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "GROUP_WORLD_SIZE", "SLURM_STEP_ID", "SLURM_STEPID",
-    "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID",
-)
+#: (pytest itself started under torchrun or srun) cannot leak into the ranks: the library's own
+#: list, :data:`axolotl_dist.env.LAUNCHER_ENV_VARS`.
+LAUNCHER_ENV_VARS: Sequence[str] = _LAUNCHER_ENV_VARS
 
-_HAS_CUDA = torch.cuda.is_available()
-requires_gpu = pytest.mark.skipif(not _HAS_CUDA, reason="requires a CUDA GPU")
-requires_multi_gpu = pytest.mark.skipif(
-    not _HAS_CUDA or torch.cuda.device_count() < 2, reason="requires 2 or more CUDA GPUs"
-)
-#: Apply to GPU tests: ``pytestmark = GPU_MARKS`` or ``@pytest.mark.parametrize(..., marks=GPU_MARKS)``.
-GPU_MARKS = (pytest.mark.gpu, requires_gpu)
+#: The pytest markers below are built on first use, so the harness itself runs without pytest.
+_MARKERS = ("requires_gpu", "requires_multi_gpu", "GPU_MARKS")
+
+
+def __getattr__(name: str) -> Any:
+    """``requires_gpu``, ``requires_multi_gpu`` and ``GPU_MARKS`` (pytest markers; they need
+    pytest, imported here rather than with the module)."""
+    if name not in _MARKERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import pytest
+
+    has_cuda = torch.cuda.is_available()
+    markers = {
+        "requires_gpu": pytest.mark.skipif(not has_cuda, reason="requires a CUDA GPU"),
+        "requires_multi_gpu": pytest.mark.skipif(
+            not has_cuda or torch.cuda.device_count() < 2, reason="requires 2 or more CUDA GPUs"),
+    }
+    #: Apply to GPU tests: ``pytestmark = GPU_MARKS`` or ``parametrize(..., marks=GPU_MARKS)``.
+    markers["GPU_MARKS"] = (pytest.mark.gpu, markers["requires_gpu"])
+    globals().update(markers)
+    return markers[name]
 
 
 class DistributedTestError(AssertionError):
@@ -123,18 +130,6 @@ class RankOutcome:
                    else f"exited with code {self.exitcode} before returning")
             return f"rank {self.rank}: {how}"
         return f"rank {self.rank}: ok"
-
-
-def loopback_interface() -> Optional[str]:
-    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):  # pragma: no cover
-        return None
-    for candidate in ("lo", "lo0"):
-        if candidate in names:
-            return candidate
-    return None
 
 
 #: Where :func:`run_distributed` puts the c10d store: the test process, or rank 0's process.
@@ -252,14 +247,6 @@ def _child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-def _kill_tree(pid: int) -> None:
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
 
 
 def run_distributed_outcomes(
@@ -388,7 +375,7 @@ def run_distributed_outcomes(
                         first_failure = time.monotonic()
         for rank, proc in enumerate(procs):
             if outcomes[rank] is None:
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid)
                 proc.join(timeout=5.0)
                 outcomes[rank] = RankOutcome(rank=rank, timed_out=True, exitcode=proc.exitcode,
                                              elapsed=time.monotonic() - start)
@@ -396,13 +383,10 @@ def run_distributed_outcomes(
     finally:
         for proc in procs:
             if proc.is_alive():  # pragma: no cover - only on an internal error above
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid)
                 proc.join(timeout=5.0)
             # ranks may have started their own children in their process group
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
+            signal_tree(proc.pid, signal.SIGKILL)
         for conn in conns:
             conn.close()
         for fd in gate:

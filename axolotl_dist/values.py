@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from . import _codec, _teardown
 from . import env as _env
-from .debug import checked, reduce_name, tensor_signature
+from ._reduce import reduce_name
+from .debug import checked, tensor_signature
 from .collectives import (
     all_gather_into,
     raise_lost_peer,
@@ -34,7 +35,8 @@ from .collectives import (
     comm_device,
     require_group,
 )
-from .ranks import _WORLD, get_rank, get_world_size
+from ._groups import resolve, state_of
+from .ranks import get_rank, get_world_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -102,7 +104,7 @@ def _run(fn: Callable[[], Any], rank: int, where: str
         return encoded.header, encoded, exc
 
 
-class _GroupState:
+class _HelperCache:
     """What every helper call on one group needs, computed once: ranks, device, header buffers.
 
     The helpers are latency-bound (a scalar is a 32-byte header), so per-call Python work around
@@ -112,7 +114,8 @@ class _GroupState:
     process group's own ``all_gather_single`` with cached options (what
     ``dist.all_gather_single`` does after its argument checks). Rebuilt when ``RANK``/
     ``WORLD_SIZE`` in the env change (so an env that disagrees with the group still raises)
-    and forgotten with the group (weak keys; the state holds only a weak reference to it). The
+    and forgotten with the group (it lives in the group's :class:`~axolotl_dist._groups.GroupState`
+    and holds only a weak reference to the group). The
     buffers are reused call after call, so two threads must not run helpers on the same group
     at once (torch's collectives on one group do not allow that either).
     """
@@ -141,58 +144,51 @@ class _GroupState:
         self.hdr_all = torch.empty(self.ws * _codec.HEADER_LEN, dtype=_I64) if self.cpu else None
 
 
-_STATES: "weakref.WeakKeyDictionary[Any, _GroupState]" = weakref.WeakKeyDictionary()
-
-
 def _await_released(limit: float = 1.0) -> None:
     """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
     references to the cached header buffers: a collective's ``wait()`` returns before the
     worker releases it, and releasing needs the GIL (see :func:`axolotl_dist._teardown.cleanup`)."""
-    def busy(st: _GroupState) -> bool:  # idle: the state's slot and getrefcount's argument
+    def busy(st: _HelperCache) -> bool:  # idle: the cache's slot and getrefcount's argument
         return (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
             st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2)
 
     deadline = time.monotonic() + limit
-    for st in list(_STATES.values()):
-        while busy(st) and time.monotonic() < deadline:
+    state = state_of(None)
+    for st in [_LAST, state.helpers if state is not None else None]:
+        while st is not None and busy(st) and time.monotonic() < deadline:
             time.sleep(0.0005)
 
 
 _teardown.on_cleanup(_await_released)
-_LAST: Optional[_GroupState] = None  # the state used last: most programs use one group
-if _env._DATA is not None and _env._ENCODE is not None:  # os.environ's dict: a lookup, no decoding
-    _ENV_GET: Callable[[Any], Any] = _env._DATA.get
-    _K_RANK, _K_WS = _env._ENCODE(_env.RANK_ENV_VAR), _env._ENCODE(_env.WORLD_SIZE_ENV_VAR)
-else:  # pragma: no cover - non-CPython os.environ layouts
-    _ENV_GET, _K_RANK, _K_WS = _env._raw, _env.RANK_ENV_VAR, _env.WORLD_SIZE_ENV_VAR
+_LAST: Optional[_HelperCache] = None  # the cache used last: most programs use one group
+_RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
 
 
-def _group_state(group: Optional["ProcessGroup"]) -> _GroupState:
-    """The cached :class:`_GroupState` of ``group`` (default group if None); needs a group."""
+def _group_state(group: Optional["ProcessGroup"]) -> _HelperCache:
+    """The :class:`_HelperCache` of ``group`` (default group if None); needs a group."""
     global _LAST
-    pg = group if group is not None else _WORLD.default_pg
+    pg = resolve(group)
     st = _LAST
-    if (st is not None and st.pg_ref() is pg and st.env_rank is _ENV_GET(_K_RANK)
-            and st.env_ws is _ENV_GET(_K_WS) and pg is not None):
+    if (st is not None and st.pg_ref() is pg and st.env_rank is _RANK_RAW()
+            and st.env_ws is _WS_RAW() and pg is not None):
         return st
-    env_rank, env_ws = _ENV_GET(_K_RANK), _ENV_GET(_K_WS)
-    try:
-        st = _STATES.get(pg)
-    except TypeError:  # not weak-referenceable: torch's NON_GROUP_MEMBER sentinel (or None)
-        return _GroupState(group, pg, env_rank, env_ws)  # raises: this rank is not a member
+    env_rank, env_ws = _RANK_RAW(), _WS_RAW()
+    state = state_of(group)
+    if pg is None or state is None:
+        return _HelperCache(group, pg, env_rank, env_ws)  # raises: no group
+    st = state.helpers
     if st is None or st.env_rank is not env_rank or st.env_ws is not env_ws:
-        st = _GroupState(group, pg, env_rank, env_ws)
-        _STATES[pg] = st
+        st = state.helpers = _HelperCache(group, pg, env_rank, env_ws)
     _LAST = st
     return st
 
 
-def _check_src(src: Any, state: _GroupState, group: Optional["ProcessGroup"], name: str) -> None:
+def _check_src(src: Any, state: _HelperCache, group: Optional["ProcessGroup"], name: str) -> None:
     if type(src) is not int or not 0 <= src < state.ws:
         check_src(src, group, name)  # raises with the full message
 
 
-def _check_ws(world_size: Optional[int], state: _GroupState, group: Optional["ProcessGroup"],
+def _check_ws(world_size: Optional[int], state: _HelperCache, group: Optional["ProcessGroup"],
               fn: str) -> None:
     if world_size is not None and world_size != state.ws:
         check_world_size(world_size, group, fn)  # raises with the full message
@@ -200,7 +196,7 @@ def _check_ws(world_size: Optional[int], state: _GroupState, group: Optional["Pr
 
 def broadcast_value(
     fn: Callable[[], T], src: int, group: Optional["ProcessGroup"], where: str,
-    device: Optional[torch.device] = None, state: Optional[_GroupState] = None,
+    device: Optional[torch.device] = None, state: Optional[_HelperCache] = None,
 ) -> T:
     """Run ``fn`` on group rank ``src`` only and return its result on every rank."""
     st = state if state is not None else _group_state(group)
@@ -239,7 +235,7 @@ def broadcast_value(
 def all_gather_values(
     fn: Callable[[], Any], group: Optional["ProcessGroup"], where: str,
     device: Optional[torch.device] = None, decode_on: Optional[int] = None,
-    state: Optional[_GroupState] = None,
+    state: Optional[_HelperCache] = None,
 ) -> Optional[List[Any]]:
     """Run ``fn`` on every rank and all-gather the results (exactly).
 
@@ -276,7 +272,7 @@ def all_gather_values(
 
 
 def _gather_payloads(flat: List[int], encoded: Optional[_codec.Encoded], own: Optional[BaseException],
-                     st: _GroupState, group: Optional["ProcessGroup"],
+                     st: _HelperCache, group: Optional["ProcessGroup"],
                      device: Optional[torch.device], decode_on: Optional[int],
                      where: str) -> Optional[List[Any]]:
     """Second round of :func:`all_gather_values`: some rank sent a payload or an error report."""
@@ -393,7 +389,7 @@ def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: i
                group: Optional["ProcessGroup"]) -> Optional[List[T]]:
     """Shared body of the gather helpers; ``name`` is the helper named in errors."""
     _require_callable(fn, name)
-    if _WORLD.default_pg is None and not require_group(name, group):
+    if resolve(None) is None and not require_group(name, group):
         check_world_size(world_size, group, name)
         check_src(dst, group, "dst")
         return [fn()]

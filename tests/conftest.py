@@ -9,10 +9,11 @@ import pytest
 # rendezvous stalls. Bound the wait before the resolver is first used.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
-# Tests must not inherit a launcher environment from whatever started pytest.
-for _name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-              "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
-              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "AXOLOTL_DIST_DEBUG"):
+# Tests must not inherit a launcher environment (the library's own list) or debug mode from
+# whatever started pytest.
+from axolotl_dist.env import LAUNCHER_ENV_VARS  # noqa: E402
+
+for _name in (*LAUNCHER_ENV_VARS, "AXOLOTL_DIST_DEBUG"):
     os.environ.pop(_name, None)
 
 

@@ -6,9 +6,9 @@ import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
-from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed
+from axolotl_dist.testing import run_distributed
+from fixtures import NO_ENV
 
-NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
 
 
 def test_tensor_collectives(world_size):
@@ -105,3 +105,29 @@ def test_all_gather_rejects_mismatched_dtypes_on_every_rank():
         return ad.all_reduce_value(1)  # still in step
 
     assert run_distributed(body, 2) == [2, 2]
+
+
+@pytest.mark.parametrize("backend", ["cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo"])
+def test_a_mixed_backend_gets_one_device_answer_everywhere(backend, monkeypatch):
+    # The kit's one rule (axolotl_dist._backends): the accelerator the backend serves when this
+    # machine has one, else the CPU, whatever the order of the list.
+    from axolotl_dist import _backends
+    from axolotl_dist.parallel import default_device_type
+
+    for has_cuda, expected in ((False, "cpu"), (True, "cuda")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: has_cuda)
+        assert default_device_type(backend) == expected
+        assert _backends.device_type(backend) == expected
+        if not has_cuda:
+            assert _backends.comm_device(backend) == torch.device("cpu")
+    assert ad.backend_supports_cuda(backend) and ad.backend_supports_cpu(backend)
+
+
+def test_comm_device_and_mesh_device_agree_on_a_real_group():
+    def body():
+        from axolotl_dist.collectives import comm_device
+        from axolotl_dist.parallel import default_device_type
+
+        return str(comm_device()), default_device_type()
+
+    assert run_distributed(body, 2) == [("cpu", "cpu")] * 2

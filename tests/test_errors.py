@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
-from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed, run_distributed_outcomes
+from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from fixtures import NO_ENV
 
-NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
 
 
 # (env overrides for every rank of a 2-rank torchrun-style env, regex of the message)

@@ -5,12 +5,14 @@ import re
 import subprocess
 import sys
 
+from fixtures import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "preprocess_dataset.py")
 
 
 def _run(cmd, tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = subprocess_env()
     proc = subprocess.run(cmd + [SCRIPT, "--cache-dir", str(tmp_path)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -37,7 +39,7 @@ DEBUG_SCRIPT = os.path.join(ROOT, "examples", "debug_mismatch.py")
 
 
 def test_debug_example_names_both_calls_through_the_launcher():
-    env = dict(os.environ, PYTHONPATH=ROOT, AXOLOTL_DIST_DEBUG="1")
+    env = subprocess_env(AXOLOTL_DIST_DEBUG="1")
     launch = [sys.executable, "-m", "axolotl_dist.launch", "-n", "2", DEBUG_SCRIPT]
     proc = subprocess.run(launch, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -55,7 +57,7 @@ SHARED_MAP_SCRIPT = os.path.join(ROOT, "examples", "shared_map.py")
 
 
 def test_shared_map_example_on_two_ranks_matches_one_process(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, HF_DATASETS_OFFLINE="1")
+    env = subprocess_env(HF_DATASETS_OFFLINE="1")
     found = {}
     for name, launch in [("one", [sys.executable]),
                          ("two", [sys.executable, "-m", "axolotl_dist.launch", "-n", "2"])]:

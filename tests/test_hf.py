@@ -9,89 +9,27 @@ cache lives under the test's ``tmp_path``, and nothing touches the network.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import pytest
+
+from fixtures import free_port, run, subprocess_env
 
 for _module in ("datasets", "tokenizers", "transformers", "accelerate"):
     pytest.importorskip(_module, reason="needs the hf extra: pip install -e '.[hf]'")
 
-ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT = 150  # below pytest-timeout's 180 s, so a stuck launch is reported with its output
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-                 "NUM_NODES", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")
-
-
-def _env(tmp_path: Path) -> Dict[str, str]:
-    """This checkout first on the path, offline, every cache under ``tmp_path``, no launcher env."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "OMPI_", "PET_", "TORCHELASTIC_",
-                                                           "ACCELERATE_"))}
-    home = tmp_path / "hf_home"
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(home),
-               HF_DATASETS_CACHE=str(home / "datasets"), XDG_CACHE_HOME=str(tmp_path / "xdg"),
-               TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def _descendants(pid: int) -> List[int]:
-    """``pid``'s child processes, recursively (launchers put ranks in their own sessions)."""
-    children: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(pid: int) -> None:
-    for victim in [pid] + _descendants(pid):
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _run(cmd: List[str], tmp_path: Path) -> Tuple[int, str, str]:
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd} did not finish in {LAUNCH_TIMEOUT}s:\n{out}\n{err[-3000:]}")
-    finally:
-        if proc.poll() is None:  # interrupted (Ctrl-C, pytest-timeout): leave nothing behind
-            _kill_tree(proc.pid)
-            proc.wait()
-    return proc.returncode, out, err
+    return run(cmd, subprocess_env(tmp_path), LAUNCH_TIMEOUT)
 
 
 def _losses(out: str) -> List[float]:
     return [float(m) for m in re.findall(r"^step \d+ loss=([0-9.]+)$", out, re.MULTILINE)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _accelerate_launch(script: str, *args: str) -> List[str]:
@@ -103,7 +41,7 @@ def _accelerate_launch(script: str, *args: str) -> List[str]:
     """
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()), script, *args]
+            "--main_process_port", str(free_port()), script, *args]
 
 
 def test_hf_example_two_ranks_rank1_loads_rank0s_datasets_cache(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
-from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed
+from axolotl_dist.testing import run_distributed
+from fixtures import NO_ENV
 
-NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
 
 
 def test_single_process_bootstrap_without_env_or_port():

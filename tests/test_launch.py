@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from axolotl_dist import launch
 from axolotl_dist._slurm import expand_nodelist, expand_tasks_per_node
 from axolotl_dist.errors import DistributedEnvError
 from axolotl_dist.testing import run_distributed
+from fixtures import alive, finish, free_port, start, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -80,47 +80,20 @@ ad.cleanup_distributed()
 
 
 def _env(**extra: str) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "OMPI_", "PET_", "TORCHELASTIC_"))
-           and k not in CONTRACT + ("GROUP_RANK", "NUM_NODES", "GROUP_WORLD_SIZE")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
-    return env
+    return subprocess_env(**extra)
 
 
 def _launcher(args: List[str], env: Optional[Dict[str, str]] = None,
               cwd: Optional[Path] = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "axolotl_dist.launch", *args],
-                            cwd=str(cwd or ROOT),
-                            env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return start([sys.executable, "-m", "axolotl_dist.launch", *args], env or _env(), cwd)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"launcher did not finish in {timeout}s:\n{out}\n{err}")
-    return proc.returncode, out, err
+    return finish(proc, timeout)
 
 
 def _results(directory: Path, n: int, pattern: str = "rank{}.json") -> List[dict]:
     return [json.loads((directory / pattern.format(r)).read_text()) for r in range(n)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -177,20 +150,20 @@ def test_sigterm_to_launcher_leaves_nothing_behind(rank_script: Path, tmp_path: 
         time.sleep(0.1)
     infos = _results(out, 2)
     pids = [i["pid"] for i in infos] + [i["grandchild"] for i in infos]
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     proc.send_signal(signal.SIGTERM)
     code, _, err = _finish(proc, timeout=60)
     assert code == 128 + signal.SIGTERM, err
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []
 
 
 def test_two_nodes_on_loopback(tmp_path: Path) -> None:
     script = tmp_path / "node_script.py"
     script.write_text(NODE_SCRIPT)
-    port = str(_free_port())
+    port = str(free_port())
     procs = [_launcher(["-n", "2", "--nnodes", "2", "--node-rank", str(node), "--master-addr",
                         "127.0.0.1", "--master-port", port, str(script), str(tmp_path)])
              for node in (0, 1)]
@@ -491,10 +464,10 @@ def test_sigkilled_launcher_leaves_no_rank_or_child_behind(tmp_path: Path) -> No
         time.sleep(0.1)
     infos = _results(out, 2)
     pids = [i["pid"] for i in infos] + [i["child"] for i in infos]
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the ranks and their children must go
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []

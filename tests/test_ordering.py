@@ -16,14 +16,20 @@ PG_TIMEOUT = 300.0  # the group's collective timeout: failures must surface long
 
 
 def _stamp(tmp, rank, event):
-    with open(os.path.join(tmp, "events"), "a") as fh:
-        fh.write(f"{time.monotonic():.6f} {rank} {event}\n")
+    """Append ``rank event`` to the shared events file: one small ``O_APPEND`` write, so the
+    file's line order is the order the ranks got there (no clocks compared)."""
+    fd = os.open(os.path.join(tmp, "events"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{rank} {event}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def _events(tmp):
+    """``(position, rank, event)`` for every stamp, in the order they were written."""
     with open(os.path.join(tmp, "events")) as fh:
         rows = [line.split() for line in fh]
-    return [(float(t), int(r), e) for t, r, e in rows]
+    return [(i, int(r), e) for i, (r, e) in enumerate(rows)]
 
 
 # ---------------------------------------------------------------- zero_first ordering

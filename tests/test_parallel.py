@@ -24,6 +24,7 @@ from axolotl_dist import (
     TensorParallelConfig,
 )
 from axolotl_dist.testing import run_distributed
+from fixtures import fake_group
 
 TIMEOUT = 120
 #: Variables cleared in fake-backend processes: the fake group, not the harness env, is the world.
@@ -115,11 +116,15 @@ def test_config_errors_name_the_config_and_numbers(make, words):
 
 
 def test_default_device_type_follows_the_backend():
+    import torch
+
     from axolotl_dist.parallel import default_device_type
 
+    # a backend with both: the GPU where there is one, else the CPU (as collectives use)
+    mixed = "cuda" if torch.cuda.is_available() else "cpu"
     assert [default_device_type(b) for b in ("gloo", "fake", "mpi", "nccl", "cuda:nccl,cpu:gloo",
                                              "cpu:gloo,cuda:nccl", "xpu:xccl")] == [
-        "cpu", "cpu", "cpu", "cuda", "cuda", "cuda", "xpu"]
+        "cpu", "cpu", "cpu", "cuda", mixed, mixed, "xpu"]
 
 
 def test_build_without_process_group_says_to_init():
@@ -293,13 +298,6 @@ def test_meshes_on_8_gloo_ranks():
 # --- torch's fake process group: 64, 1,024 and 8,192 ranks in one process --------------------
 
 
-def _fake_group(rank, world_size):
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-
-
 def _summary(mesh):
     """Shape, first 8 ranks (row-major) and this rank's coordinate of a possibly huge mesh."""
     return {"shape": list(mesh.shape), "head": mesh.mesh.flatten().tolist()[:8],
@@ -308,17 +306,13 @@ def _summary(mesh):
 
 def _fake_layouts(world_size, kwargs, ranks):
     """On the fake backend, build the mesh as each of ``ranks``; summarise every getter."""
-    import time
-
     import torch.distributed as dist
 
     warnings.simplefilter("error")
-    out, seconds = {}, []
+    out = {}
     for rank in ranks:
-        _fake_group(rank, world_size)
-        start = time.perf_counter()
+        fake_group(rank, world_size)
         mesh = ad.build_world_mesh(**kwargs)
-        seconds.append(time.perf_counter() - start)
         names = mesh.mesh_dim_names
         got = {"info": ad.get_device_mesh_info(mesh), "coord": list(mesh.get_coordinate()),
                "dp_model": _summary(ad.get_dp_model_mesh(mesh)), "dp": _summary(ad.get_dp_mesh(mesh))}
@@ -334,20 +328,20 @@ def _fake_layouts(world_size, kwargs, ranks):
         out[rank] = got
         ad.cleanup_distributed()
         assert ad.get_world_mesh() is None
-    return out, max(seconds)
+    return out
 
 
 def _run_fake(world_size, kwargs, ranks, env=None):
     fake_env = dict(FAKE_ENV, **(env or {}))
-    [(out, seconds)] = run_distributed(lambda: _fake_layouts(world_size, kwargs, ranks), 1,
-                                       init=False, env=fake_env, timeout=TIMEOUT)
-    return out, seconds
+    [out] = run_distributed(lambda: _fake_layouts(world_size, kwargs, ranks), 1, init=False,
+                            env=fake_env, timeout=TIMEOUT)
+    return out  # the time it takes is measured in benchmarks/mesh.py
 
 
 def test_fake_64_ranks_pp_hsdp_cp_tp():
     kwargs = dict(pp=PipelineParallelConfig(2), dp=DataParallelConfig("hsdp", num_replicas=2),
                   cp=ContextParallelConfig(2), tp=TensorParallelConfig(2))
-    out, _ = _run_fake(64, kwargs, [0, 45, 63])
+    out = _run_fake(64, kwargs, [0, 45, 63])
     assert out[45]["info"] == (
         "5D device mesh with shape (pp=2, dp_replicate=2, dp_shard=4, cp=2, tp=2)")
     assert [out[r]["coord"] for r in (0, 45, 63)] == [[0, 0, 0, 0, 0], [1, 0, 3, 0, 1], [1, 1, 3, 1, 1]]
@@ -369,7 +363,7 @@ def test_fake_64_ranks_pp_hsdp_cp_tp():
 def test_fake_1024_ranks_pp_dp_tp_and_hsdp_ep():
     kwargs = dict(pp=PipelineParallelConfig(4), dp=DataParallelConfig("fsdp"),
                   tp=TensorParallelConfig(8))
-    out, _ = _run_fake(1024, kwargs, [0, 777, 1023])
+    out = _run_fake(1024, kwargs, [0, 777, 1023])
     assert out[0]["info"] == "3D device mesh with shape (pp=4, dp=32, tp=8)"
     assert [out[r]["coord"] for r in (0, 777, 1023)] == [[0, 0, 0], [3, 1, 1], [3, 31, 7]]
     assert out[777]["tp"] == [776, 777, 778, 779, 780, 781, 782, 783]
@@ -382,7 +376,7 @@ def test_fake_1024_ranks_pp_dp_tp_and_hsdp_ep():
                                  "coord": [1, 1]}
     # HSDP with one replica per node (8 ranks per node -> 128 nodes) and EP over the node.
     kwargs = dict(dp=DataParallelConfig("hsdp"), ep=ExpertParallelConfig(8))
-    out, _ = _run_fake(1024, kwargs, [777], env={"LOCAL_WORLD_SIZE": "8"})
+    out = _run_fake(1024, kwargs, [777], env={"LOCAL_WORLD_SIZE": "8"})
     r777 = out[777]
     assert r777["info"] == "2D device mesh with shape (dp_replicate=128, dp_shard=8)"
     assert r777["coord"] == [97, 1]
@@ -394,7 +388,7 @@ def test_fake_1024_ranks_pp_dp_tp_and_hsdp_ep():
 def test_fake_8192_ranks_pp_hsdp_cp_tp():
     kwargs = dict(pp=PipelineParallelConfig(2), dp=DataParallelConfig("hsdp", num_replicas=16),
                   cp=ContextParallelConfig(2), tp=TensorParallelConfig(2))
-    out, seconds = _run_fake(8192, kwargs, [0, 5000, 8191])
+    out = _run_fake(8192, kwargs, [0, 5000, 8191])
     assert out[0]["info"] == "5D device mesh with shape (pp=2, dp_replicate=16, dp_shard=64, cp=2, tp=2)"
     assert [out[r]["coord"] for r in (0, 5000, 8191)] == [
         [0, 0, 0, 0, 0], [1, 3, 34, 0, 0], [1, 15, 63, 1, 1]]
@@ -413,13 +407,12 @@ def test_fake_8192_ranks_pp_hsdp_cp_tp():
     r = out[8191]
     assert (r["tp"], r["cp"], r["pp"]) == ([8190, 8191], [8189, 8191], [4095, 8191])
     assert r["dp_model"]["coord"] == [15, 127]
-    assert seconds < 30  # loose: about 0.2 s on an idle core
 
 
 def test_fake_8192_ranks_hsdp_per_node_tp():
     # 8 ranks per node -> 1,024 nodes; tp=4 leaves 2,048 DP ranks: 1,024 replicas of 2.
     kwargs = dict(dp=DataParallelConfig("hsdp"), tp=TensorParallelConfig(4))
-    out, _ = _run_fake(8192, kwargs, [6543], env={"LOCAL_WORLD_SIZE": "8"})
+    out = _run_fake(8192, kwargs, [6543], env={"LOCAL_WORLD_SIZE": "8"})
     r = out[6543]
     assert r["info"] == "3D device mesh with shape (dp_replicate=1024, dp_shard=2, tp=4)"
     assert r["coord"] == [817, 1, 3]
@@ -435,7 +428,7 @@ def _error_messages():
     """Build bad meshes on an 8-rank fake world; return ``{case: (exception type, message)}``."""
     import torch.distributed as dist
 
-    _fake_group(0, 8)
+    fake_group(0, 8)
     fsdp, hsdp = DataParallelConfig("fsdp"), DataParallelConfig("hsdp", shard_degree=4)
     negative = TensorParallelConfig(2)
     negative.degree = -1  # mutated after construction: checked again at build time
@@ -550,10 +543,10 @@ def test_world_mesh_life_cycle():
 def _stale_mesh():
     import torch.distributed as dist
 
-    _fake_group(0, 4)
+    fake_group(0, 4)
     ad.build_world_mesh(dp=DataParallelConfig("fsdp"))
     dist.destroy_process_group()  # not through cleanup_distributed
-    _fake_group(0, 4)
+    fake_group(0, 4)
     stale = ad.get_world_mesh()
     mesh = ad.build_world_mesh(dp=DataParallelConfig("fsdp"))  # no "already built" error
     dist.destroy_process_group()

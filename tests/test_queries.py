@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
-from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed
+from axolotl_dist.testing import run_distributed
+from fixtures import NO_ENV
 
 #: env for a plain ``python script.py``: no launcher variable at all
-NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
 
 
 def _snapshot():

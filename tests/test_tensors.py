@@ -18,8 +18,9 @@ import torch
 
 from axolotl_dist.errors import DistributedConfigError
 from axolotl_dist.tensors import ShardedFlatParameter, ShardedFlatTensor, ShardingSpec
-from axolotl_dist.tensors._flat_comm import assemble, pad_rank_major
+from axolotl_dist.tensors.flat_comm import assemble, pad_rank_major
 from axolotl_dist.testing import run_distributed
+from fixtures import fake_group
 
 TIMEOUT = 120
 
@@ -464,7 +465,6 @@ def _fake_body():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from axolotl_dist.tensors import dtensor_utils as du
 
@@ -474,7 +474,7 @@ def _fake_body():
     out = {"first": [], "second": [], "second_placed": [], "flat8": [], "sft": []}
     for rank in range(8):
         os.environ.update(RANK=str(rank), WORLD_SIZE="8")
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
+        fake_group(rank, 8)
         try:
             mesh = init_device_mesh("cpu", (2, 4))
             full = torch.arange(32.0).view(8, 4)
@@ -522,11 +522,10 @@ def test_dtensor_utils_rank_outside_mesh_and_bad_placements():
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor import Partial, Shard
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    
         from axolotl_dist.tensors import dtensor_utils as du
 
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        fake_group(0, 4)
         try:
             mesh = DeviceMesh("cpu", [0, 1])
             outside = du.compute_local_shape_and_global_offset((4,), mesh, [Shard(0)], rank=3)

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 import axolotl_dist as ad
-from axolotl_dist.testing import LAUNCHER_ENV_VARS, run_distributed
+from axolotl_dist.testing import run_distributed
+from fixtures import NO_ENV
 
-NO_ENV = {name: None for name in LAUNCHER_ENV_VARS}
 
 #: name -> (value, is a number all_reduce_value takes)
 MATRIX = {

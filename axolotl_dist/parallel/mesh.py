@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 import warnings
-import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .. import _teardown
+from .. import _backends, _teardown
+from .._groups import state_of
 from ..debug import checked
-from ..errors import DistributedConfigError, DistributedEnvError
+from ..errors import DistributedConfigError, DistributedEnvError, MeshUsageError
 from ..ranks import get_backend, is_initialized
 from .config import (
     ContextParallelConfig,
@@ -58,29 +58,11 @@ _DP_DIMS = (MeshDimName.dp, MeshDimName.dp_replicate, MeshDimName.dp_shard)
 _EP_DIMS = (MeshDimName.ep_replicate, MeshDimName.ep_shard)
 
 
-class MeshUsageError(DistributedConfigError, RuntimeError):
-    """A mesh was used in a way it does not support (a missing dim, built twice).
-
-    A :class:`~axolotl_dist.errors.DistributedConfigError` that is also a ``RuntimeError``,
-    which is what OLMo-core raised for these cases.
-    """
-
-
-# The world mesh and (weakly: a group must die with destroy_process_group, not at interpreter
-# exit) the default process group it was built on; a mesh outlives nothing.
-_WORLD_MESH: Optional[Tuple[DeviceMesh, "weakref.ref[object]"]] = None
-
-
-def _default_pg() -> object:
-    return dist.distributed_c10d._world.default_pg if dist.is_available() else None
-
-
 def get_world_mesh() -> Optional[DeviceMesh]:
-    """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed)."""
-    global _WORLD_MESH
-    if _WORLD_MESH is not None and (_WORLD_MESH[1]() is not _default_pg()):
-        _WORLD_MESH = None
-    return None if _WORLD_MESH is None else _WORLD_MESH[0]
+    """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed:
+    it lives in the default group's state, see :mod:`axolotl_dist._groups`)."""
+    state = state_of(None)
+    return None if state is None else state.world_mesh
 
 
 def reset_world_mesh() -> None:
@@ -89,8 +71,9 @@ def reset_world_mesh() -> None:
     Its process groups stay alive until the default group is destroyed;
     :func:`~axolotl_dist.cleanup_distributed` calls this for you.
     """
-    global _WORLD_MESH
-    _WORLD_MESH = None
+    state = state_of(None)
+    if state is not None:
+        state.world_mesh = None
 
 
 _teardown.on_cleanup(reset_world_mesh)
@@ -100,16 +83,11 @@ def default_device_type(backend: Optional[str] = None) -> str:
     """The mesh device type for ``backend`` (default: the current group's).
 
     ``gloo``, ``mpi`` and ``fake`` give ``"cpu"``; ``nccl`` gives ``"cuda"``; a per-device
-    backend such as ``"cuda:nccl,cpu:gloo"`` or ``"xpu:xccl"`` gives its accelerator.
+    backend such as ``"cuda:nccl,cpu:gloo"`` gives its accelerator when this machine has it,
+    else ``"cpu"``: the same answer as every other part of the kit
+    (:mod:`axolotl_dist._backends`).
     """
-    backend = (backend or get_backend() or "gloo").lower()
-    if "nccl" in backend:
-        return "cuda"
-    for part in backend.split(","):
-        device = part.split(":")[0] if ":" in part else "cpu"
-        if device != "cpu":
-            return device
-    return "cpu"
+    return _backends.device_type(backend or get_backend() or "gloo")
 
 
 _CONFIG_TYPES = {"dp": DataParallelConfig, "tp": TensorParallelConfig, "cp": ContextParallelConfig,
@@ -256,8 +234,9 @@ def build_world_mesh(
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     _prepare_groups(mesh)
     log.info("built world mesh: %s", get_device_mesh_info(mesh))
-    global _WORLD_MESH
-    _WORLD_MESH = (mesh, weakref.ref(_default_pg()))
+    state = state_of(None)
+    assert state is not None  # a mesh needs the default group
+    state.world_mesh = mesh
     return mesh
 
 

@@ -1,4 +1,7 @@
-"""The collectives behind :class:`~axolotl_dist.tensors.ShardedFlatTensor` (internal).
+"""The collectives behind :class:`~axolotl_dist.tensors.ShardedFlatTensor`.
+
+A functional module of ``tensors`` (it uses the kit's collectives and debug checks); its names are
+not exported from the package, since ``ShardedFlatTensor`` is the API.
 
 Every shard travels padded to the largest shard, in one rank-major flat buffer:
 
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.distributed as dist
 
+from .. import _backends
 from ..collectives import all_gather_into, comm_device, require_group
 from ..debug import checked
 from .sharding_spec import ShardingSpec
@@ -60,12 +64,7 @@ def group_info(group: Optional["ProcessGroup"], op: str) -> GroupInfo:
 
 def _device_for(info: GroupInfo, device: torch.device) -> torch.device:
     """``device`` if the group's backend takes tensors there, else the backend's device."""
-    backend = str(dist.get_backend(info.group)).lower()
-    if device.type in backend:  # "cuda:nccl,cpu:gloo" style
-        return device
-    if device.type == "cpu" and any(b in backend for b in ("gloo", "mpi", "fake")):
-        return device
-    if device.type == "cuda" and "nccl" in backend:
+    if _backends.supports(str(dist.get_backend(info.group)), device.type):
         return device
     return comm_device(info.group)
 

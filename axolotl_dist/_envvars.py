@@ -1,0 +1,118 @@
+"""Reading environment variables, in one place: fast raw lookups and the parsers every module
+uses (integers with bounds, seconds, on/off switches), each raising
+:class:`~axolotl_dist.errors.DistributedEnvError` that names the variable and the fix.
+
+Rank queries run in hot loops, so a raw lookup reads the dict behind ``os.environ`` directly
+(a dict lookup, no decoding); :func:`raw_getter` gives a zero-argument getter for one variable
+whose result is the stored object itself, so callers can cache on its identity. Parsed integers
+are cached per raw value.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Callable, Dict, Optional, Tuple
+
+from .errors import DistributedEnvError
+
+__all__ = [
+    "TRUE_WORDS",
+    "FALSE_WORDS",
+    "TORCHRUN_NODE_ALIASES",
+    "raw",
+    "raw_getter",
+    "text",
+    "parse_int",
+    "parse_flag",
+    "read_seconds",
+]
+
+#: Values that switch a flag on / off (case-insensitive, surrounding spaces ignored).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
+#: ``(the kit's name, torchrun's name)`` for the node rank and the number of nodes: the kit
+#: reads either, the kit's name first.
+TORCHRUN_NODE_ALIASES = (("NODE_RANK", "GROUP_RANK"), ("NUM_NODES", "GROUP_WORLD_SIZE"))
+
+_DATA = getattr(os.environ, "_data", None)
+_ENCODE: Optional[Callable[[str], object]] = getattr(os.environ, "encodekey", None)
+_KEYS: Dict[str, object] = {}
+
+
+def raw_getter(name: str) -> Callable[[], Optional[object]]:
+    """A zero-argument getter of ``name``'s stored value (the same object until it is set
+    again), or None while unset. On CPython a bound dict lookup."""
+    if _DATA is None or _ENCODE is None:  # pragma: no cover - non-CPython os.environ
+        return functools.partial(os.environ.get, name)
+    return functools.partial(_DATA.get, _ENCODE(name))
+
+
+def raw(name: str) -> Optional[object]:
+    """``name``'s stored value (bytes on POSIX), or None while unset."""
+    if _DATA is None or _ENCODE is None:  # pragma: no cover - non-CPython os.environ
+        return os.environ.get(name)
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = _ENCODE(name)
+    return _DATA.get(key)
+
+
+def text(value: object) -> str:
+    """A raw value as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_INT_CACHE: Dict[Tuple[str, object], int] = {}
+
+
+def parse_int(name: str, value: object, minimum: int, fix: str,
+              maximum: Optional[int] = None, maximum_is: str = "") -> int:
+    """``value`` of variable ``name`` as an int in ``[minimum, maximum]``; cached per value.
+
+    :param fix: what to do, for the message ("set it to the number of nodes (>= 1)").
+    :param maximum_is: what the maximum counts, for the message ("ranks torch's c10d store
+        takes": "is larger than the 2147483647 ranks torch's c10d store takes").
+    """
+    cached = _INT_CACHE.get((name, value))
+    if cached is not None:
+        return cached
+    stripped = text(value).strip()
+    try:
+        number = int(stripped)
+    except ValueError:
+        raise DistributedEnvError(f"{name}={stripped!r} is not an integer; {fix}") from None
+    if number < minimum:
+        raise DistributedEnvError(f"{name}={number} must be >= {minimum}; {fix}")
+    if maximum is not None and number > maximum:
+        raise DistributedEnvError(f"{name}={number} is larger than the {maximum} {maximum_is}; {fix}")
+    _INT_CACHE[(name, value)] = number
+    return number
+
+
+def parse_flag(name: str, value: object, fix: str) -> bool:
+    """``value`` of switch ``name``: one of :data:`TRUE_WORDS` / :data:`FALSE_WORDS`."""
+    word = text(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise DistributedEnvError(f"{name}={text(value)!r} is not a switch: {fix}")
+
+
+def read_seconds(name: str, default: float) -> float:
+    """Variable ``name`` as a positive, finite number of seconds (``default`` when unset or
+    blank)."""
+    value = raw(name)
+    if value is None or not text(value).strip():
+        return default
+    try:
+        seconds = float(text(value))
+    except ValueError:
+        seconds = -1.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise DistributedEnvError(
+            f"{name}={text(value)!r} must be a positive number of seconds: set e.g. "
+            f"{name}={default:g}")
+    return seconds

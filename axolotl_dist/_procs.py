@@ -1,0 +1,136 @@
+"""Process utilities shared by the launcher, the rank bootstrap, the test harness and the
+failure watch: process state from ``/proc``, children, killing a process tree, the loopback
+interface, and the env var naming the ``axolotl-dist`` launcher's pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from typing import Dict, List, Optional, Tuple
+
+__all__ = [
+    "LAUNCHER_PID_ENV_VAR",
+    "proc_state",
+    "alive",
+    "process_table",
+    "children",
+    "descendants",
+    "reap",
+    "signal_tree",
+    "kill_tree",
+    "loopback_interface",
+]
+
+#: Set by ``axolotl-dist`` in every rank: the launcher's pid (ranks die with it).
+LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
+
+
+def _stat(pid: int) -> Optional[Tuple[str, int]]:
+    """``(state letter, parent pid)`` from ``/proc/<pid>/stat``; None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_state(pid: int) -> Optional[str]:
+    """``"gone"`` (no such process, or a zombie), ``"stopped"`` (SIGSTOP / traced) or
+    ``"running"`` for a pid on this host; None when procfs cannot tell."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "running"
+    stat = _stat(pid)
+    if stat is None:
+        return None
+    if stat[0] in ("Z", "X"):
+        return "gone"
+    if stat[0] in ("T", "t"):
+        return "stopped"
+    return "running"
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a stopped process does; a zombie does not; without procfs, trust
+    ``kill(pid, 0)``)."""
+    return proc_state(pid) != "gone"
+
+
+def process_table() -> Dict[int, Tuple[str, int]]:
+    """Every readable process: pid -> ``(state letter, parent pid)`` (empty without procfs)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # pragma: no cover - no procfs
+        return {}
+    table = {}
+    for entry in entries:
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                table[int(entry)] = stat
+    return table
+
+
+def children(pid: int) -> List[Tuple[int, str]]:
+    """``pid``'s direct children as ``(pid, state letter)``."""
+    return [(child, state) for child, (state, ppid) in process_table().items() if ppid == pid]
+
+
+def descendants(pid: int) -> List[int]:
+    """``pid``'s children, recursively (launchers put ranks in their own sessions)."""
+    kids: Dict[int, List[int]] = {}
+    for child, (_, ppid) in process_table().items():
+        kids.setdefault(ppid, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is an exited child of this process (never blocks)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        pass
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``'s process group (where its children live), else to ``pid``."""
+    for send in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+        try:
+            send()
+            return
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant (those in other sessions too)."""
+    victims = descendants(pid)
+    signal_tree(pid, signal.SIGKILL)
+    for victim in victims:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def loopback_interface() -> Optional[str]:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            return candidate
+    return None

@@ -1,0 +1,97 @@
+"""What many test files need, in one place: a launcher-free environment for ranks and for
+subprocesses, a subprocess launcher runner that leaves nothing behind, torch's fake process
+group and a free loopback port.
+
+Variable lists come from the library (:data:`axolotl_dist.env.LAUNCHER_ENV_VARS`), so a variable
+the kit learns to read is cleared here too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import pytest
+
+from axolotl_dist import _procs
+from axolotl_dist.env import LAUNCHER_ENV_VARS
+
+__all__ = ["ROOT", "NO_ENV", "LAUNCHER_PREFIXES", "subprocess_env", "start", "finish", "run",
+           "fake_group", "free_port", "alive"]
+
+#: The checkout under test.
+ROOT = Path(__file__).resolve().parents[1]
+#: For ``run_distributed(env=NO_ENV)``: ranks that see no launcher variable at all.
+NO_ENV: Dict[str, Optional[str]] = {name: None for name in LAUNCHER_ENV_VARS}
+#: Families of launcher variables a subprocess must not inherit from whatever started pytest.
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PET_", "TORCHELASTIC_", "ACCELERATE_")
+
+
+def subprocess_env(tmp_path: Optional[Path] = None, **extra: str) -> Dict[str, str]:
+    """This process's env without launcher variables, this checkout first on the path.
+
+    With ``tmp_path``, the Hugging Face libraries run offline with every cache under it.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_ENV_VARS and not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    if tmp_path is not None:
+        home = tmp_path / "hf_home"
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   HF_HOME=str(home), HF_DATASETS_CACHE=str(home / "datasets"),
+                   XDG_CACHE_HOME=str(tmp_path / "xdg"), TOKENIZERS_PARALLELISM="false")
+    env.update(extra)
+    return env
+
+
+def start(cmd: Sequence[str], env: Dict[str, str], cwd: Union[Path, str, None] = None
+          ) -> subprocess.Popen:
+    """Start ``cmd`` (a launcher) in its own session, output captured as text."""
+    return subprocess.Popen(list(cmd), cwd=str(cwd or ROOT), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> Tuple[int, str, str]:
+    """Wait for ``proc``: ``(exit code, stdout, stderr)``. Past ``timeout`` (or interrupted) its
+    whole tree is killed, and a timeout fails the test with the output so far."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _procs.kill_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"{proc.args} did not finish in {timeout}s:\n{out}\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:  # interrupted (Ctrl-C, pytest-timeout): leave nothing behind
+            _procs.kill_tree(proc.pid)
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def run(cmd: Sequence[str], env: Dict[str, str], timeout: float,
+        cwd: Union[Path, str, None] = None) -> Tuple[int, str, str]:
+    """:func:`start` then :func:`finish`."""
+    return finish(start(cmd, env, cwd), timeout)
+
+
+def fake_group(rank: int, world_size: int) -> None:
+    """Make this process ``rank`` of a ``world_size``-rank fake process group (no data moves)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (not a zombie)."""
+    return _procs.alive(pid)
+
