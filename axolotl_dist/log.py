@@ -15,10 +15,10 @@ apply: WARNING and above, message only).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any, MutableMapping, Optional, TextIO, Tuple
 
+from . import _envvars
 from .ranks import get_rank, get_world_size
 
 __all__ = ["RankLoggerAdapter", "get_logger", "DEFAULT_LOGGING_ENV_VAR"]
@@ -47,6 +47,15 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 _FALLBACK = _StderrHandler()
 
 
+def _default_logging_on() -> bool:
+    """:data:`DEFAULT_LOGGING_ENV_VAR` as a switch (unset or blank: on); a value that is not a
+    switch raises :class:`~axolotl_dist.errors.DistributedEnvError` naming it."""
+    raw = _envvars.raw(DEFAULT_LOGGING_ENV_VAR)
+    return raw is None or not _envvars.text(raw).strip() or _envvars.parse_flag(
+        DEFAULT_LOGGING_ENV_VAR, raw, f"set {DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr "
+        f"fallback off or {DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it")
+
+
 def _fallback_level(logger: logging.Logger) -> Optional[int]:
     """The lowest level the stderr fallback shows for ``logger``, or None if logging is set up.
 
@@ -54,7 +63,7 @@ def _fallback_level(logger: logging.Logger) -> Optional[int]:
     the root's). Without one, the first level set on the way to the root decides, except the
     root's untouched default (WARNING), which is taken as INFO.
     """
-    if os.environ.get(DEFAULT_LOGGING_ENV_VAR, "1").strip() == "0" or logger.hasHandlers():
+    if not _default_logging_on() or logger.hasHandlers():
         return None
     node: Optional[logging.Logger] = logger
     while node is not None:

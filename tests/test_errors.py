@@ -329,3 +329,14 @@ def test_nothing_hangs_when_only_one_rank_raises_before_a_collective():
     for o in (outcomes[0], outcomes[2]):
         assert isinstance(o.exception, ad.RankFailedError) and o.exception.rank == 1
         assert "KeyError" in o.error and "tokenizer missing" in o.error
+
+
+def test_default_logging_switch_that_is_not_a_switch_names_the_variable(monkeypatch):
+    monkeypatch.setenv("AXOLOTL_DIST_DEFAULT_LOGGING", "maybe")
+    log = ad.get_logger("axolotl_dist.test_switch")
+    with pytest.raises(ad.DistributedEnvError,
+                       match=r"AXOLOTL_DIST_DEFAULT_LOGGING='maybe' is not a switch: set "
+                             r"AXOLOTL_DIST_DEFAULT_LOGGING=0 to turn the stderr fallback off"):
+        log.info("hello")
+    monkeypatch.setenv("AXOLOTL_DIST_DEFAULT_LOGGING", " off ")  # the kit's switch words
+    log.info("hello")
