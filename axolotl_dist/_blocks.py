@@ -35,14 +35,8 @@ from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence
 
 from ._callsite import CallSite
 from ._groups import global_ranks
-from ._signals import (
-    await_readers,
-    group_store,
-    poll_until,
-    publish_error,
-    read_error,
-    store_errors,
-)
+from ._records import await_readers, publish_error, read_error
+from ._signals import group_store, poll_until, store_errors
 from .errors import CollectiveMismatchError, failure_report
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _signals, _teardown
+from ._records import await_readers
 from ._groups import global_rank, next_sequence, state_of
 from .errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
@@ -364,7 +365,7 @@ def _acknowledge(ctx: _Ctx, key: str, readers: Sequence[int]) -> None:
         ctx.store.set(f"{key}/ack/{ctx.me.rank}", b"")
     except Exception:  # noqa: BLE001 - the store is gone: the error says what we know
         return
-    _signals.await_readers(ctx.store, key, [r for r in readers if r != ctx.me.rank], ctx.group)
+    await_readers(ctx.store, key, [r for r in readers if r != ctx.me.rank], ctx.group)
 
 
 def _mismatch_error(ctx: _Ctx, calls: List[Call]) -> CollectiveMismatchError:

@@ -1,4 +1,4 @@
-"""Store-based signalling between ranks: who is who, heartbeats, failure records, bounded waits.
+"""Store-based signalling between ranks: who is who, heartbeats, judging peers, bounded waits.
 
 Rank-ordered blocks (:func:`~axolotl_dist.zero_first`, :func:`~axolotl_dist.do_n_at_a_time`)
 signal through the process group's c10d store instead of collectives, so a wait is not bound
@@ -10,22 +10,25 @@ can watch the ranks it waits for:
   :data:`HEARTBEAT_INTERVAL` seconds on its own store connection; the thread also copies the
   other ranks' records locally, so a rank can still be named after the store is gone;
 * :class:`Watch` judges the ranks a waiter depends on: a rank whose process left an exit
-  record (:func:`publish_exit`) or is gone from this host is dead at once; one that is stopped
+  record (:func:`axolotl_dist._records.publish_exit`) or is gone from this host is dead at once; one that is stopped
   (``SIGSTOP``) or silent is reported at WARNING level; a rank on another host whose heartbeat
   stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as dead;
 * a waiting rank polls with non-blocking ``add(key, 0)`` (no C++ timeout warnings), spinning
   briefly and then backing off to at most 0.25 s, and logs at WARNING whom it waits for after
   ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds (default 30), then at doubling intervals;
-* a failure published for other ranks (:func:`publish_error`) is acknowledged by each rank
-  that reads it (:func:`read_error`). Where the store lives in rank 0's own process (a plain
+* a failure published for other ranks (:mod:`axolotl_dist._records`: ``publish_error``) is
+  acknowledged by each rank that reads it (``read_error``). Where the store lives in rank 0's own process (a plain
   env launch: bare ``RANK``/``WORLD_SIZE``, ``srun``, ``mpirun``) rank 0 waits, before it
   raises, until every live reader has acknowledged, at most ``AXOLOTL_DIST_STORE_LINGER``
-  seconds (default 5) (:func:`await_readers`), so its peers read the real cause even if its
+  seconds (default 5) (``await_readers``), so its peers read the real cause even if its
   process ends at once (``os._exit``, an uncaught exception);
 * a store that is really gone is reported as such, naming its host (:func:`store_lost_error`),
   and a collective that fails because a peer is gone is turned into a
   :class:`~axolotl_dist.errors.RankFailedError` naming the lost rank and how that was judged
-  (:func:`diagnose_lost_peer`).
+  (``_records.diagnose_lost_peer``).
+
+The records themselves (failure reports, exit records, the store host's bounded linger) live in
+:mod:`axolotl_dist._records`, built on this module.
 """
 
 from __future__ import annotations
@@ -46,9 +49,8 @@ import torch.distributed as dist
 
 from . import _procs
 from ._envvars import read_seconds
-from ._groups import global_ranks, resolve
-from .errors import (DistributedEnvError, RankFailedError, RankTimeoutError, failure_report,
-                     learnt_failure)
+from ._groups import resolve
+from .errors import DistributedEnvError, RankFailedError, RankTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
@@ -71,16 +73,13 @@ __all__ = [
     "store_errors",
     "start_heartbeat",
     "stop_heartbeat",
+    "exit_connection",
+    "peer_record",
+    "exit_key",
+    "lost_error",
+    "LIVENESS_INTERVAL",
     "poll_until",
-    "publish_error",
-    "read_error",
-    "await_readers",
-    "publish_exit",
-    "mark_exited",
     "bounded",
-    "await_peers_exit",
-    "linger_timeout",
-    "diagnose_lost_peer",
 ]
 
 log = logging.getLogger("axolotl_dist")
@@ -308,6 +307,17 @@ def start_heartbeat() -> None:
         _EXIT_STORE = (store, dist.get_rank(), weakref.ref(pg))
 
 
+def exit_connection() -> Optional[Tuple["Store", int, Any]]:
+    """The heartbeat's store connection for this process's exit record: ``(store, rank,
+    weakref to the default group it belongs to)``, or None before the heartbeat started."""
+    return _EXIT_STORE
+
+
+def peer_record(rank: int) -> Optional[Peer]:
+    """The record of global ``rank`` (pid, host, launcher) this process has seen, or None."""
+    return _PEERS.get(rank)
+
+
 def stop_heartbeat() -> None:
     """Stop the heartbeat thread, if any."""
     global _HEARTBEAT
@@ -334,7 +344,7 @@ class Lost(NamedTuple):
     when: float = float("inf")
 
 
-def _exit_key(rank: int) -> str:
+def exit_key(rank: int) -> str:
     return f"axd/exit/{rank}"
 
 
@@ -381,10 +391,10 @@ class Watch:
             if rank == self.me or rank in self.exited or self.checked.get(rank) == count:
                 continue
             self.checked[rank] = count
-            if count == 0 or not self.store.check([_exit_key(rank)]):
+            if count == 0 or not self.store.check([exit_key(rank)]):
                 continue
-            report, when = pickle.loads(self.store.get(_exit_key(rank)))
-            self.store.set(f"{_exit_key(rank)}/ack/{self.me}", b"")
+            report, when = pickle.loads(self.store.get(exit_key(rank)))
+            self.store.set(f"{exit_key(rank)}/ack/{self.me}", b"")
             if report is None:
                 self.exited[rank] = Lost(rank, "exited", "its process finished its script and "
                                          "exited (no uncaught exception)", None, when)
@@ -643,155 +653,3 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
                         list(watch()), what)
             log_every = min(log_every * 2, _MAX_WAIT_LOG_INTERVAL)
             next_log = now + log_every
-
-
-# --- failure records -------------------------------------------------------------------------
-
-def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
-    """Store a failure report of ``rank`` under ``key`` (never raises)."""
-    try:
-        store.set(key, failure_report(rank, exc, where))
-    except Exception:  # noqa: BLE001 - the store may be gone: nothing to report to
-        pass
-
-
-def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailedError:
-    """The :class:`RankFailedError` for a report stored with :func:`publish_error`; with ``me``
-    (this rank's rank in the group), acknowledge it for :func:`await_readers`."""
-    try:
-        error = RankFailedError.from_report(store.get(key))
-        if me is not None:
-            store.set(f"{key}/ack/{me}", b"")
-    except Exception as exc:  # noqa: BLE001
-        if is_store_error(exc):
-            raise store_lost_error(exc, "reading another rank's failure") from exc
-        raise
-    return error
-
-
-def linger_timeout() -> float:
-    """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
-    return read_seconds(STORE_LINGER_ENV_VAR, 5.0)
-
-
-def await_readers(store: "Store", key: str, readers: Sequence[int],
-                  group: Optional["ProcessGroup"] = None) -> None:
-    """If this process hosts the store, wait until every live group rank in ``readers`` has
-    acknowledged the report under ``key`` (:func:`read_error` with ``me``), at most
-    :func:`linger_timeout` seconds. Elsewhere a no-op: the store outlives this process.
-    Never raises."""
-    if not readers or not hosts_store():
-        return
-    try:
-        ranks = global_ranks(group)
-
-        def left() -> List[int]:
-            return [ranks[r] for r in readers if not store.check([f"{key}/ack/{r}"])]
-
-        _linger(lambda: not left(), left, Watch(world_store()), exits=True)
-    except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
-        pass
-
-
-def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "Watch",
-            exits: bool) -> None:
-    """Poll until ``done()``, or until every global rank in ``left()`` is gone (judged by
-    ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
-    :func:`linger_timeout` seconds."""
-    start = time.monotonic()
-    deadline, next_check = start + linger_timeout(), start + LIVENESS_INTERVAL
-    while time.monotonic() < deadline:
-        if done():
-            return
-        now = time.monotonic()
-        if now >= next_check:
-            next_check = now + LIVENESS_INTERVAL
-            waiting = left()
-            if len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
-                return
-        time.sleep(0.005)
-
-
-# --- exit records ----------------------------------------------------------------------------
-
-def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
-    """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
-    exception, else a normal exit. Uses the heartbeat's connection (never opens a new one: a
-    dead store would make that wait). Returns ``(store, rank)`` if the record was written."""
-    if _EXIT_STORE is None:
-        return None
-    store, rank, pg_ref = _EXIT_STORE
-    if pg_ref() is not resolve(None):
-        return None  # a later group replaced the one this connection belongs to
-    try:
-        if exc is None:
-            exc = learnt_failure()  # it ended normally, but after learning of a failure
-        if exc is None:
-            report = None
-        elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
-            report = exc.to_report()
-        else:
-            report = failure_report(rank, exc, "its script")
-        store.set(_exit_key(rank), pickle.dumps((report, time.time())))
-        store.add("axd/exits", 1)
-    except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
-        return None
-    return store, rank
-
-
-def mark_exited(record: Tuple["Store", int]) -> None:
-    """After this process's groups are destroyed: it will not touch the store again."""
-    store, rank = record
-    try:
-        store.set(f"axd/gone/{rank}", b"")
-        store.add("axd/gone", 1)
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def await_peers_exit(store: "Store", rank: int, world_size: int) -> None:
-    """For the store host at exit: keep the store up until every other rank has finished its
-    own exit teardown (:func:`mark_exited`; it reads exit records and destroys its groups
-    through the store) or is gone, at most :func:`linger_timeout` seconds. Never raises."""
-    others = [r for r in range(world_size) if r != rank]
-    try:
-        def left() -> List[int]:
-            return [r for r in others if not store.check([f"axd/gone/{r}"])]
-
-        _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
-                exits=False)
-    except Exception:  # noqa: BLE001
-        pass
-
-
-# --- collectives that failed -----------------------------------------------------------------
-
-def diagnose_lost_peer(exc: BaseException, what: str, group: Optional["ProcessGroup"]) -> BaseException:
-    """The error to raise for a collective of ``what`` that failed with ``exc``.
-
-    If a peer of ``group`` is gone (an exit record, its process gone from this host, no
-    heartbeat, or the store's host gone), a :class:`RankFailedError` naming it and how that was
-    judged (raise it ``from exc``); otherwise ``exc`` itself. Waits at most a few seconds for a
-    peer that is still exiting (longer, up to the heartbeat timeout, for peers on other hosts).
-    """
-    if not dist.is_initialized() or isinstance(exc, (RankFailedError, DistributedEnvError)):
-        return exc
-    try:
-        me = dist.get_rank()
-        ranks = [r for r in global_ranks(group) if r != me]
-        watcher = Watch(world_store(), me)
-        remote = any(p is None or p.host != HOST for p in (_PEERS.get(r) for r in ranks))
-        start = time.monotonic()
-        limit = start + (watcher.remote_timeout + 2.0 if remote else 3.0 * HEARTBEAT_INTERVAL)
-        while True:
-            now = time.monotonic()
-            lost = watcher.find_lost(ranks, now, what)
-            if lost:
-                return lost_error(lost, what)
-            if now >= limit:
-                return exc
-            time.sleep(0.05)
-    except Exception as store_exc:  # noqa: BLE001
-        if is_store_error(store_exc):
-            return store_lost_error(store_exc, what)
-        return exc

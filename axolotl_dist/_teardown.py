@@ -34,7 +34,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import _backends, _signals
+from . import _backends, _records, _signals
 
 __all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
 
@@ -105,7 +105,7 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     server = _signals.world_store() if hosts else None
     _signals.stop_heartbeat()
     # store calls go through the bounded worker: a stopped store host must not hang the exit
-    record = _signals.bounded(lambda: _signals.publish_exit(exc), _STORE_CALLS) \
+    record = _signals.bounded(lambda: _records.publish_exit(exc), _STORE_CALLS) \
         if world_size > 1 else None
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
     try:
@@ -113,9 +113,9 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
         pass
     if record is not None:
-        _signals.bounded(lambda: _signals.mark_exited(record), _STORE_CALLS)
+        _signals.bounded(lambda: _records.mark_exited(record), _STORE_CALLS)
         if hosts:
-            _signals.await_peers_exit(record[0], rank, world_size)
+            _records.await_peers_exit(record[0], rank, world_size)
     del server
     if any(ref() is not None for ref in groups):
         gc.collect()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional, Union
 import torch
 import torch.distributed as dist
 
-from . import _backends, _signals, _teardown
+from . import _backends, _records, _teardown
 from ._groups import state_of
 from . import env as _env
 from ._codec import resolved
@@ -53,7 +53,7 @@ def raise_lost_peer(exc: RuntimeError, where: str, group: Optional["ProcessGroup
     ranks before the root notices a lost one; those ranks return the value and raise at their
     next collective.
     """
-    error = _signals.diagnose_lost_peer(exc, where, group)
+    error = _records.diagnose_lost_peer(exc, where, group)
     if error is exc:
         raise exc
     raise error from exc

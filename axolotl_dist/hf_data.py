@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 from . import _teardown
 from ._groups import next_sequence
-from ._signals import await_readers, group_store, poll_until, publish_error, read_error
+from ._records import await_readers, publish_error, read_error
+from ._signals import group_store, poll_until
 from .collectives import require_group
 from .debug import checked
 from .env import env_shared_filesystem

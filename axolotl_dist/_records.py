@@ -1,0 +1,187 @@
+"""Failure and exit records through the c10d store, and naming the peer behind a failed
+collective: what a rank that fails (or ends) leaves for the others, and how the store's host
+keeps it readable for them (bounded by ``AXOLOTL_DIST_STORE_LINGER``) before its process exits.
+
+Built on :mod:`axolotl_dist._signals` (stores, peer records, :class:`~axolotl_dist._signals.Watch`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
+
+import torch.distributed as dist
+
+from ._envvars import read_seconds
+from ._groups import global_ranks, resolve
+from ._signals import (HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR, Watch,
+                       exit_connection, exit_key, hosts_store, is_store_error, lost_error,
+                       peer_record, store_lost_error, world_store)
+from .errors import DistributedEnvError, RankFailedError, failure_report, learnt_failure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup, Store
+
+__all__ = [
+    "publish_error",
+    "read_error",
+    "linger_timeout",
+    "await_readers",
+    "publish_exit",
+    "mark_exited",
+    "await_peers_exit",
+    "diagnose_lost_peer",
+]
+
+
+# --- failure records -------------------------------------------------------------------------
+
+def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
+    """Store a failure report of ``rank`` under ``key`` (never raises)."""
+    try:
+        store.set(key, failure_report(rank, exc, where))
+    except Exception:  # noqa: BLE001 - the store may be gone: nothing to report to
+        pass
+
+
+def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailedError:
+    """The :class:`RankFailedError` for a report stored with :func:`publish_error`; with ``me``
+    (this rank's rank in the group), acknowledge it for :func:`await_readers`."""
+    try:
+        error = RankFailedError.from_report(store.get(key))
+        if me is not None:
+            store.set(f"{key}/ack/{me}", b"")
+    except Exception as exc:  # noqa: BLE001
+        if is_store_error(exc):
+            raise store_lost_error(exc, "reading another rank's failure") from exc
+        raise
+    return error
+
+
+def linger_timeout() -> float:
+    """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
+    return read_seconds(STORE_LINGER_ENV_VAR, 5.0)
+
+
+def await_readers(store: "Store", key: str, readers: Sequence[int],
+                  group: Optional["ProcessGroup"] = None) -> None:
+    """If this process hosts the store, wait until every live group rank in ``readers`` has
+    acknowledged the report under ``key`` (:func:`read_error` with ``me``), at most
+    :func:`linger_timeout` seconds. Elsewhere a no-op: the store outlives this process.
+    Never raises."""
+    if not readers or not hosts_store():
+        return
+    try:
+        ranks = global_ranks(group)
+
+        def left() -> List[int]:
+            return [ranks[r] for r in readers if not store.check([f"{key}/ack/{r}"])]
+
+        _linger(lambda: not left(), left, Watch(world_store()), exits=True)
+    except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
+        pass
+
+
+def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "Watch",
+            exits: bool) -> None:
+    """Poll until ``done()``, or until every global rank in ``left()`` is gone (judged by
+    ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
+    :func:`linger_timeout` seconds."""
+    start = time.monotonic()
+    deadline, next_check = start + linger_timeout(), start + LIVENESS_INTERVAL
+    while time.monotonic() < deadline:
+        if done():
+            return
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + LIVENESS_INTERVAL
+            waiting = left()
+            if len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
+                return
+        time.sleep(0.005)
+
+
+# --- exit records ----------------------------------------------------------------------------
+
+def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
+    """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
+    exception, else a normal exit. Uses the heartbeat's connection (never opens a new one: a
+    dead store would make that wait). Returns ``(store, rank)`` if the record was written."""
+    if exit_connection() is None:
+        return None
+    store, rank, pg_ref = exit_connection()  # type: ignore[misc]
+    if pg_ref() is not resolve(None):
+        return None  # a later group replaced the one this connection belongs to
+    try:
+        if exc is None:
+            exc = learnt_failure()  # it ended normally, but after learning of a failure
+        if exc is None:
+            report = None
+        elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
+            report = exc.to_report()
+        else:
+            report = failure_report(rank, exc, "its script")
+        store.set(exit_key(rank), pickle.dumps((report, time.time())))
+        store.add("axd/exits", 1)
+    except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
+        return None
+    return store, rank
+
+
+def mark_exited(record: Tuple["Store", int]) -> None:
+    """After this process's groups are destroyed: it will not touch the store again."""
+    store, rank = record
+    try:
+        store.set(f"axd/gone/{rank}", b"")
+        store.add("axd/gone", 1)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def await_peers_exit(store: "Store", rank: int, world_size: int) -> None:
+    """For the store host at exit: keep the store up until every other rank has finished its
+    own exit teardown (:func:`mark_exited`; it reads exit records and destroys its groups
+    through the store) or is gone, at most :func:`linger_timeout` seconds. Never raises."""
+    others = [r for r in range(world_size) if r != rank]
+    try:
+        def left() -> List[int]:
+            return [r for r in others if not store.check([f"axd/gone/{r}"])]
+
+        _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
+                exits=False)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# --- collectives that failed -----------------------------------------------------------------
+
+def diagnose_lost_peer(exc: BaseException, what: str, group: Optional["ProcessGroup"]) -> BaseException:
+    """The error to raise for a collective of ``what`` that failed with ``exc``.
+
+    If a peer of ``group`` is gone (an exit record, its process gone from this host, no
+    heartbeat, or the store's host gone), a :class:`RankFailedError` naming it and how that was
+    judged (raise it ``from exc``); otherwise ``exc`` itself. Waits at most a few seconds for a
+    peer that is still exiting (longer, up to the heartbeat timeout, for peers on other hosts).
+    """
+    if not dist.is_initialized() or isinstance(exc, (RankFailedError, DistributedEnvError)):
+        return exc
+    try:
+        me = dist.get_rank()
+        ranks = [r for r in global_ranks(group) if r != me]
+        watcher = Watch(world_store(), me)
+        remote = any(p is None or p.host != HOST for p in (peer_record(r) for r in ranks))
+        start = time.monotonic()
+        limit = start + (watcher.remote_timeout + 2.0 if remote else 3.0 * HEARTBEAT_INTERVAL)
+        while True:
+            now = time.monotonic()
+            lost = watcher.find_lost(ranks, now, what)
+            if lost:
+                return lost_error(lost, what)
+            if now >= limit:
+                return exc
+            time.sleep(0.05)
+    except Exception as store_exc:  # noqa: BLE001
+        if is_store_error(store_exc):
+            return store_lost_error(store_exc, what)
+        return exc
