@@ -247,14 +247,25 @@ def _ended_at(rank: int, failure, ends: Dict[int, dict]) -> float:
 
 
 def _early_exit(failures: Dict[int, object], ends: Dict[int, dict]) -> Optional[Tuple[int, dict]]:
-    """The rank that ended cleanly (exit code 0) before any rank failed, if one did."""
+    """The rank whose script ended cleanly (exit code 0) before any rank failed, if one did.
+
+    Its process may still be among ``failures``: killed by the launcher (a signal) while its
+    exit hooks ran, after the others failed because it had left.
+    """
     clean = [(data["time"], rank) for rank, data in ends.items()
-             if data.get("code") == 0 and rank not in failures]
+             if data.get("code") == 0 and _stopped_after_its_end(rank, failures)]
     if not clean:
         return None
     when, rank = min(clean)
-    first_failure = min(_ended_at(r, f, ends) for r, f in failures.items())
-    return (rank, ends[rank]) if when < first_failure else None
+    others = [_ended_at(r, f, ends) for r, f in failures.items() if r != rank]
+    return (rank, ends[rank]) if others and when < min(others) else None
+
+
+def _stopped_after_its_end(rank: int, failures: Dict[int, object]) -> bool:
+    """Whether a rank whose script ended with code 0 either exited cleanly (not a failure) or
+    was only stopped by a signal afterwards."""
+    failure = failures.get(rank)
+    return failure is None or getattr(failure, "exitcode", 0) < 0
 
 
 def _report(failures: Dict[int, object], nodes: int, node_rank: int,
@@ -269,6 +280,8 @@ def _report(failures: Dict[int, object], nodes: int, node_rank: int,
         lines.append(f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
                      f"rank(s) {running} were still running; the others needed it (a rank that "
                      "returns or calls sys.exit early leaves its peers waiting in collectives)")
+    if early is not None and early[0] in failures:  # stopped by us after its script ended
+        failures = {r: f for r, f in failures.items() if r != early[0]}
     rank, failure = first_failure(failures)
     code = exit_code_of(failure.exitcode)
     if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):

@@ -414,6 +414,36 @@ def test_rank_stopped_while_exiting_after_raising_reports_its_exception(tmp_path
     assert "ValueError: first" in err and "exit code 1" in err
 
 
+def test_an_early_quitter_stopped_during_its_exit_hooks_is_still_reported_first(
+        tmp_path: Path, capsys) -> None:
+    # Rank 0's script ended (code 0), the others then failed because it had left, and the
+    # launcher SIGTERMed rank 0 while its exit hooks still ran (seen on a loaded machine).
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    now = float(int(time.time()))
+    message = "RankFailedError: rank 0 failed in barrier"
+    path = tmp_path / "error1.json"
+    path.write_text(json.dumps({
+        "message": {"message": message, "extraInfo": {
+            "py_callstack": f"Traceback ...\n{message}\n", "timestamp": str(int(now))}},
+        "axolotl_dist": {"time": now + 0.5}}))
+    failures = {
+        0: ProcessFailure(local_rank=0, pid=100, exitcode=-15, error_file=""),
+        1: ProcessFailure(local_rank=1, pid=101, exitcode=1, error_file=str(path)),
+    }
+    ends = {0: {"rank": 0, "code": 0, "time": now + 0.1, "pid": 100},
+            1: {"rank": 1, "code": 1, "time": now + 0.5, "pid": 101}}
+    assert launch._report(failures, nodes=1, node_rank=0, ends=ends, world_size=3) == 1
+    err = capsys.readouterr().err
+    assert "axolotl-dist: rank 0 (pid 100) exited with code 0 while rank(s) [1, 2] were still running" in err
+    assert "then rank 1 (local rank 1, pid 101) failed: it exited with code 1" in err
+    assert "RankFailedError: rank 0 failed in barrier" in err
+    # a rank killed by a signal *before* its script ended is a failure, not an early quitter
+    del ends[0]
+    launch._report(failures, nodes=1, node_rank=0, ends=ends, world_size=3)
+    assert "exited with code 0" not in capsys.readouterr().err
+
+
 # ---- who ended first, and nothing left behind ------------------------------------------------
 
 EARLY_EXIT_SCRIPT = r'''
