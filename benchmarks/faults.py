@@ -10,63 +10,15 @@ the worst over both faulty ranks and placements, with the error type survivors s
 """
 
 import os
-import signal
 import sys
-import time
 from collections import defaultdict
 
-# this checkout's axolotl_dist, not whichever one is installed
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# this checkout's axolotl_dist, not whichever one is installed, and the tests' fault scenario
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-import torch  # noqa: E402
-
-import axolotl_dist as ad  # noqa: E402
 from axolotl_dist.testing import STORE_PLACEMENTS, run_distributed_outcomes  # noqa: E402
-
-HELPERS = ("compute_and_broadcast", "gather_from_all_ranks", "gather_scalar_from_all_ranks",
-           "reduce_and_broadcast", "broadcast_object", "all_gather_object", "barrier",
-           "all_reduce", "zero_first", "do_n_at_a_time")
-FAULTS = ("raises", "killed", "exits")
-
-
-def _call(helper, value, faulty):
-    rank = ad.get_rank()
-    calls = {
-        "compute_and_broadcast": lambda: ad.compute_and_broadcast(value, src=faulty),
-        "gather_from_all_ranks": lambda: ad.gather_from_all_ranks(value),
-        "gather_scalar_from_all_ranks": lambda: ad.gather_scalar_from_all_ranks(value),
-        "reduce_and_broadcast": lambda: ad.reduce_and_broadcast(value, sum),
-        "broadcast_object": lambda: ad.broadcast_object(value(), src=faulty),
-        "all_gather_object": lambda: ad.all_gather_object(value()),
-        "barrier": lambda: (value(), ad.barrier()),
-        "all_reduce": lambda: ad.all_reduce(torch.tensor([value()])),
-        "do_n_at_a_time": lambda: ad.do_n_at_a_time(value, n=1),
-    }
-    if helper == "zero_first":
-        with ad.zero_first(is_main=rank == faulty):
-            return value()
-    return calls[helper]()
-
-
-def _body(helper, fault, faulty):
-    rank = ad.get_rank()
-    if rank == faulty and fault == "killed":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if rank == faulty and fault == "exits":
-        return None
-
-    def value():
-        if rank == faulty and fault == "raises":
-            raise ValueError("injected")
-        return rank + 1
-
-    start = time.monotonic()
-    try:
-        _call(helper, value, faulty)
-        ad.barrier()
-    except ad.RankFailedError as exc:
-        return time.monotonic() - start, exc.rank, exc.exc_type
-    return None
+from fault_matrix import FAULTS, HELPERS, fault_body  # noqa: E402
 
 
 def main() -> None:
@@ -76,16 +28,17 @@ def main() -> None:
         for fault in FAULTS:
             for faulty in (0, 1):
                 for store in STORE_PLACEMENTS:
-                    outcomes = run_distributed_outcomes(_body, 3, args=(helper, fault, faulty),
+                    outcomes = run_distributed_outcomes(fault_body, 3,
+                                                        args=(helper, fault, faulty),
                                                         store=store, timeout=60, pg_timeout=300)
                     for o in outcomes:
                         if o.rank == faulty:
                             continue
-                        if not (o.ok and o.value and o.value[1] == faulty):
+                        if not (o.ok and o.value and o.value.get("rank") == faulty):
                             raise SystemExit(f"{helper}/{fault}/rank {faulty}/{store}: "
                                              f"{o.describe()} {o.value}")
-                        worst[helper, fault] = max(worst[helper, fault], o.value[0])
-                        seen[helper, fault].add(o.value[2])
+                        worst[helper, fault] = max(worst[helper, fault], o.value["elapsed"])
+                        seen[helper, fault].add(o.value["exc_type"])
     print(f"{'helper':30s} " + " ".join(f"{f:>22s}" for f in FAULTS))
     for helper in HELPERS:
         cells = [f"{worst[helper, f]:7.2f} s {'/'.join(sorted(seen[helper, f])):>12s}"

@@ -11,75 +11,16 @@ the test process (like torchrun's agent) and rank 0's own process (bare env vars
 mpirun), where a faulty rank 0 takes the store down with it.
 """
 
-import os
 import signal
-import time
 
 import pytest
-import torch
 
-import axolotl_dist as ad
 from axolotl_dist.testing import run_distributed_outcomes
+from fault_matrix import FAULTS, HELPERS, fault_body
 
 PG_TIMEOUT = 300.0
 DEADLINE = 15.0
 WORLD = 3
-
-HELPERS = ("compute_and_broadcast", "gather_from_all_ranks", "gather_scalar_from_all_ranks",
-           "reduce_and_broadcast", "broadcast_object", "all_gather_object", "barrier",
-           "all_reduce", "zero_first", "do_n_at_a_time")
-FAULTS = ("raises", "killed", "exits")
-
-
-def _call(helper, value, faulty):
-    """Call ``helper`` the way a script does; ``value`` raises on a rank that "raises"."""
-    rank = ad.get_rank()
-    if helper == "compute_and_broadcast":
-        return ad.compute_and_broadcast(value, src=faulty)
-    if helper == "gather_from_all_ranks":
-        return ad.gather_from_all_ranks(value)
-    if helper == "gather_scalar_from_all_ranks":
-        return ad.gather_scalar_from_all_ranks(value)
-    if helper == "reduce_and_broadcast":
-        return ad.reduce_and_broadcast(value, sum)
-    if helper == "broadcast_object":
-        return ad.broadcast_object({"v": value()}, src=faulty)
-    if helper == "all_gather_object":
-        return ad.all_gather_object({"v": value()})
-    if helper == "barrier":
-        value()
-        return ad.barrier()
-    if helper == "all_reduce":
-        return ad.all_reduce(torch.tensor([value()]))
-    if helper == "zero_first":
-        with ad.zero_first(is_main=rank == faulty):
-            return value()
-    if helper == "do_n_at_a_time":
-        return ad.do_n_at_a_time(value, n=1)
-    raise AssertionError(helper)
-
-
-def _body(helper, fault, faulty):
-    rank = ad.get_rank()
-    if rank == faulty and fault == "killed":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if rank == faulty and fault == "exits":
-        return "skipped the call"  # the harness then ends the process as a script's exit does
-
-    def value():
-        if rank == faulty and fault == "raises":
-            raise ValueError(f"fault injected on rank {rank}")
-        return rank + 1
-
-    start = time.monotonic()
-    try:
-        _call(helper, value, faulty)
-        ad.barrier()  # the script's next step
-    except ad.RankFailedError as exc:
-        return {"rank": exc.rank, "exc_type": exc.exc_type, "message": str(exc),
-                "elapsed": time.monotonic() - start}
-    return {"returned": True}
-
 
 def _check_survivor(outcome, fault, faulty):
     assert outcome.ok, outcome.describe()
@@ -98,7 +39,7 @@ def _check_survivor(outcome, fault, faulty):
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("helper", HELPERS)
 def test_every_survivor_names_the_faulty_rank(helper, fault, faulty, store):
-    outcomes = run_distributed_outcomes(_body, WORLD, args=(helper, fault, faulty), store=store,
+    outcomes = run_distributed_outcomes(fault_body, WORLD, args=(helper, fault, faulty), store=store,
                                         timeout=45, pg_timeout=PG_TIMEOUT)
     for outcome in outcomes:
         if outcome.rank != faulty:

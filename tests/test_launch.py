@@ -79,13 +79,9 @@ ad.cleanup_distributed()
 '''
 
 
-def _env(**extra: str) -> Dict[str, str]:
-    return subprocess_env(**extra)
-
-
 def _launcher(args: List[str], env: Optional[Dict[str, str]] = None,
               cwd: Optional[Path] = None) -> subprocess.Popen:
-    return start([sys.executable, "-m", "axolotl_dist.launch", *args], env or _env(), cwd)
+    return start([sys.executable, "-m", "axolotl_dist.launch", *args], env or subprocess_env(), cwd)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT):
@@ -94,6 +90,16 @@ def _finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT):
 
 def _results(directory: Path, n: int, pattern: str = "rank{}.json") -> List[dict]:
     return [json.loads((directory / pattern.format(r)).read_text()) for r in range(n)]
+
+
+def _started_ranks(proc: subprocess.Popen, out: Path, n: int) -> List[dict]:
+    """Wait until the ``n`` ranks under ``proc`` wrote their info files to ``out``; read them."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while len(list(out.glob("*.json"))) < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.1)
+    return _results(out, n)
 
 
 @pytest.fixture
@@ -143,12 +149,7 @@ def test_sigterm_to_launcher_leaves_nothing_behind(rank_script: Path, tmp_path: 
     out = tmp_path / "out"
     out.mkdir()
     proc = _launcher(["-n", "2", "--grace-period", "5", str(rank_script), str(out), "sleep"])
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while len(list(out.glob("*.json"))) < 2:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "ranks did not start"
-        time.sleep(0.1)
-    infos = _results(out, 2)
+    infos = _started_ranks(proc, out, 2)
     pids = [i["pid"] for i in infos] + [i["grandchild"] for i in infos]
     assert all(alive(p) for p in pids)
     proc.send_signal(signal.SIGTERM)
@@ -487,12 +488,7 @@ def test_sigkilled_launcher_leaves_no_rank_or_child_behind(tmp_path: Path) -> No
     out = tmp_path / "out"
     out.mkdir()
     proc = _launcher(["-n", "2", str(script), str(out)])
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while len(list(out.glob("*.json"))) < 2:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "ranks did not start"
-        time.sleep(0.1)
-    infos = _results(out, 2)
+    infos = _started_ranks(proc, out, 2)
     pids = [i["pid"] for i in infos] + [i["child"] for i in infos]
     assert all(alive(p) for p in pids)
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the ranks and their children must go
