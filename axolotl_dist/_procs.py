@@ -1,6 +1,7 @@
 """Process utilities shared by the launcher, the rank bootstrap, the test harness and the
 failure watch: process state from ``/proc``, children, killing a process tree, the loopback
-interface, and the env var naming the ``axolotl-dist`` launcher's pid.
+interface, whether a local TCP port has a listener, and the env var naming the ``axolotl-dist``
+launcher's pid.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ __all__ = [
     "signal_tree",
     "kill_tree",
     "loopback_interface",
+    "is_loopback",
+    "listening",
 ]
+
+#: TCP state code of a listening socket in ``/proc/net/tcp``.
+_TCP_LISTEN = "0A"
 
 #: Set by ``axolotl-dist`` in every rank: the launcher's pid (ranks die with it).
 LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
@@ -134,3 +140,30 @@ def loopback_interface() -> Optional[str]:
         if candidate in names:
             return candidate
     return None
+
+
+def is_loopback(addr: Optional[str]) -> bool:
+    """Whether ``addr`` (a host name or IP literal, e.g. ``MASTER_ADDR``) is this host's loopback."""
+    if not addr:
+        return False
+    addr = addr.strip("[]").lower()
+    return addr in ("localhost", "::1", "0:0:0:0:0:0:0:1") or addr.startswith("127.")
+
+
+def listening(port: int) -> Optional[bool]:
+    """Whether some socket of this network namespace listens on TCP ``port`` (``/proc/net``);
+    None where that cannot be read (not Linux)."""
+    found = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        found = bool(found)
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == _TCP_LISTEN and \
+                    int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return found

@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from ._envvars import read_seconds
 from ._groups import global_ranks, resolve
-from ._signals import (HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR, Watch,
+from ._signals import (HEARTBEAT_INTERVAL, HOST, STORE_LINGER_ENV_VAR, Watch,
                        exit_connection, exit_key, hosts_store, is_store_error, lost_error,
-                       peer_record, store_lost_error, world_store)
+                       peer_record, store_host_gone, store_lost_error, world_store)
 from .errors import DistributedEnvError, RankFailedError, failure_report, learnt_failure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,19 +83,24 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
         pass
 
 
+#: Seconds between the store host's looks at the ranks it lingers for (at exit only: a rank
+#: that died is usually known by its pid, without waiting for a heartbeat).
+_LINGER_CHECK = 0.05
+
+
 def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "Watch",
             exits: bool) -> None:
     """Poll until ``done()``, or until every global rank in ``left()`` is gone (judged by
     ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
     :func:`linger_timeout` seconds."""
     start = time.monotonic()
-    deadline, next_check = start + linger_timeout(), start + LIVENESS_INTERVAL
+    deadline, next_check = start + linger_timeout(), start  # a dead peer: known at once
     while time.monotonic() < deadline:
         if done():
             return
         now = time.monotonic()
         if now >= next_check:
-            next_check = now + LIVENESS_INTERVAL
+            next_check = now + _LINGER_CHECK
             waiting = left()
             if len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
                 return
@@ -113,6 +118,8 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
     store, rank, pg_ref = exit_connection()  # type: ignore[misc]
     if pg_ref() is not resolve(None):
         return None  # a later group replaced the one this connection belongs to
+    if store_host_gone():
+        return None  # nobody left to tell (and a call could sit in torch's reconnect loop)
     try:
         if exc is None:
             exc = learnt_failure()  # it ended normally, but after learning of a failure

@@ -68,6 +68,9 @@ __all__ = [
     "world_store",
     "store_host",
     "hosts_store",
+    "store_host_gone",
+    "check_store_host",
+    "StoreHostGoneError",
     "is_store_error",
     "store_lost_error",
     "store_errors",
@@ -139,6 +142,42 @@ def hosts_store() -> bool:
     return dist.is_initialized() and store_host() == dist.get_rank()
 
 
+class StoreHostGoneError(RuntimeError):
+    """The store's host process is known to have ended: a store call was not even tried.
+
+    Not only to save time. A call to a dead store usually fails at once, but one whose reply
+    was lost in the crash can sit in torch's reconnect loop (retrying with backoff up to the
+    store's timeout), holding the connection's lock for every later call."""
+
+
+def store_host_gone() -> bool:
+    """Whether the world store's host is another rank's process on this host that has ended.
+
+    Judged from ``/proc`` without a store call: the host's process is gone (its record is
+    known), or, with ``MASTER_ADDR`` on loopback, nothing listens on ``MASTER_PORT`` any more.
+    False where that cannot be judged (a launcher's store, another host)."""
+    try:
+        host, me = store_host(), dist.get_rank()
+    except Exception:  # noqa: BLE001 - no group (any more)
+        return False
+    if host is None or host == me:
+        return False
+    peer = _PEERS.get(host)
+    if peer is not None:
+        return peer.host == HOST and _procs.proc_state(peer.pid) == "gone"
+    port = os.environ.get("MASTER_PORT", "")
+    if _procs.is_loopback(os.environ.get("MASTER_ADDR")) and port.isdigit():
+        return _procs.listening(int(port)) is False
+    return False
+
+
+def check_store_host() -> None:
+    """Raise :class:`StoreHostGoneError` if :func:`store_host_gone`."""
+    if store_host_gone():
+        raise StoreHostGoneError(f"the process of rank {store_host()}, which hosted the c10d "
+                                 "store, is gone from this host")
+
+
 def _store_address() -> str:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     return f"{addr}:{port}" if addr and port else "its address"
@@ -147,7 +186,7 @@ def _store_address() -> str:
 def is_store_error(exc: BaseException) -> bool:
     """Whether ``exc`` says the store's connection is gone (not a timeout, not a bad key)."""
     network = getattr(dist, "DistNetworkError", None)
-    if network is not None and isinstance(exc, network):
+    if isinstance(exc, StoreHostGoneError) or (network is not None and isinstance(exc, network)):
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(s in text for s in (
@@ -242,7 +281,6 @@ class _Heartbeat:
         self.store = store
         self.interval = interval
         self.pg = resolve(None)
-        self.host_rank = store_host()
         me = Peer(HOST, os.getpid(), _launcher())
         _PEERS[rank] = me
         store.set(f"axd/who/{rank}", _encode_peer(me))
@@ -258,18 +296,20 @@ class _Heartbeat:
                 if peer is not None:
                     _PEERS[r] = peer
 
-    def _store_host_gone(self) -> bool:
-        """Whether the store's host is a process on this host that has ended (then a store
-        call would fail and torch would print a warning with a C++ stack)."""
-        if self.host_rank is None or self.host_rank == self.rank:
-            return False
-        peer = _PEERS.get(self.host_rank)
-        return peer is not None and peer.host == HOST and _procs.proc_state(peer.pid) == "gone"
-
     def _run(self) -> None:
         key = f"axd/hb/{self.rank}"
+        # the peers' records at once (they record themselves at init): a peer that dies soon
+        # after is then judged by its pid, with no store call (see store_host_gone)
+        delay = 0.005
+        while delay < self.interval and len(_PEERS) < self.world_size and \
+                not self.stop.wait(delay):
+            try:
+                self._copy_peers()
+            except Exception:  # noqa: BLE001 - store gone: nothing to report to
+                return
+            delay *= 2
         while not self.stop.wait(self.interval):
-            if resolve(None) is not self.pg or self._store_host_gone():
+            if resolve(None) is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
             try:
                 self.store.add(key, 1)
@@ -364,7 +404,9 @@ class Watch:
     def find_lost(self, ranks: Sequence[int], now: float, what: str = "",
                   exits: bool = True) -> List[Lost]:
         """The ranks among ``ranks`` that are gone; warns about stopped or silent ones.
-        ``exits``: a rank that left an exit record counts as gone (else only a gone process)."""
+        ``exits``: a rank that left an exit record counts as gone (else only a gone process).
+        Raises :class:`StoreHostGoneError` if the store's host is known gone."""
+        check_store_host()
         exited = self._exit_records(ranks) if exits else {}
         lost: List[Lost] = []
         for rank in ranks:
@@ -608,6 +650,7 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
         if ready():
             return "ready", None
         if liveness:
+            check_store_host()  # before any store call: see StoreHostGoneError
             watched[:] = watch()
             lost = watcher.find_lost(watched, now, what)
             if lost:
@@ -640,6 +683,9 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
             if verdict == "lost":
                 raise lost_error(lost, what)
         elif now - job_since >= _STORE_SILENT_AFTER:
+            if store_host_gone():  # the call sits in torch's reconnect loop: it never answers
+                gone = StoreHostGoneError(f"no answer for {now - job_since:.1f} s")
+                raise store_lost_error(gone, what)
             _silent_store(what, me, now - job_since, watcher.warned, now)
         if timeout is not None and now - start >= timeout:
             ranks = list(watch()) if job is None else list(watched)

@@ -54,9 +54,12 @@ def raise_lost_peer(exc: RuntimeError, where: str, group: Optional["ProcessGroup
     next collective.
     """
     error = _records.diagnose_lost_peer(exc, where, group)
-    if error is exc:
-        raise exc
-    raise error from exc
+    try:
+        if error is exc:
+            raise exc
+        raise error from exc
+    finally:  # no frame <-> error cycle: the frames (and their tensors) die with the error
+        error = exc = None  # type: ignore[assignment]
 
 
 def require_group(op: str, group: Optional["ProcessGroup"] = None) -> bool:

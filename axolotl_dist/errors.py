@@ -96,8 +96,10 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         return _rebuild_rank_failed(*pickle.loads(data))
 
 
-# (the default process group it was learnt under, weakly; the error)
-_LEARNT: Optional[Tuple[Callable[[], Any], "RankFailedError"]] = None
+# (the default process group it was learnt under, weakly; the error's fields). The fields, not
+# the error: a raised error's traceback keeps every frame it passed through alive, with their
+# tensors (the value helpers' buffers, which the exit then waits for).
+_LEARNT: Optional[Tuple[Callable[[], Any], tuple]] = None
 
 
 def _learnt(error: "RankFailedError") -> None:
@@ -110,7 +112,7 @@ def _learnt(error: "RankFailedError") -> None:
     except Exception:  # noqa: BLE001 - no torch.distributed
         pg = None
     if pg is not None:
-        _LEARNT = (weakref.ref(pg), error)
+        _LEARNT = (weakref.ref(pg), error._fields())
 
 
 def learnt_failure() -> Optional[RankFailedError]:
@@ -121,8 +123,8 @@ def learnt_failure() -> Optional[RankFailedError]:
         return None
     from ._groups import resolve
 
-    pg, error = _LEARNT[0](), _LEARNT[1]
-    return error if pg is not None and pg is resolve(None) else None
+    pg, fields = _LEARNT[0](), _LEARNT[1]
+    return _rebuild_rank_failed(*fields) if pg is not None and pg is resolve(None) else None
 
 
 def failure_report(rank: int, exc: BaseException, where: str) -> bytes:

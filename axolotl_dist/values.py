@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import functools
+import gc
 import operator
 import sys
 import time
@@ -144,6 +145,11 @@ class _HelperCache:
         self.hdr_all = torch.empty(self.ws * _codec.HEADER_LEN, dtype=_I64) if self.cpu else None
 
 
+#: Seconds after which a buffer still referenced is taken to be held by a reference cycle (a
+#: caught exception's frames), not by a gloo worker (which lets go within microseconds).
+_COLLECT_AFTER = 0.02
+
+
 def _await_released(limit: float = 1.0) -> None:
     """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
     references to the cached header buffers: a collective's ``wait()`` returns before the
@@ -152,10 +158,15 @@ def _await_released(limit: float = 1.0) -> None:
         return (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
             st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2)
 
-    deadline = time.monotonic() + limit
+    start = time.monotonic()
+    collected = False
     state = state_of(None)
     for st in [_LAST, state.helpers if state is not None else None]:
-        while st is not None and busy(st) and time.monotonic() < deadline:
+        while st is not None and busy(st) and time.monotonic() < start + limit:
+            if not collected and time.monotonic() > start + _COLLECT_AFTER:
+                collected = True
+                gc.collect()  # not gloo: frames of a dropped traceback, in a reference cycle
+                continue
             time.sleep(0.0005)
 
 
@@ -228,6 +239,7 @@ def broadcast_value(
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     if own is not None:
+        del header  # the cached buffer: the traceback keeps this frame (see _await_released)
         raise own
     return _codec.decode(values, payload, device)
 
