@@ -28,3 +28,16 @@ def store(request):
 def world_size(request):
     """World sizes every multi-process behaviour is checked at (3 catches uneven splits)."""
     return request.param
+
+
+#: Modules whose tests start real launchers and scripts (each 5-20 s, mostly imports): run
+#: first, so pytest-xdist's workers end together instead of one finishing a launch alone.
+_SLOW_FIRST = ("test_hf.py", "test_examples.py", "test_launch.py")
+
+
+def pytest_collection_modifyitems(items):
+    def slow_rank(item):
+        name = item.path.name
+        return _SLOW_FIRST.index(name) if name in _SLOW_FIRST else len(_SLOW_FIRST)
+
+    items.sort(key=slow_rank)  # stable: the order within each group stays as written

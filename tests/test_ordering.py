@@ -212,7 +212,7 @@ def test_zero_first_timeout_names_the_ranks_waited_for(store):
     def body():
         with ad.zero_first(timeout=1.0):
             if ad.get_rank() == 0:
-                time.sleep(4)
+                time.sleep(2.5)
         return "ok"
 
     outcomes = run_distributed_outcomes(body, 3, timeout=60, store=store)
@@ -225,11 +225,11 @@ def test_zero_first_timeout_names_the_ranks_waited_for(store):
 
 
 def test_zero_first_wait_is_not_bound_by_collective_timeout():
-    # the group's collective timeout is 2 s; rank 0 works 4 s; rank 1 must simply wait
+    # the group's collective timeout is 2 s; rank 0 works 3 s; rank 1 must simply wait
     def body():
         with ad.zero_first():
             if ad.get_rank() == 0:
-                time.sleep(4)
+                time.sleep(3)
         ad.barrier()
         return "ok"
 
@@ -622,13 +622,16 @@ def test_stopped_first_rank_is_reported_and_the_wait_times_out(store, tmp_path):
         logging.getLogger("axolotl_dist").addHandler(handler)
         start = time.monotonic()
         try:
-            with ad.zero_first(timeout=6.0):
+            with ad.zero_first(timeout=3.0):
                 if rank == 0:
                     pid_file.write_text(str(os.getpid()))
                     time.sleep(0.5)  # the others are waiting by now
                     os.kill(os.getpid(), signal.SIGSTOP)
         except ad.RankTimeoutError as exc:
-            if rank == 1:  # the test is over: let the harness see rank 0 end
+            # the last survivor to time out ends rank 0 (earlier, a survivor still waiting
+            # would rightly name rank 0's death instead of its own timeout)
+            (tmp_path / f"timed-out-{rank}").touch()
+            if len(list(tmp_path.glob("timed-out-*"))) == 2:
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             return {"error": str(exc), "waiting_for": exc.waiting_for,
                     "elapsed": time.monotonic() - start,
@@ -636,12 +639,12 @@ def test_stopped_first_rank_is_reported_and_the_wait_times_out(store, tmp_path):
         return "no timeout"
 
     outcomes = run_distributed_outcomes(body, 3, store=store, timeout=40, pg_timeout=PG_TIMEOUT)
-    assert outcomes[0].exitcode == -signal.SIGKILL  # stopped, then killed by rank 1
+    assert outcomes[0].exitcode == -signal.SIGKILL  # stopped, then killed by a survivor
     for o in outcomes[1:]:
         assert o.ok, o.describe()
         got = o.value
         assert got["waiting_for"] == (0,)
-        assert 6.0 <= got["elapsed"] < 9.0, got
+        assert 3.0 <= got["elapsed"] < 6.0, got
         stopped = [(t, m) for t, m in got["warnings"] if "rank 0" in m and "stopped" in m]
         assert stopped, got["warnings"]
         assert stopped[0][0] < 2 * 15.0, stopped  # within 2x the heartbeat timeout (15 s)
