@@ -153,17 +153,17 @@ def is_loopback(addr: Optional[str]) -> bool:
 def listening(port: int) -> Optional[bool]:
     """Whether some socket of this network namespace listens on TCP ``port`` (``/proc/net``);
     None where that cannot be read (not Linux)."""
-    found = None
+    readable = False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
                 lines = f.read().splitlines()[1:]
         except OSError:
             continue
-        found = bool(found)
+        readable = True
         for line in lines:
-            fields = line.split()
+            fields = line.split()  # sl, local address:port (hex), remote, state, ...
             if len(fields) > 3 and fields[3] == _TCP_LISTEN and \
                     int(fields[1].rsplit(":", 1)[1], 16) == port:
                 return True
-    return found
+    return False if readable else None

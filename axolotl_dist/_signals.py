@@ -298,25 +298,23 @@ class _Heartbeat:
 
     def _run(self) -> None:
         key = f"axd/hb/{self.rank}"
-        # the peers' records at once (they record themselves at init): a peer that dies soon
-        # after is then judged by its pid, with no store call (see store_host_gone)
-        delay = 0.005
-        while delay < self.interval and len(_PEERS) < self.world_size and \
-                not self.stop.wait(delay):
-            try:
-                self._copy_peers()
-            except Exception:  # noqa: BLE001 - store gone: nothing to report to
-                return
-            delay *= 2
-        while not self.stop.wait(self.interval):
+        # The peers' records first, at once (they record themselves at init), so that a peer
+        # that dies soon after is judged by its pid with no store call (see store_host_gone):
+        # short, doubling waits until every record is here, then one beat per interval.
+        wait = min(0.005, self.interval)
+        while not self.stop.wait(wait):
             if resolve(None) is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
+            beating = wait >= self.interval
             try:
-                self.store.add(key, 1)
+                if beating:
+                    self.store.add(key, 1)
                 if len(_PEERS) < self.world_size:
                     self._copy_peers()
             except Exception:  # noqa: BLE001 - store gone: nothing to report to
                 return
+            copying = not beating and len(_PEERS) < self.world_size
+            wait = min(wait * 2, self.interval) if copying else self.interval
 
 
 _HEARTBEAT: Optional[_Heartbeat] = None
@@ -650,7 +648,6 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
         if ready():
             return "ready", None
         if liveness:
-            check_store_host()  # before any store call: see StoreHostGoneError
             watched[:] = watch()
             lost = watcher.find_lost(watched, now, what)
             if lost:
