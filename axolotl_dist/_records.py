@@ -119,7 +119,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
     if pg_ref() is not resolve(None):
         return None  # a later group replaced the one this connection belongs to
     if store_host_gone():
-        return None  # nobody left to tell (and a call could sit in torch's reconnect loop)
+        return None  # nobody left to tell (and a call could wait in torch's reconnect)
     try:
         if exc is None:
             exc = learnt_failure()  # it ended normally, but after learning of a failure

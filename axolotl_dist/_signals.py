@@ -145,9 +145,10 @@ def hosts_store() -> bool:
 class StoreHostGoneError(RuntimeError):
     """The store's host process is known to have ended: a store call was not even tried.
 
-    Not only to save time. A call to a dead store usually fails at once, but one whose reply
-    was lost in the crash can sit in torch's reconnect loop (retrying with backoff up to the
-    store's timeout), holding the connection's lock for every later call."""
+    Not only to save time. A call to a dead store usually fails at once, but torch's client may
+    first try to reconnect, and that can wait for a reverse DNS lookup (glibc's resolver
+    timeout, 5 s by default, where no resolver answers for 127.0.0.1), holding the
+    connection's lock for every later call."""
 
 
 def store_host_gone() -> bool:
@@ -680,7 +681,7 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
             if verdict == "lost":
                 raise lost_error(lost, what)
         elif now - job_since >= _STORE_SILENT_AFTER:
-            if store_host_gone():  # the call sits in torch's reconnect loop: it never answers
+            if store_host_gone():  # the call waits in torch's reconnect: stop waiting for it
                 gone = StoreHostGoneError(f"no answer for {now - job_since:.1f} s")
                 raise store_lost_error(gone, what)
             _silent_store(what, me, now - job_since, watcher.warned, now)
