@@ -7,10 +7,8 @@ sharded flat tensors, :mod:`axolotl_dist.launch` the launcher and :mod:`axolotl_
 a multi-process test harness. Importing this package never creates a process group, and never
 imports ``datasets`` (only calling ``shared_map`` does).
 
-Under the public modules, each private module (``_groups``: per-group state, ``_backends``:
-backend -> devices, ``_envvars``: env parsing, ``_procs``: processes, ``_signals``: failure
-signals...) holds one concept the public ones share; README's "Where each concept lives" lists
-them all.
+Under the public modules, the private package :mod:`axolotl_dist._runtime` holds the machinery
+they share, one concern per module; its docstring is the map, and docs/design.md the design.
 """
 
 from __future__ import annotations

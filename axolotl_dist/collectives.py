@@ -1,7 +1,7 @@
 """Tensor collectives with composer's names, safe defaults and clear errors.
 
 With no process group and a world size of 1 every collective is a no-op with the multi-rank
-return shape (DESIGN.md decision 3); with ``WORLD_SIZE > 1`` in the env but no group they raise
+return shape (docs/design.md, decision 3); with ``WORLD_SIZE > 1`` in the env but no group they raise
 :class:`~axolotl_dist.errors.DistributedEnvError` telling you to call ``init_distributed()``.
 ``src`` arguments are ranks *within* ``group`` (the global rank when ``group`` is None).
 Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved and moved back.
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional, Union
 import torch
 import torch.distributed as dist
 
-from . import _backends, _records, _teardown
-from ._groups import state_of
+from ._runtime import backends as _backends, records as _records, teardown as _teardown
+from ._runtime.groups import state_of
 from . import env as _env
-from ._codec import resolved
-from ._reduce import REDUCE_OPS, as_reduce_op, reduce_name
+from ._runtime.codec import resolved
+from ._runtime.reduce import REDUCE_OPS, as_reduce_op, reduce_name
 from .debug import checked, tensor_signature
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_rank, get_world_size, is_initialized
@@ -79,7 +79,7 @@ def require_group(op: str, group: Optional["ProcessGroup"] = None) -> bool:
 
 
 def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
-    """The device collectives on ``group`` use (see :func:`axolotl_dist._backends.comm_device`)."""
+    """The device collectives on ``group`` use (see :func:`axolotl_dist._runtime.backends.comm_device`)."""
     state = state_of(group)
     device = state.device if state is not None else None
     if device is None:

@@ -20,7 +20,7 @@ from typing import (
 
 import torch
 
-from ._shards import shard_bounds
+from ._runtime.shards import shard_bounds
 from .ranks import get_rank, get_world_size, is_initialized
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -22,19 +22,19 @@ global lookup per helper call, about 0.1-0.2 us (``benchmarks/debug.py``).
 Calls made by a helper inside another (``synchronize_flag`` uses ``synchronize_value``) are
 checked once, under the outer name. The ranks that go first in ``zero_first`` do not wait at
 the check (the others wait for them, and blocks nest): they compare when their outermost block
-ends. The store protocol is in :mod:`axolotl_dist._debug_check`.
+ends. The store protocol is in :mod:`axolotl_dist._runtime.debug_check`.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
-from . import _debug_check, _envvars, _groups
-from ._callsite import call_site
+from ._runtime import debug_check as _debug_check, envvars as _envvars, groups as _groups
+from ._runtime.callsite import call_site
+from ._runtime.state import STATE as _STATE
 from .errors import CollectiveMismatchError, DistributedConfigError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,29 +61,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # --- switching it on and off ------------------------------------------------------------------
 
-#: The one flag the helpers read on every call; True also while a bad env value waits to raise.
-_ENABLED = False
-_timeout: Optional[float] = None  # set by enable_debug(timeout=...); None: env or default
-_explicit = False  # set by a function call: the env no longer decides
-_env_error: Optional[str] = None
+# debug mode's switches live in the process state (:mod:`axolotl_dist._runtime.state`)
 
 
 def _parse_env() -> None:
-    global _ENABLED, _env_error
     raw = _envvars.raw(DEBUG_ENV_VAR)
-    _env_error = None
+    _STATE.debug_env_error = None
     try:
-        _ENABLED = raw is not None and _envvars.parse_flag(
+        _STATE.debug_on = raw is not None and _envvars.parse_flag(
             DEBUG_ENV_VAR, raw, f"set {DEBUG_ENV_VAR}=1 to turn debug mode on or "
             f"{DEBUG_ENV_VAR}=0 (or unset it) to leave it off")
     except DistributedEnvError as exc:  # raise on the first helper call, not at import
-        _ENABLED, _env_error = True, str(exc)
+        _STATE.debug_on, _STATE.debug_env_error = True, str(exc)
 
 
 def refresh_from_env() -> None:
     """Re-read :data:`DEBUG_ENV_VAR` unless :func:`enable_debug`/:func:`disable_debug` decided."""
-    if not _explicit:
+    if not _STATE.debug_explicit:
         _parse_env()
+
+
+def _set(on: bool, timeout: Optional[float], explicit: bool, env_error: Optional[str]) -> None:
+    _STATE.debug_on, _STATE.debug_timeout = on, timeout
+    _STATE.debug_explicit, _STATE.debug_env_error = explicit, env_error
 
 
 def enable_debug(timeout: Optional[float] = None) -> None:
@@ -92,21 +92,19 @@ def enable_debug(timeout: Optional[float] = None) -> None:
     :param timeout: seconds to wait, after the last rank arrived, for ranks still missing
         (default: ``AXOLOTL_DIST_DEBUG_TIMEOUT`` or 5).
     """
-    global _ENABLED, _timeout, _explicit, _env_error
     if timeout is not None:
         _check_timeout(timeout, "enable_debug(timeout=...)")
-    _ENABLED, _timeout, _explicit, _env_error = True, timeout, True, None
+    _set(True, timeout, True, None)
 
 
 def disable_debug() -> None:
     """Turn debug mode off in this process (whatever the env var says)."""
-    global _ENABLED, _timeout, _explicit, _env_error
-    _ENABLED, _timeout, _explicit, _env_error = False, None, True, None
+    _set(False, None, True, None)
 
 
 def is_debug_enabled() -> bool:
     """Whether helpers check their calls across ranks (see :mod:`axolotl_dist.debug`)."""
-    return _ENABLED
+    return _STATE.debug_on
 
 
 def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
@@ -120,17 +118,12 @@ def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
 @contextmanager
 def debug_mode(timeout: Optional[float] = None) -> Iterator[None]:
     """Debug mode on inside the block, restored to its previous state after it."""
-    saved = (_ENABLED, _timeout, _explicit, _env_error)
+    saved = (_STATE.debug_on, _STATE.debug_timeout, _STATE.debug_explicit, _STATE.debug_env_error)
     enable_debug(timeout)
     try:
         yield
     finally:
-        _restore(saved)
-
-
-def _restore(saved: tuple) -> None:
-    global _ENABLED, _timeout, _explicit, _env_error
-    _ENABLED, _timeout, _explicit, _env_error = saved
+        _set(*saved)
 
 
 def _check_timeout(value: float, name: str) -> float:
@@ -141,17 +134,14 @@ def _check_timeout(value: float, name: str) -> float:
 
 def debug_timeout() -> float:
     """The debug timeout in effect, in seconds."""
-    if _timeout is not None:
-        return _timeout
+    if _STATE.debug_timeout is not None:
+        return _STATE.debug_timeout
     return _envvars.read_seconds(DEBUG_TIMEOUT_ENV_VAR, DEFAULT_DEBUG_TIMEOUT)
 
 
 _parse_env()
 
 # --- the decorator the helpers wear -------------------------------------------------------------
-
-_TLS = threading.local()
-
 
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
             *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
@@ -173,7 +163,7 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not _ENABLED:
+            if not _STATE.debug_on:
                 return fn(*args, **kwargs)
             return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)
 
@@ -186,10 +176,11 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
                   describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]],
                   group_arg: Union[str, Callable[[Dict[str, Any]], Any]],
                   waits: Optional[Callable[[Dict[str, Any]], bool]], args: tuple, kwargs: dict) -> Any:
-    if getattr(_TLS, "inside", False):  # a helper called by a helper: checked by the outer one
+    inside = _STATE.inside
+    if inside.helper:  # a helper called by a helper: checked by the outer one
         return fn(*args, **kwargs)
-    if _env_error is not None:
-        raise DistributedEnvError(_env_error)
+    if _STATE.debug_env_error is not None:
+        raise DistributedEnvError(_STATE.debug_env_error)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:
@@ -204,11 +195,11 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
                                wait=waits is None or waits(arguments), timeout=debug_timeout())
         except CollectiveMismatchError as exc:
             raise exc.with_traceback(None)  # the user's frames matter, not the check's
-    _TLS.inside = True
+    inside.helper = True
     try:
         return fn(*args, **kwargs)
     finally:
-        _TLS.inside = False
+        inside.helper = False
 
 
 def _communicates(group: Optional["ProcessGroup"]) -> bool:
@@ -225,7 +216,7 @@ def _call_site() -> str:
 @contextmanager
 def first_rank_block(group: Optional["ProcessGroup"]) -> Iterator[None]:
     """Wrap the body of a ``zero_first`` block on a rank that goes first (no-op when off)."""
-    if not _ENABLED or not _communicates(group):
+    if not _STATE.debug_on or not _communicates(group):
         yield
         return
     with _debug_check.first_rank_block(group, debug_timeout()):

@@ -1,7 +1,7 @@
 """The launcher environment contract: which env vars say who this process is.
 
 Before a process group exists, every rank query in :mod:`axolotl_dist` reads these variables
-(DESIGN.md decision 1), so a script started by ``torchrun -n 2`` knows it is rank 1 before it
+(docs/design.md, decision 1), so a script started by ``torchrun -n 2`` knows it is rank 1 before it
 calls :func:`~axolotl_dist.init_distributed`. With none of them set the process is rank 0 of 1.
 
 One launcher is chosen per process, never a mix of two (a torchrun started by ``srun`` sees
@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from . import _envvars, _slurm
-from ._procs import LAUNCHER_PID_ENV_VAR
+from ._runtime import envvars as _envvars, slurm as _slurm
+from ._runtime.procs import LAUNCHER_PID_ENV_VAR
+from ._runtime.slurm import expand_nodelist, expand_tasks_per_node
 from .errors import DistributedEnvError
 
 __all__ = [
@@ -82,6 +83,8 @@ __all__ = [
     "is_set",
     "rank_raw",
     "world_size_raw",
+    "expand_nodelist",
+    "expand_tasks_per_node",
 ]
 
 RANK_ENV_VAR = "RANK"

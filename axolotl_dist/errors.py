@@ -10,7 +10,10 @@ from __future__ import annotations
 import pickle
 import traceback
 import weakref
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
+
+from ._runtime.groups import resolve
+from ._runtime.state import STATE
 
 __all__ = [
     "AxolotlDistError",
@@ -96,34 +99,26 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         return _rebuild_rank_failed(*pickle.loads(data))
 
 
-# (the default process group it was learnt under, weakly; the error's fields). The fields, not
-# the error: a raised error's traceback keeps every frame it passed through alive, with their
-# tensors (the value helpers' buffers, which the exit then waits for).
-_LEARNT: Optional[Tuple[Callable[[], Any], tuple]] = None
-
-
 def _learnt(error: "RankFailedError") -> None:
-    """Remember ``error`` as learnt under the current default group (if any)."""
-    global _LEARNT
+    """Remember ``error`` as learnt under the current default group (if any), as its fields,
+    not the error: a raised error's traceback keeps every frame it passed through alive, with
+    their tensors (the value helpers' buffers, which the exit then waits for)."""
     try:
-        from ._groups import resolve
-
         pg = resolve(None)
     except Exception:  # noqa: BLE001 - no torch.distributed
         pg = None
     if pg is not None:
-        _LEARNT = (weakref.ref(pg), error._fields())
+        STATE.learnt = (weakref.ref(pg), error._fields())
 
 
 def learnt_failure() -> Optional[RankFailedError]:
     """The last :class:`RankFailedError` this process raised or received under the current
     default group, caught or not: a rank that exits after one relays it, so its peers name the
     rank that really failed (and not this one)."""
-    if _LEARNT is None:
+    learnt = STATE.learnt
+    if learnt is None:
         return None
-    from ._groups import resolve
-
-    pg, fields = _LEARNT[0](), _LEARNT[1]
+    pg, fields = learnt[0](), learnt[1]
     return _rebuild_rank_failed(*fields) if pg is not None and pg is resolve(None) else None
 
 

@@ -35,10 +35,11 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
-from . import _teardown
-from ._groups import next_sequence
-from ._records import await_readers, publish_error, read_error
-from ._signals import group_store, poll_until
+from ._runtime import teardown as _teardown
+from ._runtime.groups import next_sequence
+from ._runtime.records import await_readers, publish_error, read_error
+from ._runtime.store import group_store
+from ._runtime.wait import poll_until
 from .collectives import require_group
 from .debug import checked
 from .env import env_shared_filesystem
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
     from torch.distributed import ProcessGroup
 
-    from ._hf_parts import MapCall, PartFiles
+    from ._runtime.hf_parts import MapCall, PartFiles
 
 __all__ = ["shared_map", "DATASETS_EXTRA", "INSTALL_HINT", "PROGRESS_INTERVAL", "TEMP_DIR_NAME"]
 
@@ -119,7 +120,7 @@ def shared_map(
     One process (or a group of one): exactly ``dataset.map(function, **map_kwargs)``.
     """
     _require_datasets()
-    from . import _hf_parts
+    from ._runtime import hf_parts as _hf_parts
 
     call = _hf_parts.prepare(dataset, function, map_kwargs)
     if timeout is not None and not timeout > 0:
@@ -138,7 +139,7 @@ def _one_process(dataset: "Dataset", call: "MapCall", map_kwargs: Dict[str, Any]
     """Exactly ``dataset.map``; with ``cache_dir`` its cache file goes there, same name."""
     if cache_dir is None or call.keep_in_memory:
         return dataset.map(call.function, **map_kwargs)
-    from ._hf_parts import one_process_fingerprint
+    from ._runtime.hf_parts import one_process_fingerprint
 
     os.makedirs(cache_dir, exist_ok=True)
     name = f"cache-{one_process_fingerprint(dataset, call)}.arrow"
@@ -207,7 +208,7 @@ class _SharedMap:
             self._leave()
 
     def _run(self) -> "Dataset":
-        from . import _hf_parts as hf
+        from ._runtime import hf_parts as hf
 
         self._arrive()
         try:
@@ -251,7 +252,7 @@ class _SharedMap:
 
     def _arrive(self) -> None:
         """Post this rank's facts, wait for every rank's, read them all."""
-        from ._hf_parts import one_process_fingerprint
+        from ._runtime.hf_parts import one_process_fingerprint
 
         entry = {"fs": self.fs_key, "host": socket.gethostname(), "pid": os.getpid(),
                  "fp": self.dataset._fingerprint, "rows": len(self.dataset), "temp": self.temp}

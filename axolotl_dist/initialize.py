@@ -17,7 +17,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _backends, _teardown
+from ._runtime import backends as _backends, teardown as _teardown
 from . import debug as _debug
 from . import env as _env
 from .errors import DistributedEnvError
@@ -252,6 +252,6 @@ def cleanup_distributed() -> None:
     """Destroy the default process group (if any) and forget the world mesh.
 
     Safe to call twice, or never: :func:`init_distributed` also arranges the same teardown at
-    interpreter exit (see :mod:`axolotl_dist._teardown`).
+    interpreter exit (see :mod:`axolotl_dist._runtime.teardown`).
     """
     _teardown.cleanup()

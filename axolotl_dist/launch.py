@@ -45,9 +45,9 @@ import time
 import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import _procs
-from ._procs import LAUNCHER_PID_ENV_VAR
-from ._rank_main import END_DIR_ENV_VAR
+from ._runtime import procs as _procs
+from ._runtime.procs import LAUNCHER_PID_ENV_VAR
+from ._runtime.rank_main import END_DIR_ENV_VAR
 
 __all__ = [
     "PROG",
@@ -56,6 +56,8 @@ __all__ = [
     "launch_config",
     "exit_code_of",
     "first_failure",
+    "traceback_of",
+    "report_failures",
     "main",
 ]
 
@@ -214,7 +216,8 @@ def first_failure(failures: Dict[int, object]) -> Tuple[int, object]:
         order[item[0]]))
 
 
-def _traceback_of(failure) -> Optional[str]:
+def traceback_of(failure) -> Optional[str]:
+    """The traceback a failed rank wrote to its error file (its message if no traceback)."""
     message = _error_data(failure).get("message")
     if isinstance(message, dict):
         return (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
@@ -222,7 +225,7 @@ def _traceback_of(failure) -> Optional[str]:
 
 
 def _read_ends(directory: Optional[str]) -> Dict[int, dict]:
-    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see ``_rank_main``)."""
+    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see ``_runtime.rank_main``)."""
     ends: Dict[int, dict] = {}
     if not directory or not os.path.isdir(directory):
         return ends
@@ -268,8 +271,11 @@ def _stopped_after_its_end(rank: int, failures: Dict[int, object]) -> bool:
     return failure is None or getattr(failure, "exitcode", 0) < 0
 
 
-def _report(failures: Dict[int, object], nodes: int, node_rank: int,
-            ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None) -> int:
+def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
+                    ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None) -> int:
+    """Print the launcher's account of a failed run to stderr and return its exit code:
+    the rank that ended first while others ran (``ends``: how each rank's script ended), the
+    rank that failed first with its traceback, and the ranks stopped after it."""
     ends = ends or {}
     lines: List[str] = []
     early = _early_exit(failures, ends)
@@ -302,7 +308,7 @@ def _report(failures: Dict[int, object], nodes: int, node_rank: int,
         lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
     else:
         lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
-    tb = _traceback_of(failure)
+    tb = traceback_of(failure)
     if tb:
         lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
     others = sorted(r for r in failures if r != rank)
@@ -398,14 +404,14 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
     os.environ[END_DIR_ENV_VAR] = os.path.join(args.log_dir, "ends")
     os.makedirs(os.environ[END_DIR_ENV_VAR], exist_ok=True)
     config = launch_config(args, nproc, nnodes, node_rank, port)
-    cmd_args = ["-u", "-m", "axolotl_dist._rank_main"] + (["-m"] if args.module else [])
+    cmd_args = ["-u", "-m", "axolotl_dist._runtime.rank_main"] + (["-m"] if args.module else [])
     cmd_args += [args.target] + list(args.target_args)
     _quiet_torch_logs(args.verbose)
     try:
         elastic_launch(config, sys.executable)(*cmd_args)
         return 0
     except ChildFailedError as exc:
-        return _report(exc.failures, nnodes, node_rank, _read_ends(os.environ.get(END_DIR_ENV_VAR)),
+        return report_failures(exc.failures, nnodes, node_rank, _read_ends(os.environ.get(END_DIR_ENV_VAR)),
                        nproc * nnodes)
     except SignalException as exc:
         print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",

@@ -4,12 +4,12 @@
 * :func:`zero_only`: run a block or a function on rank 0 only, and really skip it elsewhere.
 * :func:`do_n_at_a_time`: call ``f`` on at most ``n`` ranks at a time.
 
-They signal through the process group's store (see :mod:`axolotl_dist._signals`), not through
+They signal through the process group's store (see :mod:`axolotl_dist._runtime.wait`), not through
 collectives: a waiting rank is bounded only by its own ``timeout`` (rank 0 may tokenize for
 hours), learns within a fraction of a second that a rank it waits for raised
 (:class:`~axolotl_dist.errors.RankFailedError` naming it), notices within seconds that it died,
 and logs whom it waits for. Every rank of the group must enter the same blocks in the same
-order, as with any collective.
+order, as with any collective (docs/design.md, decisions 6 and 14).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, TypeVar, Union, overload
 
 
-from . import _teardown
-from ._blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
-from ._callsite import call_site
-from ._groups import next_sequence
+from ._runtime import teardown as _teardown
+from ._runtime.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
+from ._runtime.callsite import call_site
+from ._runtime.groups import next_sequence
 from .collectives import check_world_size, require_group
 from .debug import checked, first_rank_block
 from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
@@ -73,8 +73,8 @@ def zero_first(
     If a first rank raises, it re-raises, and every waiting rank raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it instead of running the block. A
     first rank does not wait before its body; when its outermost first-run block ends it waits
-    until every rank has reached the block (as the barrier that ends axolotl's and
-    accelerate's versions), so blocks may be nested. Ranks pair blocks by call site: blocks
+    until every rank has reached the block (what a barrier at the block's end guarantees),
+    so blocks may be nested. Ranks pair blocks by call site: blocks
     entered by only some ranks raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
     on every rank, naming both sites. A single process just runs the block.
     """

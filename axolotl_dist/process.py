@@ -7,11 +7,10 @@ already call:
   :func:`run_local_rank_zero_first`. They are :func:`~axolotl_dist.zero_first` underneath:
   no collective, the waiting ranks' wait is bounded only by ``timeout``, and if a first rank
   raises, every waiting rank raises :class:`~axolotl_dist.errors.RankFailedError` instead of
-  hanging (Accelerate's and composer's versions have no ``try``/``finally``).
+  hanging.
 * decorators: :func:`on_main_process`, :func:`on_local_main_process`, :func:`on_last_process`,
   :func:`on_process` and :func:`on_local_process`. The rank is checked **at each call**, so
-  decorating at import time, before the process group exists, is correct (Accelerate's
-  ``PartialState`` versions decide once, when decorating). On the other ranks the function is
+  decorating at import time, before the process group exists, is correct. On the other ranks the function is
   not called and the call returns None; a single process runs every decorated function.
 * output: :func:`tqdm`, a progress bar shown on the main process only, and :func:`print`,
   which prints on the main process only.
@@ -99,8 +98,8 @@ def local_main_process_first(*, timeout: Optional[float] = None) -> ContextManag
 def run_local_rank_zero_first(*, timeout: Optional[float] = None) -> ContextManager[None]:
     """composer's ``run_local_rank_zero_first()``: :func:`local_main_process_first` by its name.
 
-    Unlike composer's, a failure in a local rank 0 raises on the waiting ranks (no hang), and a
-    world of size 1 just runs the block.
+    A failure in a local rank 0 raises on the waiting ranks (no hang), and a world of size 1
+    just runs the block.
     """
     return local_main_process_first(timeout=timeout)
 

@@ -3,7 +3,7 @@
 Before :func:`~axolotl_dist.init_distributed` they read the launcher's env vars (see
 :mod:`axolotl_dist.env`); after it they report the process group and raise
 :class:`~axolotl_dist.errors.DistributedEnvError` if the env disagrees with it. No query ever
-creates a process group or any other state (DESIGN.md decisions 1 and 2).
+creates a process group or any other state (docs/design.md, decisions 1 and 2).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch.distributed as dist
 
-from . import _backends, _groups
+from ._runtime import backends as _backends, groups as _groups
 from . import env as _env
 from .errors import DistributedEnvError
 

@@ -1,6 +1,6 @@
 """Exact value helpers: agree on numbers and objects across ranks.
 
-Every helper here moves Python values exactly (DESIGN.md decision 4): ints (int64 in one
+Every helper here moves Python values exactly (docs/design.md, decision 4): ints (int64 in one
 pickle-free collective, larger ones through pickle), float64 bit for bit, bools, None, tensors
 (dtype, shape and device type kept) and any picklable object. Scalars cost one small
 collective; anything else exactly two. If a rank's ``fn`` raises, that rank re-raises its
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _codec, _teardown
+from ._runtime import codec as _codec, teardown as _teardown
 from . import env as _env
-from ._reduce import reduce_name
+from ._runtime.reduce import reduce_name
 from .debug import checked, tensor_signature
 from .collectives import (
     all_gather_into,
@@ -36,7 +36,8 @@ from .collectives import (
     comm_device,
     require_group,
 )
-from ._groups import resolve, state_of
+from ._runtime.groups import resolve, state_of
+from ._runtime.state import STATE as _STATE
 from .ranks import get_rank, get_world_size
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,7 +116,7 @@ class _HelperCache:
     process group's own ``all_gather_single`` with cached options (what
     ``dist.all_gather_single`` does after its argument checks). Rebuilt when ``RANK``/
     ``WORLD_SIZE`` in the env change (so an env that disagrees with the group still raises)
-    and forgotten with the group (it lives in the group's :class:`~axolotl_dist._groups.GroupState`
+    and forgotten with the group (it lives in the group's :class:`~axolotl_dist._runtime.groups.GroupState`
     and holds only a weak reference to the group). The
     buffers are reused call after call, so two threads must not run helpers on the same group
     at once (torch's collectives on one group do not allow that either).
@@ -153,7 +154,7 @@ _COLLECT_AFTER = 0.02
 def _await_released(limit: float = 1.0) -> None:
     """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
     references to the cached header buffers: a collective's ``wait()`` returns before the
-    worker releases it, and releasing needs the GIL (see :func:`axolotl_dist._teardown.cleanup`)."""
+    worker releases it, and releasing needs the GIL (see :func:`axolotl_dist._runtime.teardown.cleanup`)."""
     def busy(st: _HelperCache) -> bool:  # idle: the cache's slot and getrefcount's argument
         return (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
             st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2)
@@ -161,7 +162,7 @@ def _await_released(limit: float = 1.0) -> None:
     start = time.monotonic()
     collected = False
     state = state_of(None)
-    for st in [_LAST, state.helpers if state is not None else None]:
+    for st in [_STATE.helpers, state.helpers if state is not None else None]:
         while st is not None and busy(st) and time.monotonic() < start + limit:
             if not collected and time.monotonic() > start + _COLLECT_AFTER:
                 collected = True
@@ -171,15 +172,13 @@ def _await_released(limit: float = 1.0) -> None:
 
 
 _teardown.on_cleanup(_await_released)
-_LAST: Optional[_HelperCache] = None  # the cache used last: most programs use one group
 _RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
 
 
 def _group_state(group: Optional["ProcessGroup"]) -> _HelperCache:
     """The :class:`_HelperCache` of ``group`` (default group if None); needs a group."""
-    global _LAST
     pg = resolve(group)
-    st = _LAST
+    st = _STATE.helpers  # the cache used last: most programs use one group
     if (st is not None and st.pg_ref() is pg and st.env_rank is _RANK_RAW()
             and st.env_ws is _WS_RAW() and pg is not None):
         return st
@@ -190,7 +189,7 @@ def _group_state(group: Optional["ProcessGroup"]) -> _HelperCache:
     st = state.helpers
     if st is None or st.env_rank is not env_rank or st.env_ws is not env_ws:
         st = state.helpers = _HelperCache(group, pg, env_rank, env_ws)
-    _LAST = st
+    _STATE.helpers = st
     return st
 
 
@@ -418,7 +417,7 @@ def gather_from_all_ranks(
 ) -> Optional[List[T]]:
     """Run ``fn`` on every rank; group rank ``dst`` gets the list of results, others None.
 
-    ``world_size`` is optional and checked (axolotl's default of 1 silently mis-sized the list).
+    ``world_size`` is optional and checked: a wrong value raises instead of mis-sizing the list.
     ``rank=`` is accepted as axolotl's name for ``dst``. Single process: ``[fn()]``.
     """
     return _gather_to("gather_from_all_ranks", fn, world_size, dst if rank is None else rank, group)
@@ -441,7 +440,7 @@ def reduce_and_broadcast(
 ) -> R:
     """Run ``fn1`` on every rank, reduce the list with ``fn2``, return the result everywhere.
 
-    One collective (an all-gather), not axolotl's gather + barrier + broadcast: every rank
+    One collective (an all-gather), not a gather + barrier + broadcast: every rank
     applies ``fn2`` to the same list, so ``fn2`` must be deterministic (``sum``, ``min``,
     ``max``...). The result has ``fn2``'s return type (``fn2``'s argument is typed
     ``List[Any]`` so that overloaded builtins like ``sum`` and ``min`` type-check).

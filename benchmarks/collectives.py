@@ -10,7 +10,7 @@ or under a real launcher::
     torchrun --standalone --nproc-per-node 2 benchmarks/collectives.py
 
 It prints one table: for each helper, its median latency, the median of the raw torch
-collective it needs, and the ratio, with the target where DESIGN/issue 2 sets one. Raw and
+collective it needs, and the ratio, with the target where the project sets one (README's performance table). Raw and
 helper calls are interleaved call by call (the machine may be shared and noisy), after a
 warm-up, and every rank runs the same sequence so the collectives pair up. It also measures,
 in a process with no process group, ``is_main_process()`` / ``get_rank()`` against

@@ -12,7 +12,7 @@ For each checked helper it times, interleaved call by call in the same run:
   would be with no debug hook at all;
 * ``on``: the public helper with debug mode on (for information: the price of hunting a bug).
 
-Target (issue 7): ``off / bare`` within 1.05x for every helper, judged on the median over
+Target: ``off / bare`` within 1.05x for every helper, judged on the median over
 rounds of the ratio of the two back-to-back timings (machine drift cancels); the script also
 measures the hook's cost per call directly in one process (about 0.2 us).
 """

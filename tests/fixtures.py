@@ -16,7 +16,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import pytest
 
-from axolotl_dist import _procs
+from axolotl_dist import testing as _testing
 from axolotl_dist.env import LAUNCHER_ENV_VARS
 
 __all__ = ["ROOT", "NO_ENV", "LAUNCHER_PREFIXES", "subprocess_env", "start", "finish", "run",
@@ -60,12 +60,12 @@ def finish(proc: subprocess.Popen, timeout: float) -> Tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _procs.kill_tree(proc.pid)
+        _testing.kill_tree(proc.pid)
         out, err = proc.communicate()
         pytest.fail(f"{proc.args} did not finish in {timeout}s:\n{out}\n{err[-3000:]}")
     finally:
         if proc.poll() is None:  # interrupted (Ctrl-C, pytest-timeout): leave nothing behind
-            _procs.kill_tree(proc.pid)
+            _testing.kill_tree(proc.pid)
             proc.wait()
     return proc.returncode, out, err
 
@@ -93,5 +93,5 @@ def free_port() -> int:
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` still runs (not a zombie)."""
-    return _procs.alive(pid)
+    return _testing.process_state(pid) != "gone"
 

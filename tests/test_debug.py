@@ -14,7 +14,7 @@ import torch
 
 import axolotl_dist as ad
 from axolotl_dist import debug as ad_debug
-from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from axolotl_dist.testing import reset_process_state, run_distributed, run_distributed_outcomes
 
 PG_TIMEOUT = 300.0
 DEADLINE = 10.0  # seconds within which every surviving rank must raise
@@ -293,11 +293,11 @@ def test_subgroup_calls_are_checked_within_the_subgroup():
 @pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_debug_off_writes_nothing_to_the_store():
     def body():
-        from axolotl_dist._signals import group_store
+        from axolotl_dist.testing import store_of
 
         ad.barrier()
         ad.compute_and_broadcast(lambda: 1)
-        store = group_store()
+        store = store_of()
         written = store.check(["axd/dbg/1/n"])
         torch.distributed.barrier()  # every rank has looked before any rank turns debug on
         with ad.debug_mode(timeout=3):
@@ -363,7 +363,9 @@ def test_switches_in_one_process(monkeypatch):
             assert ad.is_debug_enabled()
         assert not ad.is_debug_enabled()
     finally:
-        ad_debug._restore((False, None, False, None))
+        monkeypatch.delenv("AXOLOTL_DIST_DEBUG", raising=False)
+        reset_process_state("debug")  # off and undecided again, as a fresh process
+    assert not ad.is_debug_enabled()
     monkeypatch.setenv("AXOLOTL_DIST_DEBUG_TIMEOUT", "7.5")
     assert ad_debug.debug_timeout() == 7.5
 

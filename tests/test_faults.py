@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from axolotl_dist import _procs
 from axolotl_dist.testing import run_distributed_outcomes
 from fault_matrix import FAULTS, HELPERS, fault_body
 
@@ -97,37 +96,54 @@ def test_a_caught_failure_keeps_no_frames_alive_and_is_still_relayed(fault):
         assert outcome.value == (0, 0, True)
 
 
-def _store_host_judged():
-    """Rank 0 leaves (``os._exit``: no teardown) once rank 1 has its record; rank 1 then asks
-    whether the store's host is gone: by rank 0's pid, then by the loopback port alone."""
+def _store_host_judged(placement):
+    """Rank 0 leaves (``os._exit``: no teardown) once rank 1 has its record; rank 1's next
+    collectives then name it. Where rank 0 hosted the store, rank 1 judges it gone without a
+    store call (``StoreHostGoneError``): by its pid while its record is known, then, with the
+    records forgotten, by the loopback port alone."""
     import axolotl_dist as ad
-    from axolotl_dist import _signals
+    from axolotl_dist.testing import known_peers, process_state, reset_process_state
 
     deadline = time.monotonic() + 20
-    while ad.get_rank() == 1 and _signals.peer_record(0) is None and time.monotonic() < deadline:
+    while ad.get_rank() == 1 and 0 not in known_peers() and time.monotonic() < deadline:
         time.sleep(0.01)
     ad.barrier()
     if ad.get_rank() == 0:
         os._exit(0)  # the store it may host goes with it
-    pid = _signals.peer_record(0).pid
-    while _procs.proc_state(pid) != "gone" and time.monotonic() < deadline:
+    pid = known_peers()[0].pid
+    while process_state(pid) != "gone" and time.monotonic() < deadline:
         time.sleep(0.01)
-    by_pid = _signals.store_host_gone()
-    _signals._PEERS.pop(0)  # a record not copied yet: judged from the loopback port, which
-    # closes when rank 0's last thread ends (its /proc entry can read "zombie" a moment before)
-    by_port = _signals.store_host_gone()
-    while not by_port and _signals.store_host() == 0 and time.monotonic() < deadline:
+
+    def judged():
+        try:
+            ad.barrier()
+        except ad.RankFailedError as exc:
+            return exc.rank, str(exc)
+        return None, "barrier returned"
+
+    by_pid = judged()
+    reset_process_state("peers")  # a record not copied yet: judged from the loopback port,
+    # which closes when rank 0's last thread ends (/proc can say "zombie" a moment before)
+    by_port = judged()
+    while placement == "rank0" and "by its port" not in by_port[1] and time.monotonic() < deadline:
         time.sleep(0.01)
-        by_port = _signals.store_host_gone()
+        by_port = judged()
     return by_pid, by_port
 
 
 @pytest.mark.parametrize("placement", ["parent", "rank0"])
 def test_a_gone_store_host_is_known_without_a_store_call(placement):
-    outcomes = run_distributed_outcomes(_store_host_judged, 2, store=placement, timeout=45)
-    expected = (placement == "rank0",) * 2  # a launcher's store (the parent) is not rank 0's
+    outcomes = run_distributed_outcomes(_store_host_judged, 2, args=(placement,), store=placement,
+                                        timeout=45)
     assert outcomes[1].ok, outcomes[1].describe()
-    assert outcomes[1].value == expected
+    (rank, by_pid), (rank_again, by_port) = outcomes[1].value
+    assert rank == rank_again == 0, outcomes[1].value
+    if placement == "rank0":  # rank 0 hosted the store: judged gone before any store call
+        assert "StoreHostGoneError" in by_pid and "judged by its pid" in by_pid, by_pid
+        assert "StoreHostGoneError" in by_port and "judged by its port" in by_port, by_port
+    else:  # a launcher's store (the parent) is not rank 0's: rank 0 is named by its pid
+        for text in (by_pid, by_port):
+            assert "StoreHostGoneError" not in text and "died" in text, text
 
 
 def _kept_in_a_cycle():
@@ -136,8 +152,6 @@ def _kept_in_a_cycle():
     import weakref
 
     import axolotl_dist as ad
-    from axolotl_dist import values
-
     class Keeper:
         pass
 
@@ -157,7 +171,7 @@ def _kept_in_a_cycle():
         keeper.error, keeper.me = exc, keeper  # a cycle: only the gc frees it
     ref = weakref.ref(keeper)
     del keeper
-    values._await_released()
+    ad.cleanup_distributed()  # its wait for the helpers' buffers collects the cycle
     return ref() is None
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import axolotl_dist as ad
 from axolotl_dist import launch
-from axolotl_dist._slurm import expand_nodelist, expand_tasks_per_node
+from axolotl_dist.env import expand_nodelist, expand_tasks_per_node
 from axolotl_dist.errors import DistributedEnvError
 from axolotl_dist.testing import run_distributed
 from fixtures import alive, finish, free_port, start, subprocess_env
@@ -382,7 +382,7 @@ def test_first_failure_prefers_root_causes(tmp_path: Path) -> None:
         2: failure(2, -15, None, now),
     }
     rank, first = launch.first_failure(failures)
-    assert rank == 1 and "the real problem" in launch._traceback_of(first)
+    assert rank == 1 and "the real problem" in launch.traceback_of(first)
     # Two root causes: the earlier one wins, whatever the rank order.
     failures[0] = failure(0, 1, "KeyError: 'also real'", now + 0.3)
     assert launch.first_failure(failures)[0] == 1
@@ -409,7 +409,7 @@ def test_rank_stopped_while_exiting_after_raising_reports_its_exception(tmp_path
         1: ProcessFailure(local_rank=1, pid=101, exitcode=1,
                           error_file=error_file(1, "ValueError: second", now + 0.2)),
     }
-    assert launch._report(failures, nodes=1, node_rank=0) == 1
+    assert launch.report_failures(failures, nodes=1, node_rank=0) == 1
     err = capsys.readouterr().err
     assert "rank 0 (local rank 0, pid 100) failed first: it raised an exception" in err
     assert "ValueError: first" in err and "exit code 1" in err
@@ -434,14 +434,14 @@ def test_an_early_quitter_stopped_during_its_exit_hooks_is_still_reported_first(
     }
     ends = {0: {"rank": 0, "code": 0, "time": now + 0.1, "pid": 100},
             1: {"rank": 1, "code": 1, "time": now + 0.5, "pid": 101}}
-    assert launch._report(failures, nodes=1, node_rank=0, ends=ends, world_size=3) == 1
+    assert launch.report_failures(failures, nodes=1, node_rank=0, ends=ends, world_size=3) == 1
     err = capsys.readouterr().err
     assert "axolotl-dist: rank 0 (pid 100) exited with code 0 while rank(s) [1, 2] were still running" in err
     assert "then rank 1 (local rank 1, pid 101) failed: it exited with code 1" in err
     assert "RankFailedError: rank 0 failed in barrier" in err
     # a rank killed by a signal *before* its script ended is a failure, not an early quitter
     del ends[0]
-    launch._report(failures, nodes=1, node_rank=0, ends=ends, world_size=3)
+    launch.report_failures(failures, nodes=1, node_rank=0, ends=ends, world_size=3)
     assert "exited with code 0" not in capsys.readouterr().err
 
 

@@ -4,6 +4,7 @@ get_global_rank's two meanings, get_fs_local_rank, and queries never creating a 
 Every case runs in forked ranks with real gloo (axolotl_dist.testing); nothing is mocked.
 """
 
+import os
 import threading
 
 import pytest
@@ -238,7 +239,7 @@ def test_get_fs_local_rank_rejects_a_non_boolean_shared_fs():
 
 def test_queries_never_create_a_group_or_touch_the_network():
     """Under a launcher env whose MASTER_PORT has nobody listening, every query answers at once
-    and no process group, store connection or thread appears (DESIGN decision 2)."""
+    and no process group, store connection or thread appears (docs/design.md, decision 2)."""
 
     def body():
         import socket
@@ -314,3 +315,57 @@ def test_get_sampler_splits_by_rank_before_and_after_init(world_size):
     assert all(len(s) == 10 // world_size for s in shares)
     assert len(set().union(*shares)) == (10 // world_size) * world_size
     assert [(n, r) for n, r, _ in afters] == [(world_size, r) for r in range(world_size)]
+
+
+def test_rank_queries_see_every_way_the_environment_changes():
+    # The queries read os.environ's own storage for speed (the runtime's envvars module says
+    # why); whatever way a script or launcher changes the environment, they must agree with
+    # os.environ.get.
+    from axolotl_dist import env
+
+    original = dict(os.environ)
+    try:
+        _change_the_environment_every_way(env)
+    finally:
+        os.environ.clear()
+        os.environ.update(original)
+
+
+def _change_the_environment_every_way(env):
+    for name in ("RANK", "WORLD_SIZE"):
+        os.environ.pop(name, None)
+
+    def agrees():
+        rank, ws = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        expected = (int(rank) if rank is not None else 0, int(ws) if ws is not None else 1)
+        assert (env.env_rank(), env.env_world_size()) == expected
+        assert (ad.get_rank(), ad.get_world_size()) == expected
+        assert ad.is_main_process() == (expected[0] == 0)
+
+    agrees()
+    os.environ["WORLD_SIZE"] = "4"
+    os.environ["RANK"] = "1"
+    agrees()
+    os.environ.update(RANK="2")
+    agrees()
+    os.environ.setdefault("RANK", "3")  # already set: unchanged
+    agrees()
+    os.environ["RANK"] = "3"
+    agrees()
+    del os.environ["RANK"]
+    os.environ.pop("WORLD_SIZE")
+    agrees()
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        agrees()
+        os.environ.update(saved, RANK="1", WORLD_SIZE="2")
+        agrees()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    os.putenv("RANK", "1")  # below os.environ: neither os.environ.get nor the queries see it
+    try:
+        agrees()
+    finally:
+        os.unsetenv("RANK")

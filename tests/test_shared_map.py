@@ -350,7 +350,7 @@ def test_store_keys_are_deleted_after_each_call(tmp_path):
     src = _on_disk(tmp_path)
 
     def body():
-        from axolotl_dist._signals import group_store
+        from axolotl_dist.testing import store_of
 
         ds = datasets.load_from_disk(src)
         for fn in (double, triple, double):
@@ -359,7 +359,7 @@ def test_store_keys_are_deleted_after_each_call(tmp_path):
             ad.shared_map(ds, fail_on_row_15, with_indices=True)
         ad.barrier()
         time.sleep(0.2)  # the last rank out deletes the keys after it returned
-        store = group_store()
+        store = store_of()
         names = ["arrived", "done", "failed", "progress", "left", "who/0", "who/1", "error/1"]
         return [k for s in range(1, 5) for k in (f"axd/sm/{s}/{n}" for n in names) if store.check([k])]
 

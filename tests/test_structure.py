@@ -1,25 +1,36 @@
-"""The package's import graph stays simple: a reader finds each concept in one place.
+"""The house shows its floors: a reader finds each concept in one place.
 
 Read from the source (module- and function-level imports alike):
 
+* the package's top level holds only public modules; the private machinery is one package,
+  ``axolotl_dist._runtime``, whose docstring maps every module in it;
 * no import cycle between the package's modules;
 * no module takes another module's underscore names (``from .env import _raw``,
-  ``ranks._WORLD``); importing a private *module* (``from . import _signals``) is fine;
+  ``ranks._WORLD``); importing a private *module* (``from ._runtime import store``) is fine;
 * no ``sys.modules`` lookup of a sibling (a dependency no import shows);
-* plumbing modules (``_name.py``) import only plumbing modules and :mod:`axolotl_dist.errors`,
-  never the functional layer built on them.
+* runtime modules import only runtime modules and :mod:`axolotl_dist.errors`, never the
+  public layer built on them;
+* no module of the package is longer than 500 lines;
+* every ``docs/...`` reference in the code, the tests and the benchmarks names a file that
+  exists, and the heading (``docs/design.md, "Heading"``) or decision
+  (``docs/design.md, decision 4``) it cites exists in it;
+* no test reaches into the runtime: tests use the public modules and
+  :func:`axolotl_dist.testing.reset_process_state`.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "axolotl_dist"
-#: Imported by everything, plumbing included: the public exceptions.
+RUNTIME = f"{PACKAGE}._runtime"
+#: Imported by everything, the runtime included: the public exceptions.
 SHARED_LEAVES = {f"{PACKAGE}.errors"}
+MAX_LINES = 500
 
 
 def _modules() -> Dict[str, Path]:
@@ -50,8 +61,8 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _plumbing(name: str) -> bool:
-    return name.rsplit(".", 1)[-1].startswith("_")
+def _runtime(name: str) -> bool:
+    return name == RUNTIME or name.startswith(RUNTIME + ".")
 
 
 class _Scan(ast.NodeVisitor):
@@ -142,19 +153,116 @@ def test_no_private_names_or_sys_modules_lookups_across_modules():
     assert problems == []
 
 
-def test_plumbing_never_imports_the_functional_layer():
+def test_the_runtime_never_imports_the_public_layer():
     graph, _ = _scan()
-    wrong = sorted(f"{m} imports {t}" for m, targets in graph.items() if _plumbing(m)
-                   for t in targets if not _plumbing(t) and t not in SHARED_LEAVES)
+    wrong = sorted(f"{m} imports {t}" for m, targets in graph.items() if _runtime(m)
+                   for t in targets if not _runtime(t) and t not in SHARED_LEAVES)
     assert wrong == []
+
+
+def test_the_top_level_holds_only_public_modules():
+    private = sorted(p.name for p in (ROOT / PACKAGE).glob("_*.py") if p.name != "__init__.py")
+    assert private == []
+    packages = sorted(p.name for p in (ROOT / PACKAGE).iterdir()
+                      if p.is_dir() and p.name.startswith("_") and p.name != "__pycache__")
+    assert packages == ["_runtime"]
+
+
+def test_the_runtime_docstring_maps_every_module():
+    doc = ast.get_docstring(ast.parse((ROOT / PACKAGE / "_runtime" / "__init__.py").read_text()))
+    names = sorted(p.stem for p in (ROOT / PACKAGE / "_runtime").glob("*.py") if p.stem != "__init__")
+    unmapped = [n for n in names if f":mod:`.{n}`" not in (doc or "")]
+    assert len(names) > 15 and unmapped == []
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = sorted(f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / PACKAGE).rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert long == []
 
 
 def test_the_scan_sees_what_it_should():
     # guard against a scanner that finds nothing: these edges exist by design
     graph, _ = _scan()
-    assert f"{PACKAGE}._signals" in graph[f"{PACKAGE}.ordering"] | graph[f"{PACKAGE}._blocks"]
-    assert f"{PACKAGE}.errors" in graph[f"{PACKAGE}._signals"]
-    assert len(graph) > 25
+    assert f"{RUNTIME}.blocks" in graph[f"{PACKAGE}.ordering"]
+    assert f"{RUNTIME}.wait" in graph[f"{RUNTIME}.blocks"]
+    assert f"{PACKAGE}.errors" in graph[f"{RUNTIME}.peers"]
+    assert {f"{RUNTIME}.store", f"{RUNTIME}.peers"} <= graph[f"{RUNTIME}.watch"]
+    assert len(graph) > 40
+
+
+def test_the_signalling_floors_depend_one_way():
+    # store <- peers <- watch <- wait: no floor imports one above it
+    graph, _ = _scan()
+    floors = [f"{RUNTIME}.{n}" for n in ("store", "peers", "watch", "wait")]
+    for i, floor in enumerate(floors):
+        assert not graph[floor] & set(floors[i + 1:]), (floor, graph[floor])
+
+
+#: ``docs/<page>.md`` optionally followed by ``, "Heading"`` or ``, decision N``.
+DOC_REF = re.compile(r'docs/([\w-]+\.md)(?:,\s+"([^"]+)"|,\s+decisions?\s+(\d+))?')
+
+
+def _headings(page: Path) -> List[str]:
+    return [line.lstrip("#").strip() for line in page.read_text().splitlines()
+            if line.startswith("#")]
+
+
+def _doc_refs() -> List[Tuple[str, str, str, str]]:
+    """``(where, page, heading, decision)`` of every docs reference in code, tests, benchmarks."""
+    refs = []
+    for folder in (PACKAGE, "tests", "benchmarks", "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name == "test_structure.py":
+                continue  # its examples are not references
+            text = " ".join(path.read_text().split())  # references may wrap across lines
+            for m in DOC_REF.finditer(text):
+                refs.append((str(path.relative_to(ROOT)), m.group(1), m.group(2) or "",
+                             m.group(3) or ""))
+    return refs
+
+
+def test_every_docs_reference_in_the_code_resolves():
+    refs = _doc_refs()
+    assert len(refs) > 10  # the runtime cites the design doc throughout
+    broken = []
+    for where, page, heading, decision in refs:
+        path = ROOT / "docs" / page
+        if not path.is_file():
+            broken.append(f"{where}: docs/{page} does not exist")
+            continue
+        titles = _headings(path)
+        if heading and heading not in titles:
+            broken.append(f"{where}: docs/{page} has no heading {heading!r}")
+        if decision and not any(t.startswith(f"{decision}. ") for t in titles):
+            broken.append(f"{where}: docs/{page} has no decision {decision}")
+    assert broken == []
+
+
+def test_no_reference_to_files_outside_the_repository():
+    # DESIGN.md and REFERENCE.md were the project's starting documents, not files in it
+    stale = []
+    for folder in (PACKAGE, "tests", "benchmarks", "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name == "test_structure.py":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"\b(DESIGN|REFERENCE)(\.md)?\b", line):
+                    stale.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert stale == []
+
+
+def test_tests_use_only_public_modules():
+    # a test that reaches into the runtime pins internals instead of behaviour; the one door
+    # is axolotl_dist.testing (reset_process_state, store_of, known_peers...)
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"axolotl_dist\._|from axolotl_dist(\.\w+)? import _(?!_)"
+                         r"|\b(ad|ad_debug|debug|values|launch|env|ranks|ordering)\._(?!_)", line) \
+                    and path.name != "test_structure.py":
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == []
 
 
 def test_the_harness_imports_without_pytest():

@@ -1,4 +1,4 @@
-"""Sharded flat tensors and DTensor shape utilities (issue 5).
+"""Sharded flat tensors and DTensor shape utilities.
 
 Multi-process behaviour runs on real gloo ranks forked by :func:`run_distributed`; layouts at
 8 ranks run with torch's fake process group inside one forked rank, so the pytest process

@@ -214,7 +214,7 @@ class DataParallelConfig(_Config):
         * Neither set: one replica per node (``NUM_NODES`` or world / ``LOCAL_WORLD_SIZE``),
           sharded over the rest, which must divide evenly.
         * One set: it must divide ``dp_world_size``; the other is the quotient.
-        * Both set: their product must equal ``dp_world_size`` (OLMo-core never checked).
+        * Both set: their product must equal ``dp_world_size``.
 
         :raises DistributedConfigError: naming the config and the numbers.
         """

@@ -19,8 +19,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .. import _backends, _teardown
-from .._groups import state_of
+from .._runtime import backends as _backends, teardown as _teardown
+from .._runtime.groups import state_of
 from ..debug import checked
 from ..errors import DistributedConfigError, DistributedEnvError, MeshUsageError
 from ..ranks import get_backend, is_initialized
@@ -60,7 +60,7 @@ _EP_DIMS = (MeshDimName.ep_replicate, MeshDimName.ep_shard)
 
 def get_world_mesh() -> Optional[DeviceMesh]:
     """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed:
-    it lives in the default group's state, see :mod:`axolotl_dist._groups`)."""
+    it lives in the default group's state, see :mod:`axolotl_dist._runtime.groups`)."""
     state = state_of(None)
     return None if state is None else state.world_mesh
 
@@ -85,7 +85,7 @@ def default_device_type(backend: Optional[str] = None) -> str:
     ``gloo``, ``mpi`` and ``fake`` give ``"cpu"``; ``nccl`` gives ``"cuda"``; a per-device
     backend such as ``"cuda:nccl,cpu:gloo"`` gives its accelerator when this machine has it,
     else ``"cpu"``: the same answer as every other part of the kit
-    (:mod:`axolotl_dist._backends`).
+    (:mod:`axolotl_dist._runtime.backends`).
     """
     return _backends.device_type(backend or get_backend() or "gloo")
 

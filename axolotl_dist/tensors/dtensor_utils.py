@@ -14,8 +14,8 @@ a dim whole.
 
 Note that the device mesh is row-major: on a ``(2, 4)`` mesh, ``Shard(0)`` on mesh dim 0 only
 splits between the rows ``[0, 1, 2, 3]`` and ``[4, 5, 6, 7]``, so a ``(2,)`` tensor lands on
-ranks 0 and 4 (each replicated along its row). OLMo-core's docstring claims ranks 0 and 1
-for ``[Shard(0)]`` on that mesh; that layout needs a 1-D mesh of 8 ranks.
+ranks 0 and 4 (each replicated along its row); landing on ranks 0 and 1 needs a 1-D mesh of
+8 ranks.
 
 ``torch.distributed.tensor`` costs about half a second to import, so it is imported only when
 these functions first run.

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.distributed as dist
 
-from .. import _backends
+from .._runtime import backends as _backends
 from ..collectives import all_gather_into, comm_device, require_group
 from ..debug import checked
 from .sharding_spec import ShardingSpec

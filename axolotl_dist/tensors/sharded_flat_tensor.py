@@ -2,7 +2,7 @@
 
 Each rank of a process group holds, as a plain 1-D tensor, the elements of the flattened full
 tensor that a :class:`~axolotl_dist.tensors.ShardingSpec` assigns to it (one or more ranges).
-The API is OLMo-core's; the behaviour fixes the pitfalls listed in REFERENCE.md section 4:
+The API is OLMo-core's; what behaves differently from it, and why:
 
 * the default spec never produces a backwards range (5 elements over 4 ranks: 2, 1, 1, 1);
 * ``rank0_only`` sends to group rank 0 of the tensor's group, not global rank 0;

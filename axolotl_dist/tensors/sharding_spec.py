@@ -4,7 +4,7 @@ A spec lists, for every rank of a process group (by *group* rank), the half-open
 ``(start, end)`` of the flattened unsharded tensor that the rank holds, in the order its
 local shard stores them. One range per rank is the common case; several are allowed.
 
-Unlike OLMo-core's spec, this one is validated fully when it is built: a range that runs
+The spec is validated fully when it is built: a range that runs
 backwards, falls outside the tensor, overlaps another range, or leaves elements that no rank
 holds raises :class:`~axolotl_dist.errors.DistributedConfigError` naming the rank, the range
 and the numbers. The number of ranks is checked against the process group where the group is

@@ -1,14 +1,14 @@
 """Per-process-group state, in one place.
 
 Everything the kit remembers about a process group lives in one :class:`GroupState`, found by
-:func:`state_of` and keyed by the group object **weakly**: a group kept alive by a cache past
-``destroy_process_group()`` would be destroyed during interpreter shutdown, where gloo's
-threads abort the process. ``group=None`` means the default group, everywhere
+:func:`state_of` in :data:`.state.STATE` and keyed by the group object **weakly**: a group
+kept alive by a cache past ``destroy_process_group()`` would be destroyed during interpreter
+shutdown, where gloo's threads abort the process. ``group=None`` means the default group, everywhere
 (:func:`resolve`). What it holds:
 
 * ``seq``: per-kind call counters (``zero_first`` blocks, debug-mode checks...), which line up
   across ranks as long as every rank calls the same helpers in the same order;
-* ``device``: the device collectives on the group use (see :mod:`axolotl_dist._backends`);
+* ``device``: the device collectives on the group use (see :mod:`.backends`);
 * ``helpers``: the value helpers' cached ranks and buffers;
 * ``debug``: this rank's debug-mode log of checked calls;
 * ``world_mesh``: on the default group, the mesh ``build_world_mesh`` stored.
@@ -16,10 +16,11 @@ threads abort the process. ``group=None`` means the default group, everywhere
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch.distributed as dist
+
+from .state import STATE
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -51,9 +52,6 @@ class GroupState:
         self.world_mesh: Any = None
 
 
-_STATES: "weakref.WeakKeyDictionary[Any, GroupState]" = weakref.WeakKeyDictionary()
-
-
 def state_of(group: Optional["ProcessGroup"]) -> Optional[GroupState]:
     """The :class:`GroupState` of ``group`` (created on first use); None without a group.
 
@@ -64,11 +62,11 @@ def state_of(group: Optional["ProcessGroup"]) -> Optional[GroupState]:
     if pg is None:
         return None
     try:
-        state = _STATES.get(pg)
+        state = STATE.groups.get(pg)
     except TypeError:
         return GroupState()
     if state is None:
-        state = _STATES[pg] = GroupState()
+        state = STATE.groups[pg] = GroupState()
     return state
 
 

@@ -1,4 +1,4 @@
-"""What every rank started by ``axolotl-dist`` runs: ``python -m axolotl_dist._rank_main``.
+"""What every rank started by ``axolotl-dist`` runs: ``python -m axolotl_dist._runtime.rank_main``.
 
 It completes the env contract (``NODE_RANK`` from torchrun's ``GROUP_RANK``), makes the rank
 die with the launcher even if the launcher is SIGKILLed (Linux ``PR_SET_PDEATHSIG``), and
@@ -25,9 +25,9 @@ import traceback
 from types import TracebackType
 from typing import List, Optional
 
-from . import _procs
-from ._envvars import TORCHRUN_NODE_ALIASES
-from ._procs import LAUNCHER_PID_ENV_VAR
+from . import procs
+from .envvars import TORCHRUN_NODE_ALIASES
+from .procs import LAUNCHER_PID_ENV_VAR
 
 __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "main"]
 
@@ -66,7 +66,7 @@ def _start_guard() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if _prctl_pdeathsig(signal.SIGTERM) and os.getppid() == rank_pid:
             signal.sigwait({signal.SIGTERM})
-        if not _procs.alive(int(launcher)):
+        if not procs.alive(int(launcher)):
             os.killpg(group, signal.SIGKILL)
     except BaseException:  # noqa: BLE001 - the guard must never outlive its purpose
         pass
@@ -160,7 +160,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if module:
         args = args[1:]
     if not args:
-        raise SystemExit("usage: python -m axolotl_dist._rank_main [-m] target [args...]")
+        raise SystemExit("usage: python -m axolotl_dist._runtime.rank_main [-m] target [args...]")
     _die_with_launcher()
     _start_guard()
     _set_node_env()

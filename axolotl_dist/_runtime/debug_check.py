@@ -21,7 +21,8 @@ raise it at once.
 Ranks that must not wait (the ranks that go first in :func:`~axolotl_dist.zero_first`: the
 others are blocked until they finish, and blocks may nest) only post their record and look at
 the counters; they compare again, without blocking, at their next waiting check or before
-reporting a missing rank, and wait for the others when their outermost block ends.
+reporting a missing rank, and wait for the others when their outermost block ends. See
+docs/design.md, "Debug-mode checks".
 """
 
 from __future__ import annotations
@@ -33,17 +34,20 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import _signals, _teardown
-from ._records import await_readers
-from ._groups import global_rank, next_sequence, state_of
-from .errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
+from . import teardown
+from .constants import HEARTBEAT_INTERVAL, HOST
+from .store import group_store, store_host
+from .watch import Watch
+from .records import await_readers
+from .groups import global_rank, next_sequence, state_of
+from ..errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
 __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "check", "first_rank_block"]
 
-#: The per-group call counter (see :mod:`axolotl_dist._groups`) debug checks are numbered by.
+#: The per-group call counter (see :mod:`axolotl_dist._runtime.groups`) debug checks are numbered by.
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
 DEBUG_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_DEBUG_TIMEOUT"
@@ -66,7 +70,7 @@ class Call:
         self.agree = {k: (v if isinstance(v, (int, float, str, bool, type(None))) else repr(v))
                       for k, v in agree.items()}
         self.site = site
-        self.pid, self.host = os.getpid(), _signals.HOST
+        self.pid, self.host = os.getpid(), HOST
 
     def __getstate__(self) -> tuple:
         return tuple(getattr(self, s) for s in self.__slots__)
@@ -133,14 +137,14 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
     """Check this call of helper ``name`` against the other ranks of ``group`` (see above)."""
     import torch.distributed as dist
 
-    _teardown.start_services()
+    teardown.start_services()
     rank, ws = dist.get_rank(group), dist.get_world_size(group)
     me = Call(rank, global_rank(group, rank), name, agree, site)
     log = _log_of(group, create=True)
     assert log is not None
     seq = next_sequence(group, SEQUENCE_KIND)
     try:
-        ctx = _Ctx(_signals.group_store(group), seq, me, ws, group, log, timeout)
+        ctx = _Ctx(group_store(group), seq, me, ws, group, log, timeout)
         _post(ctx)
         if wait:
             _wait_all(ctx)
@@ -162,7 +166,7 @@ def _store_lost(exc: BaseException, seq: int, me: Call, group: Optional["Process
                 ) -> CollectiveMismatchError:
     """The error for a store that vanished during call ``seq``: its host is gone."""
     first_line = (str(exc).splitlines() or [""])[0]
-    host = _signals.store_host()
+    host = store_host()
     where = f"call #{seq} ({me.call()}) on {_group_name(group)}"
     if host is not None:
         head = (f"rank {host} (the store host) died or exited while this rank checked {where}: "
@@ -235,10 +239,10 @@ def _tidy(ctx: _Ctx) -> None:
 
 def _wait_all(ctx: _Ctx) -> None:
     """Return once every rank reached this call with the same digest; else raise."""
-    watcher = _signals.Watch(_signals.group_store())
+    watcher = Watch(group_store())
     monitor = ctx.me.rank == 0
     last_progress = time.monotonic()
-    next_liveness = last_progress + _signals.HEARTBEAT_INTERVAL
+    next_liveness = last_progress + HEARTBEAT_INTERVAL
     spins, delay, seen = 0, 0.0002, 0
     while True:
         arrived = ctx.store.add(f"{ctx.prefix}/n", 0)
@@ -253,7 +257,7 @@ def _wait_all(ctx: _Ctx) -> None:
                 return
             seen, last_progress = arrived, now
         if now >= next_liveness:
-            next_liveness = now + _signals.HEARTBEAT_INTERVAL
+            next_liveness = now + HEARTBEAT_INTERVAL
             dead = _dead_ranks(ctx, watcher, now, all_ranks=monitor)
             if dead:
                 _give_up(ctx, dead)
@@ -268,8 +272,8 @@ def _wait_all(ctx: _Ctx) -> None:
 
 def _collect_mismatch(ctx: _Ctx, last_progress: float) -> CollectiveMismatchError:
     """A rank differs: wait (bounded) for the rest so the error shows every rank's call."""
-    watcher = _signals.Watch(_signals.group_store())
-    next_liveness = time.monotonic() + _signals.HEARTBEAT_INTERVAL
+    watcher = Watch(group_store())
+    next_liveness = time.monotonic() + HEARTBEAT_INTERVAL
     seen = 0
     while True:
         arrived = ctx.store.add(f"{ctx.prefix}/n", 0) % ABORT
@@ -279,7 +283,7 @@ def _collect_mismatch(ctx: _Ctx, last_progress: float) -> CollectiveMismatchErro
         if arrived > seen:
             seen, last_progress = arrived, now
         if now >= next_liveness:
-            next_liveness = now + _signals.HEARTBEAT_INTERVAL
+            next_liveness = now + HEARTBEAT_INTERVAL
             if _dead_ranks(ctx, watcher, now, all_ranks=True):
                 break
         time.sleep(0.005)
@@ -325,7 +329,7 @@ def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
     return [r for r in range(ws) if r not in present]
 
 
-def _dead_ranks(ctx: _Ctx, watcher: _signals.Watch, now: float, all_ranks: bool) -> Dict[int, str]:
+def _dead_ranks(ctx: _Ctx, watcher: Watch, now: float, all_ranks: bool) -> Dict[int, str]:
     """Missing group ranks whose process is known to be gone, with why. The monitor looks at
     every missing rank; the others only at rank 0 (one round trip), whom nobody else watches."""
     if all_ranks:

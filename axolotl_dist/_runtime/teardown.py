@@ -19,7 +19,8 @@ registers an ``atexit`` hook that, before finalization:
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish.
 
-:func:`cleanup` is safe to call twice or never.
+:func:`cleanup` is safe to call twice or never. See docs/design.md, "Exit records and the store
+host's linger".
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import _backends, _records, _signals
+from . import backends, peers, records, store
 
 __all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
 
@@ -61,7 +62,7 @@ def start_services() -> None:
         _REGISTERED = True
         atexit.register(_at_exit)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        _signals.start_heartbeat()
+        peers.start_heartbeat()
 
 
 def cleanup() -> None:
@@ -74,12 +75,12 @@ def cleanup() -> None:
     deleted later. The kit's own helpers are waited for exactly (their buffers' references);
     other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
     """
-    _signals.stop_heartbeat()
+    peers.stop_heartbeat()
     for hook in list(_CLEANUP_HOOKS):
         hook()
     if dist.is_available() and dist.is_initialized():
         time.sleep(_DRAIN)
-        if torch.cuda.is_available() and _backends.supports(str(dist.get_backend()), "cuda"):
+        if torch.cuda.is_available() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
         dist.destroy_process_group()
 
@@ -97,15 +98,15 @@ def _at_exit() -> None:
 def teardown(exc: Optional[BaseException] = None) -> None:
     """Steps 1-4 of the module docstring; ``exc``: the exception this process is ending on."""
     if not (dist.is_available() and dist.is_initialized()):
-        _signals.stop_heartbeat()
+        peers.stop_heartbeat()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    hosts = _signals.hosts_store()
+    hosts = store.hosts_store()
     # the group owns the store's server: keep it past destroy_process_group() while we linger
-    server = _signals.world_store() if hosts else None
-    _signals.stop_heartbeat()
+    server = store.world_store() if hosts else None
+    peers.stop_heartbeat()
     # store calls go through the bounded worker: a stopped store host must not hang the exit
-    record = _signals.bounded(lambda: _records.publish_exit(exc), _STORE_CALLS) \
+    record = store.bounded(lambda: records.publish_exit(exc), _STORE_CALLS) \
         if world_size > 1 else None
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
     try:
@@ -113,9 +114,9 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
         pass
     if record is not None:
-        _signals.bounded(lambda: _records.mark_exited(record), _STORE_CALLS)
+        store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
         if hosts:
-            _records.await_peers_exit(record[0], rank, world_size)
+            records.await_peers_exit(record[0], rank, world_size)
     del server
     if any(ref() is not None for ref in groups):
         gc.collect()

@@ -22,22 +22,25 @@ A block costs each rank three or four store round trips when nobody has to wait,
 that finishes last deletes its two or three keys, so a loop of blocks does not grow the store.
 A first rank waits for nobody before its body; when its outermost first-run block ends it
 waits until every rank has reached each block it ran first (so nested blocks cannot
-deadlock), like the barrier that ends axolotl's and accelerate's versions.
+deadlock): the same guarantee as a barrier at the end of the block.
 ``do_n_at_a_time`` call ``seq`` keeps ``done/<round>`` counters, ``failed``, ``error`` and
-``fin`` under ``axd/dn/<seq>/``.
+``fin`` under ``axd/dn/<seq>/``. Sequence diagrams: docs/design.md, "zero_first blocks" and
+docs/design.md, "do_n_at_a_time rounds".
 """
 
 from __future__ import annotations
 
 import pickle
-import threading
 from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
-from ._callsite import CallSite
-from ._groups import global_ranks
-from ._records import await_readers, publish_error, read_error
-from ._signals import group_store, poll_until, store_errors
-from .errors import CollectiveMismatchError, failure_report
+from .callsite import CallSite
+from .groups import global_ranks
+from .records import await_readers, publish_error, read_error
+from .peers import store_errors
+from .state import STATE
+from .store import group_store
+from .wait import poll_until
+from ..errors import CollectiveMismatchError, failure_report
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -74,6 +77,8 @@ class _Tally:
             self.first, self.done, self.fin = 1 << 28, 1, 1 << 28
 
     def arrival(self, rank: int) -> int:
+        """What rank ``rank`` adds to ``state`` when it arrives: its own bit (packed, so the
+        mask says *which* ranks are here), else 1 (a count; the bits go to ``mask/<i>``)."""
         return 1 << rank if self.packed else 1
 
     def counts(self, state: int, tally: int = 0) -> _Counts:
@@ -286,33 +291,26 @@ class ZeroFirstBlock:
             self.store.delete_key(f"{self.p}/{name}")
 
 
-class _FirstRuns(threading.local):
-    """The zero_first blocks this thread is running first, nested, and those finished inside."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.pending: List[ZeroFirstBlock] = []
-
-
-_FIRST_RUNS = _FirstRuns()
-
-
 def first_run_begin() -> None:
     """This thread starts the body of a block it runs first."""
-    _FIRST_RUNS.depth += 1
+    STATE.first_runs.depth += 1
 
 
 def first_run_end(block: ZeroFirstBlock, ok: bool) -> List[ZeroFirstBlock]:
     """The body of ``block`` ended (``ok``: without raising). Returns the blocks whose
     arrivals to await now: all finished ones once the outermost first-run block ends."""
-    runs = _FIRST_RUNS
+    # Why wait only at the outermost end: an inner block's waiting ranks are still blocked in
+    # the *outer* block (they enter the inner one only after the outer body ran here), so
+    # waiting for their arrival inside the outer body would deadlock. Finished inner blocks
+    # are kept, in order, and all awaited once nothing encloses them any more.
+    runs = STATE.first_runs
     runs.depth -= 1
     if ok:
         runs.pending.append(block)
     if runs.depth > 0:
         return []
     pending, runs.pending = runs.pending, []
-    return pending if ok else []
+    return pending if ok else []  # a body that raised: its failure is published, not awaited
 
 
 def run_in_rounds(f: Callable[[], T], group: Optional["ProcessGroup"], seq: int, rank: int,

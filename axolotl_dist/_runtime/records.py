@@ -2,7 +2,8 @@
 collective: what a rank that fails (or ends) leaves for the others, and how the store's host
 keeps it readable for them (bounded by ``AXOLOTL_DIST_STORE_LINGER``) before its process exits.
 
-Built on :mod:`axolotl_dist._signals` (stores, peer records, :class:`~axolotl_dist._signals.Watch`).
+Built on the signalling floors: :mod:`.store`, :mod:`.peers` and :mod:`.watch`. The protocol
+is in docs/design.md, "Failure relay".
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from ._envvars import read_seconds
-from ._groups import global_ranks, resolve
-from ._signals import (HEARTBEAT_INTERVAL, HOST, STORE_LINGER_ENV_VAR, Watch,
-                       exit_connection, exit_key, hosts_store, is_store_error, lost_error,
-                       peer_record, store_host_gone, store_lost_error, world_store)
-from .errors import DistributedEnvError, RankFailedError, failure_report, learnt_failure
+from .envvars import read_seconds
+from .groups import global_ranks, resolve
+from .constants import DEFAULT_STORE_LINGER, HEARTBEAT_INTERVAL, HOST, STORE_LINGER_ENV_VAR
+from .peers import exit_connection, peer_record, store_host_gone, store_lost_error
+from .store import hosts_store, is_store_error, world_store
+from .watch import Watch, exit_key, lost_error
+from ..errors import DistributedEnvError, RankFailedError, failure_report, learnt_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
@@ -61,7 +63,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
 
 def linger_timeout() -> float:
     """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
-    return read_seconds(STORE_LINGER_ENV_VAR, 5.0)
+    return read_seconds(STORE_LINGER_ENV_VAR, DEFAULT_STORE_LINGER)
 
 
 def await_readers(store: "Store", key: str, readers: Sequence[int],

@@ -14,7 +14,8 @@ TENSOR    ``[5, meta bytes, data bytes, 0]``  pickled (dtype, shape, device type
 ERROR     ``[6, nbytes, 0, 0]``               pickled failure report of the sending rank
 ========  ==================================  =======================================
 
-So a scalar crosses in one small collective, and anything else in exactly two.
+So a scalar crosses in one small collective, and anything else in exactly two
+(docs/design.md, "Value encoding").
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .errors import RankFailedError, failure_report
+from ..errors import RankFailedError, failure_report
 
 __all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode",
            "scalar_header", "decode_scalar"]

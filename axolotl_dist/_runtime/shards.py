@@ -1,7 +1,7 @@
 """How a length splits into contiguous per-rank chunks: one rule for every splitter of the kit.
 
 ``split_between_processes`` (:mod:`axolotl_dist.data`) and ``shared_map``'s parts
-(:mod:`axolotl_dist._hf_parts`) both use it, so the same rank gets the same rows from each.
+(:mod:`axolotl_dist._runtime.hf_parts`) both use it, so the same rank gets the same rows from each.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 __all__ = ["CallSite", "call_site"]
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: the whole package (this module lives in its ``_runtime`` folder)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
 
 

@@ -1,0 +1,41 @@
+"""The kit's private machinery: what every public helper stands on.
+
+Nothing here is public API. Public modules (``axolotl_dist.ordering``, ``values``, ...)
+import from this package; modules here import each other and, of the public ones, only
+:mod:`axolotl_dist.errors` (``tests/test_structure.py`` enforces both rules and the absence
+of cycles). The design behind each module is in docs/design.md.
+
+Process-wide facts
+
+* :mod:`.state`: what this process has learnt (failures, peers, heartbeat, helper caches,
+  debug switches, open first-run blocks), in one object with one ``reset()``.
+* :mod:`.groups`: what the kit remembers per process group; the default group.
+* :mod:`.envvars`: reading env vars (ints with bounds, seconds, switches).
+* :mod:`.backends`: what a backend string says about devices.
+* :mod:`.procs`: processes (``/proc`` state, children, killing a tree, loopback, listeners).
+* :mod:`.callsite`: the user's file and line behind a helper call.
+
+Signalling through the c10d store, one floor on the other (store <- peers <- watch <- wait)
+
+* :mod:`.constants`: timings, their env-var names, this host's name, the kit's logger.
+* :mod:`.store`: which store, who hosts it, lost-store errors, the store worker thread.
+* :mod:`.peers`: peer records, the heartbeat thread, judging the store's host gone.
+* :mod:`.watch`: judging the ranks a wait depends on (exit records, pids, heartbeats).
+* :mod:`.wait`: bounded polling waits that warn and name who they wait for.
+* :mod:`.records`: failure reports, exit records, the store host's linger, naming the peer
+  behind a failed collective.
+
+Protocols built on those
+
+* :mod:`.blocks`: ``zero_first`` / ``do_n_at_a_time`` rounds.
+* :mod:`.debug_check`: debug mode's per-call check.
+* :mod:`.codec`: how the value helpers encode values.
+* :mod:`.reduce`: reduction names. :mod:`.shards`: rows per rank.
+* :mod:`.hf_parts`: ``shared_map``'s parts, files and fingerprints (needs ``datasets``).
+* :mod:`.slurm`: SLURM node-list and tasks-per-node syntax.
+
+Process lifetime
+
+* :mod:`.teardown`: the exit hook and ``cleanup_distributed``.
+* :mod:`.rank_main`: the bootstrap each rank runs under ``axolotl-dist``.
+"""

@@ -1,0 +1,54 @@
+"""What the signalling modules share: timing constants, their env-var names, this host's name
+and the kit's logger.
+
+A leaf: it imports nothing from the package, so :mod:`.store`, :mod:`.peers`, :mod:`.watch`
+and :mod:`.wait` can all read it without importing each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "LIVENESS_INTERVAL",
+    "SILENT_AFTER",
+    "MAX_WAIT_LOG_INTERVAL",
+    "HEARTBEAT_TIMEOUT_ENV_VAR",
+    "WAIT_LOG_INTERVAL_ENV_VAR",
+    "STORE_LINGER_ENV_VAR",
+    "AGENT_STORE_ENV_VAR",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "DEFAULT_WAIT_LOG_INTERVAL",
+    "DEFAULT_STORE_LINGER",
+    "HOST",
+    "log",
+]
+
+#: Seconds between two heartbeats of a rank.
+HEARTBEAT_INTERVAL = 1.0
+#: How often a waiting rank judges the ranks it waits for (seconds).
+LIVENESS_INTERVAL = 0.5
+#: A heartbeat silent this long (seconds) is worth a warning.
+SILENT_AFTER = 3.0 * HEARTBEAT_INTERVAL
+#: The longest interval between two "still waiting" warnings (seconds).
+MAX_WAIT_LOG_INTERVAL = 600.0
+
+#: Seconds without a heartbeat after which a rank on another host counts as dead.
+HEARTBEAT_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_HEARTBEAT_TIMEOUT"
+DEFAULT_HEARTBEAT_TIMEOUT = 15.0
+#: Seconds a wait runs before its first warning (then at doubling intervals).
+WAIT_LOG_INTERVAL_ENV_VAR = "AXOLOTL_DIST_WAIT_LOG_INTERVAL"
+DEFAULT_WAIT_LOG_INTERVAL = 30.0
+#: Seconds the store's host keeps a failure readable for its peers before it exits.
+STORE_LINGER_ENV_VAR = "AXOLOTL_DIST_STORE_LINGER"
+DEFAULT_STORE_LINGER = 5.0
+#: torch elastic's switch: ``True`` when the launcher's agent hosts the store.
+AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
+#: This host's name, as peers record it.
+HOST = socket.gethostname()
+
+#: The kit's logger.
+log = logging.getLogger("axolotl_dist")

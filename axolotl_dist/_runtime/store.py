@@ -1,0 +1,165 @@
+"""Store access: which c10d store, who hosts it, what a lost store looks like, and a worker
+thread for store calls that must not block the caller.
+
+The first floor of the signalling stack (store <- :mod:`.peers` <- :mod:`.watch` <-
+:mod:`.wait`): it knows nothing about peers. The store's host is torch's choice, not ours
+(docs/design.md, decision 11): torchrun's agent, a test parent, or rank 0's own process.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch.distributed as dist
+
+from .constants import AGENT_STORE_ENV_VAR
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup, Store
+
+__all__ = [
+    "group_store",
+    "world_store",
+    "store_host",
+    "hosts_store",
+    "store_address",
+    "StoreHostGoneError",
+    "is_store_error",
+    "Job",
+    "submit",
+    "bounded",
+]
+
+
+def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
+    """The c10d store of ``group`` (default: the world's)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if group is None:
+        return c10d._get_default_store()
+    return c10d._get_process_group_store(group)
+
+
+def world_store() -> "Store":
+    """The world's store, where heartbeats, peer records and exit records live."""
+    return group_store(None)
+
+
+def store_host() -> Optional[int]:
+    """The global rank whose process hosts the world store, or None if it lives elsewhere.
+
+    torch's ``env://``/``tcp://`` rendezvous makes rank 0 host the ``TCPStore`` unless the
+    launcher's agent hosts it (torchrun, ``axolotl-dist``, ``accelerate launch`` set
+    ``TORCHELASTIC_USE_AGENT_STORE=True``); a file or in-memory store has no host process.
+    """
+    if os.environ.get(AGENT_STORE_ENV_VAR) == "True":
+        return None
+    try:
+        store = world_store()
+    except Exception:  # noqa: BLE001 - no group
+        return None
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return 0 if isinstance(store, dist.TCPStore) else None
+
+
+def hosts_store() -> bool:
+    """Whether this process hosts the world store (see :func:`store_host`)."""
+    return dist.is_initialized() and store_host() == dist.get_rank()
+
+
+def store_address() -> str:
+    """``MASTER_ADDR:MASTER_PORT``, for messages."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else "its address"
+
+
+class StoreHostGoneError(RuntimeError):
+    """The store's host process is known to have ended: a store call was not even tried.
+
+    Not only to save time. A call to a dead store usually fails at once, but torch's client may
+    first try to reconnect, and that can wait for a reverse DNS lookup (glibc's resolver
+    timeout, 5 s by default, where no resolver answers for 127.0.0.1), holding the
+    connection's lock for every later call."""
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store's connection is gone (not a timeout, not a bad key)."""
+    network = getattr(dist, "DistNetworkError", None)
+    if isinstance(exc, StoreHostGoneError) or (network is not None and isinstance(exc, network)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(s in text for s in (
+        "Broken pipe", "Connection reset", "Connection was likely closed", "Connection refused"))
+
+
+# --- the store worker ------------------------------------------------------------------------
+
+class Job:
+    """A store call handed to the store worker; ``done`` is set once it returned or raised."""
+
+    __slots__ = ("fn", "done", "value", "error")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.done = fn, threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _StoreWorker:
+    """One daemon thread that makes a waiting rank's store calls.
+
+    A store call blocks for as long as the store's host process is stopped (``SIGSTOP``, a
+    debugger, a suspended job): torch applies no timeout to it. Made here, the waiting rank
+    keeps its own clock: it warns about the silent host and raises at its ``timeout``.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[Job]" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> Job:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="axolotl-dist-store",
+                                                daemon=True)
+                self._thread.start()
+        job = Job(fn)
+        self._jobs.put(job)
+        return job
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.value = job.fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                job.error = exc
+            job.done.set()
+
+
+_WORKER = _StoreWorker()
+
+
+def submit(fn: Callable[[], Any]) -> Job:
+    """Run ``fn`` (a store call) on the store worker; wait on the returned job's ``done``."""
+    return _WORKER.submit(fn)
+
+
+def bounded(fn: Callable[[], Any], seconds: float, default: Any = None) -> Any:
+    """``fn()`` made on the store worker; ``default`` if it has not answered within
+    ``seconds`` (the store's host is stopped or unreachable) or raised. For calls that must not
+    hold up an exit."""
+    job = submit(fn)
+    if not job.done.wait(seconds) or job.error is not None:
+        return default
+    return job.value

@@ -1,0 +1,142 @@
+"""Bounded waits through the store (the top floor of the signalling stack: built on
+:mod:`.watch`).
+
+A waiting rank polls a cheap, non-blocking store probe (``add(key, 0)``: no C++ timeout
+warnings), the first polls inline, then from the store worker with a backoff to at most
+0.25 s; every :data:`~.constants.LIVENESS_INTERVAL` it judges the ranks it waits for
+(:class:`~.watch.Watch`), and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds (default 30) it
+logs whom it waits for, then at doubling intervals. A store that stops answering (its host is
+stopped) does not stop the wait's clock: the call runs on the store worker
+(docs/design.md, decision 13).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import procs
+from .constants import (DEFAULT_WAIT_LOG_INTERVAL, HOST, LIVENESS_INTERVAL,
+                        MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR, log)
+from .envvars import read_seconds
+from .peers import peer_record, store_host_gone, store_lost_error
+from .store import Job, StoreHostGoneError, is_store_error, store_address, store_host, submit, world_store
+from .watch import Watch, lost_error
+from ..errors import DistributedEnvError, RankFailedError, RankTimeoutError
+
+__all__ = ["poll_until"]
+
+#: How long a store call may take before the waiting rank looks at the store's host.
+_STORE_SILENT_AFTER = 1.0
+
+
+def poll_until(
+    ready: Callable[[], bool],
+    *,
+    watch: Callable[[], Sequence[int]],
+    timeout: Optional[float],
+    what: str,
+    me: int,
+) -> None:
+    """Return once ``ready()`` is true; raise if a watched rank dies or ``timeout`` expires.
+
+    :param ready: a cheap, non-blocking store probe.
+    :param watch: the global ranks we are waiting for (re-evaluated at each liveness check).
+    :param what: a description used in log lines and errors ("zero_first block #3 at x.py:4").
+    """
+    try:
+        if ready():
+            return
+        _poll(ready, watch, timeout, what, me)
+    except (RankFailedError, RankTimeoutError, DistributedEnvError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store's host is gone
+        if is_store_error(exc):
+            raise store_lost_error(exc, what) from exc
+        raise
+
+
+def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float],
+                  now: float) -> None:
+    """Warn (at most every 30 s) that the store has not answered a call for ``silent_for`` s."""
+    last = warned.get(-1)
+    if last is not None and now - last < 30.0:
+        return
+    warned[-1] = now
+    host = store_host()
+    record = peer_record(host) if host is not None else None
+    state = procs.proc_state(record.pid) if record is not None and record.host == HOST else None
+    if host is None:
+        who = f"the launcher's store at {store_address()}"
+    else:
+        who = f"rank {host} (the store host" + (f", {record.describe()})" if record else ")")
+    why = (" is stopped (/proc says state T: SIGSTOP, a debugger or a suspended job)"
+           if state == "stopped" else " has not answered a store call")
+    log.warning("rank %d: %s%s for %.0f s while this rank waits in %s", me, who, why,
+                silent_for, what)
+
+
+def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
+          what: str, me: int) -> None:
+    start = time.monotonic()
+    watcher = Watch(world_store())
+    log_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+    next_log = start + log_every
+    next_check = start + LIVENESS_INTERVAL / 2
+    spins, delay = 0, 0.0005
+    job: Optional[Job] = None
+    job_since = start
+    watched: List[int] = []  # the last answer of watch(), for a timeout while the store is silent
+
+    def probe(liveness: bool, now: float) -> Tuple[str, Any]:
+        if ready():
+            return "ready", None
+        if liveness:
+            watched[:] = watch()
+            lost = watcher.find_lost(watched, now, what)
+            if lost:
+                return ("ready", None) if ready() else ("lost", lost)
+        return "waiting", None
+
+    while True:
+        if job is None:
+            if spins < 20:  # the first polls inline: a store call costs ~30 us, a handoff more
+                spins += 1
+                verdict, lost = probe(False, time.monotonic())
+                if verdict == "ready":
+                    return
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05 if time.monotonic() - start < 10 else 0.25)
+            now = time.monotonic()
+            liveness = now >= next_check
+            if liveness:
+                next_check = now + LIVENESS_INTERVAL
+            job = submit(lambda liveness=liveness, now=now: probe(liveness, now))
+            job_since = now
+        answered = job.done.wait(_STORE_SILENT_AFTER)
+        now = time.monotonic()
+        if answered:
+            verdict, lost = job.result()
+            job = None
+            if verdict == "ready":
+                return
+            if verdict == "lost":
+                raise lost_error(lost, what)
+        elif now - job_since >= _STORE_SILENT_AFTER:
+            if store_host_gone():  # the call waits in torch's reconnect: stop waiting for it
+                gone = StoreHostGoneError(f"no answer for {now - job_since:.1f} s")
+                raise store_lost_error(gone, what)
+            _silent_store(what, me, now - job_since, watcher.warned, now)
+        if timeout is not None and now - start >= timeout:
+            ranks = list(watch()) if job is None else list(watched)
+            raise RankTimeoutError(
+                f"rank {me} gave up after waiting {timeout:g} s for rank(s) {ranks} to finish "
+                f"{what} (timeout={timeout:g}); raise the timeout or find why they are slow",
+                ranks,
+            )
+        if now >= next_log and job is None:
+            log.warning("rank %d has waited %.0f s for rank(s) %s to finish %s", me, now - start,
+                        list(watch()), what)
+            log_every = min(log_every * 2, MAX_WAIT_LOG_INTERVAL)
+            next_log = now + log_every

@@ -1,0 +1,179 @@
+"""Judging the ranks a waiter depends on (the third floor: built on :mod:`.peers`).
+
+:class:`Watch` looks at each rank a wait depends on: a rank whose process left an exit record
+(:func:`.records.publish_exit`) or is gone from this host is dead at once; one that is stopped
+(``SIGSTOP``) or silent is reported at WARNING level; a rank on another host whose heartbeat
+stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as dead.
+:func:`lost_error` turns the lost ranks into one
+:class:`~axolotl_dist.errors.RankFailedError`, the root cause first.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch.distributed as dist
+
+from . import procs
+from .constants import (DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_WAIT_LOG_INTERVAL,
+                        HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR,
+                        log)
+from .envvars import read_seconds
+from .peers import check_store_host, peer
+from .store import world_store
+from ..errors import RankFailedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import Store
+
+__all__ = ["Lost", "exit_key", "Watch", "lost_error"]
+
+
+class Lost(NamedTuple):
+    """A rank judged gone: how, the failure it reported at exit (if it did), and when it exited
+    (``inf`` if unknown)."""
+
+    rank: int
+    how: str
+    detail: str
+    report: Optional[RankFailedError]
+    when: float = float("inf")
+
+
+def exit_key(rank: int) -> str:
+    """The store key of global ``rank``'s exit record."""
+    return f"axd/exit/{rank}"
+
+
+class Watch:
+    """Judges the global ranks a waiter depends on (see the module docstring)."""
+
+    def __init__(self, store: Optional["Store"] = None, me: Optional[int] = None) -> None:
+        self.store = store if store is not None else world_store()
+        self.me = dist.get_rank() if me is None and dist.is_initialized() else (me or 0)
+        self.seen: Dict[int, Tuple[int, float]] = {}
+        self.warned: Dict[int, float] = {}
+        self.checked: Dict[int, int] = {}  # rank -> exit count when its record was looked for
+        self.exited: Dict[int, Lost] = {}
+        self.remote_timeout = read_seconds(HEARTBEAT_TIMEOUT_ENV_VAR, DEFAULT_HEARTBEAT_TIMEOUT)
+        self.warn_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+
+    def find_lost(self, ranks: Sequence[int], now: float, what: str = "",
+                  exits: bool = True) -> List[Lost]:
+        """The ranks among ``ranks`` that are gone; warns about stopped or silent ones.
+        ``exits``: a rank that left an exit record counts as gone (else only a gone process).
+        Raises :class:`~.store.StoreHostGoneError` if the store's host is known gone."""
+        check_store_host()
+        exited = self._exit_records(ranks) if exits else {}
+        lost: List[Lost] = []
+        for rank in ranks:
+            if rank == self.me:
+                continue
+            if rank in exited:
+                lost.append(exited[rank])
+                continue
+            verdict = self._judge(rank, now, what)
+            if verdict is not None:
+                lost.append(verdict)
+        return lost
+
+    def check(self, ranks: Sequence[int], now: float, what: str = "") -> None:
+        """Raise :class:`RankFailedError` for the first lost rank among ``ranks``."""
+        lost = self.find_lost(ranks, now, what)
+        if lost:
+            raise lost_error(lost, what)
+
+    def _exit_records(self, ranks: Sequence[int]) -> Dict[int, Lost]:
+        """Exit records of ``ranks`` (one store round trip unless some rank exited since)."""
+        count = self.store.add("axd/exits", 0)
+        for rank in ranks:
+            if rank == self.me or rank in self.exited or self.checked.get(rank) == count:
+                continue
+            self.checked[rank] = count
+            if count == 0 or not self.store.check([exit_key(rank)]):
+                continue
+            report, when = pickle.loads(self.store.get(exit_key(rank)))
+            self.store.set(f"{exit_key(rank)}/ack/{self.me}", b"")
+            if report is None:
+                self.exited[rank] = Lost(rank, "exited", "its process finished its script and "
+                                         "exited (no uncaught exception)", None, when)
+            else:
+                error = RankFailedError.from_report(report)
+                detail = (f"its process exited after learning that rank {error.rank} failed"
+                          if error.rank != rank else f"its process exited after an uncaught "
+                          f"{error.exc_type}: {error.exc_message}")
+                self.exited[rank] = Lost(rank, "exited", detail, error, when)
+        return {r: self.exited[r] for r in ranks if r in self.exited}
+
+    def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
+        beat = self.store.add(f"axd/hb/{rank}", 0)
+        last = self.seen.get(rank)
+        if last is None or last[0] != beat:
+            self.seen[rank] = last = (beat, now)
+        stalled = now - last[1]
+        record = peer(self.store, rank)
+        if record is not None and record.host == HOST:
+            state = procs.proc_state(record.pid)
+            if state == "gone":
+                return Lost(rank, "died", f"{record.describe()}, exited without reporting an "
+                            "error (judged: process gone on this host; it returned early, called "
+                            "os._exit, was killed by a signal or ran out of memory)", None)
+            if state == "stopped":
+                self._warn(rank, now, f"rank {rank} ({record.describe()}) is stopped (/proc says "
+                           f"state T: SIGSTOP or a debugger); {what or 'this rank'} waits for it")
+            elif beat and stalled >= SILENT_AFTER:
+                self._warn(rank, now, f"rank {rank} ({record.describe()}) is running but sent no "
+                           f"heartbeat for {stalled:.0f} s (busy in code that holds the GIL?)")
+            return None
+        if beat == 0:
+            return None  # not initialized yet
+        who = record.describe() if record is not None else "its process"
+        if stalled > self.remote_timeout:
+            return Lost(rank, "unresponsive", f"no heartbeat from {who} for {stalled:.0f} s "
+                        f"(judged: no heartbeat; raise {HEARTBEAT_TIMEOUT_ENV_VAR} if it is busy "
+                        "holding the GIL)", None)
+        if stalled >= SILENT_AFTER:
+            self._warn(rank, now, f"no heartbeat from rank {rank} ({who}) for {stalled:.0f} s; "
+                       f"it counts as dead after {self.remote_timeout:g} s "
+                       f"({HEARTBEAT_TIMEOUT_ENV_VAR})")
+        return None
+
+    def _warn(self, rank: int, now: float, message: str) -> None:
+        last = self.warned.get(rank)
+        if last is None or now - last >= self.warn_every:
+            self.warned[rank] = now
+            log.warning("rank %d: %s", self.me, message)
+
+
+def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
+    """One :class:`RankFailedError` for the lost ranks, naming the root cause first: a rank
+    that failed on its own exception, then one that died without a word, then the earliest
+    normal exit; a rank that exited after learning of another rank's failure comes last and
+    is explained by that rank."""
+    def secondary(item: Lost) -> bool:  # it exited on a failure it learnt from another rank
+        return item.report is not None and item.report.rank != item.rank
+
+    def order(item: Lost) -> Tuple[int, float, int]:
+        if secondary(item):
+            category = 3
+        elif item.report is not None:
+            category = 0
+        else:
+            category = 1 if item.how != "exited" else 2
+        return category, item.when, item.rank
+
+    ordered = sorted(lost, key=order)
+    root, others = ordered[0], ordered[1:]
+    also = "".join(f"; also rank {o.rank} {o.how}: {o.detail}" for o in others)
+    ranks = tuple(o.rank for o in ordered)
+    if root.report is not None and not secondary(root):
+        error = root.report
+        return RankFailedError(root.rank, error.exc_type, error.exc_message + also,
+                               error.remote_traceback, where=what, ranks=ranks)
+    if root.report is not None:  # every lost rank only relayed another rank's failure
+        error = root.report
+        relay = f" (rank {root.rank} exited on this failure)"
+        return RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
+                               error.remote_traceback, where=what, ranks=(error.rank,) + ranks)
+    return RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks)
