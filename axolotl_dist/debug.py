@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
 from ._runtime import debug_check as _debug_check, envvars as _envvars, groups as _groups
+from ._runtime.blocks import confirm_all
 from ._runtime.callsite import call_site
 from ._runtime.state import STATE as _STATE
 from .errors import CollectiveMismatchError, DistributedConfigError, DistributedEnvError
@@ -145,7 +146,8 @@ _parse_env()
 
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
             *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
-            waits: Optional[Callable[[Dict[str, Any]], bool]] = None) -> Callable[[F], F]:
+            waits: Optional[Callable[[Dict[str, Any]], bool]] = None,
+            confirms: bool = True) -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
     :param name: the helper's public name, as shown in errors.
@@ -156,6 +158,10 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
     :param waits: whether this rank waits for the others' records (default: always). False
         for a rank the others wait for inside the helper (``zero_first``'s first ranks): it
         publishes its record and compares later, so nested blocks cannot deadlock the check.
+    :param confirms: first confirm that every rank reached the ``zero_first`` blocks this rank
+        ran first and left unconfirmed (see :func:`axolotl_dist._runtime.blocks.settle`): the
+        others must not be stuck in a block that does not pair when a collective needs them.
+        False for ``zero_first`` itself, which settles its own.
     """
 
     def decorate(fn: F) -> F:
@@ -163,6 +169,8 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if confirms and _STATE.unconfirmed:
+                confirm_all()
             if not _STATE.debug_on:
                 return fn(*args, **kwargs)
             return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import functools
 import sys
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, List, Optional, TypeVar, Union, overload
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List, Optional, TypeVar,
+                    Union, overload)
 
 
 from ._runtime import teardown as _teardown
-from ._runtime.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
+from ._runtime.blocks import (ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds,
+                              settle)
 from ._runtime.callsite import call_site
 from ._runtime.groups import next_sequence
+from ._runtime.store import group_store
 from .collectives import check_world_size, require_group
-from .debug import checked, first_rank_block
-from .ranks import get_num_nodes, get_rank, get_world_size, is_main_process
+from .debug import checked, first_rank_block, is_debug_enabled
+from .ranks import get_num_nodes, get_rank, is_main_process
+from .values import group_cache
 
 if sys.version_info >= (3, 10):
     from typing import ParamSpec
@@ -51,15 +54,76 @@ def _goes_first(arguments: dict) -> bool:
     return get_rank(arguments["group"]) == 0
 
 
+class _ZeroFirst:
+    """The context manager :func:`zero_first` returns (a class, not a generator: a block is on
+    the hot path of preprocessing loops, and a generator's frames cost it microseconds)."""
+
+    __slots__ = ("is_main", "group", "timeout", "desc", "block", "debug")
+
+    def __init__(self, is_main: Optional[bool], group: Optional["ProcessGroup"],
+                 timeout: Optional[float], desc: Optional[str]) -> None:
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"zero_first(timeout={timeout}) must be a positive number of "
+                             "seconds or None")
+        self.is_main, self.group, self.timeout, self.desc = is_main, group, timeout, desc
+        self.block: Optional[ZeroFirstBlock] = None
+        self.debug: Any = None
+
+    def __enter__(self) -> None:
+        group = self.group
+        if not require_group("zero_first", group):
+            return
+        cache = group_cache(group)  # this rank, the size, the store: cached per group
+        if cache.ws == 1:
+            return
+        if cache.store is None:
+            cache.store = group_store(group)
+        rank, is_main = cache.rank, self.is_main
+        first = rank == 0 if is_main is None else bool(is_main)
+        block = self.block = ZeroFirstBlock(
+            group, next_sequence(group, "zero_first"), rank, cache.ws, call_site(), self.desc,
+            explicit=is_main is not None, first=first, timeout=self.timeout, store=cache.store)
+        if not first:
+            block.await_firsts()
+            return
+        first_run_begin()
+        if is_debug_enabled():  # debug mode: checked once the others are here
+            self.debug = first_rank_block(group)
+            self.debug.__enter__()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        block = self.block
+        if block is None or not block.first:
+            return False
+        if self.debug is not None:
+            try:
+                self.debug.__exit__(exc_type, exc, tb)
+            except BaseException as error:  # the debug check's own finding
+                exc_type, exc = type(error), error
+                if not isinstance(exc, Exception):
+                    raise
+                first_run_end(block, ok=False)
+                block.fail(exc)
+                raise
+        if exc_type is not None:
+            first_run_end(block, ok=False)
+            block.fail(exc if exc is not None else exc_type())
+            return False
+        block.done()
+        settle(first_run_end(block, ok=True))
+        return False
+
+
 @checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
-                                  else "given per rank"}, waits=lambda a: not _goes_first(a))
-@contextmanager
+                                  else "given per rank"}, waits=lambda a: not _goes_first(a),
+         confirms=False)
 def zero_first(
     is_main: Optional[bool] = None,
     *,
     group: Optional["ProcessGroup"] = None,
     timeout: Optional[float] = None,
-) -> Iterator[None]:
+    desc: Optional[str] = None,
+) -> ContextManager[None]:
     """Run the block on the main rank(s) first, then on every other rank.
 
     :param is_main: whether this rank goes first. Default: group rank 0 only. Pass e.g.
@@ -68,42 +132,25 @@ def zero_first(
     :param group: the process group (default: the world).
     :param timeout: seconds a rank waits for the others before raising
         :class:`~axolotl_dist.errors.RankTimeoutError` (default: forever). The process
-        group's collective timeout does not apply.
+        group's collective timeout does not apply. Each nested block waits with its own.
+    :param desc: a label for the block, shown in every message about it. When given, it pairs
+        blocks across ranks instead of the call site: blocks on different lines with the same
+        ``desc`` are one block (the branches of an ``if`` on the rank, a helper that wraps
+        ``zero_first`` and is called from two places).
 
     If a first rank raises, it re-raises, and every waiting rank raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it instead of running the block. A
-    first rank does not wait before its body; when its outermost first-run block ends it waits
-    until every rank has reached the block (what a barrier at the block's end guarantees),
-    so blocks may be nested. Ranks pair blocks by call site: blocks
-    entered by only some ranks raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
-    on every rank, naming both sites. A single process just runs the block.
+    first rank does not wait before its body, and blocks may be nested. It confirms that every
+    rank reached its block (what a barrier at the block's end would): several first ranks
+    (explicit ``is_main``) when their outermost first-run block ends; the sole first rank
+    (default) at once if every rank is already there, else at its next collective or block, so
+    it is never more than one block ahead. Ranks pair blocks by call site (or ``desc``): a
+    block entered by only some ranks raises
+    :class:`~axolotl_dist.errors.CollectiveMismatchError`, naming both sites, on the ranks
+    whose wait (or confirmation) it breaks; a rank released by the ranks it is paired with
+    learns of it at its next collective. A single process just runs the block.
     """
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"zero_first(timeout={timeout}) must be a positive number of seconds or None")
-    if not require_group("zero_first", group) or get_world_size(group) == 1:
-        yield
-        return
-    _teardown.start_services()
-    rank, ws = get_rank(group), get_world_size(group)
-    first = rank == 0 if is_main is None else bool(is_main)
-    block = ZeroFirstBlock(group, next_sequence(group, "zero_first"), rank, ws, call_site(),
-                           explicit=is_main is not None, first=first)
-    block.enter()
-    if not first:
-        block.await_firsts(timeout)
-        yield
-        return
-    first_run_begin()
-    try:
-        with first_rank_block(group):  # debug mode: checked once the others are here
-            yield
-    except BaseException as exc:
-        first_run_end(block, ok=False)
-        block.fail(exc)
-        raise
-    block.done()
-    for finished in first_run_end(block, ok=True):
-        finished.await_arrivals(timeout)
+    return _ZeroFirst(is_main, group, timeout, desc)
 
 
 class _SkipBlock(BaseException):
@@ -198,6 +245,7 @@ def do_n_at_a_time(
     world_size: Optional[int] = None,
     local_rank: Optional[int] = None,
     timeout: Optional[float] = None,
+    desc: Optional[str] = None,
 ) -> T:
     """Call ``f`` on every rank exactly once, from at most ``n`` ranks at a time.
 
@@ -206,7 +254,8 @@ def do_n_at_a_time(
     one rank per node per round). Every rank returns its own result once all rounds are done.
     If any rank's ``f`` raises, that rank re-raises and all others raise
     :class:`~axolotl_dist.errors.RankFailedError`. ``local_rank`` is the rank within
-    ``process_group`` (OLMo-core's naming).
+    ``process_group`` (OLMo-core's naming). ``desc`` labels the call in messages and pairs
+    calls across ranks instead of the call site, as for :func:`zero_first`.
     """
     group = process_group
     if not require_group("do_n_at_a_time", group):
@@ -229,4 +278,4 @@ def do_n_at_a_time(
     _teardown.start_services()
     rounds = -(-ws // n)
     return run_in_rounds(f, group, next_sequence(group, "do_n_at_a_time"), rank, ws, rounds,
-                         timeout)
+                         timeout, call_site(), desc)

@@ -73,35 +73,40 @@ HF_EXTRA_HINT = "pip install 'axolotl-dist[hf]' (or just pip install tqdm)"
 
 # ---------------------------------------------------------------------------- ordered blocks
 def main_process_first(
-    *, group: Optional["ProcessGroup"] = None, timeout: Optional[float] = None
+    *, group: Optional["ProcessGroup"] = None, timeout: Optional[float] = None,
+    desc: Optional[str] = None,
 ) -> ContextManager[None]:
     """Accelerate's ``main_process_first()``: the main process runs the block, then the others.
 
     Exactly :func:`~axolotl_dist.zero_first` (group rank 0 first): failure-safe, bounded only by
-    ``timeout`` (seconds a waiting rank waits; default forever), nestable. A single process
-    just runs the block.
+    ``timeout`` (seconds a waiting rank waits; default forever), nestable; ``desc`` labels the
+    block and pairs it across ranks (as the HF Trainer's ``main_process_first(desc=...)``
+    labels it). A single process just runs the block.
     """
-    return zero_first(group=group, timeout=timeout)
+    return zero_first(group=group, timeout=timeout, desc=desc)
 
 
-def local_main_process_first(*, timeout: Optional[float] = None) -> ContextManager[None]:
+def local_main_process_first(*, timeout: Optional[float] = None,
+                             desc: Optional[str] = None) -> ContextManager[None]:
     """Accelerate's ``local_main_process_first()``: local rank 0 of every node first, then the rest.
 
     The local rank 0s run concurrently (one per node) and every other rank waits for all of
     them, with :func:`~axolotl_dist.zero_first`'s failure safety. On a filesystem shared by
     all nodes the local mains write concurrently: there, prefer :func:`main_process_first`
-    (or ``zero_first(is_main=get_fs_local_rank() == 0)``).
+    (or ``zero_first(is_main=get_fs_local_rank() == 0)``). ``desc`` as for
+    :func:`main_process_first`.
     """
-    return zero_first(is_main=get_local_rank() == 0, timeout=timeout)
+    return zero_first(is_main=get_local_rank() == 0, timeout=timeout, desc=desc)
 
 
-def run_local_rank_zero_first(*, timeout: Optional[float] = None) -> ContextManager[None]:
+def run_local_rank_zero_first(*, timeout: Optional[float] = None,
+                              desc: Optional[str] = None) -> ContextManager[None]:
     """composer's ``run_local_rank_zero_first()``: :func:`local_main_process_first` by its name.
 
     A failure in a local rank 0 raises on the waiting ranks (no hang), and a world of size 1
     just runs the block.
     """
-    return local_main_process_first(timeout=timeout)
+    return local_main_process_first(timeout=timeout, desc=desc)
 
 
 # ---------------------------------------------------------------------------- decorators

@@ -10,19 +10,15 @@ instead of hanging.
 
 from __future__ import annotations
 
-import array
 import functools
-import gc
 import operator
-import sys
-import time
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 import torch.distributed as dist
 
-from ._runtime import codec as _codec, teardown as _teardown
+from ._runtime import codec as _codec, headers as _headers, teardown as _teardown
+from ._runtime.callsite import call_site
 from . import env as _env
 from ._runtime.reduce import reduce_name
 from .debug import checked, tensor_signature
@@ -65,7 +61,6 @@ _U8 = torch.uint8
 _PICKLE = _codec.PICKLE
 _SCALAR_HEADER = _codec.scalar_header
 _DECODE_SCALAR = _codec.decode_scalar
-_AllgatherOptions = dist.distributed_c10d.AllgatherOptions
 
 
 def _require_callable(fn: Any, helper: str, argument: str = "fn") -> None:
@@ -106,77 +101,31 @@ def _run(fn: Callable[[], Any], rank: int, where: str
         return encoded.header, encoded, exc
 
 
-class _HelperCache:
-    """What every helper call on one group needs, computed once: ranks, device, header buffers.
-
-    The helpers are latency-bound (a scalar is a 32-byte header), so per-call Python work around
-    the collective shows up directly in their latency. On CPU backends the header goes through
-    preallocated buffers backed by an ``array`` (a Python store into it costs nanoseconds,
-    where building a fresh tensor costs microseconds), and is all-gathered by calling the
-    process group's own ``all_gather_single`` with cached options (what
-    ``dist.all_gather_single`` does after its argument checks). Rebuilt when ``RANK``/
-    ``WORLD_SIZE`` in the env change (so an env that disagrees with the group still raises)
-    and forgotten with the group (it lives in the group's :class:`~axolotl_dist._runtime.groups.GroupState`
-    and holds only a weak reference to the group). The
-    buffers are reused call after call, so two threads must not run helpers on the same group
-    at once (torch's collectives on one group do not allow that either).
-    """
-
-    __slots__ = ("rank", "ws", "device", "cpu", "env_rank", "env_ws", "pg_ref", "opts",
-                 "allgather", "hdr_arr", "hdr", "hdr_all", "__weakref__")
-
-    def __init__(self, group: Optional["ProcessGroup"], pg: Any, env_rank: Any, env_ws: Any) -> None:
-        get_rank(), get_world_size()  # the env must agree with the world group
-        _teardown.start_services()  # first use of a group: exit hook, peer record, heartbeat
-        self.rank = get_rank(group)
-        self.ws = get_world_size(group)
-        self.device = comm_device(group)
-        self.cpu = self.device.type == "cpu"
-        self.env_rank, self.env_ws = env_rank, env_ws
-        self.pg_ref = weakref.ref(pg)
-        self.opts = _AllgatherOptions()
-        if hasattr(self.opts, "asyncOp"):
-            self.opts.asyncOp = False  # as dist.all_gather_single(async_op=False) sets it
-        # the class's method, not a bound one (that would keep the group alive); torch before
-        # all_gather_single (2.13) names the same operation _allgather_base
-        cls = type(pg)
-        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base")
-        self.hdr_arr = array.array("q", bytes(8 * _codec.HEADER_LEN))
-        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
-        self.hdr_all = torch.empty(self.ws * _codec.HEADER_LEN, dtype=_I64) if self.cpu else None
+_helper_code, _exchange = _headers.helper_code, _headers.exchange
 
 
-#: Seconds after which a buffer still referenced is taken to be held by a reference cycle (a
-#: caught exception's frames), not by a gloo worker (which lets go within microseconds).
-_COLLECT_AFTER = 0.02
+def _call_site() -> str:
+    return str(call_site())
 
 
-def _await_released(limit: float = 1.0) -> None:
-    """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
-    references to the cached header buffers: a collective's ``wait()`` returns before the
-    worker releases it, and releasing needs the GIL (see :func:`axolotl_dist._runtime.teardown.cleanup`)."""
-    def busy(st: _HelperCache) -> bool:  # idle: the cache's slot and getrefcount's argument
-        return (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
-            st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2)
-
-    start = time.monotonic()
-    collected = False
-    state = state_of(None)
-    for st in [_STATE.helpers, state.helpers if state is not None else None]:
-        while st is not None and busy(st) and time.monotonic() < start + limit:
-            if not collected and time.monotonic() > start + _COLLECT_AFTER:
-                collected = True
-                gc.collect()  # not gloo: frames of a dropped traceback, in a reference cycle
-                continue
-            time.sleep(0.0005)
-
-
-_teardown.on_cleanup(_await_released)
+_teardown.on_cleanup(lambda: _headers.await_released(
+    [_STATE.helpers, getattr(state_of(None), "helpers", None)]))
 _RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
+_HelperCache = _headers.HelperCache
 
 
-def _group_state(group: Optional["ProcessGroup"]) -> _HelperCache:
-    """The :class:`_HelperCache` of ``group`` (default group if None); needs a group."""
+def _new_cache(group: Optional["ProcessGroup"], pg: Any, env_rank: Any, env_ws: Any) -> _HelperCache:
+    get_rank(), get_world_size()  # the env must agree with the world group (raises: no group)
+    _teardown.start_services()  # first use of a group: exit hook, peer record, heartbeat
+    return _HelperCache(pg, get_rank(group), get_world_size(group), comm_device(group),
+                        env_rank, env_ws)
+
+
+def group_cache(group: Optional["ProcessGroup"]) -> _HelperCache:
+    """What the kit caches about ``group`` (default group if None) for its helpers and blocks:
+    this rank, the size, the comm device, buffers (:class:`~axolotl_dist._runtime.headers.HelperCache`).
+    Built on first use (which also starts the kit's services for the group) and again when
+    ``RANK``/``WORLD_SIZE`` change; needs a group."""
     pg = resolve(group)
     st = _STATE.helpers  # the cache used last: most programs use one group
     if (st is not None and st.pg_ref() is pg and st.env_rank is _RANK_RAW()
@@ -185,10 +134,10 @@ def _group_state(group: Optional["ProcessGroup"]) -> _HelperCache:
     env_rank, env_ws = _RANK_RAW(), _WS_RAW()
     state = state_of(group)
     if pg is None or state is None:
-        return _HelperCache(group, pg, env_rank, env_ws)  # raises: no group
+        return _new_cache(group, pg, env_rank, env_ws)  # raises: no group
     st = state.helpers
     if st is None or st.env_rank is not env_rank or st.env_ws is not env_ws:
-        st = state.helpers = _HelperCache(group, pg, env_rank, env_ws)
+        st = state.helpers = _new_cache(group, pg, env_rank, env_ws)
     _STATE.helpers = st
     return st
 
@@ -208,9 +157,13 @@ def broadcast_value(
     fn: Callable[[], T], src: int, group: Optional["ProcessGroup"], where: str,
     device: Optional[torch.device] = None, state: Optional[_HelperCache] = None,
 ) -> T:
-    """Run ``fn`` on group rank ``src`` only and return its result on every rank."""
-    st = state if state is not None else _group_state(group)
+    """Run ``fn`` on group rank ``src`` only and return its result on every rank.
+
+    ``where`` is the public helper's name: its code rides in the header's slot 3, and a rank
+    that receives another helper's header raises :class:`CollectiveMismatchError`."""
+    st = state if state is not None else group_cache(group)
     cdev = st.device
+    code = _helper_code(where)
     mine: Optional[Sequence[int]] = None  # the header, on src only
     own: Optional[BaseException] = None
     encoded: Optional[_codec.Encoded] = None
@@ -220,15 +173,22 @@ def broadcast_value(
         header = st.hdr
         if mine is not None:
             a = st.hdr_arr
-            a[0], a[1], a[2], a[3] = mine
+            a[0], a[1], a[2] = mine[0], mine[1], mine[2]
+            a[3] = code
     elif mine is not None:
-        header = torch.tensor(mine, dtype=_I64, device=cdev)
+        header = torch.tensor([mine[0], mine[1], mine[2], code], dtype=_I64, device=cdev)
     else:
         header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
     try:
         dist.broadcast(header, group=group, group_src=src)
-        values = header.tolist()
-        payload = None
+    except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
+        raise_lost_peer(exc, where, group)
+    values = header.tolist()
+    if values[3] != code:  # src ran another helper
+        del header  # the cached buffer: the traceback keeps this frame
+        raise _headers.mismatch_error({src: values[3], st.rank: code}, st.rank, _call_site)
+    payload = None
+    try:
         if values[0] >= _codec.PICKLE:
             if encoded is not None:
                 payload = encoded.payload.to(cdev)
@@ -257,23 +217,26 @@ def all_gather_values(
     a scalar (the usual case) it is one header all-gather, one ``tolist`` and a decode of the
     value slots, with no per-call tensor or list building beyond that.
     """
-    st = state if state is not None else _group_state(group)
+    st = state if state is not None else group_cache(group)
+    code = _helper_code(where, decode_on or 0)
     header, encoded, own = _run(fn, st.rank, where)
     try:
         if st.cpu:
             a = st.hdr_arr
-            a[0], a[1], a[2], a[3] = header
-            # the group's own all_gather_single: what dist.all_gather_single runs after its
-            # checks (plain tensors, no coalescing context: the result is needed right away)
-            st.allgather(st.pg_ref(), st.hdr_all, st.hdr, st.opts).wait()
-            flat = st.hdr_all.tolist()
+            a[0], a[1], a[2] = header[0], header[1], header[2]
+            a[3] = code
+            flat = _exchange(st)
         else:
             headers_t = torch.empty(st.ws * _codec.HEADER_LEN, dtype=_I64, device=st.device)
-            all_gather_into(headers_t, torch.tensor(header, dtype=_I64, device=st.device),
-                            group=group)
+            mine = torch.tensor([header[0], header[1], header[2], code], dtype=_I64,
+                                device=st.device)
+            all_gather_into(headers_t, mine, group=group)
             flat = headers_t.tolist()
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
+    if flat[3::_codec.HEADER_LEN].count(code) != st.ws:  # another helper met this one
+        raise _headers.mismatch_error(dict(enumerate(flat[3::_codec.HEADER_LEN])), st.rank,
+                                      _call_site)
     kinds = flat[0::_codec.HEADER_LEN]
     if max(kinds) < _PICKLE:  # every rank sent a scalar: no payload, nothing failed
         if decode_on is not None and st.rank != decode_on:
@@ -321,7 +284,7 @@ def synchronize_value(
     if not require_group("synchronize_value", group):
         check_src(src, group)
         return value.to(device) if device is not None and isinstance(value, torch.Tensor) else value
-    st = _group_state(group)
+    st = group_cache(group)
     _check_src(src, st, group, "src")
     return broadcast_value(lambda: value, src, group, "synchronize_value",
                            torch.device(device) if device is not None else None, st)
@@ -391,7 +354,7 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
     if not require_group("compute_and_broadcast", group):
         check_src(src, group)
         return fn()
-    st = _group_state(group)
+    st = group_cache(group)
     _check_src(src, st, group, "src")
     return broadcast_value(fn, src, group, "compute_and_broadcast", state=st)
 
@@ -404,7 +367,7 @@ def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: i
         check_world_size(world_size, group, name)
         check_src(dst, group, "dst")
         return [fn()]
-    st = _group_state(group)
+    st = group_cache(group)
     _check_ws(world_size, st, group, name)
     _check_src(dst, st, group, "dst")
     return all_gather_values(fn, group, name, None, dst, st)
@@ -453,7 +416,7 @@ def reduce_and_broadcast(
     if not require_group("reduce_and_broadcast", group):
         check_world_size(world_size, group, "reduce_and_broadcast")
         return fn2([fn1()])
-    st = _group_state(group)
+    st = group_cache(group)
     _check_ws(world_size, st, group, "reduce_and_broadcast")
     values = all_gather_values(fn1, group, "reduce_and_broadcast", state=st)
     assert values is not None
@@ -477,7 +440,7 @@ def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = Non
     if not require_group("broadcast_object", group):
         check_src(src, group)
         return obj
-    st = _group_state(group)
+    st = group_cache(group)
     _check_src(src, st, group, "src")
     return broadcast_value(lambda: obj, src, group, "broadcast_object", state=st)
 

@@ -24,6 +24,17 @@ def _stamp(tmp, rank, event):
         os.close(fd)
 
 
+def _settled(count, before, limit=4, seconds=5.0):
+    """The store's key count once the kit's background deletions have caught up (finished
+    blocks' keys go one block late, on another thread), at most ``seconds`` later."""
+    deadline = time.monotonic() + seconds
+    now = count()
+    while now - before > limit and time.monotonic() < deadline:
+        time.sleep(0.01)
+        now = count()
+    return now
+
+
 def _events(tmp):
     """``(position, rank, event)`` for every stamp, in the order they were written."""
     with open(os.path.join(tmp, "events")) as fh:
@@ -403,7 +414,7 @@ def test_blocks_leave_no_keys_in_the_store(store):
         for _ in range(1000):
             ad.do_n_at_a_time(lambda: None, n=1)
         ad.barrier()
-        after = count()
+        after = _settled(count, before)
         ad.barrier()  # nobody leaves before both have counted
         return before, after
 
@@ -469,7 +480,7 @@ def test_the_wide_block_layout_beyond_31_ranks(tmp_path):
             with ad.zero_first(is_main=rank != 1):
                 _stamp(tmp_path, rank, f"explicit-{i}")
         ad.barrier()
-        after = count()
+        after = _settled(count, before)
         ad.barrier()
         failed = None  # rank 0, a first rank too, runs its own body and waits for nobody
         try:

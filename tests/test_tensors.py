@@ -205,7 +205,10 @@ def test_repr_follows_olmo_core_format():
                        f"global_tensor={t.data})")
     p = ShardedFlatParameter(torch.ones(2), requires_grad=False)
     assert repr(p) == "ShardedFlatParameter(local_tensor=tensor([1., 1.]), requires_grad=False)"
-    assert repr(ShardedFlatParameter()) == "ShardedFlatParameter(local_tensor=tensor([]), requires_grad=True)"
+    # built without data: OLMo-core's repr says None
+    assert repr(ShardedFlatParameter()) == "ShardedFlatParameter(local_tensor=None, requires_grad=True)"
+    assert repr(ShardedFlatTensor()) == "ShardedFlatTensor(local_tensor=None)"
+    assert repr(ShardedFlatTensor(torch.empty(0))) == "ShardedFlatTensor(local_tensor=tensor([]))"
 
 
 def test_meta_tensors_stay_on_meta():

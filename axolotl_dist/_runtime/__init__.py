@@ -28,8 +28,10 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
 Protocols built on those
 
 * :mod:`.blocks`: ``zero_first`` / ``do_n_at_a_time`` rounds.
+* :mod:`.cleanup`: deleting finished blocks' keys in the background.
 * :mod:`.debug_check`: debug mode's per-call check.
 * :mod:`.codec`: how the value helpers encode values.
+* :mod:`.headers`: the value helpers' header exchange, per-group buffers, helper mismatches.
 * :mod:`.reduce`: reduction names. :mod:`.shards`: rows per rank.
 * :mod:`.hf_parts`: ``shared_map``'s parts, files and fingerprints (needs ``datasets``).
 * :mod:`.slurm`: SLURM node-list and tasks-per-node syntax.

@@ -1,295 +1,367 @@
 """The store protocols behind :func:`~axolotl_dist.zero_first` and
-:func:`~axolotl_dist.do_n_at_a_time` (their behaviour is documented in :mod:`axolotl_dist.ordering`).
+:func:`~axolotl_dist.do_n_at_a_time` (their behaviour is documented in
+:mod:`axolotl_dist.ordering`; sequence diagrams in docs/design.md, "zero_first blocks" and
+docs/design.md, "do_n_at_a_time rounds").
 
-``zero_first`` block number ``seq`` on a group keeps, under ``axd/zf/<seq>/``:
+A block (``zero_first`` block or ``do_n_at_a_time`` call number ``seq`` on a group, counted
+per rank) lives in **bit words**: store integers that hold one bit per group rank, 31 ranks a
+word. Word 0 is ``axd/<kind>/<seq>/<tag>``, word ``w`` ``.../<tag>/<w>``. ``tag`` hashes what
+pairs blocks across ranks: the call site (``file.py:41``), or the ``desc=`` label when given.
+So ranks that agree meet on the same keys without a store call to compare, and ranks that do
+not agree wait on different keys, where the check below finds them.
 
-* ``site``: ``rank|file.py:line|where`` of the first rank to arrive. Every rank compares its
-  own call site with it (one ``compare_set``), so blocks that do not pair (a block only some
-  ranks enter shifts the numbering) raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
-  on every rank, naming both sites, instead of releasing a rank early;
-* ``state``: the block's counters packed in one store integer, so that one ``add`` both
-  updates and reads them (:class:`_Tally`): which ranks arrived, how many first ranks
-  registered and finished, how many ranks are done with the block's keys, and the
-  failed / mismatch flags. Beyond 31 ranks the arrival bits move to ``mask/<i>`` and the
-  done / finished counts to ``tally``;
-* ``firsts/<i>`` (explicit ``is_main``): for 31 ranks each, a bit per first rank and one per
-  first rank done;
-* ``error`` / ``mismatch``: the failure for the other ranks (the first published wins, by
-  ``compare_set``), acknowledged by each reader (``<key>/ack/<rank>``) so a store host
-  lingers until they have read it.
+What a rank's bit means: a waiting rank sets it when it arrives; a rank that runs first sets
+it when its body is done (its arrival is folded into its done). Hence one ``add`` per rank on
+the fast path, and it also reads the word back:
 
-A block costs each rank three or four store round trips when nobody has to wait, and the rank
-that finishes last deletes its two or three keys, so a loop of blocks does not grow the store.
-A first rank waits for nobody before its body; when its outermost first-run block ends it
-waits until every rank has reached each block it ran first (so nested blocks cannot
-deadlock): the same guarantee as a barrier at the end of the block.
-``do_n_at_a_time`` call ``seq`` keeps ``done/<round>`` counters, ``failed``, ``error`` and
-``fin`` under ``axd/dn/<seq>/``. Sequence diagrams: docs/design.md, "zero_first blocks" and
-docs/design.md, "do_n_at_a_time rounds".
+* a ``zero_first`` waiter is released when group rank 0's bit is set (default: rank 0 goes
+  first), or when every bit is set (explicit ``is_main``: only then is it known that every
+  first rank is done);
+* a first rank confirms that every bit is set (every rank reached the block: what a barrier
+  at the block's end would), never before its outermost first-run block ends (so nested blocks
+  cannot deadlock): with several first ranks then; as the sole first rank (default ``is_main``)
+  then if its own ``add`` already saw every bit, else at its next collective or block, once it
+  would be more than :data:`AHEAD` block ahead (:func:`settle`);
+* ``do_n_at_a_time``: a rank of round ``k`` (``rank % rounds``) waits for every bit of the
+  rounds before it, runs ``f``, sets its bit and waits for every bit.
+
+Word 0 also carries two flags, counted in bits 32-46 and 47-62 (an ``add`` cannot set a bit
+twice safely, and two ranks may flag at once): ``FAILED`` (a rank's body raised; its report is
+under ``.../error``) and ``MISMATCH`` (blocks do not pair; the report under
+``axd/<kind>/<seq>/mismatch``).
+
+Keys are deleted one block late, by group rank 0, from a background thread on its own store
+connection (off the caller's path): when rank 0 sees every bit of block ``t`` set, every rank
+has reached ``t`` and is past the blocks rank 0 saw complete before, whose words it deletes. A
+rank that still reads one (a first rank at the end of an enclosing block) reads 0 and takes the
+block as complete. So a loop of blocks keeps the store's key count flat, at no store call on
+the fast path.
+
+Pairing is checked only when a wait outlasts its first polls (:func:`~.wait.poll_until`'s
+``slow``): the rank writes ``rank|tag|desc|site`` to ``axd/<kind>/<seq>/site`` by
+``compare_set``; if another rank's record with another tag is there, the blocks do not pair,
+and it publishes a :class:`~axolotl_dist.errors.CollectiveMismatchError` naming both sites and
+labels, flagging both tags' words. Two ranks at different sites both end up waiting (neither
+releases the other), so both reach this check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import pickle
-from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from functools import lru_cache
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
 from .callsite import CallSite
-from .groups import global_ranks
+from .cleanup import CLEANUP as _CLEANUP
+from .groups import global_ranks, state_of
+from .peers import store_errors, store_lost_error
 from .records import await_readers, publish_error, read_error
-from .peers import store_errors
 from .state import STATE
-from .store import group_store
+from .store import group_store, is_store_error
 from .wait import poll_until
 from ..errors import CollectiveMismatchError, failure_report
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch.distributed import ProcessGroup
+    from torch.distributed import ProcessGroup, Store
 
-__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "run_in_rounds"]
+__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "settle", "confirm_all", "AHEAD",
+           "run_in_rounds"]
 
 T = TypeVar("T")
 
-#: Up to this many ranks a block's counters and arrival bits share one store integer.
-_PACKED = 31
-_FAILED = 1 << 56
-_MISMATCH = 1 << 57
-_MASK_BITS = 62  # arrival bits per ``mask/<i>`` key beyond _PACKED ranks
-_WIDE = (1 << 28) - 1
+#: Group ranks per bit word (bits 0-30).
+WORD_BITS = 31
+_WORD_MASK = (1 << WORD_BITS) - 1
+#: Word 0, bits 32-46: how many ranks flagged a failed body (a count, not a bit: two ranks may
+#: flag at once, and an add cannot set a bit idempotently); bits 47-62: likewise, a mismatch.
+FAILED = 1 << 32
+MISMATCH = 1 << 47
+_FAILED_MASK = ((1 << 15) - 1) << 32
+_MISMATCH_MASK = ((1 << 16) - 1) << 47
 
 
-class _Counts(NamedTuple):
-    arrived: int
-    firsts: int
-    done: int
-    fin: int
-    failed: bool
-    mismatch: bool
+@lru_cache(maxsize=4096)
+def pairing_tag(site: CallSite, desc: Optional[str]) -> str:
+    """The key part that pairs blocks across ranks: a short hash of the label if there is one,
+    else of the call site's ``file.py:line`` (directories may differ across nodes)."""
+    pairs_by = f"desc:{desc}" if desc is not None else f"site:{site.key}"
+    return hashlib.blake2b(pairs_by.encode(), digest_size=5).hexdigest()
 
 
-class _Tally:
-    """How a block's counters sit in store integers (see the module docstring)."""
+class _Block:
+    """The bit words, flags, failure and pairing records of one block on this rank."""
 
-    def __init__(self, ws: int) -> None:
-        self.packed = ws <= _PACKED
-        if self.packed:  # state: arrival bits 0-30, firsts 32-39, done 40-47, fin 48-55
-            self.first, self.done, self.fin = 1 << 32, 1 << 40, 1 << 48
-        else:  # state: arrived 0-27, firsts 28-55; tally: done 0-27, fin 28-55
-            self.first, self.done, self.fin = 1 << 28, 1, 1 << 28
-
-    def arrival(self, rank: int) -> int:
-        """What rank ``rank`` adds to ``state`` when it arrives: its own bit (packed, so the
-        mask says *which* ranks are here), else 1 (a count; the bits go to ``mask/<i>``)."""
-        return 1 << rank if self.packed else 1
-
-    def counts(self, state: int, tally: int = 0) -> _Counts:
-        failed, mismatch = bool(state & _FAILED), bool(state & _MISMATCH)
-        if self.packed:
-            return _Counts(bin(state & 0x7FFFFFFF).count("1"), (state >> 32) & 0xFF,
-                           (state >> 40) & 0xFF, (state >> 48) & 0xFF, failed, mismatch)
-        return _Counts(state & _WIDE, (state >> 28) & _WIDE, tally & _WIDE, (tally >> 28) & _WIDE,
-                       failed, mismatch)
-
-
-class ZeroFirstBlock:
-    """One ``zero_first`` block on this rank (see the module docstring)."""
+    kind = ""  # "zf" or "dn": the key family
+    noun = ""  # how messages name a block of this kind
 
     def __init__(self, group: Optional["ProcessGroup"], seq: int, rank: int, ws: int,
-                 site: CallSite, explicit: bool, first: bool) -> None:
-        self.group, self.rank, self.ws, self.site = group, rank, ws, site
-        self.explicit, self.first = explicit, first
-        self.store = group_store(group)
-        self.globals = global_ranks(group)
-        self.p = f"axd/zf/{seq}"
-        self.seq = seq
-        self.what = f"zero_first block #{seq} at {site}"
-        self.tally = _Tally(ws)
-        self.now = _Counts(0, 0, 0, 0, False, False)  # the counts last read
+                 site: CallSite, desc: Optional[str], store: Optional["Store"] = None) -> None:
+        self.group, self.seq, self.rank, self.ws = group, seq, rank, ws
+        self.site, self.desc = site, desc
+        self.tag = pairing_tag(site, desc)
+        self.store = store if store is not None else group_store(group)
+        if STATE.store_spy is not None:  # a test counting store calls
+            self.store = STATE.store_spy(self.store)
+        self.base = f"axd/{self.kind}/{seq}"
+        word0 = f"{self.base}/{self.tag}"
+        self.keys = [word0] if ws <= WORD_BITS else [word0] + [
+            f"{word0}/{w}" for w in range(1, -(-ws // WORD_BITS))]
+        self.words = [0] * len(self.keys)  # their values, as last read
+        self._globals: Optional[List[int]] = None
+        self.wrote_site = False
 
-    # -- the counters ---------------------------------------------------------------------
+    @property
+    def what(self) -> str:
+        """How messages name this block (built only when one is needed)."""
+        label = f" {self.desc!r}" if self.desc is not None else ""
+        return f"{self.noun} #{self.seq}{label}" + (f" at {self.site}" if self.sited else "")
 
-    def _add(self, state: int = 0, tally: int = 0) -> _Counts:
-        """Add to the counters (0: just read them); remember and return what they say now."""
-        s = self.store.add(f"{self.p}/state", state)
-        t = 0 if self.tally.packed else self.store.add(f"{self.p}/tally", tally)
-        self.now = self.tally.counts(s, t)
-        return self.now
+    sited = True  # whether messages name the call site
 
-    def _flag(self, key: str, payload: bytes, flag: int) -> bool:
-        """Publish ``payload`` under ``key`` unless another rank's came first; True if ours."""
-        if self.store.compare_set(key, "", payload) != payload:
-            return False
-        self.store.add(f"{self.p}/state", flag)
-        return True
+    # -- bits -----------------------------------------------------------------------------
 
-    # -- arriving -------------------------------------------------------------------------
+    def set_bit(self) -> None:
+        """Set this rank's bit (arrived, or done for a first rank); remember its word."""
+        word, bit = divmod(self.rank, WORD_BITS)
+        try:
+            self.words[word] = self.store.add(self.keys[word], 1 << bit)
+        except Exception as exc:  # noqa: BLE001
+            if is_store_error(exc):
+                raise store_lost_error(exc, self.what) from exc
+            raise
 
-    def enter(self) -> None:
-        """Pair this block with the other ranks' (by call site), register, arrive."""
-        with store_errors(self.what):
-            mine = f"{self.rank}|{self.site.key}|{self.site}"
-            have = self.store.compare_set(f"{self.p}/site", "", mine).decode(errors="replace")
-            if have != mine:
-                other, key, where = have.split("|", 2)
-                if key != self.site.key:
-                    self._publish_mismatch(int(other), where)
-            registers = self.explicit and self.first
-            if registers:
-                key, bit = self._first_bit()
-                self.store.add(key, 1 << bit)
-            if not self.tally.packed:
-                word, bit = divmod(self.rank, _MASK_BITS)
-                self.store.add(f"{self.p}/mask/{word}", 1 << bit)
-            arrival = self.tally.arrival(self.rank) + (self.tally.first if registers else 0)
-            if self._add(arrival).mismatch:
-                raise self._stored("mismatch")
+    def read(self, which: Sequence[int] = ()) -> None:
+        """Read the words ``which`` again (default: all).
 
-    def _publish_mismatch(self, other: int, other_site: str) -> None:
+        A word that reads 0 after this rank set its bit in it was deleted: group rank 0
+        deletes a block's words only once every bit was set (see :meth:`finish`), so the block
+        is complete. The read re-created the key; it is deleted again in the background."""
+        for w in which or range(len(self.keys)):
+            mine = self.words[w] >> (self.rank - w * WORD_BITS) & 1 if self.rank // WORD_BITS == w else 0
+            try:
+                value = self.words[w] = self.store.add(self.keys[w], 0)
+            except Exception as exc:  # noqa: BLE001
+                if is_store_error(exc):
+                    raise store_lost_error(exc, self.what) from exc
+                raise
+            if value == 0 and mine:
+                self.words = [_WORD_MASK] * len(self.keys)
+                _CLEANUP.delete(self.group, self.store, [self.keys[w]])
+                return
+
+    def has(self, rank: int) -> bool:
+        word, bit = divmod(rank, WORD_BITS)
+        return bool(self.words[word] >> bit & 1)
+
+    def full(self, ranks: Optional[Sequence[int]] = None) -> bool:
+        """Whether the bit of every rank in ``ranks`` (default: all) is set."""
+        if ranks is None:
+            last = len(self.words) - 1
+            tail = self.ws - last * WORD_BITS
+            return all(w & _WORD_MASK == _WORD_MASK for w in self.words[:last]) and \
+                self.words[last] & ((1 << tail) - 1) == (1 << tail) - 1
+        return all(self.has(r) for r in ranks)
+
+    def flagged(self) -> bool:
+        return bool(self.words[0] & (_FAILED_MASK | _MISMATCH_MASK))
+
+    def missing(self, ranks: Optional[Sequence[int]] = None) -> List[int]:
+        """Global ranks among ``ranks`` (default: all) whose bit is not set."""
+        if self._globals is None:
+            self._globals = global_ranks(self.group)
+        return [self._globals[r] for r in (ranks if ranks is not None else range(self.ws))
+                if not self.has(r)]
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    def wait(self, done: Callable[[], bool], which: Sequence[int], watch: Callable[[], List[int]],
+             timeout: Optional[float], doing: str = "", failed_ok: bool = False) -> None:
+        """Poll the words ``which`` until ``done()`` or a flag; then raise a flagged failure
+        (``failed_ok``: another rank's failed body is not this rank's error, a mismatch is).
+        ``doing`` is added to :attr:`what` in the wait's messages."""
+        if not (done() or self.flagged()):
+            self.read(which)  # once more before setting up a wait: usually enough
+        if not (done() or self.flagged()):
+            def ready() -> bool:
+                self.read(which)
+                return done() or self.flagged()
+
+            poll_until(ready, watch=watch, timeout=timeout, what=self.what + doing,
+                       me=self.rank, slow=self.check_pairing)
+        mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & _FAILED_MASK
+        if mismatch or (failed and not failed_ok):
+            with store_errors(self.what):
+                raise self._stored("mismatch" if mismatch else "error")
+
+    # -- pairing ----------------------------------------------------------------------------
+
+    def check_pairing(self) -> None:
+        """Compare this block's pairing with the first rank that checked (see the module
+        docstring); raise :class:`CollectiveMismatchError` if they differ."""
+        mine = f"{self.rank}|{self.tag}|{self.desc or ''}|{self.site}"
+        have = self.store.compare_set(f"{self.base}/site", "", mine).decode(errors="replace")
+        if have == mine:
+            self.wrote_site = True  # deleted when this rank is done with the block
+            return
+        other, tag, desc, site = have.split("|", 3)
+        if tag != self.tag:
+            self._publish_mismatch(int(other), tag, desc or None, site)
+
+    def _publish_mismatch(self, other: int, other_tag: str, other_desc: Optional[str],
+                          other_site: str) -> None:
+        def label(desc: Optional[str], site: str, rank: int) -> str:
+            named = f" (desc={desc!r})" if desc is not None else ""
+            return f"at {site}{named} on rank {rank}"
+
+        group = "default group" if self.group is None else "group"
         error = CollectiveMismatchError(
-            f"zero_first blocks do not pair: block #{self.seq} on the "
-            f"{'default group' if self.group is None else 'group'} is at {other_site} on rank "
-            f"{other} but at {self.site} on rank {self.rank}. Every rank must enter the same "
-            "zero_first blocks in the same order: a zero_first inside a @zero_only function, "
-            "or under an `if` on the rank, runs on some ranks only.",
-            calls={other: f"zero_first at {other_site}", self.rank: f"zero_first at {self.site}"})
-        if not self._flag(f"{self.p}/mismatch", pickle.dumps((self.rank, error)), _MISMATCH):
-            raise self._stored("mismatch")  # another pair of ranks found it first
-        await_readers(self.store, f"{self.p}/mismatch",
-                      [r for r in range(self.ws) if r != self.rank], self.group)
+            f"{self.noun}s do not pair: block #{self.seq} on the {group} is "
+            f"{label(other_desc, other_site, other)} but {label(self.desc, str(self.site), self.rank)}. "
+            f"Every rank must enter the same {self.noun}s in the same order: one inside a "
+            "@zero_only function, or under an `if` on the rank, runs on some ranks only. If "
+            "two blocks on different lines are meant to be one (the branches of an `if`, a "
+            f"helper reached from two places), give both the same label: desc=\"...\".",
+            calls={other: f"{self.noun} {label(other_desc, other_site, other)}",
+                   self.rank: f"{self.noun} {label(self.desc, str(self.site), self.rank)}"})
+        key = f"{self.base}/mismatch"
+        payload = pickle.dumps((self.rank, error))
+        ours = self.store.compare_set(key, "", payload) == payload  # the first report wins
+        for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
+            self.store.add(word0, MISMATCH)
+        if not ours:
+            raise self._stored("mismatch")
+        self.words[0] += MISMATCH
+        await_readers(self.store, key, self._readers(exclude=()), self.group)
         raise error
 
+    # -- failures -----------------------------------------------------------------------------
+
+    def fail(self, exc: BaseException) -> None:
+        """This rank's body raised ``exc``: tell the others (never raises)."""
+        key = f"{self.keys[0]}/error"
+        try:
+            report = failure_report(self.rank, exc, self.what)
+            ours = self.store.compare_set(key, "", report) == report
+            self.store.add(self.keys[0], FAILED)
+            readers = self._readers(exclude=(self.rank,))
+        except Exception:  # noqa: BLE001 - the store is gone: nobody can be told
+            publish_error(self.store, key, self.rank, exc, self.what)
+            return
+        if ours:
+            await_readers(self.store, key, readers, self.group)
+
+    def _readers(self, exclude: Sequence[int]) -> List[int]:
+        """Group ranks that will read a failure of this block: every other rank still in it."""
+        return [r for r in range(self.ws) if r != self.rank and r not in exclude]
+
     def _stored(self, name: str) -> Exception:
-        """The failure another rank published as ``name``: read, acknowledged, and kept
-        readable for the remaining readers if this process hosts the store."""
-        key = f"{self.p}/{name}"
+        """The failure another rank published (``"error"`` or ``"mismatch"``): read,
+        acknowledged, and kept readable for the remaining readers if this process hosts the
+        store."""
         if name == "mismatch":
+            key = f"{self.base}/mismatch"
             publisher, error = pickle.loads(self.store.get(key))
             self.store.set(f"{key}/ack/{self.rank}", b"")
         else:
+            key = f"{self.keys[0]}/error"
             error = read_error(self.store, key, self.rank)
             publisher = error.rank
-        readers = [r for r in self._readers() if r not in (publisher, self.rank)]
-        await_readers(self.store, key, readers, self.group)
+        await_readers(self.store, key, self._readers(exclude=(publisher,)), self.group)
         return error
 
-    def _first_bit(self) -> Tuple[str, int]:
-        """This rank's ``firsts/<i>`` key and bit (its done bit is 31 higher)."""
-        word, bit = divmod(self.rank, 31)
-        return f"{self.p}/firsts/{word}", bit
+    # -- cleaning up ----------------------------------------------------------------------------
 
-    def _first_words(self) -> List[int]:
-        return [self.store.add(f"{self.p}/firsts/{w}", 0) for w in range(-(-self.ws // 31))]
-
-    def _firsts(self) -> List[int]:
-        """Group ranks that go first: rank 0, or those that registered (explicit ``is_main``)."""
-        if not self.explicit:
-            return [0]
-        words = self._first_words()
-        return [r for r in range(self.ws) if words[r // 31] >> (r % 31) & 1]
-
-    def _running_firsts(self) -> List[int]:
-        """Global ranks of the first ranks whose body has not finished."""
-        words = self._first_words()
-        return [self.globals[r] for r in range(self.ws)
-                if words[r // 31] >> (r % 31) & 1 and not words[r // 31] >> (r % 31 + 31) & 1]
-
-    def _readers(self) -> List[int]:
-        """The group ranks that read this block's failure: the ranks that wait for it."""
-        firsts = set(self._firsts())
-        return [r for r in range(self.ws) if r not in firsts]
-
-    def _not_arrived(self) -> List[int]:
-        """Global ranks that have not reached this block yet."""
-        if self.tally.packed:
-            bits = self.store.add(f"{self.p}/state", 0) & 0x7FFFFFFF
-            return [g for r, g in enumerate(self.globals) if not bits >> r & 1]
-        words = -(-self.ws // _MASK_BITS)
-        masks = [self.store.add(f"{self.p}/mask/{w}", 0) for w in range(words)]
-        return [g for r, g in enumerate(self.globals)
-                if not masks[r // _MASK_BITS] >> (r % _MASK_BITS) & 1]
-
-    # -- a first rank ---------------------------------------------------------------------
-
-    def done(self) -> None:
-        """This first rank's body finished."""
-        with store_errors(self.what):
-            if self.explicit:
-                key, bit = self._first_bit()
-                self.store.add(key, 1 << (bit + 31))
-            if self.tally.packed:
-                self._add(self.tally.done)
-            else:
-                self._add(0, self.tally.done)
-
-    def fail(self, exc: BaseException) -> None:
-        """This first rank's body raised ``exc``: tell the waiting ranks (never raises)."""
-        try:
-            ours = self._flag(f"{self.p}/error", failure_report(self.rank, exc, self.what), _FAILED)
-            readers = self._readers()
-        except Exception:  # noqa: BLE001 - the store is gone: nobody can be told
-            publish_error(self.store, f"{self.p}/error", self.rank, exc, self.what)
+    def finish(self, complete: bool) -> None:
+        """This rank is done with the block, without a failure (``complete``: it saw every
+        bit set). Deleted in the background: the pairing record this rank wrote (a rank that
+        checks later writes its own), and, on group rank 0 when ``complete``, the words of the
+        blocks of this kind it saw complete earlier. Every rank has set its bit here, so every
+        rank is past them: a waiter reads a block's words only until it is released, before
+        it reaches a later block; a first rank that still reads one, at the end of an
+        enclosing block, finds it deleted (see :meth:`read`)."""
+        if self.wrote_site:
+            _CLEANUP.delete(self.group, self.store, [f"{self.base}/site"])
+        if self.rank != 0 or not complete:
             return
-        if ours:
-            await_readers(self.store, f"{self.p}/error", readers, self.group)
+        state = state_of(self.group)
+        if state is None:
+            return
+        done = state.blocks_done.setdefault(self.kind, [])
+        old = [keys for seq, keys in done if seq < self.seq]
+        if old:
+            done[:] = [entry for entry in done if entry[0] >= self.seq]
+            _CLEANUP.delete(self.group, self.store, [k for keys in old for k in keys])
+        done.append((self.seq, self.keys))
 
-    def await_arrivals(self, timeout: Optional[float]) -> None:
-        """Wait until every rank has reached this block (and raise if they do not pair)."""
-        if not (self.now.arrived >= self.ws or self.now.mismatch):  # not known yet: poll
-            poll_until(lambda: self._add().arrived >= self.ws or self.now.mismatch,
-                       watch=self._not_arrived, timeout=timeout, me=self.rank,
-                       what=f"{self.what} (waiting for every rank to reach it)")
-        with store_errors(self.what):
-            if self.now.mismatch:
-                raise self._stored("mismatch")
-            self.finish()
 
-    # -- a waiting rank -------------------------------------------------------------------
+class ZeroFirstBlock(_Block):
+    """One ``zero_first`` block on this rank (see the module docstring)."""
+
+    kind, noun = "zf", "zero_first block"
+
+    def __init__(self, group: Optional["ProcessGroup"], seq: int, rank: int, ws: int,
+                 site: CallSite, desc: Optional[str], explicit: bool, first: bool,
+                 timeout: Optional[float], store: Optional["Store"] = None) -> None:
+        super().__init__(group, seq, rank, ws, site, desc, store)
+        self.explicit, self.first, self.timeout = explicit, first, timeout
 
     def _released(self) -> bool:
-        now = self.now
-        if now.failed or now.mismatch:
-            return True
-        if not self.explicit:
-            return now.done >= 1
-        return now.arrived == self.ws and now.done == now.firsts
+        return self.full() if self.explicit else self.has(0)
 
-    def await_firsts(self, timeout: Optional[float]) -> None:
-        """Wait until the first rank(s) are done; raise their failure or a mismatch."""
+    def await_firsts(self) -> None:
+        """A waiting rank: arrive, wait until the first rank(s) are done; raise their failure."""
+        self.set_bit()
+        if self.rank >= WORD_BITS and not self.explicit:
+            with store_errors(self.what):
+                self.read((0,))  # group rank 0's bit and the flags are in word 0
         if self.explicit:
-            def watch() -> Sequence[int]:  # the firsts still running and the ranks not here
-                return sorted(set(self._running_firsts()) | set(self._not_arrived()))
+            which: Sequence[int] = ()  # every word: the firsts still running, the ranks not here
+
+            def watch() -> List[int]:
+                return self.missing()
         else:
-            def watch() -> Sequence[int]:
-                return [self.globals[0]]
+            which = (0,)
 
-        def released() -> bool:
-            self._add()
-            return self._released()
+            def watch() -> List[int]:
+                return self.missing((0,))
 
-        if not self._released():  # the arrival's own read did not release us: poll
-            poll_until(released, watch=watch, timeout=timeout, what=self.what, me=self.rank)
-        with store_errors(self.what):
-            if self.now.mismatch:
-                raise self._stored("mismatch")
-            if self.now.failed:
-                raise self._stored("error")
-            self.finish()
+        self.wait(self._released, which, watch, self.timeout)
+        self.finish(complete=self.explicit)
 
-    # -- cleaning up ----------------------------------------------------------------------
+    def done(self) -> None:
+        """A first rank's body finished: set its bit."""
+        self.set_bit()
 
-    def finish(self) -> None:
-        """This rank reads none of the block's keys again; the last one deletes them (every
-        rank got here, so nothing failed: no ``error`` or ``mismatch`` key exists)."""
-        fin = self._add(self.tally.fin) if self.tally.packed else self._add(0, self.tally.fin)
-        if fin.fin != self.ws:
+    def confirm_later(self) -> None:
+        """See :func:`settle`: the sole first rank's arrival check, deferred when it would
+        wait."""
+        pending = STATE.unconfirmed
+        if self.full():  # every rank is here, so past every earlier block: all confirmed
+            for block in [b for b in pending if b.seq < self.seq and b.group is self.group]:
+                pending.remove(block)
+                block.finish(complete=True)
+            self.finish(complete=True)
             return
-        names = ["site", "state"]
-        if self.explicit:
-            names += [f"firsts/{w}" for w in range(-(-self.ws // 31))]
-        if not self.tally.packed:
-            names += ["tally", *(f"mask/{w}" for w in range(-(-self.ws // _MASK_BITS)))]
-        for name in names:
-            self.store.delete_key(f"{self.p}/{name}")
+        pending.append(self)
+        while len(pending) > AHEAD:
+            pending[0].await_arrivals()
+            pending.pop(0)
 
+    def await_arrivals(self) -> None:
+        """A first rank: wait until every rank has reached this block (with this block's own
+        ``timeout``). Another first rank's failure ends the wait: the waiting ranks raise it,
+        this rank's body succeeded."""
+        self.wait(self.full, (), self.missing, self.timeout,
+                  " (waiting for every rank to reach it)", failed_ok=True)
+        if self.words[0] & _FAILED_MASK:  # read it all the same: its publisher waits for every reader
+            with store_errors(self.what):
+                self._stored("error")
+        else:
+            self.finish(complete=True)
+
+
+# --- the first-run stack ---------------------------------------------------------------------
 
 def first_run_begin() -> None:
     """This thread starts the body of a block it runs first."""
@@ -313,50 +385,56 @@ def first_run_end(block: ZeroFirstBlock, ok: bool) -> List[ZeroFirstBlock]:
     return pending if ok else []  # a body that raised: its failure is published, not awaited
 
 
+#: How many of its blocks a sole first rank (default ``is_main``) may leave unconfirmed: it
+#: does not wait at a block's end for the other ranks' arrival; a later block that finds them
+#: all there confirms it (they reach blocks in order), and past this many it waits.
+AHEAD = 1
+
+
+def settle(finished: Sequence[ZeroFirstBlock]) -> None:
+    """The blocks this rank ran first, once its outermost first-run block ended: with several
+    first ranks (explicit ``is_main``), wait for every rank's arrival now; as the sole first
+    rank, confirm it now if every rank is already there, else later (:func:`confirm_all`,
+    before this rank's next collective, or when it gets :data:`AHEAD` blocks ahead)."""
+    for block in finished:
+        if block.explicit:
+            block.await_arrivals()
+        else:
+            block.confirm_later()
+
+
+def confirm_all() -> None:
+    """Wait for the arrivals of every block this process left unconfirmed: before a collective
+    the other ranks must join (they may still be waiting in a block that does not pair)."""
+    pending = STATE.unconfirmed
+    while pending:
+        pending[0].await_arrivals()
+        pending.pop(0)
+
+
+# --- do_n_at_a_time ----------------------------------------------------------------------------
+
+class _Rounds(_Block):
+    kind, noun = "dn", "do_n_at_a_time call"
+    sited = False  # "do_n_at_a_time call #3": its messages have always read so
+
+
 def run_in_rounds(f: Callable[[], T], group: Optional["ProcessGroup"], seq: int, rank: int,
-                  ws: int, rounds: int, timeout: Optional[float]) -> T:
+                  ws: int, rounds: int, timeout: Optional[float], site: CallSite,
+                  desc: Optional[str]) -> T:
     """``do_n_at_a_time``'s protocol: round ``k`` holds the group ranks with
     ``rank % rounds == k``; every rank waits for the rounds before its own, runs ``f``, then
     waits for the rest."""
-    store = group_store(group)
-    globals_ = global_ranks(group)
-    p = f"axd/dn/{seq}"
-    what = f"do_n_at_a_time call #{seq}"
-
-    def members(k: int) -> List[int]:
-        return [globals_[r] for r in range(k, ws, rounds)]
-
-    def wait_round(k: int) -> None:
-        size = len(range(k, ws, rounds))
-        poll_until(lambda: store.add(f"{p}/done/{k}", 0) >= size or store.add(f"{p}/failed", 0) > 0,
-                   watch=lambda: members(k), timeout=timeout, what=what, me=rank)
-        with store_errors(what):
-            if store.add(f"{p}/failed", 0):
-                error = read_error(store, f"{p}/error", rank)
-                others = [r for r in range(ws) if r not in (rank, error.rank)]
-                await_readers(store, f"{p}/error", others, group)
-                raise error
-
-    my_round = rank % rounds
-    for k in range(my_round):
-        wait_round(k)
+    block = _Rounds(group, seq, rank, ws, site, desc)
+    before = [r for r in range(ws) if r % rounds < rank % rounds]
+    if before:
+        block.wait(lambda: block.full(before), (), lambda: block.missing(before), timeout)
     try:
         result = f()
     except BaseException as exc:
-        publish_error(store, f"{p}/error", rank, exc, what)
-        try:
-            store.add(f"{p}/failed", 1)
-        except Exception:  # noqa: BLE001 - the store is gone: nobody can be told
-            pass
-        else:
-            await_readers(store, f"{p}/error", [r for r in range(ws) if r != rank], group)
+        block.fail(exc)
         raise
-    with store_errors(what):
-        store.add(f"{p}/done/{my_round}", 1)
-    for k in range(my_round, rounds):
-        wait_round(k)
-    with store_errors(what):
-        if store.add(f"{p}/fin", 1) == ws:
-            for name in ["failed", "error", "fin", *(f"done/{k}" for k in range(rounds))]:
-                store.delete_key(f"{p}/{name}")
+    block.set_bit()
+    block.wait(block.full, (), block.missing, timeout)
+    block.finish(complete=True)
     return result

@@ -11,7 +11,8 @@ import contextlib
 import linecache
 import os
 import sys
-from typing import NamedTuple
+from types import CodeType
+from typing import Dict, NamedTuple, Tuple
 
 __all__ = ["CallSite", "call_site"]
 
@@ -41,23 +42,47 @@ class CallSite(NamedTuple):
         return f"{self}: {self.code}" if self.code else str(self)
 
 
-def _ours(filename: str) -> bool:
-    return filename.startswith(_PACKAGE_DIR) or os.path.abspath(filename) == _CONTEXTLIB
+#: code object -> whether its frames belong to this package (or contextlib): decided once.
+_OURS: Dict[CodeType, bool] = {}
+#: (code object, line) -> the call site there, built once (a loop of blocks reads it each time).
+_SITES: Dict[Tuple[CodeType, int], CallSite] = {}
+_CACHE_LIMIT = 4096
+
+
+def _ours(code: CodeType) -> bool:
+    ours = _OURS.get(code)
+    if ours is None:
+        if len(_OURS) >= _CACHE_LIMIT:
+            _OURS.clear()
+        name = code.co_filename
+        ours = _OURS[code] = name.startswith(_PACKAGE_DIR) or os.path.abspath(name) == _CONTEXTLIB
+    return ours
 
 
 def call_site(depth: int = 1) -> CallSite:
     """The innermost frame, ``depth`` frames above the caller or further out, that is not in
-    this package or in :mod:`contextlib`."""
+    this package or in :mod:`contextlib`. Cached per code object and line: the path is
+    relative to the working directory of the first call from there."""
     frame = sys._getframe(depth)
-    while frame is not None and _ours(frame.f_code.co_filename):
+    while frame is not None and _ours(frame.f_code):
         frame = frame.f_back
     if frame is None:  # pragma: no cover - called from inside the package only
         return CallSite("<unknown>", 0, "<unknown>", "")
-    path = frame.f_code.co_filename
+    key = (frame.f_code, frame.f_lineno)
+    site = _SITES.get(key)
+    if site is None:
+        if len(_SITES) >= _CACHE_LIMIT:  # generated code (exec in a loop): keep memory flat
+            _SITES.clear()
+        site = _SITES[key] = _build(frame.f_code, frame.f_lineno)
+    return site
+
+
+def _build(code: CodeType, line: int) -> CallSite:
+    path = code.co_filename
     try:
         rel = os.path.relpath(path)
         path = rel if not rel.startswith("..") else path
     except ValueError:  # pragma: no cover - another drive on Windows
         pass
-    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    return CallSite(path, frame.f_lineno, frame.f_code.co_name, code)
+    text = linecache.getline(code.co_filename, line).strip()
+    return CallSite(path, line, code.co_name, text)

@@ -14,7 +14,8 @@ TENSOR    ``[5, meta bytes, data bytes, 0]``  pickled (dtype, shape, device type
 ERROR     ``[6, nbytes, 0, 0]``               pickled failure report of the sending rank
 ========  ==================================  =======================================
 
-So a scalar crosses in one small collective, and anything else in exactly two
+Slot 3 is left 0 here: the value helpers put the sending helper's code in it
+(:mod:`.headers`). So a scalar crosses in one small collective, and anything else in exactly two
 (docs/design.md, "Value encoding").
 """
 

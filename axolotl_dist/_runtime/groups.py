@@ -11,7 +11,9 @@ shutdown, where gloo's threads abort the process. ``group=None`` means the defau
 * ``device``: the device collectives on the group use (see :mod:`.backends`);
 * ``helpers``: the value helpers' cached ranks and buffers;
 * ``debug``: this rank's debug-mode log of checked calls;
-* ``world_mesh``: on the default group, the mesh ``build_world_mesh`` stored.
+* ``world_mesh``: on the default group, the mesh ``build_world_mesh`` stored;
+* ``cleanup_store``, ``blocks_done``: the store connection the background cleanup of blocks
+  uses, and (on group rank 0) the blocks seen complete whose keys it deletes next.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def resolve(group: Optional["ProcessGroup"]) -> Any:
 class GroupState:
     """What the kit remembers about one process group (see the module docstring)."""
 
-    __slots__ = ("seq", "device", "helpers", "debug", "world_mesh", "__weakref__")
+    __slots__ = ("seq", "device", "helpers", "debug", "world_mesh", "cleanup_store",
+                 "blocks_done", "__weakref__")
 
     def __init__(self) -> None:
         self.seq: Dict[str, int] = {}
@@ -50,6 +53,8 @@ class GroupState:
         self.helpers: Any = None
         self.debug: Any = None
         self.world_mesh: Any = None
+        self.cleanup_store: Any = None
+        self.blocks_done: Dict[str, List[Any]] = {}
 
 
 def state_of(group: Optional["ProcessGroup"]) -> Optional[GroupState]:

@@ -23,6 +23,10 @@ field              what it is, who writes it
                    and those finished inside them (:mod:`.blocks`)
 ``inside_helper``  per thread: a checked helper is running, so helpers it calls are not
                    checked again (:mod:`axolotl_dist.debug`)
+``unconfirmed``    ``zero_first`` blocks this rank ran first (as the sole first rank) whose
+                   other ranks' arrival it has not confirmed yet (:mod:`.blocks`)
+``store_spy``      a test's wrapper around the store a block uses (None: none), see
+                   :func:`axolotl_dist.testing.count_store_calls`
 =================  ==========================================================================
 
 :func:`reset` forgets all of it (or the named parts). The test harness calls it in every
@@ -59,7 +63,7 @@ class ProcessState:
 
     __slots__ = ("groups", "learnt", "peers", "heartbeat", "exit_store", "helpers",
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
-                 "first_runs", "inside")
+                 "first_runs", "inside", "unconfirmed", "store_spy")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -76,6 +80,8 @@ class ProcessState:
         self.debug_env_error: Optional[str] = None
         self.first_runs = FirstRuns()
         self.inside = _Inside()
+        self.unconfirmed: List[Any] = []
+        self.store_spy: Optional[Callable[[Any], Any]] = None
 
 
 STATE = ProcessState()
@@ -88,7 +94,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "heartbeat": ("heartbeat", "exit_store"),
     "helpers": ("helpers",),
     "debug": ("debug_on", "debug_timeout", "debug_explicit", "debug_env_error"),
-    "blocks": ("first_runs", "inside"),
+    "blocks": ("first_runs", "inside", "unconfirmed", "store_spy"),
 }
 
 

@@ -35,7 +35,10 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import backends, peers, records, store
+from . import backends, blocks, peers, records, store
+from . import cleanup as cleanup_keys
+from .constants import log
+from .state import STATE
 
 __all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
 
@@ -43,6 +46,8 @@ _CLEANUP_HOOKS: List[Callable[[], None]] = []
 _REGISTERED = False
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
+#: Seconds a cleanup waits for the background deletion of finished blocks' keys.
+_CLEANUP_FLUSH = 0.5
 #: Seconds an exit waits for the store to take this rank's exit record.
 _STORE_CALLS = 3.0
 
@@ -76,6 +81,9 @@ def cleanup() -> None:
     other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
     """
     peers.stop_heartbeat()
+    if not peers.store_host_gone():
+        _confirm_blocks()
+        cleanup_keys.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
     for hook in list(_CLEANUP_HOOKS):
         hook()
     if dist.is_available() and dist.is_initialized():
@@ -83,6 +91,26 @@ def cleanup() -> None:
         if torch.cuda.is_available() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
         dist.destroy_process_group()
+
+
+def _confirm_blocks() -> None:
+    """The ``zero_first`` blocks this rank ran first and left unconfirmed: check, at most
+    ``AXOLOTL_DIST_STORE_LINGER`` seconds each, that every rank reached them; a cleanup does
+    not raise, so what is wrong is logged (a rank stuck in a block that does not pair is told
+    by the mismatch this check publishes)."""
+    pending = STATE.unconfirmed
+    if not pending:
+        return
+    bound = records.linger_timeout()
+    for block in pending:
+        block.timeout = bound if block.timeout is None else min(block.timeout, bound)
+    try:
+        blocks.confirm_all()
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: the process is ending
+        log.warning("rank %d: not every rank reached a zero_first block this rank ran first: "
+                    "%s", dist.get_rank() if dist.is_initialized() else 0, exc)
+    finally:
+        pending.clear()
 
 
 def _uncaught() -> Optional[BaseException]:

@@ -37,17 +37,20 @@ def poll_until(
     timeout: Optional[float],
     what: str,
     me: int,
+    slow: Optional[Callable[[], None]] = None,
 ) -> None:
     """Return once ``ready()`` is true; raise if a watched rank dies or ``timeout`` expires.
 
     :param ready: a cheap, non-blocking store probe.
     :param watch: the global ranks we are waiting for (re-evaluated at each liveness check).
     :param what: a description used in log lines and errors ("zero_first block #3 at x.py:4").
+    :param slow: called once, on the store worker, when the wait outlasts its first inline
+        polls (a check too costly for the fast path, e.g. that blocks pair); it may raise.
     """
     try:
         if ready():
             return
-        _poll(ready, watch, timeout, what, me)
+        _poll(ready, watch, timeout, what, me, slow)
     except (RankFailedError, RankTimeoutError, DistributedEnvError):
         raise
     except Exception as exc:  # noqa: BLE001 - the store's host is gone
@@ -77,7 +80,7 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
 
 
 def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
-          what: str, me: int) -> None:
+          what: str, me: int, slow: Optional[Callable[[], None]]) -> None:
     start = time.monotonic()
     watcher = Watch(world_store())
     log_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
@@ -88,9 +91,13 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
     job_since = start
     watched: List[int] = []  # the last answer of watch(), for a timeout while the store is silent
 
-    def probe(liveness: bool, now: float) -> Tuple[str, Any]:
+    pending_slow = [slow] if slow is not None else []
+
+    def probe(liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
         if ready():
             return "ready", None
+        if pending_slow and not inline:  # on the worker: the wait has left its inline polls
+            pending_slow.pop()()
         if liveness:
             watched[:] = watch()
             lost = watcher.find_lost(watched, now, what)
@@ -102,7 +109,7 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
         if job is None:
             if spins < 20:  # the first polls inline: a store call costs ~30 us, a handoff more
                 spins += 1
-                verdict, lost = probe(False, time.monotonic())
+                verdict, lost = probe(False, time.monotonic(), inline=True)
                 if verdict == "ready":
                     return
                 continue

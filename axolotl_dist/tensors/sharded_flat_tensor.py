@@ -70,8 +70,10 @@ class ShardedFlatTensor(torch.Tensor):
     _afd_spec: Optional[ShardingSpec] = None
     _afd_info: Optional[GroupInfo] = None
     _afd_local: Optional[torch.Tensor] = None
+    _afd_no_data = False
 
     def __new__(cls: Type[T], data: Optional[torch.Tensor] = None, requires_grad: bool = False) -> T:
+        no_data = data is None
         if data is None:
             data = torch.empty(0)
         if not isinstance(data, torch.Tensor):
@@ -85,6 +87,7 @@ class ShardedFlatTensor(torch.Tensor):
             )
         tensor = torch.Tensor._make_subclass(cls, base.detach(), requires_grad)
         tensor._afd_spec, tensor._afd_info, tensor._afd_local = None, None, None
+        tensor._afd_no_data = no_data  # repr says local_tensor=None until data is set
         if source is not None and source._afd_spec is not None:
             tensor._afd_spec, tensor._afd_info = source._afd_spec, source._afd_info
         return tensor
@@ -420,11 +423,14 @@ class ShardedFlatTensor(torch.Tensor):
     # ------------------------------------------------------------------ python protocol
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         """OLMo-core's format: ``ShardedFlatTensor(local_tensor=tensor([...]))``, plus
-        ``global_tensor=`` while unsharded in place (and ``requires_grad=`` for a parameter).
+        ``global_tensor=`` while unsharded in place (and ``requires_grad=`` for a parameter);
+        ``local_tensor=None`` for one built without data.
         An instance without metadata (see :attr:`metadata_set`) prints as a plain tensor."""
         if not self.metadata_set:
             return torch.Tensor.__repr__(self, tensor_contents=tensor_contents)
-        fields = [f"local_tensor={self.sharded_data}"]
+        local = self.sharded_data
+        empty = self._afd_no_data and local.numel() == 0  # built without data, as OLMo-core
+        fields = [f"local_tensor={None if empty else local}"]
         if self._afd_local is not None:
             fields.append(f"global_tensor={self.data}")
         fields.extend(self._repr_extra())

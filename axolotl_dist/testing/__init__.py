@@ -45,7 +45,8 @@ from .._runtime.procs import loopback_interface
 from ..env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
 from .harness import run_distributed, run_distributed_outcomes
 from .outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
-from .state import kill_tree, known_peers, process_state, reset_process_state, store_of
+from .state import (StoreCalls, count_store_calls, kill_tree, known_peers, process_state,
+                    reset_process_state, store_of)
 
 __all__ = [
     "RankOutcome",
@@ -63,6 +64,8 @@ __all__ = [
     "kill_tree",
     "process_state",
     "known_peers",
+    "count_store_calls",
+    "StoreCalls",
 ]
 
 #: Variables the harness clears in each rank before setting its own, so an outer launcher

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+import collections
+import threading
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from .._runtime import state as _state
 from .._runtime.procs import kill_tree, proc_state
@@ -12,7 +15,8 @@ from ..debug import refresh_from_env as _refresh_debug
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
 
-__all__ = ["reset_process_state", "store_of", "known_peers", "process_state", "kill_tree"]
+__all__ = ["reset_process_state", "store_of", "known_peers", "process_state", "kill_tree",
+           "count_store_calls", "StoreCalls"]
 
 
 def reset_process_state(*parts: str) -> None:
@@ -42,3 +46,51 @@ def known_peers() -> Dict[int, Any]:
 #: ``process_state(pid)``: ``"running"``, ``"stopped"`` or ``"gone"`` (a zombie counts as
 #: gone) for a process on this host, None where ``/proc`` cannot tell.
 process_state = proc_state
+
+
+class StoreCalls(collections.Counter):  # type: ignore[type-arg]
+    """``(thread name, store method) -> calls`` made through the stores the kit's blocks use
+    while :func:`count_store_calls` is active."""
+
+    def on(self, thread: str = "MainThread") -> int:
+        """How many calls ``thread`` made (by default the caller's own thread)."""
+        return sum(n for (name, _), n in self.items() if name == thread)
+
+
+class _Counting:
+    """Forwards every call to ``store`` and counts it under the calling thread's name."""
+
+    def __init__(self, store: Any, calls: StoreCalls) -> None:
+        self._store, self._calls = store, calls
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._store, name)
+        if not callable(target):
+            return target
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._calls[(threading.current_thread().name, name)] += 1
+            return target(*args, **kwargs)
+
+        return counted
+
+
+@contextmanager
+def count_store_calls() -> Iterator[StoreCalls]:
+    """Count the store calls of the ``zero_first`` / ``do_n_at_a_time`` blocks entered inside
+    the ``with``, per thread and method::
+
+        with count_store_calls() as calls:
+            with ad.zero_first():
+                pass
+        assert calls.on("MainThread") <= 2
+
+    Calls the background cleanup makes on its own connection are counted under its thread's
+    name (``axolotl-dist-cleanup``)."""
+    calls = StoreCalls()
+    previous = _state.STATE.store_spy
+    _state.STATE.store_spy = lambda store: _Counting(store, calls)
+    try:
+        yield calls
+    finally:
+        _state.STATE.store_spy = previous

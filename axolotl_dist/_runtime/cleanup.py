@@ -1,0 +1,96 @@
+"""Deleting finished blocks' store keys in the background (see docs/design.md, "zero_first
+blocks"): a daemon thread with its own store connection per group, so the deletions neither
+wait on nor are counted against the caller's connection; if it falls behind, the caller
+deletes its own, so the backlog stays bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, List, Optional
+
+from .groups import state_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup, Store
+
+__all__ = ["CLEANUP", "flush_cleanup"]
+
+
+class _Cleanup:
+    """A daemon thread that deletes finished blocks' keys on its own store connection per
+    group, so none of it waits on, or is counted against, the caller's connection. It is woken
+    only when idle: in a loop of blocks the caller just appends to its list."""
+
+    def __init__(self) -> None:
+        self._todo: List[Any] = []
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._work = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def delete(self, group: Optional["ProcessGroup"], store: "Store", keys: List[str]) -> None:
+        """Queue ``keys`` for deletion; with :data:`_BACKLOG` keys already queued (the thread
+        is short of CPU), delete them here instead, so the backlog stays bounded."""
+        if sum(len(job[2]) for job in self._todo) >= _BACKLOG:
+            for key in keys:
+                store.delete_key(key)
+            return
+        self._todo.append((group, store, keys))
+        self.kick()
+
+    def kick(self) -> None:
+        """Wake the thread if work waits and it is idle."""
+        if self._todo and self._idle.is_set():
+            with self._lock:
+                self._idle.clear()
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, daemon=True,
+                                                    name="axolotl-dist-cleanup")
+                    self._thread.start()
+                self._work.set()
+
+    def flush(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) until every queued deletion is done; True if so."""
+        self.kick()
+        return self._idle.wait(seconds)
+
+    def _run(self) -> None:
+        while True:
+            self._work.wait()
+            while self._todo:
+                todo, self._todo = self._todo, []
+                for group, store, keys in todo:
+                    self._delete(group, store, keys)
+            with self._lock:
+                if not self._todo:
+                    self._work.clear()
+                    self._idle.set()
+
+    @staticmethod
+    def _delete(group: Optional["ProcessGroup"], store: "Store", keys: List[str]) -> None:
+        state = state_of(group)
+        clone = state.cleanup_store if state is not None else None
+        try:
+            if clone is None:
+                try:
+                    clone = store.clone()
+                except Exception:  # noqa: BLE001 - stores without clone: the same connection
+                    clone = store
+                if state is not None:
+                    state.cleanup_store = clone
+            for key in keys:
+                clone.delete_key(key)
+        except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
+            pass
+
+
+#: Queued keys beyond which the caller deletes its own (see ``_Cleanup.delete``).
+_BACKLOG = 8
+CLEANUP = _Cleanup()
+
+
+def flush_cleanup(seconds: float = 1.0) -> bool:
+    """Let the background cleanup finish the deletions queued (at most ``seconds``)."""
+    return CLEANUP.flush(seconds)

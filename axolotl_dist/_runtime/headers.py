@@ -1,0 +1,165 @@
+"""The value helpers' header exchange: per-group buffers, one exchange, and the helper's name
+in every header so that two different helpers meeting in one exchange are an error.
+
+Every value helper starts by exchanging a 4-slot int64 header per rank (docs/design.md,
+"Value encoding"). Slots 0-2 describe the value; slot 3 says which helper sent it
+(:func:`helper_code`: the helper, and for the gathers the destination rank). After the
+exchange each rank compares the codes it holds, so ``reduce_and_broadcast`` on one rank and
+``gather_from_all_ranks`` on another raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
+on every rank, naming both, without debug mode and without another collective.
+
+On CPU (gloo) with at most :data:`P2P_MAX_RANKS` ranks the all-to-all exchange is point to
+point: each rank posts a receive from every other rank and sends them its header, on a tag of
+its own (:data:`EXCHANGE_TAG`). One message per pair and direction, where gloo's ring
+all-gather spends several notifications per rank; beyond that many ranks the all-gather's
+``O(ranks)`` messages win, and on accelerators the header goes through the backend's
+all-gather.
+"""
+
+from __future__ import annotations
+
+import array
+import gc
+import sys
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .codec import HEADER_LEN
+from ..errors import CollectiveMismatchError
+
+__all__ = ["P2P_MAX_RANKS", "EXCHANGE_TAG", "HELPERS", "helper_code", "describe_code",
+           "HelperCache", "exchange", "mismatch_error", "await_released"]
+
+#: Up to this many ranks, the CPU exchange is point to point.
+P2P_MAX_RANKS = 8
+#: The gloo tag of the exchange's messages ("AXD0"), apart from user send/recv (tag 0).
+EXCHANGE_TAG = 0x41584430
+#: The helpers that exchange headers, by code (index + 1).
+HELPERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
+           "all_reduce_value", "all_gather_object", "compute_and_broadcast", "synchronize_value",
+           "broadcast_object")
+_CODES: Dict[str, int] = {name: i + 1 for i, name in enumerate(HELPERS)}
+_GATHERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks")
+_I64 = torch.int64
+_AllgatherOptions = dist.distributed_c10d.AllgatherOptions
+
+
+def helper_code(name: str, dst: int = 0) -> int:
+    """What slot 3 of a header says: the helper, and a gather's destination rank."""
+    return _CODES[name] | (dst << 8 if name in _GATHERS else 0)
+
+
+def describe_code(code: int) -> str:
+    """``gather_from_all_ranks(dst=1)`` for a code made by :func:`helper_code`."""
+    index = (code & 0xFF) - 1
+    if not 0 <= index < len(HELPERS):
+        return f"an unknown helper (code {code})"
+    name = HELPERS[index]
+    return f"{name}(dst={code >> 8})" if name in _GATHERS else name
+
+
+class HelperCache:
+    """What every helper call on one group needs, computed once: ranks, device, buffers.
+
+    The helpers are latency-bound (a scalar is a 32-byte header), so per-call Python work
+    shows up directly in their latency. On CPU backends the header goes through preallocated
+    buffers backed by an ``array`` (a Python store into it costs nanoseconds, where building a
+    fresh tensor costs microseconds). Lives in the group's
+    :class:`~.groups.GroupState` and holds only a weak reference to the group; ``env_rank`` /
+    ``env_ws`` are the env values it was built under (rebuilt when they change, so an env that
+    disagrees with the group still raises). The buffers are reused call after call, so two
+    threads must not run helpers on the same group at once.
+    """
+
+    __slots__ = ("rank", "ws", "device", "cpu", "env_rank", "env_ws", "pg_ref", "opts",
+                 "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "views", "peers", "p2p",
+                 "store", "__weakref__")
+
+    def __init__(self, pg: Any, rank: int, ws: int, device: torch.device, env_rank: Any,
+                 env_ws: Any) -> None:
+        self.rank, self.ws, self.device = rank, ws, device
+        self.cpu = device.type == "cpu"
+        self.env_rank, self.env_ws = env_rank, env_ws
+        self.pg_ref = weakref.ref(pg)
+        self.opts = _AllgatherOptions()
+        if hasattr(self.opts, "asyncOp"):
+            self.opts.asyncOp = False  # as dist.all_gather_single(async_op=False) sets it
+        # the class's method, not a bound one (that would keep the group alive); torch before
+        # 2.13 names the operation _allgather_base
+        cls = type(pg)
+        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base")
+        self.hdr_arr = array.array("q", bytes(8 * HEADER_LEN))
+        self.all_arr = array.array("q", bytes(8 * HEADER_LEN * ws))
+        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
+        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if self.cpu else None
+        self.p2p = self.cpu and 1 < ws <= P2P_MAX_RANKS
+        self.peers = [r for r in range(ws) if r != rank]
+        self.store: Any = None  # the group's c10d store, once a block asked for it
+        # one tensor per rank's slot, each over the same array (not views of hdr_all: a view
+        # keeps a reference to its base, which await_released would take for a busy worker)
+        self.views = [torch.frombuffer(self.all_arr, dtype=_I64, offset=8 * HEADER_LEN * r,
+                                       count=HEADER_LEN) for r in range(ws)] if self.p2p else []
+
+
+def exchange(st: HelperCache) -> List[int]:
+    """Every rank's header (this rank's is in ``st.hdr_arr``), flat, in group-rank order. CPU
+    only. Raises the backend's ``RuntimeError`` if a peer is gone."""
+    pg = st.pg_ref()
+    if st.p2p:
+        tag, views = EXCHANGE_TAG, st.views
+        works = [pg.recv([views[r]], r, tag) for r in st.peers]
+        works += [pg.send([st.hdr], r, tag) for r in st.peers]
+        for work in works:
+            work.wait()
+        mine = st.rank * HEADER_LEN
+        st.all_arr[mine:mine + HEADER_LEN] = st.hdr_arr
+    else:
+        # the group's own all_gather_single: what dist.all_gather_single runs after its checks
+        st.allgather(pg, st.hdr_all, st.hdr, st.opts).wait()
+    return st.all_arr.tolist()
+
+
+def mismatch_error(codes: Dict[int, int], rank: int, site: Callable[[], str]
+                   ) -> CollectiveMismatchError:
+    """The error for headers from different helpers: ``codes`` maps group ranks to the code
+    each sent (or, for this ``rank``, called); ``site()`` is this rank's call site."""
+    calls = {r: describe_code(c) for r, c in sorted(codes.items())}
+    listed = ", ".join(f"rank {r}: {c}" for r, c in calls.items())
+    return CollectiveMismatchError(
+        f"the ranks called different helpers that met in one collective ({listed}): every "
+        f"rank must call the same helpers in the same order. This rank (rank {rank}) called "
+        f"{calls[rank]} at {site()}; run with AXOLOTL_DIST_DEBUG=1 to see every rank's file "
+        "and line.", calls=calls)
+
+
+#: Seconds after which a buffer still referenced is taken to be held by a reference cycle (a
+#: caught exception's frames), not by a gloo worker (which lets go within microseconds).
+_COLLECT_AFTER = 0.02
+
+
+def await_released(caches: Sequence[Optional[HelperCache]], limit: float = 1.0) -> None:
+    """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
+    references to the caches' buffers: a collective's ``wait()`` returns before the worker
+    releases it, and releasing needs the GIL (see :func:`.teardown.cleanup`)."""
+    def busy(st: HelperCache) -> bool:  # idle: the cache's slot and getrefcount's argument
+        if (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
+                st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2):
+            return True
+        for view in st.views:  # idle: the list, this loop's name and the argument
+            if sys.getrefcount(view) > 3:
+                return True
+        return False
+
+    start = time.monotonic()
+    collected = False
+    for st in caches:
+        while st is not None and busy(st) and time.monotonic() < start + limit:
+            if not collected and time.monotonic() > start + _COLLECT_AFTER:
+                collected = True
+                gc.collect()  # not gloo: frames of a dropped traceback, in a reference cycle
+                continue
+            time.sleep(0.0005)
