@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ._runtime import backends as _backends, records as _records, teardown as _teardown
+from ._runtime import works as _works
 from ._runtime.groups import state_of
 from . import env as _env
 from ._runtime.codec import resolved
@@ -57,7 +58,10 @@ def raise_lost_peer(exc: RuntimeError, where: str, group: Optional["ProcessGroup
     try:
         if error is exc:
             raise exc
-        raise error from exc
+        # not chained: the backend's socket error says less than the error naming the rank;
+        # its first line stays on the error
+        error.backend_error = (str(exc).splitlines() or [""])[0]  # type: ignore[union-attr]
+        raise error from None
     finally:  # no frame <-> error cycle: the frames (and their tensors) die with the error
         error = exc = None  # type: ignore[assignment]
 
@@ -124,7 +128,7 @@ def barrier(group: Optional["ProcessGroup"] = None) -> None:
         if device.type == "cuda":
             dist.barrier(group, device_ids=[device.index])
         else:
-            dist.barrier(group)
+            _works.wait(dist.barrier(group, async_op=True), group, "barrier")
     except RuntimeError as exc:
         raise_lost_peer(exc, "barrier", group)
 
@@ -147,7 +151,8 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"
     device = comm_device(group)
     work = _to_comm(tensor, device)
     try:
-        dist.broadcast(work, group=group, group_src=src)
+        _works.wait(dist.broadcast(work, group=group, group_src=src, async_op=True), group,
+                    "broadcast", device.type == "cpu")
     except RuntimeError as exc:
         raise_lost_peer(exc, "broadcast", group)
     if work is not tensor:
@@ -177,11 +182,11 @@ def all_reduce(
     device = comm_device(group)
     work = _to_comm(tensor, device)
     try:
+        op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
+        _works.wait(dist.all_reduce(work, op=op, group=group, async_op=True), group, "all_reduce",
+                    device.type == "cpu")
         if name == "AVG" and not native_avg:
-            dist.all_reduce(work, op=dist.ReduceOp.SUM, group=group)
             work.div_(get_world_size(group))
-        else:
-            dist.all_reduce(work, op=getattr(dist.ReduceOp, name), group=group)
     except RuntimeError as exc:
         raise_lost_peer(exc, "all_reduce", group)
     if work is not tensor:
@@ -215,8 +220,10 @@ def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> 
     meta = [_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))
     metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
+    cpu = device.type == "cpu"
     try:
-        all_gather_into(metas_t, torch.tensor(meta, dtype=torch.int64, device=device), group=group)
+        _works.wait(all_gather_into(metas_t, torch.tensor(meta, dtype=torch.int64, device=device),
+                                    group=group, async_op=True), group, "all_gather", cpu)
     except RuntimeError as exc:
         raise_lost_peer(exc, "all_gather", group)
     metas = metas_t.view(ws, len(meta)).tolist()
@@ -234,7 +241,8 @@ def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> 
     flat = torch.empty(ws * stride, dtype=torch.uint8, device=device)
     if stride:
         try:
-            all_gather_into(flat, mine, group=group)
+            _works.wait(all_gather_into(flat, mine, group=group, async_op=True), group,
+                        "all_gather", cpu)
         except RuntimeError as exc:
             raise_lost_peer(exc, "all_gather", group)
     out = []

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
 from ._runtime import debug_check as _debug_check, envvars as _envvars, groups as _groups
+from ._runtime import guards as _guards
 from ._runtime.blocks import confirm_all
 from ._runtime.callsite import call_site
 from ._runtime.state import STATE as _STATE
@@ -147,7 +148,7 @@ _parse_env()
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
             *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
             waits: Optional[Callable[[Dict[str, Any]], bool]] = None,
-            confirms: bool = True) -> Callable[[F], F]:
+            confirms: bool = True, refuse_in_scopes: bool = True) -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
     :param name: the helper's public name, as shown in errors.
@@ -162,6 +163,9 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
         ran first and left unconfirmed (see :func:`axolotl_dist._runtime.blocks.settle`): the
         others must not be stuck in a block that does not pair when a collective needs them.
         False for ``zero_first`` itself, which settles its own.
+    :param refuse_in_scopes: raise at once when called where the other ranks cannot join
+        (inside a ``zero_first`` body this rank runs first, inside ``zero_only`` code: see
+        :mod:`axolotl_dist._runtime.guards`). False for ``zero_first``.
     """
 
     def decorate(fn: F) -> F:
@@ -169,6 +173,8 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _STATE.guarded and refuse_in_scopes:
+                _refuse_in_scopes(name, signature, group_arg, args, kwargs)
             if confirms and _STATE.unconfirmed:
                 confirm_all()
             if not _STATE.debug_on:
@@ -178,6 +184,23 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _refuse_in_scopes(name: str, signature: inspect.Signature,
+                      group_arg: Union[str, Callable[[Dict[str, Any]], Any]], args: tuple,
+                      kwargs: dict) -> None:
+    """Raise if ``name`` is called where the other ranks of its group cannot join it."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return  # the helper raises its own TypeError
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    group = group_arg(arguments) if callable(group_arg) else arguments.get(group_arg)
+    try:
+        _guards.check(name, group, lambda: str(call_site()))
+    except CollectiveMismatchError as exc:
+        raise exc.with_traceback(None)  # the user's frames matter, not the check's
 
 
 def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: str,

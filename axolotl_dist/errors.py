@@ -8,12 +8,12 @@ for environment and runtime problems), so ``except ValueError`` keeps working.
 from __future__ import annotations
 
 import pickle
-import traceback
 import weakref
 from typing import Dict, Optional, Sequence
 
 from ._runtime.groups import resolve
 from ._runtime.state import STATE
+from ._runtime.tracebacks import format_exception, safe_str
 
 __all__ = [
     "AxolotlDistError",
@@ -57,7 +57,11 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     :ivar remote_traceback: the formatted traceback from the failing rank, if known.
     :ivar where: the helper or block this rank was in when it learnt of the failure.
     :ivar ranks: every rank known to have failed, the root cause first (``(rank,)`` usually).
+    :ivar backend_error: where a collective failed because of the lost rank, the first line of
+        the backend's own error (``Connection reset by peer``); None otherwise.
     """
+
+    backend_error: Optional[str] = None
 
     def __init__(
         self,
@@ -125,11 +129,12 @@ def learnt_failure() -> Optional[RankFailedError]:
 def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
     """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
     ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
-    block that caught ``exc``; never raises."""
+    block that caught ``exc``; never raises. The traceback shows the user's frames, not the
+    kit's; a message that cannot be had (``__str__`` raises) is ``<message unavailable>``."""
     try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return RankFailedError(rank, type(exc).__name__, str(exc), tb, where=where).to_report()
-    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure itself
+        tb = format_exception(type(exc), exc, exc.__traceback__)
+        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where).to_report()
+    except Exception:  # noqa: BLE001 - a report must never hide the failure itself
         return RankFailedError(rank, type(exc).__name__, "<message unavailable>",
                                where=where).to_report()
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ._runtime import backends as _backends, teardown as _teardown
 from . import debug as _debug
+from ._runtime.wait import noted as _noted
 from . import env as _env
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_rank, get_world_size, is_initialized
@@ -174,7 +175,21 @@ def init_distributed(
     _apply_shared_filesystem(shared_filesystem)
     if _backends.supports(backend, "cuda") and torch.cuda.is_available():
         torch.cuda.set_device(_env.env_local_rank() % max(1, torch.cuda.device_count()))
-    dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
+    if world_size > 1 and "store" not in kwargs:
+        with _noted(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
+            try:
+                dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
+            except RuntimeError as exc:
+                if "EADDRINUSE" not in str(exc):
+                    raise
+                port = os.environ.get(_env.MASTER_PORT_ENV_VAR)
+                raise DistributedEnvError(
+                    f"MASTER_PORT={port} is taken on this host (EADDRINUSE): rank {rank} hosts "
+                    "the c10d store there and another program already listens on it; set "
+                    "MASTER_PORT to a free port (the same on every rank), or launch with "
+                    "axolotl-dist / torchrun, which pick one") from None
+    else:
+        dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
     _after_init()
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
 
@@ -232,6 +247,27 @@ def _check_resolves(addr: str, port: int) -> None:
         raise DistributedEnvError(
             f"MASTER_ADDR={addr!r} does not resolve to an address ({type(exc).__name__}: {exc}): "
             "set it to the host name or IP address of rank 0's node") from None
+
+
+def _init_wait_message(rank: int, world_size: int, init_method: Optional[str]):
+    """What a rank waiting in the rendezvous says at each wait interval."""
+    address = init_method or (f"{os.environ.get(_env.MASTER_ADDR_ENV_VAR)}:"
+                              f"{os.environ.get(_env.MASTER_PORT_ENV_VAR)}")
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    host = "the launcher's agent (torchrun, axolotl-dist, accelerate launch)" if agent else "rank 0"
+    if rank == 0 and not agent:
+        ask = (f"the other {world_size - 1} rank(s) have not all joined: are they started, with "
+               "the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")
+    elif agent:
+        ask = "is the launcher still running, and every node started?"
+    else:
+        ask = ("is rank 0 running, and is the port free? (another program listening on it "
+               "takes rank 0's place: rank 0 then fails at once, the others wait here)")
+
+    def message(seconds: float) -> str:
+        return (f"rank {rank} has waited {seconds:.0f} s in init_distributed for the c10d store "
+                f"at {address}, hosted by {host}, and the {world_size} rank(s) to join: {ask}")
+    return message
 
 
 def _after_init() -> None:

@@ -34,7 +34,6 @@ reports failures:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -43,11 +42,14 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from ._runtime import procs as _procs
+from ._runtime import procs as _procs, where as where_report
+from ._runtime.launch_report import (PROG, exit_code_of, first_failure, read_ends,
+                                     report_failures, traceback_of)
+from ._runtime.launch_watch import Watcher
 from ._runtime.procs import LAUNCHER_PID_ENV_VAR
-from ._runtime.rank_main import END_DIR_ENV_VAR
+from ._runtime.rank_main import END_DIR_ENV_VAR, GUARDS_DIR
 
 __all__ = [
     "PROG",
@@ -58,10 +60,10 @@ __all__ = [
     "first_failure",
     "traceback_of",
     "report_failures",
+    "where_main",
     "main",
 ]
 
-PROG = "axolotl-dist"
 #: Seconds ranks get between SIGTERM and SIGKILL when the launcher is interrupted.
 DEFAULT_GRACE_PERIOD = 30.0
 #: How long the launcher waits on left-over processes between SIGTERM and SIGKILL at exit.
@@ -70,7 +72,6 @@ _PR_SET_CHILD_SUBREAPER = 36
 _OMP_NUM_THREADS_ENV_VAR = "OMP_NUM_THREADS"
 _LOOPBACK = "127.0.0.1"
 _GLOO_IFNAME_ENV_VAR = "GLOO_SOCKET_IFNAME"
-_NO_MESSAGE = "<NONE>"  # torch elastic's placeholder when a rank wrote no error file
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
 
@@ -175,150 +176,6 @@ def launch_config(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: 
     )
 
 
-def exit_code_of(exitcode: int) -> int:
-    """A process's exit status as a shell reports it: 128 + signal for a signal death."""
-    return 128 - exitcode if exitcode < 0 else exitcode
-
-
-def _error_data(failure) -> dict:
-    """The rank's error file contents, or {} if it wrote none (signal deaths, sys.exit)."""
-    data = failure.error_file_data
-    if not isinstance(data, dict) or not isinstance(data.get("message"), (dict, str)):
-        return {}
-    return {} if data.get("message") == _NO_MESSAGE else data
-
-
-def _failure_time(failure) -> Tuple[int, float]:
-    data = _error_data(failure)
-    precise = (data.get("axolotl_dist") or {}).get("time")
-    return int(failure.timestamp), float(precise) if precise is not None else float("-inf")
-
-
-def _is_secondary(failure) -> bool:
-    """A failure caused by another rank's: killed by the launcher, or a peer-lost error."""
-    data = _error_data(failure)
-    if failure.exitcode == -int(signal.SIGTERM) and not data:
-        return True
-    text = str(data.get("message", ""))
-    return any(s in text for s in ("RankFailedError", "Connection closed by peer",
-                                   "Connection reset by peer", "DistNetworkError"))
-
-
-def first_failure(failures: Dict[int, object]) -> Tuple[int, object]:
-    """``(global rank, ProcessFailure)`` of the rank that failed first.
-
-    Failures caused by others (ranks the launcher stopped, ranks that lost a peer) come after
-    root causes; then the earlier second, the earlier sub-second time, the lower rank.
-    """
-    order = {rank: i for i, rank in enumerate(failures)}
-    return min(failures.items(), key=lambda item: (
-        _is_secondary(item[1]), _failure_time(item[1])[0], _failure_time(item[1])[1],
-        order[item[0]]))
-
-
-def traceback_of(failure) -> Optional[str]:
-    """The traceback a failed rank wrote to its error file (its message if no traceback)."""
-    message = _error_data(failure).get("message")
-    if isinstance(message, dict):
-        return (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
-    return message if isinstance(message, str) else None
-
-
-def _read_ends(directory: Optional[str]) -> Dict[int, dict]:
-    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see ``_runtime.rank_main``)."""
-    ends: Dict[int, dict] = {}
-    if not directory or not os.path.isdir(directory):
-        return ends
-    for name in os.listdir(directory):
-        if name.endswith(".json"):
-            try:
-                with open(os.path.join(directory, name)) as fh:
-                    data = json.load(fh)
-                ends[int(data["rank"])] = data
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-    return ends
-
-
-def _ended_at(rank: int, failure, ends: Dict[int, dict]) -> float:
-    """When a failed rank ended: its own record, its error file, else the whole second torch
-    saw it fail (rounded up: a signal death leaves no finer time)."""
-    if rank in ends:
-        return float(ends[rank]["time"])
-    whole, precise = _failure_time(failure)
-    return precise if precise != float("-inf") else whole + 1.0
-
-
-def _early_exit(failures: Dict[int, object], ends: Dict[int, dict]) -> Optional[Tuple[int, dict]]:
-    """The rank whose script ended cleanly (exit code 0) before any rank failed, if one did.
-
-    Its process may still be among ``failures``: killed by the launcher (a signal) while its
-    exit hooks ran, after the others failed because it had left.
-    """
-    clean = [(data["time"], rank) for rank, data in ends.items()
-             if data.get("code") == 0 and _stopped_after_its_end(rank, failures)]
-    if not clean:
-        return None
-    when, rank = min(clean)
-    others = [_ended_at(r, f, ends) for r, f in failures.items() if r != rank]
-    return (rank, ends[rank]) if others and when < min(others) else None
-
-
-def _stopped_after_its_end(rank: int, failures: Dict[int, object]) -> bool:
-    """Whether a rank whose script ended with code 0 either exited cleanly (not a failure) or
-    was only stopped by a signal afterwards."""
-    failure = failures.get(rank)
-    return failure is None or getattr(failure, "exitcode", 0) < 0
-
-
-def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
-                    ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None) -> int:
-    """Print the launcher's account of a failed run to stderr and return its exit code:
-    the rank that ended first while others ran (``ends``: how each rank's script ended), the
-    rank that failed first with its traceback, and the ranks stopped after it."""
-    ends = ends or {}
-    lines: List[str] = []
-    early = _early_exit(failures, ends)
-    if early is not None:
-        quitter, data = early
-        ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
-        running = [r for r in ranks if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
-        lines.append(f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
-                     f"rank(s) {running} were still running; the others needed it (a rank that "
-                     "returns or calls sys.exit early leaves its peers waiting in collectives)")
-    if early is not None and early[0] in failures:  # stopped by us after its script ended
-        failures = {r: f for r, f in failures.items() if r != early[0]}
-    rank, failure = first_failure(failures)
-    code = exit_code_of(failure.exitcode)
-    if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
-        # It raised (its error file is there) and was stopped by the launcher while exiting,
-        # because another rank failed at about the same time: report the exception, exit 1
-        # as the rank itself would have.
-        code = 1
-        how = "raised an exception (and was stopped by the launcher while exiting)"
-    elif failure.exitcode < 0:
-        try:
-            how = f"was killed by signal {-failure.exitcode} ({signal.Signals(-failure.exitcode).name})"
-        except ValueError:
-            how = f"was killed by signal {-failure.exitcode}"
-    else:
-        how = f"exited with code {failure.exitcode}"
-    where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
-    if early is None:
-        lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
-    else:
-        lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
-    tb = traceback_of(failure)
-    if tb:
-        lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
-    others = sorted(r for r in failures if r != rank)
-    if others:
-        lines.append(f"{PROG}: stopped the other rank(s) {others}")
-    lines.append(f"{PROG}: exit code {code}")
-    print("\n".join(lines), file=sys.stderr, flush=True)
-    return code
-
-
 def _become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
@@ -404,23 +261,62 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
     os.environ[END_DIR_ENV_VAR] = os.path.join(args.log_dir, "ends")
     os.makedirs(os.environ[END_DIR_ENV_VAR], exist_ok=True)
     config = launch_config(args, nproc, nnodes, node_rank, port)
-    cmd_args = ["-u", "-m", "axolotl_dist._runtime.rank_main"] + (["-m"] if args.module else [])
+    cmd_args = ["-m", "axolotl_dist._runtime.rank_main"] + (["-m"] if args.module else [])
     cmd_args += [args.target] + list(args.target_args)
     _quiet_torch_logs(args.verbose)
+    waiting_for = None
+    if nnodes > 1:
+        endpoint = f"{args.master_addr}:{port}"
+        waiting_for = (lambda: f"node {node_rank} of {nnodes} is waiting for the other node(s) to "
+                       f"join the rendezvous at {endpoint}" + (" (node 0 hosts it)" if node_rank
+                                                               else ""))
+    watcher = Watcher(PROG, os.environ[END_DIR_ENV_VAR], waiting_for)
     try:
         elastic_launch(config, sys.executable)(*cmd_args)
         return 0
     except ChildFailedError as exc:
-        return report_failures(exc.failures, nnodes, node_rank, _read_ends(os.environ.get(END_DIR_ENV_VAR)),
+        return report_failures(exc.failures, nnodes, node_rank, read_ends(os.environ.get(END_DIR_ENV_VAR)),
                        nproc * nnodes)
     except SignalException as exc:
         print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
               file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
+    finally:
+        watcher.close()
+
+
+def where_main(argv: Sequence[str]) -> int:
+    """``axolotl-dist where --master-addr A --master-port P``: where every rank of the run
+    whose c10d store is at ``A:P`` is (any launcher: torchrun, srun, accelerate launch, env
+    vars); the run is left untouched."""
+    parser = argparse.ArgumentParser(prog=f"{PROG} where", description=where_main.__doc__)
+    parser.add_argument("--master-addr", "--master_addr", dest="addr", default=None,
+                        help="the run's MASTER_ADDR (default: $MASTER_ADDR, else 127.0.0.1)")
+    parser.add_argument("--master-port", "--master_port", dest="port", type=int, default=None,
+                        help="the run's MASTER_PORT (default: $MASTER_PORT)")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds to wait for the store (default 10)")
+    args = parser.parse_args(argv)
+    addr = args.addr or os.environ.get("MASTER_ADDR") or _LOOPBACK
+    port = args.port if args.port is not None else os.environ.get("MASTER_PORT")
+    if port is None:
+        parser.error("--master-port (or MASTER_PORT) is needed: the port of the run's c10d store")
+    try:
+        store = where_report.connect(addr, int(port), timeout=args.timeout)
+    except Exception as exc:  # noqa: BLE001 - no store there
+        print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
+        return 1
+    print(f"where every rank of the run at {addr}:{port} is:")
+    print(where_report.where(store))
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``axolotl-dist`` and ``python -m axolotl_dist.launch``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["where"] and not os.path.isfile("where"):
+        return where_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -448,6 +344,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(sig, signal.SIG_IGN)  # the sweep below is bounded; finish it
         if subreaper:
             left = _sweep(_SWEEP_GRACE)
+            guards = os.path.join(args.log_dir, "ends", GUARDS_DIR)
+            ours = set(os.listdir(guards)) if os.path.isdir(guards) else set()
+            left = [pid for pid in left if str(pid) not in ours]  # not the kit's own guards
             if left:
                 print(f"{PROG}: stopped {len(left)} process(es) the ranks left behind: {left}",
                       file=sys.stderr, flush=True)

@@ -16,62 +16,19 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, MutableMapping, Optional, TextIO, Tuple
+from typing import Any, MutableMapping, Tuple
 
-from ._runtime import envvars as _envvars
+from ._runtime import logs as _logs
 from .ranks import get_rank, get_world_size
 
 __all__ = ["RankLoggerAdapter", "get_logger", "DEFAULT_LOGGING_ENV_VAR"]
 
 #: Set to ``0`` to turn off the stderr fallback for unconfigured logging.
-DEFAULT_LOGGING_ENV_VAR = "AXOLOTL_DIST_DEFAULT_LOGGING"
+DEFAULT_LOGGING_ENV_VAR = _logs.DEFAULT_LOGGING_ENV_VAR
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A handler writing to whatever ``sys.stderr`` is when a record is emitted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
-                                            datefmt="%H:%M:%S"))
-
-    @property  # type: ignore[override]
-    def stream(self) -> TextIO:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass  # always the current sys.stderr (redirections and test capture keep working)
-
-
-_FALLBACK = _StderrHandler()
-
-
-def _default_logging_on() -> bool:
-    """:data:`DEFAULT_LOGGING_ENV_VAR` as a switch (unset or blank: on); a value that is not a
-    switch raises :class:`~axolotl_dist.errors.DistributedEnvError` naming it."""
-    raw = _envvars.raw(DEFAULT_LOGGING_ENV_VAR)
-    return raw is None or not _envvars.text(raw).strip() or _envvars.parse_flag(
-        DEFAULT_LOGGING_ENV_VAR, raw, f"set {DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr "
-        f"fallback off or {DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it")
-
-
-def _fallback_level(logger: logging.Logger) -> Optional[int]:
-    """The lowest level the stderr fallback shows for ``logger``, or None if logging is set up.
-
-    Logging counts as set up when a handler is reachable from ``logger`` (its own, a parent's,
-    the root's). Without one, the first level set on the way to the root decides, except the
-    root's untouched default (WARNING), which is taken as INFO.
-    """
-    if not _default_logging_on() or logger.hasHandlers():
-        return None
-    node: Optional[logging.Logger] = logger
-    while node is not None:
-        if node.level != logging.NOTSET:
-            root_default = node is logging.getLogger() and node.level == logging.WARNING
-            return logging.INFO if root_default else node.level
-        node = node.parent
-    return logging.INFO
+_FALLBACK = _logs.FALLBACK
+_fallback_level = _logs.fallback_level
 
 
 class RankLoggerAdapter(logging.LoggerAdapter):

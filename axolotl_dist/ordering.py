@@ -15,12 +15,14 @@ order, as with any collective (docs/design.md, decisions 6 and 14).
 from __future__ import annotations
 
 import functools
+import linecache
+import os
 import sys
 from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List, Optional, TypeVar,
                     Union, overload)
 
 
-from ._runtime import teardown as _teardown
+from ._runtime import guards as _guards, teardown as _teardown
 from ._runtime.blocks import (ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds,
                               settle)
 from ._runtime.callsite import call_site
@@ -86,7 +88,7 @@ class _ZeroFirst:
         if not first:
             block.await_firsts()
             return
-        first_run_begin()
+        first_run_begin(block)
         if is_debug_enabled():  # debug mode: checked once the others are here
             self.debug = first_rank_block(group)
             self.debug.__enter__()
@@ -116,7 +118,7 @@ class _ZeroFirst:
 
 @checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
                                   else "given per rank"}, waits=lambda a: not _goes_first(a),
-         confirms=False)
+         confirms=False, refuse_in_scopes=False)
 def zero_first(
     is_main: Optional[bool] = None,
     *,
@@ -153,6 +155,11 @@ def zero_first(
     return _ZeroFirst(is_main, group, timeout, desc)
 
 
+def _relative(path: str) -> str:
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
+
+
 class _SkipBlock(BaseException):
     """Raised by the trace hook at the first line of a skipped ``with zero_only():`` body."""
 
@@ -168,10 +175,19 @@ class _ZeroOnly(Generic[D]):
     def __call__(self, fn: Callable[P, R]) -> Callable[P, Union[R, D]]:
         default, group = self.default, self.group
 
+        code = getattr(fn, "__code__", None)
+        where = (f"the @zero_only function {getattr(fn, '__qualname__', fn)}"
+                 + (f" (defined at {_relative(code.co_filename)}:{code.co_firstlineno})"
+                    if code is not None else ""))
+
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Union[R, D]:
             if is_main_process(group):
-                return fn(*args, **kwargs)
+                guard = _guards.enter("zero_only", group, lambda: where)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _guards.leave(guard)
             return default
 
         return wrapper
@@ -179,12 +195,21 @@ class _ZeroOnly(Generic[D]):
     def __enter__(self) -> bool:
         main = is_main_process(self.group)
         if main:
-            self._stack.append((True, None, None))
+            site = call_site()
+            guard = _guards.enter("zero_only", self.group,
+                                  lambda: f"the `with zero_only():` block at {site}")
+            self._stack.append((True, guard, None))
             return True
         frame = sys._getframe(1)
         old_global, old_local = sys.gettrace(), frame.f_trace
 
         def skip(frame_: Any, event: str, arg: Any) -> Any:
+            # Not on a `try:` line: an exception raised there escapes the `with` statement
+            # (CPython 3.11); the next line is inside the try, and a skip raised there leaves
+            # it like any exception (unless a bare `except:` takes it).
+            line = linecache.getline(frame_.f_code.co_filename, frame_.f_lineno).strip()
+            if line.startswith("try") and line[3:].lstrip().startswith(":"):
+                return skip
             raise _SkipBlock()
 
         self._stack.append((False, old_global, old_local))
@@ -196,6 +221,7 @@ class _ZeroOnly(Generic[D]):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         main, old_global, old_local = self._stack.pop()
         if main:
+            _guards.leave(old_global)  # on the main rank, the slot holds the scope's guard
             return False
         sys._getframe(1).f_trace = old_local
         sys.settrace(old_global)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ._runtime import codec as _codec, headers as _headers, teardown as _teardown
+from ._runtime import works as _works
 from ._runtime.callsite import call_site
 from . import env as _env
 from ._runtime.reduce import reduce_name
@@ -180,7 +181,8 @@ def broadcast_value(
     else:
         header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
     try:
-        dist.broadcast(header, group=group, group_src=src)
+        _works.wait(dist.broadcast(header, group=group, group_src=src, async_op=True), group,
+                    where, st.cpu)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     values = header.tolist()
@@ -194,7 +196,8 @@ def broadcast_value(
                 payload = encoded.payload.to(cdev)
             else:
                 payload = torch.empty(_codec.payload_len(values), dtype=_U8, device=cdev)
-            dist.broadcast(payload, group=group, group_src=src)
+            _works.wait(dist.broadcast(payload, group=group, group_src=src, async_op=True), group,
+                        where, st.cpu)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     if own is not None:
@@ -225,7 +228,7 @@ def all_gather_values(
             a = st.hdr_arr
             a[0], a[1], a[2] = header[0], header[1], header[2]
             a[3] = code
-            flat = _exchange(st)
+            flat = _exchange(st, group, where)
         else:
             headers_t = torch.empty(st.ws * _codec.HEADER_LEN, dtype=_I64, device=st.device)
             mine = torch.tensor([header[0], header[1], header[2], code], dtype=_I64,
@@ -258,7 +261,8 @@ def _gather_payloads(flat: List[int], encoded: Optional[_codec.Encoded], own: Op
         mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
     flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
     try:
-        all_gather_into(flat_payload, mine, group=group)
+        _works.wait(all_gather_into(flat_payload, mine, group=group, async_op=True), group,
+                    where, st.cpu)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     payloads = _codec.split_payloads(headers, flat_payload, stride)

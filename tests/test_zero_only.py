@@ -107,3 +107,17 @@ def test_zero_only_rejects_non_callable():
         ad.zero_only(42)
 
 
+
+
+def test_zero_only_block_whose_body_starts_with_try_is_skipped():
+    # a skip raised on a `try:` line used to escape the `with` statement (CPython 3.11)
+    def body():
+        ran = []
+        with ad.zero_only():
+            try:
+                ran.append("body")
+            except ValueError:
+                pass
+        return ran
+
+    assert run_distributed(body, 2, timeout=60) == [["body"], []]

@@ -14,6 +14,8 @@ Process-wide facts
 * :mod:`.backends`: what a backend string says about devices.
 * :mod:`.procs`: processes (``/proc`` state, children, killing a tree, loopback, listeners).
 * :mod:`.callsite`: the user's file and line behind a helper call.
+* :mod:`.logs`: log lines with the time, the level and ``[rank r/n]``; the kit's own logger.
+* :mod:`.tracebacks`: tracebacks without the kit's frames (reports, error files, uncaught).
 
 Signalling through the c10d store, one floor on the other (store <- peers <- watch <- wait)
 
@@ -22,12 +24,16 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
 * :mod:`.peers`: peer records, the heartbeat thread, judging the store's host gone.
 * :mod:`.watch`: judging the ranks a wait depends on (exit records, pids, heartbeats).
 * :mod:`.wait`: bounded polling waits that warn and name who they wait for.
+* :mod:`.where`: where every rank is: a snapshot of a rank on request, the report of all.
+* :mod:`.works`: waiting for a collective's work in slices: interruptible, watching peers.
 * :mod:`.records`: failure reports, exit records, the store host's linger, naming the peer
   behind a failed collective.
 
 Protocols built on those
 
 * :mod:`.blocks`: ``zero_first`` / ``do_n_at_a_time`` rounds.
+* :mod:`.guards`: collectives the other ranks cannot join (inside a first-run block,
+  ``zero_only`` code) are errors at once.
 * :mod:`.cleanup`: deleting finished blocks' keys in the background.
 * :mod:`.debug_check`: debug mode's per-call check.
 * :mod:`.codec`: how the value helpers encode values.
@@ -40,4 +46,6 @@ Process lifetime
 
 * :mod:`.teardown`: the exit hook and ``cleanup_distributed``.
 * :mod:`.rank_main`: the bootstrap each rank runs under ``axolotl-dist``.
+* :mod:`.launch_report`: the launcher's account of a failed run.
+* :mod:`.launch_watch`: the launcher's watcher of signals (Ctrl-C in the rendezvous, SIGUSR1).
 """

@@ -52,6 +52,7 @@ import pickle
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
+from . import guards
 from .callsite import CallSite
 from .cleanup import CLEANUP as _CLEANUP
 from .groups import global_ranks, state_of
@@ -305,6 +306,7 @@ class ZeroFirstBlock(_Block):
                  timeout: Optional[float], store: Optional["Store"] = None) -> None:
         super().__init__(group, seq, rank, ws, site, desc, store)
         self.explicit, self.first, self.timeout = explicit, first, timeout
+        self.guard: Optional[guards.Guard] = None
 
     def _released(self) -> bool:
         return self.full() if self.explicit else self.has(0)
@@ -363,9 +365,11 @@ class ZeroFirstBlock(_Block):
 
 # --- the first-run stack ---------------------------------------------------------------------
 
-def first_run_begin() -> None:
+def first_run_begin(block: ZeroFirstBlock) -> None:
     """This thread starts the body of a block it runs first."""
     STATE.first_runs.depth += 1
+    block.guard = guards.enter("shared_first_run" if block.explicit else "first_run",
+                               block.group, lambda: block.what)
 
 
 def first_run_end(block: ZeroFirstBlock, ok: bool) -> List[ZeroFirstBlock]:
@@ -377,6 +381,9 @@ def first_run_end(block: ZeroFirstBlock, ok: bool) -> List[ZeroFirstBlock]:
     # are kept, in order, and all awaited once nothing encloses them any more.
     runs = STATE.first_runs
     runs.depth -= 1
+    if block.guard is not None:
+        guards.leave(block.guard)
+        block.guard = None
     if ok:
         runs.pending.append(block)
     if runs.depth > 0:

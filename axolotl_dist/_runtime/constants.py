@@ -1,5 +1,5 @@
-"""What the signalling modules share: timing constants, their env-var names, this host's name
-and the kit's logger.
+"""What the signalling modules share: timing constants, their env-var names and this host's
+name.
 
 A leaf: it imports nothing from the package, so :mod:`.store`, :mod:`.peers`, :mod:`.watch`
 and :mod:`.wait` can all read it without importing each other.
@@ -7,7 +7,6 @@ and :mod:`.wait` can all read it without importing each other.
 
 from __future__ import annotations
 
-import logging
 import socket
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "DEFAULT_WAIT_LOG_INTERVAL",
     "DEFAULT_STORE_LINGER",
     "HOST",
-    "log",
 ]
 
 #: Seconds between two heartbeats of a rank.
@@ -49,6 +47,3 @@ AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 
 #: This host's name, as peers record it.
 HOST = socket.gethostname()
-
-#: The kit's logger.
-log = logging.getLogger("axolotl_dist")

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from . import works
 from .codec import HEADER_LEN
 from ..errors import CollectiveMismatchError
 
@@ -105,21 +106,21 @@ class HelperCache:
                                        count=HEADER_LEN) for r in range(ws)] if self.p2p else []
 
 
-def exchange(st: HelperCache) -> List[int]:
+def exchange(st: HelperCache, group: Any, what: str) -> List[int]:
     """Every rank's header (this rank's is in ``st.hdr_arr``), flat, in group-rank order. CPU
-    only. Raises the backend's ``RuntimeError`` if a peer is gone."""
+    only. Raises the backend's ``RuntimeError`` if a peer is gone (or
+    :class:`~axolotl_dist.errors.RankFailedError` once one is judged gone, see :mod:`.works`)."""
     pg = st.pg_ref()
     if st.p2p:
         tag, views = EXCHANGE_TAG, st.views
-        works = [pg.recv([views[r]], r, tag) for r in st.peers]
-        works += [pg.send([st.hdr], r, tag) for r in st.peers]
-        for work in works:
-            work.wait()
+        work_list = [pg.recv([views[r]], r, tag) for r in st.peers]
+        work_list += [pg.send([st.hdr], r, tag) for r in st.peers]
+        works.wait_all(work_list, group, what)
         mine = st.rank * HEADER_LEN
         st.all_arr[mine:mine + HEADER_LEN] = st.hdr_arr
     else:
         # the group's own all_gather_single: what dist.all_gather_single runs after its checks
-        st.allgather(pg, st.hdr_all, st.hdr, st.opts).wait()
+        works.wait(st.allgather(pg, st.hdr_all, st.hdr, st.opts), group, what)
     return st.all_arr.tolist()
 
 

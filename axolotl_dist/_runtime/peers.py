@@ -1,8 +1,10 @@
 """Who is who: each rank's peer record, the heartbeat thread, and whether the store's host is
 gone (the second floor: built on :mod:`.store`).
 
-At init every rank of a multi-rank group records itself (``axd/who/<rank>``: host, pid and
-launcher) and starts a daemon thread that bumps ``axd/hb/<rank>`` every
+At init the ranks of a multi-rank group agree on a run id (the first to propose one wins);
+every rank records itself (``axolotl_dist/<run>/who/<rank>``: host, pid and launcher) at the
+root of the store, under no group's prefix (so a client of the store can read them, see
+:mod:`.where`), and starts a daemon thread that bumps ``axolotl_dist/<run>/hb/<rank>`` every
 :data:`~.constants.HEARTBEAT_INTERVAL` seconds on its own store connection. The thread first
 copies the other ranks' records (at once, in short doubling waits), so a rank can still be
 named, and the store's host judged gone by its pid, after the store is gone. The sequence is
@@ -11,15 +13,18 @@ in docs/design.md, "Heartbeat and peer records".
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import threading
+import uuid
 import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional, Tuple
 
 import torch.distributed as dist
 
-from . import procs
+from . import procs, where
 from .constants import HEARTBEAT_INTERVAL, HOST
 from .groups import resolve
 from .state import STATE
@@ -33,6 +38,7 @@ __all__ = [
     "Peer",
     "launcher_name",
     "peer",
+    "who_key",
     "peer_record",
     "start_heartbeat",
     "stop_heartbeat",
@@ -87,44 +93,86 @@ def peer_record(rank: int) -> Optional[Peer]:
     return STATE.peers.get(rank)
 
 
-def peer(store: "Store", rank: int) -> Optional[Peer]:
-    """The record of global ``rank``: the local copy first, then the store; None if unknown."""
+def who_key(run: str, rank: int) -> str:
+    """The root-store key of global ``rank``'s record in run ``run``."""
+    return f"axolotl_dist/{run}/who/{rank}"
+
+
+def peer(raw: "Store", rank: int) -> Optional[Peer]:
+    """The record of global ``rank``: the local copy first, then the root store ``raw``;
+    None if unknown."""
     found = STATE.peers.get(rank)
-    if found is None and store.check([f"axd/who/{rank}"]):
-        found = _decode(store.get(f"axd/who/{rank}"))
+    run = STATE.run
+    if found is None and run is not None and raw.check([who_key(run, rank)]):
+        found = _decode(raw.get(who_key(run, rank)))
         if found is not None:
             STATE.peers[rank] = found
     return found
 
 
+def _run_id(base: "Store") -> str:
+    """The id every rank of this group agrees on: the first rank to propose one wins."""
+    mine = uuid.uuid4().hex[:12]
+    return base.compare_set("axd/run", "", mine).decode()
+
+
 # --- the heartbeat ---------------------------------------------------------------------------
 
 class _Heartbeat:
-    def __init__(self, store: "Store", rank: int, world_size: int, interval: float) -> None:
+    """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``), copies the peers' records,
+    and answers requests for a snapshot of this rank (:mod:`.where`)."""
+
+    def __init__(self, store: "Store", raw: "Store", run: str, rank: int, world_size: int,
+                 interval: float) -> None:
         self.rank = rank
         self.world_size = world_size
         self.stop = threading.Event()
-        self.store = store
+        self.store, self.raw, self.run = store, raw, run  # the group's keys; the root's
+        self.exits_seen = 0
         self.interval = interval
         self.pg = resolve(None)
+        self.answered = 0
         me = Peer(HOST, os.getpid(), launcher_name())
         STATE.peers[rank] = me
-        store.set(f"axd/who/{rank}", _encode(me))
-        store.add(f"axd/hb/{rank}", 1)
+        raw.set(who_key(run, rank), _encode(me))
+        raw.add(where.hb_key(run, rank), 1)
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
 
     def _copy_peers(self) -> None:
         peers = STATE.peers
         missing = [r for r in range(self.world_size) if r not in peers]
-        if missing and self.store.check([f"axd/who/{r}" for r in missing]):
-            for r, raw in zip(missing, self.store.multi_get([f"axd/who/{r}" for r in missing])):
+        keys = [who_key(self.run, r) for r in missing]
+        if missing and self.raw.check(keys):
+            for r, raw in zip(missing, self.raw.multi_get(keys)):
                 record = _decode(raw)
                 if record is not None:
                     peers[r] = record
 
+    def _beat(self, key: str) -> None:
+        requests = self.raw.add(key, 1) >> 32
+        if requests > self.answered:  # someone asked where this rank is
+            self.answered = requests
+            where.answer(self.raw, self.run, self.rank, requests)
+        exits = self.store.add("axd/exits", 0)
+        if exits > self.exits_seen:  # a rank left an exit record: keep a copy, say so
+            self.exits_seen = exits
+            self._copy_exits()
+
+    def _copy_exits(self) -> None:
+        """Copy the other ranks' exit records and acknowledge them: where the store's host
+        exits on a failure it learnt, every rank then knows the root cause before the store
+        goes (the host lingers until they acknowledged), even one that was not in a kit call
+        (:func:`store_lost_error`)."""
+        for r in range(self.world_size):
+            key = f"axd/exit/{r}"
+            if r == self.rank or r in STATE.exits or not self.store.check([key]):
+                continue
+            STATE.exits[r] = pickle.loads(self.store.get(key))
+            self.store.set(f"{key}/ack/{self.rank}", b"")
+
     def _run(self) -> None:
-        key = f"axd/hb/{self.rank}"
+        key = where.hb_key(self.run, self.rank)
         # The peers' records first, at once (they record themselves at init), so that a peer
         # that dies soon after is judged by its pid with no store call (see store_host_gone):
         # short, doubling waits until every record is here, then one beat per interval.
@@ -135,7 +183,7 @@ class _Heartbeat:
             beating = wait >= self.interval
             try:
                 if beating:
-                    self.store.add(key, 1)
+                    self._beat(key)
                 if len(STATE.peers) < self.world_size:
                     self._copy_peers()
             except Exception:  # noqa: BLE001 - store gone: nothing to report to
@@ -155,8 +203,8 @@ def start_heartbeat() -> None:
         return
     with _LOCK:
         beat = STATE.heartbeat
-        if beat is not None and beat.pg is pg and beat.thread.is_alive():
-            return
+        if beat is not None and beat.pg is pg:
+            return  # running, or ended on purpose: its store's host is gone
         if beat is not None:
             beat.stop.set()
         if beat is None or beat.pg is not pg:
@@ -166,8 +214,12 @@ def start_heartbeat() -> None:
             store = base.clone()
         except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
             store = base
-        rank = dist.get_rank()
-        STATE.heartbeat = _Heartbeat(store, rank, dist.get_world_size(), HEARTBEAT_INTERVAL)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        run = STATE.run = _run_id(base)
+        raw = where.raw_store(store)
+        raw.set(where.RUN_KEY, json.dumps({"run": run, "world": world}))
+        where.note_address(run, rank)
+        STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         STATE.exit_store = (store, rank, weakref.ref(pg))
 
 
@@ -232,6 +284,14 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
     """The error to raise when the store vanished while this rank was in ``what``."""
     first = (str(exc).splitlines() or [""])[0]
     host = store_host()
+    relayed = STATE.exits.get(host)[0] if host is not None and host in STATE.exits else None
+    if relayed is not None:  # the host exited on a failure: name the root cause
+        error = RankFailedError.from_report(relayed)
+        if error.rank != host:
+            note = (f" (rank {host}, the store host, exited on this failure, then its store at "
+                    f"{store_address()} went away)")
+            return RankFailedError(error.rank, error.exc_type, error.exc_message + note,
+                                   error.remote_traceback, where=what, ranks=(error.rank, host))
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""

@@ -8,7 +8,8 @@ behind). It runs the user's script or module as ``__main__`` (like ``python scri
 ``python -m module``) and, if it raises, writes the exception to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) so the launcher can show the traceback of the rank that failed
 first. ``SystemExit`` passes through unchanged (exit code kept); ``KeyboardInterrupt`` (the
-launcher forwards Ctrl-C) exits with 130 without a traceback. Every way the script ends is
+launcher forwards Ctrl-C) exits with 130 without a traceback. Output is line-buffered (each
+line one write, so the ranks' lines never interleave mid-line). Every way the script ends is
 recorded (exit code and time) in ``AXOLOTL_DIST_END_DIR``, so the launcher can name the first
 rank that ended while the others still ran, even with exit code 0.
 """
@@ -21,15 +22,15 @@ import runpy
 import signal
 import sys
 import time
-import traceback
 from types import TracebackType
 from typing import List, Optional
 
 from . import procs
 from .envvars import TORCHRUN_NODE_ALIASES
 from .procs import LAUNCHER_PID_ENV_VAR
+from .tracebacks import format_exception, install, safe_str
 
-__all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "main"]
+__all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUARDS_DIR", "main"]
 
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
@@ -56,7 +57,9 @@ def _start_guard() -> None:
     if not sys.platform.startswith("linux") or not launcher.isdigit():
         return
     rank_pid, group = os.getpid(), os.getpgid(0)
-    if os.fork() != 0:
+    guard = os.fork()
+    if guard != 0:
+        _note_guard(guard)
         return
     try:  # the guard: no Python beyond this function, never returns
         os.setpgid(0, 0)  # out of the rank's group: signals to it must not reach us
@@ -71,6 +74,22 @@ def _start_guard() -> None:
     except BaseException:  # noqa: BLE001 - the guard must never outlive its purpose
         pass
     os._exit(0)
+
+
+#: Under the end directory: one empty file per guard pid, so the launcher does not report its
+#: own helpers among the processes the ranks left behind.
+GUARDS_DIR = "guards"
+
+
+def _note_guard(pid: int) -> None:
+    directory = os.environ.get(END_DIR_ENV_VAR)
+    if not directory:
+        return
+    try:
+        os.makedirs(os.path.join(directory, GUARDS_DIR), exist_ok=True)
+        open(os.path.join(directory, GUARDS_DIR, str(pid)), "w").close()
+    except OSError:  # pragma: no cover - the launcher then reports it if it outlives the rank
+        pass
 
 
 def _die_with_launcher() -> None:
@@ -110,16 +129,17 @@ def _write_error_file(exc: BaseException, formatted: str) -> None:
     data = {
         # The layout torch elastic's ProcessFailure reads ...
         "message": {
-            "message": f"{type(exc).__name__}: {exc}",
+            "message": f"{type(exc).__name__}: {safe_str(exc)}",
             "extraInfo": {"py_callstack": formatted, "timestamp": str(int(now))},
         },
         # ... plus a sub-second time, so the launcher can tell which rank failed first.
         "axolotl_dist": {"time": now, "rank": os.environ.get("RANK"),
                          "exc_type": type(exc).__name__},
     }
-    try:
-        with open(path, "w") as fh:
+    try:  # whole or absent: torch's agent json-loads the file the moment this process is gone
+        with open(path + ".tmp", "w") as fh:
             json.dump(data, fh)
+        os.replace(path + ".tmp", path)
     except OSError:  # pragma: no cover - unwritable log dir: the traceback is still on stderr
         pass
 
@@ -145,6 +165,18 @@ def _record_end(code: int) -> None:
         pass
 
 
+def _line_buffered() -> None:
+    """Output reaches the launcher line by line, each line in one write, so the ranks' lines
+    never interleave mid-line (``python -u`` writes every piece of a ``print`` separately)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True, write_through=False)
+            except (ValueError, OSError):  # a closed or replaced stream: leave it
+                pass
+
+
 def _run(target: str, module: bool) -> None:
     if module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -161,9 +193,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         args = args[1:]
     if not args:
         raise SystemExit("usage: python -m axolotl_dist._runtime.rank_main [-m] target [args...]")
+    _line_buffered()
     _die_with_launcher()
     _start_guard()
     _set_node_env()
+    install()  # uncaught exceptions print the user's frames, not the kit's
     target = args[0]
     sys.argv = [target] + args[1:]
     code = 1
@@ -180,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise SystemExit(code) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, shown, then exit code 1 like python
         tb = _user_traceback(exc.__traceback__)
-        formatted = "".join(traceback.format_exception(type(exc), exc, tb))
+        formatted = format_exception(type(exc), exc, tb)
         _write_error_file(exc, formatted)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.stderr.flush()

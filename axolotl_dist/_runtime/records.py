@@ -151,7 +151,9 @@ def mark_exited(record: Tuple["Store", int]) -> None:
 def await_peers_exit(store: "Store", rank: int, world_size: int) -> None:
     """For the store host at exit: keep the store up until every other rank has finished its
     own exit teardown (:func:`mark_exited`; it reads exit records and destroys its groups
-    through the store) or is gone, at most :func:`linger_timeout` seconds. Never raises."""
+    through the store) or is gone, at most :func:`linger_timeout` seconds. A rank that comes
+    later still names the root cause: its heartbeat copied this rank's exit record. Never
+    raises."""
     others = [r for r in range(world_size) if r != rank]
     try:
         def left() -> List[int]:

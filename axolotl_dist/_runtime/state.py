@@ -14,7 +14,10 @@ field              what it is, who writes it
                    a rank that exits after it relays it in its exit record
 ``peers``          global rank -> :class:`~.peers.Peer` record (host, pid, launcher), copied
                    from the store by the heartbeat (:mod:`.peers`)
+``exits``          global rank -> ``(failure report or None, time)``: the exit records the
+                   heartbeat copied, so a root cause outlives the store (:mod:`.peers`)
 ``heartbeat``      this rank's heartbeat thread, if running (:mod:`.peers`)
+``run``            the id the ranks of the current group agreed on (:mod:`.peers`)
 ``exit_store``     the heartbeat's store connection, kept for the exit record (:mod:`.peers`)
 ``helpers``        the value helpers' cache used last: most programs use one group
                    (:mod:`axolotl_dist.values`)
@@ -25,6 +28,10 @@ field              what it is, who writes it
                    checked again (:mod:`axolotl_dist.debug`)
 ``unconfirmed``    ``zero_first`` blocks this rank ran first (as the sole first rank) whose
                    other ranks' arrival it has not confirmed yet (:mod:`.blocks`)
+``waits``          thread id -> the kit wait it is in (:mod:`.where`)
+``guards``         thread id -> the scopes other ranks cannot join a collective in: the
+                   ``zero_first`` blocks it runs first, ``zero_only`` code (:mod:`.guards`)
+``guarded``        how many such scopes are open (0: helpers skip the check)
 ``store_spy``      a test's wrapper around the store a block uses (None: none), see
                    :func:`axolotl_dist.testing.count_store_calls`
 =================  ==========================================================================
@@ -61,15 +68,18 @@ class _Inside(threading.local):
 class ProcessState:
     """See the module docstring for each field."""
 
-    __slots__ = ("groups", "learnt", "peers", "heartbeat", "exit_store", "helpers",
+    __slots__ = ("groups", "learnt", "peers", "exits", "heartbeat", "run", "exit_store", "helpers",
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
-                 "first_runs", "inside", "unconfirmed", "store_spy")
+                 "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
+                 "store_spy")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
         self.learnt: Optional[Tuple[Callable[[], Any], tuple]] = None
         self.peers: Dict[int, Any] = {}
+        self.exits: Dict[int, Tuple[Optional[bytes], float]] = {}
         self.heartbeat: Any = None
+        self.run: Optional[str] = None
         self.exit_store: Optional[Tuple[Any, int, Any]] = None
         self.helpers: Any = None
         #: the one flag every checked helper reads per call; True also while a bad env value
@@ -81,6 +91,9 @@ class ProcessState:
         self.first_runs = FirstRuns()
         self.inside = _Inside()
         self.unconfirmed: List[Any] = []
+        self.waits: Dict[int, Any] = {}
+        self.guards: Dict[int, List[Any]] = {}
+        self.guarded = 0
         self.store_spy: Optional[Callable[[Any], Any]] = None
 
 
@@ -90,11 +103,11 @@ STATE = ProcessState()
 PARTS: Dict[str, Tuple[str, ...]] = {
     "groups": ("groups",),
     "failures": ("learnt",),
-    "peers": ("peers",),
-    "heartbeat": ("heartbeat", "exit_store"),
+    "peers": ("peers", "exits"),
+    "heartbeat": ("heartbeat", "run", "exit_store"),
     "helpers": ("helpers",),
     "debug": ("debug_on", "debug_timeout", "debug_explicit", "debug_env_error"),
-    "blocks": ("first_runs", "inside", "unconfirmed", "store_spy"),
+    "blocks": ("first_runs", "inside", "unconfirmed", "waits", "guards", "guarded", "store_spy"),
 }
 
 

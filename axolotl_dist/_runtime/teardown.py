@@ -35,9 +35,9 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import backends, blocks, peers, records, store
+from . import backends, blocks, peers, records, store, tracebacks
 from . import cleanup as cleanup_keys
-from .constants import log
+from .logs import kit as log
 from .state import STATE
 
 __all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
@@ -66,6 +66,7 @@ def start_services() -> None:
     if not _REGISTERED:
         _REGISTERED = True
         atexit.register(_at_exit)
+        tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
     if dist.is_initialized() and dist.get_world_size() > 1:
         peers.start_heartbeat()
 

@@ -12,19 +12,22 @@ stopped) does not stop the wait's clock: the call runs on the store worker
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import procs
+from . import procs, where
 from .constants import (DEFAULT_WAIT_LOG_INTERVAL, HOST, LIVENESS_INTERVAL,
-                        MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR, log)
+                        MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR)
 from .envvars import read_seconds
+from .logs import kit as log
 from .peers import peer_record, store_host_gone, store_lost_error
+from .state import STATE
 from .store import Job, StoreHostGoneError, is_store_error, store_address, store_host, submit, world_store
 from .watch import Watch, lost_error
 from ..errors import DistributedEnvError, RankFailedError, RankTimeoutError
 
-__all__ = ["poll_until"]
+__all__ = ["poll_until", "where_they_are", "noted"]
 
 #: How long a store call may take before the waiting rank looks at the store's host.
 _STORE_SILENT_AFTER = 1.0
@@ -81,6 +84,28 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
 
 def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
           what: str, me: int, slow: Optional[Callable[[], None]]) -> None:
+    thread = threading.get_ident()
+    watched: List[int] = []  # the last answer of watch(), for a timeout while the store is silent
+    STATE.waits[thread] = where.Registered(what, watched)  # what a snapshot of this rank says
+    try:
+        _wait(ready, watch, timeout, what, me, slow, watched)
+    finally:
+        STATE.waits.pop(thread, None)
+
+
+def where_they_are(ranks: Sequence[int]) -> str:
+    """Where ``ranks`` are, one line per place (:mod:`.where`); asked through the store."""
+    run = STATE.run
+    if run is None or not ranks:
+        return ""
+    raw = where.raw_store(world_store())
+    answers, silent = where.collect(raw, run, where.ask(raw, run, ranks))
+    records = {r: (p.host, p.pid) for r, p in STATE.peers.items() if r in silent}
+    return where.report(answers, silent, records)
+
+
+def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
+          what: str, me: int, slow: Optional[Callable[[], None]], watched: List[int]) -> None:
     start = time.monotonic()
     watcher = Watch(world_store())
     log_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
@@ -89,8 +114,7 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
     spins, delay = 0, 0.0005
     job: Optional[Job] = None
     job_since = start
-    watched: List[int] = []  # the last answer of watch(), for a timeout while the store is silent
-
+    told_where = False
     pending_slow = [slow] if slow is not None else []
 
     def probe(liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
@@ -143,7 +167,43 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
                 ranks,
             )
         if now >= next_log and job is None:
-            log.warning("rank %d has waited %.0f s for rank(s) %s to finish %s", me, now - start,
-                        list(watch()), what)
+            ranks = list(watch())
+            place = ""
+            if not told_where:  # the first warning says where they are, the later ones don't
+                told_where = True
+                place = where_they_are(ranks)
+                place = f"; where they are:\n{place}" if place else ""
+            log.warning("rank %d has waited %.0f s for rank(s) %s to finish %s%s", me,
+                        now - start, ranks, what, place)
             log_every = min(log_every * 2, MAX_WAIT_LOG_INTERVAL)
             next_log = now + log_every
+
+
+class noted:
+    """Around a call that blocks in C++ (a rendezvous): a daemon thread logs ``message(s)``
+    (``s``: seconds waited) at ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds, then at doubling
+    intervals, until the call returns: the call's wait says what it waits for, like every
+    kit wait."""
+
+    def __init__(self, message: Callable[[float], str]) -> None:
+        self.message = message
+        self.done = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "noted":
+        every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+        start = time.monotonic()
+
+        def run() -> None:
+            interval, next_at = every, start + every
+            while not self.done.wait(max(0.0, next_at - time.monotonic())):
+                log.warning("%s", self.message(time.monotonic() - start))
+                interval = min(interval * 2, MAX_WAIT_LOG_INTERVAL)
+                next_at = time.monotonic() + interval
+
+        self.thread = threading.Thread(target=run, name="axolotl-dist-init-wait", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()

@@ -17,11 +17,13 @@ import torch.distributed as dist
 
 from . import procs
 from .constants import (DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_WAIT_LOG_INTERVAL,
-                        HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR,
-                        log)
+                        HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR)
 from .envvars import read_seconds
+from .logs import kit as log
 from .peers import check_store_host, peer
+from .state import STATE
 from .store import world_store
+from .where import BEATS, hb_key, raw_store
 from ..errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,6 +53,7 @@ class Watch:
 
     def __init__(self, store: Optional["Store"] = None, me: Optional[int] = None) -> None:
         self.store = store if store is not None else world_store()
+        self.raw = raw_store(self.store)  # heartbeats and records live at the store's root
         self.me = dist.get_rank() if me is None and dist.is_initialized() else (me or 0)
         self.seen: Dict[int, Tuple[int, float]] = {}
         self.warned: Dict[int, float] = {}
@@ -107,12 +110,13 @@ class Watch:
         return {r: self.exited[r] for r in ranks if r in self.exited}
 
     def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
-        beat = self.store.add(f"axd/hb/{rank}", 0)
+        run = STATE.run
+        beat = self.raw.add(hb_key(run, rank), 0) & BEATS if run is not None else 0
         last = self.seen.get(rank)
         if last is None or last[0] != beat:
             self.seen[rank] = last = (beat, now)
         stalled = now - last[1]
-        record = peer(self.store, rank)
+        record = peer(self.raw, rank)
         if record is not None and record.host == HOST:
             state = procs.proc_state(record.pid)
             if state == "gone":

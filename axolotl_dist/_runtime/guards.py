@@ -1,0 +1,81 @@
+"""Calls the other ranks cannot join: a deadlock the kit can see is an error, not a wait.
+
+Inside the body of a ``zero_first`` block that this rank runs first (the default: group rank 0
+only), the other ranks of the group wait for the block to end; inside ``with zero_only():`` or
+a ``@zero_only`` function on the main rank, they skip the code. A collective on that group
+called there can never complete. The kit knows where it is: each such scope is a
+:class:`Guard` on the calling thread (``STATE.guards``), counted in ``STATE.guarded`` so that a
+helper's check costs one attribute read while there is none; a guarded helper called inside
+one raises :class:`~axolotl_dist.errors.CollectiveMismatchError` at once, naming itself, its
+call site and the scope's, and saying how to restructure. The rank that raises leaves the
+block (or its process) on an error, so the ranks waiting for it are told too.
+``zero_first`` itself is not refused: nested blocks are fine, and a block inside ``zero_only``
+code is named by the pairing check.
+
+Shared first runs (several first ranks, explicit ``is_main``) are recorded for
+:mod:`.where` only: the first ranks may well join each other's collectives.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional
+
+from .groups import resolve
+from .state import STATE
+from ..errors import CollectiveMismatchError
+
+__all__ = ["Guard", "enter", "leave", "check"]
+
+
+class Guard:
+    """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block),
+    ``"shared_first_run"`` (recorded only) or ``"zero_only"``; ``describe()`` says where."""
+
+    __slots__ = ("kind", "group", "describe")
+
+    def __init__(self, kind: str, group: Any, describe: Callable[[], str]) -> None:
+        self.kind, self.group, self.describe = kind, group, describe
+
+
+def enter(kind: str, group: Any, describe: Callable[[], str]) -> Guard:
+    """This thread enters a scope (see the module docstring); :func:`leave` it after."""
+    guard = Guard(kind, group, describe)
+    STATE.guards.setdefault(threading.get_ident(), []).append(guard)
+    if kind != "shared_first_run":
+        STATE.guarded += 1
+    return guard
+
+
+def leave(guard: Guard) -> None:
+    scopes = STATE.guards.get(threading.get_ident())
+    if scopes and guard in scopes:
+        scopes.remove(guard)
+        if guard.kind != "shared_first_run":
+            STATE.guarded -= 1
+
+
+def innermost(thread: Optional[int] = None) -> List[Guard]:
+    """The scopes ``thread`` (default: this one) is in, outermost first."""
+    return list(STATE.guards.get(thread if thread is not None else threading.get_ident()) or [])
+
+
+def check(helper: str, group: Any, site: Callable[[], str]) -> None:
+    """Raise if ``helper`` on ``group``, called at ``site()``, cannot complete here."""
+    pg = resolve(group)
+    for guard in reversed(STATE.guards.get(threading.get_ident()) or []):
+        if guard.kind == "shared_first_run" or resolve(guard.group) is not pg:
+            continue
+        if guard.kind == "first_run":
+            where = (f"inside {guard.describe()}, which this rank runs first while the other "
+                     "ranks wait for the block to end")
+            fix = ("move the call out of the block (before or after it), or compute the value "
+                   "inside and share it after the block")
+        else:
+            where = (f"inside {guard.describe()}, which runs on the main rank only while the "
+                     "other ranks skip it")
+            fix = ("call it on every rank, outside the zero_only code (e.g. compute the value "
+                   "everywhere, then log it inside)")
+        raise CollectiveMismatchError(
+            f"{helper}() at {site()} can never complete: it is called {where}, so they cannot "
+            f"join it. {fix[0].upper()}{fix[1:]}.")

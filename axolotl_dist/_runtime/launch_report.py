@@ -1,0 +1,162 @@
+"""The launcher's account of a failed run: which rank failed first (a rank that ended early,
+even with exit code 0, before a rank that failed because of it), its traceback from torch
+elastic's error file, and the exit code the launcher returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Dict, List, Optional, Tuple
+
+__all__ = ["PROG", "exit_code_of", "first_failure", "traceback_of", "read_ends", "report_failures"]
+
+PROG = "axolotl-dist"
+_NO_MESSAGE = "<NONE>"  # torch elastic's placeholder when a rank wrote no error file
+
+
+def exit_code_of(exitcode: int) -> int:
+    """A process's exit status as a shell reports it: 128 + signal for a signal death."""
+    return 128 - exitcode if exitcode < 0 else exitcode
+
+
+def _error_data(failure) -> dict:
+    """The rank's error file contents, or {} if it wrote none (signal deaths, sys.exit)."""
+    data = failure.error_file_data
+    if not isinstance(data, dict) or not isinstance(data.get("message"), (dict, str)):
+        return {}
+    return {} if data.get("message") == _NO_MESSAGE else data
+
+
+def _failure_time(failure) -> Tuple[int, float]:
+    data = _error_data(failure)
+    precise = (data.get("axolotl_dist") or {}).get("time")
+    return int(failure.timestamp), float(precise) if precise is not None else float("-inf")
+
+
+def _is_secondary(failure) -> bool:
+    """A failure caused by another rank's: killed by the launcher, or a peer-lost error."""
+    data = _error_data(failure)
+    if failure.exitcode == -int(signal.SIGTERM) and not data:
+        return True
+    text = str(data.get("message", ""))
+    return any(s in text for s in ("RankFailedError", "Connection closed by peer",
+                                   "Connection reset by peer", "DistNetworkError"))
+
+
+def first_failure(failures: Dict[int, object]) -> Tuple[int, object]:
+    """``(global rank, ProcessFailure)`` of the rank that failed first.
+
+    Failures caused by others (ranks the launcher stopped, ranks that lost a peer) come after
+    root causes; then the earlier second, the earlier sub-second time, the lower rank.
+    """
+    order = {rank: i for i, rank in enumerate(failures)}
+    return min(failures.items(), key=lambda item: (
+        _is_secondary(item[1]), _failure_time(item[1])[0], _failure_time(item[1])[1],
+        order[item[0]]))
+
+
+def traceback_of(failure) -> Optional[str]:
+    """The traceback a failed rank wrote to its error file (its message if no traceback)."""
+    message = _error_data(failure).get("message")
+    if isinstance(message, dict):
+        return (message.get("extraInfo") or {}).get("py_callstack") or message.get("message")
+    return message if isinstance(message, str) else None
+
+
+def read_ends(directory: Optional[str]) -> Dict[int, dict]:
+    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see ``_runtime.rank_main``)."""
+    ends: Dict[int, dict] = {}
+    if not directory or not os.path.isdir(directory):
+        return ends
+    for name in os.listdir(directory):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(directory, name)) as fh:
+                    data = json.load(fh)
+                ends[int(data["rank"])] = data
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return ends
+
+
+def _ended_at(rank: int, failure, ends: Dict[int, dict]) -> float:
+    """When a failed rank ended: its own record, its error file, else the whole second torch
+    saw it fail (rounded up: a signal death leaves no finer time)."""
+    if rank in ends:
+        return float(ends[rank]["time"])
+    whole, precise = _failure_time(failure)
+    return precise if precise != float("-inf") else whole + 1.0
+
+
+def _early_exit(failures: Dict[int, object], ends: Dict[int, dict]) -> Optional[Tuple[int, dict]]:
+    """The rank whose script ended cleanly (exit code 0) before any rank failed, if one did.
+
+    Its process may still be among ``failures``: killed by the launcher (a signal) while its
+    exit hooks ran, after the others failed because it had left.
+    """
+    clean = [(data["time"], rank) for rank, data in ends.items()
+             if data.get("code") == 0 and _stopped_after_its_end(rank, failures)]
+    if not clean:
+        return None
+    when, rank = min(clean)
+    others = [_ended_at(r, f, ends) for r, f in failures.items() if r != rank]
+    return (rank, ends[rank]) if others and when < min(others) else None
+
+
+def _stopped_after_its_end(rank: int, failures: Dict[int, object]) -> bool:
+    """Whether a rank whose script ended with code 0 either exited cleanly (not a failure) or
+    was only stopped by a signal afterwards."""
+    failure = failures.get(rank)
+    return failure is None or getattr(failure, "exitcode", 0) < 0
+
+
+def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
+                    ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None) -> int:
+    """Print the launcher's account of a failed run to stderr and return its exit code:
+    the rank that ended first while others ran (``ends``: how each rank's script ended), the
+    rank that failed first with its traceback, and the ranks stopped after it."""
+    ends = ends or {}
+    lines: List[str] = []
+    early = _early_exit(failures, ends)
+    if early is not None:
+        quitter, data = early
+        ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
+        running = [r for r in ranks if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
+        lines.append(f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
+                     f"rank(s) {running} were still running; the others needed it (a rank that "
+                     "returns or calls sys.exit early leaves its peers waiting in collectives)")
+    if early is not None and early[0] in failures:  # stopped by us after its script ended
+        failures = {r: f for r, f in failures.items() if r != early[0]}
+    rank, failure = first_failure(failures)
+    code = exit_code_of(failure.exitcode)
+    if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
+        # It raised (its error file is there) and was stopped by the launcher while exiting,
+        # because another rank failed at about the same time: report the exception, exit 1
+        # as the rank itself would have.
+        code = 1
+        how = "raised an exception (and was stopped by the launcher while exiting)"
+    elif failure.exitcode < 0:
+        try:
+            how = f"was killed by signal {-failure.exitcode} ({signal.Signals(-failure.exitcode).name})"
+        except ValueError:
+            how = f"was killed by signal {-failure.exitcode}"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
+    if early is None:
+        lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
+    else:
+        lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
+    tb = traceback_of(failure)
+    if tb:
+        lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
+    others = sorted(r for r in failures if r != rank)
+    if others:
+        lines.append(f"{PROG}: stopped the other rank(s) {others}")
+    lines.append(f"{PROG}: exit code {code}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return code
+
+

@@ -1,0 +1,115 @@
+"""The launcher's watcher thread: signals the launcher's main thread cannot take, and notes.
+
+While ``axolotl-dist`` waits for the other nodes, its main thread sits in torch's rendezvous,
+in C++, where Python's signal handlers do not run: Ctrl-C and SIGTERM would wait for the
+rendezvous timeout (15 minutes by default). Python's C-level handler still writes each signal
+to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it, so:
+
+* Ctrl-C / SIGTERM / SIGHUP before any rank started: the launcher says so and exits with
+  ``128 + signal`` within a second (after the ranks started, the main thread is back in
+  Python and stops them as usual);
+* ``SIGUSR1``: a report of where every rank is (:mod:`.where`), printed to the launcher's
+  stderr; the run goes on;
+* while no rank has started on a multi-node run, a note every ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
+  seconds (default 30) says what the launcher waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+from . import procs, where
+from .constants import DEFAULT_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
+from .envvars import read_seconds
+
+__all__ = ["Watcher", "STOP_SIGNALS"]
+
+#: The signals that stop the launcher.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds the main thread gets to take a stop signal itself before the watcher ends the
+#: process (it can when it is in Python; in the rendezvous it is not).
+_TAKE_OVER_AFTER = 1.0
+
+
+def _say(prog: str, text: str) -> None:
+    print(f"{prog}: {text}", file=sys.stderr, flush=True)
+
+
+class Watcher:
+    """See the module docstring. ``waiting_for`` says what the launcher waits for while no
+    rank has started (None on a single node: nothing to wait for); ``note_dir`` is where rank
+    0 leaves the store's address (:func:`.where.note_address`)."""
+
+    def __init__(self, prog: str, note_dir: str, waiting_for: Optional[Callable[[], str]]) -> None:
+        self.prog, self.note_dir, self.waiting_for = prog, note_dir, waiting_for
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._write = write
+        self._old = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the watcher answers it
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="axolotl-dist-launcher-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        signal.set_wakeup_fd(self._old)
+        self._thread.join(timeout=2.0)
+        for fd in (self._read, self._write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _started(self) -> bool:
+        return any(state != "Z" for _, state in procs.children(os.getpid()))
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+        next_note = start + every
+        stop_sig, stop_at = 0, 0.0
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._read], [], [], 0.2)
+            now = time.monotonic()
+            if ready:
+                try:
+                    data = os.read(self._read, 64)
+                except OSError:
+                    return
+                for signum in data:
+                    if signum == signal.SIGUSR1:
+                        self._report()
+                    elif signum in STOP_SIGNALS and not stop_sig:
+                        stop_sig, stop_at = signum, now
+            if stop_sig and now - stop_at >= _TAKE_OVER_AFTER and not self._started():
+                name = signal.Signals(stop_sig).name
+                _say(self.prog, f"got {name} before any rank started; stopping")
+                os._exit(128 + stop_sig)
+            if self.waiting_for is not None and now >= next_note and not self._started():
+                _say(self.prog, f"{self.waiting_for()} ({now - start:.0f} s so far; Ctrl-C stops)")
+                next_note = now + every
+
+    def _report(self) -> None:
+        path = os.path.join(self.note_dir, where.STORE_NOTE)
+        try:
+            with open(path) as fh:
+                note = json.load(fh)
+        except (OSError, ValueError):
+            _say(self.prog, "where every rank is (SIGUSR1): no rank has joined its process group "
+                 "yet")
+            return
+        try:
+            store = where.connect(note["addr"], int(note["port"]), timeout=5.0)
+            text = where.where(store)
+        except Exception as exc:  # noqa: BLE001 - a report must never stop the launcher
+            text = f"  could not ask the ranks ({type(exc).__name__}: {exc})"
+        _say(self.prog, f"where every rank is (SIGUSR1; the run goes on):\n{text}")

@@ -1,0 +1,112 @@
+"""Tracebacks a user reads: their own frames, and the kit call they made; not the kit's insides.
+
+A kit helper that raises shows, in a plain traceback, every frame it passed through inside the
+package (the debug hook, the helper, the runtime). :func:`format_exception` drops them from
+every exception of a chain: the last user frame still shows the line that called the kit
+(``n = ad.reduce_and_broadcast(...)``), and the error says the rest. It formats the kit's
+failure reports, the launcher's error file, and (:func:`install`) uncaught exceptions, when no
+other hook was installed. It never raises: an exception whose ``__str__`` or ``__repr__``
+raises is shown with ``<message unavailable>``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from types import TracebackType
+from typing import Any, List, Optional, Type
+
+__all__ = ["kit_frame", "format_exception", "safe_str", "install"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def kit_frame(filename: str) -> bool:
+    """Whether ``filename`` is a module of this package."""
+    return os.path.abspath(filename).startswith(_PACKAGE) if filename else False
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or ``<message unavailable>`` if that raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure itself
+        return "<message unavailable>"
+
+
+def _trim(te: traceback.TracebackException) -> None:
+    seen = set()
+    todo: List[Any] = [te]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        frames = [f for f in node.stack if not kit_frame(f.filename)]
+        if frames or not node.stack:  # an error raised inside the kit only keeps its last frame
+            node.stack = traceback.StackSummary.from_list(frames)
+        else:
+            node.stack = traceback.StackSummary.from_list(list(node.stack)[-1:])
+        todo += [node.__cause__, node.__context__]
+
+
+def format_exception(exc_type: Optional[Type[BaseException]], exc: BaseException,
+                     tb: Optional[TracebackType]) -> str:
+    """The traceback of ``exc`` without the kit's frames (never raises)."""
+    try:
+        te = traceback.TracebackException(type(exc), exc, tb, compact=True)
+        _trim(te)
+        return "".join(te.format())
+    except Exception:  # noqa: BLE001 - __str__/__repr__ raising, or anything else
+        try:
+            stack = [f for f in traceback.extract_tb(tb) if not kit_frame(f.filename)]
+            head = "Traceback (most recent call last):\n" if stack else ""
+            name = getattr(exc_type or type(exc), "__qualname__", "Exception")
+            return head + "".join(traceback.format_list(stack)) + f"{name}: {safe_str(exc)}\n"
+        except Exception:  # noqa: BLE001
+            return f"{type(exc).__name__}: <message unavailable>\n"
+
+
+class _Hook:
+    """``sys.excepthook`` printing :func:`format_exception`, each line after ``prefix``."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    def __call__(self, exc_type: Type[BaseException], exc: BaseException,
+                 tb: Optional[TracebackType]) -> None:
+        text = format_exception(exc_type, exc, tb)
+        if self.prefix:
+            text = "".join(f"{self.prefix}: {line}" if line.strip() else line
+                           for line in text.splitlines(keepends=True))
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _torch_prefix(hook: Any) -> Optional[str]:
+    """The ``[rankN]`` prefix of the hook ``init_process_group`` wraps the default hook in, or
+    ``None`` if ``hook`` is anything else (a user's, IPython's, a wrapper over another hook)."""
+    code = getattr(hook, "__code__", None)
+    if (getattr(hook, "__name__", "") != "_distributed_excepthook" or code is None
+            or not getattr(hook, "__module__", "").startswith("torch.distributed")):
+        return None
+    cells = dict(zip(code.co_freevars, hook.__closure__ or ()))
+    try:
+        old, prefix = cells["old_hook"].cell_contents, cells["excepthook_prefix"].cell_contents
+    except (KeyError, ValueError):
+        return None
+    return prefix if old is sys.__excepthook__ and isinstance(prefix, str) else None
+
+
+def install() -> None:
+    """Print uncaught exceptions without the kit's frames, unless another hook (IPython, a
+    user's) was installed. torch's own (``init_process_group`` prefixes every line with
+    ``[rankN]: ``) is replaced by one that keeps its prefix."""
+    current = sys.excepthook
+    if current is sys.__excepthook__:
+        sys.excepthook = _Hook()
+    elif not isinstance(current, _Hook):
+        prefix = _torch_prefix(current)
+        if prefix is not None:
+            sys.excepthook = _Hook(prefix)

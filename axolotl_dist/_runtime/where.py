@@ -1,0 +1,319 @@
+"""Where every rank is: each rank describes itself when asked, and a report of all ranks.
+
+Nothing is collected while nobody asks. Each rank's heartbeat thread (:mod:`.peers`) bumps its
+counter ``axolotl_dist/<run>/hb/<rank>`` once a second; the low 32 bits count beats, the bits
+above count requests. To ask, a requester adds ``1 << 32`` to the counters of the ranks it
+wants; at its next beat a rank sees the request and writes a snapshot of its main thread to
+``axolotl_dist/<run>/where/<rank>`` (JSON). The keys sit at the root of the c10d store, under
+no process group's prefix, so a client that only knows ``MASTER_ADDR:MASTER_PORT``
+(``axolotl-dist where``, the launcher on ``SIGUSR1``) finds them through
+``axolotl_dist/run``, which names the run and its size. See docs/design.md, "Where every
+rank is".
+
+A snapshot holds the main thread's stack, the user's frames kept and the kit's folded into the
+kit call they serve (``barrier at train.py:88``), the kit wait it is in (what, since when, for
+which ranks), and the ``zero_first`` blocks it is running first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from . import procs
+from .constants import HOST
+from .state import STATE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import Store
+
+__all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "raw_store", "hb_key",
+           "snapshot", "answer", "ask", "collect", "report", "Registered",
+           "note_address", "connect", "where"]
+
+#: The root key naming the current run: ``{"run": id, "world": size}``.
+RUN_KEY = "axolotl_dist/run"
+#: What a requester adds to a rank's heartbeat counter.
+REQUEST = 1 << 32
+#: The beats part of a heartbeat counter.
+BEATS = REQUEST - 1
+#: Seconds a requester waits for the ranks' answers (a beat is every second).
+ANSWER_WITHIN = 2.5
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_MARK = os.sep + "torch" + os.sep
+#: Where library code lives (the standard library, site-packages): folded, like the kit's.
+_LIBRARIES = tuple(sorted({os.path.join(p, "") for p in (
+    sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib"))
+    if p}, key=len, reverse=True))
+
+
+def raw_store(store: "Store") -> "Store":
+    """The store under every prefix (a group's, torch elastic's ``/worker``)."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def hb_key(run: str, rank: int) -> str:
+    return f"axolotl_dist/{run}/hb/{rank}"
+
+
+def _where_key(run: str, rank: int) -> str:
+    return f"axolotl_dist/{run}/where/{rank}"
+
+
+# --- what a rank says about itself ---------------------------------------------------------
+
+class Registered:
+    """A kit wait in progress on some thread: what it waits for, since when, and for whom
+    (``ranks``: a list the wait keeps up to date)."""
+
+    __slots__ = ("what", "since", "ranks")
+
+    def __init__(self, what: str, ranks: List[int]) -> None:
+        self.what, self.since, self.ranks = what, time.time(), ranks
+
+
+def _kind(filename: str) -> str:
+    """``kit``, ``torch``, ``lib`` (the standard library, site-packages, frozen modules) or
+    ``user``: the frames a report shows."""
+    if filename.startswith(_PACKAGE):
+        return "kit"
+    if _TORCH_MARK in filename:
+        return "torch"
+    if filename.startswith("<") or filename.startswith(_LIBRARIES):
+        return "lib"
+    return "user"
+
+
+_WRAPPERS = {"wrapper", "counted", "__call__", "inner", "decorate"}
+
+
+def _label(frames: List[Tuple[str, int, str, str]]) -> Optional[str]:
+    """The kit or torch call a run of library frames serves (``barrier``, ``zero_first``,
+    ``torch.distributed.barrier``)."""
+    for filename, _, name, qualname in frames:
+        if name in _WRAPPERS:
+            continue
+        if qualname.startswith("_ZeroFirst."):
+            return "zero_first"
+        if _kind(filename) == "torch":
+            module = os.path.basename(filename)[:-3]
+            prefix = "torch.distributed" if module in ("distributed_c10d", "c10d_logger") else (
+                f"torch.{module}")
+            return f"{prefix}.{name}"
+        return name
+    return None
+
+
+def _frames(frame: Any) -> List[Tuple[str, int, str, str]]:
+    """``(file, line, function, qualified name)`` from the outermost frame in."""
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        out.append((code.co_filename, frame.f_lineno, code.co_name,
+                    getattr(code, "co_qualname", code.co_name)))
+        frame = frame.f_back
+    out.reverse()
+    return out
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+        return rel if not rel.startswith("..") else path
+    except ValueError:  # pragma: no cover
+        return path
+
+
+def snapshot(rank: int) -> Dict[str, Any]:
+    """This rank's main thread, as :func:`report` prints it (JSON-ready). From the innermost
+    frame out: the library frames on top fold into the call they serve (``call``: ``barrier``,
+    ``torch.distributed.barrier``); then the user's frames, innermost first (``user``: ``[file,
+    line, function, what it calls there]``), library frames between them folded into the call
+    (``map`` for a ``datasets`` map that calls the user's function), until a kit frame (the
+    rank's bootstrap) or the bottom."""
+    main = threading.main_thread().ident
+    frames = _frames(sys._current_frames().get(main))  # outermost first
+    i = len(frames)
+    while i > 0 and _kind(frames[i - 1][0]) != "user":
+        i -= 1
+    call = _label(frames[i:]) if i < len(frames) else None
+    user: List[List[Any]] = []
+    callee = None
+    j = i
+    while j > 0 and len(user) < 4:
+        filename, line, name, _ = frames[j - 1]
+        kind = _kind(filename)
+        if kind == "user":
+            user.append([_short(filename), line, name, callee])
+            callee = name
+        elif kind == "kit" and user:
+            break  # the bootstrap or test harness that runs the user's code
+        else:
+            callee = _label(frames[j - 1:]) or name
+        j -= 1
+    entry = STATE.waits.get(main)
+    firsts = [guard.describe() for guard in STATE.guards.get(main) or []
+              if guard.kind != "zero_only"]
+    return {
+        "rank": rank, "pid": os.getpid(), "host": HOST, "time": time.time(),
+        "user": user, "call": call,
+        "wait": None if entry is None else {"what": entry.what, "since": entry.since,
+                                            "ranks": list(entry.ranks)},
+        "first_runs": firsts,
+    }
+
+
+def answer(store: "Store", run: str, rank: int, request: int) -> None:
+    """Write this rank's snapshot for request number ``request``."""
+    data = snapshot(rank)
+    data["request"] = request
+    store.set(_where_key(run, rank), json.dumps(data))
+
+
+# --- asking -------------------------------------------------------------------------------
+
+def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, int]:
+    """Ask ``ranks`` for their snapshot; their request numbers to wait for."""
+    return {r: store.add(hb_key(run, r), REQUEST) >> 32 for r in ranks}
+
+
+def collect(store: "Store", run: str, wanted: Dict[int, int], within: float = ANSWER_WITHIN
+            ) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, int]]:
+    """The answers to ``wanted`` (rank -> request number) that came within ``within`` seconds,
+    and, for the ranks that did not answer, how many beats they made meanwhile."""
+    beats = {r: store.add(hb_key(run, r), 0) & BEATS for r in wanted}
+    got: Dict[int, Dict[str, Any]] = {}
+    deadline = time.monotonic() + within
+    while True:
+        for rank, number in wanted.items():
+            if rank in got or not store.check([_where_key(run, rank)]):
+                continue
+            data = json.loads(store.get(_where_key(run, rank)))
+            if data.get("request", 0) >= number:
+                got[rank] = data
+        if len(got) == len(wanted) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    silent = {r: (store.add(hb_key(run, r), 0) & BEATS) - beats[r] for r in wanted if r not in got}
+    return got, silent
+
+
+# --- the report ---------------------------------------------------------------------------
+
+def _describe(data: Dict[str, Any], waiting: str = "") -> str:
+    """Where one rank is; ``waiting`` (what a group of ranks waits for) follows its kit call."""
+    user = data.get("user") or []  # innermost first
+    call = data.get("call")
+    if call is not None:
+        text = f"{call} at {user[0][0]}:{user[0][1]}" if user else call
+        outer = user[1:3]
+        text += waiting
+    elif user:
+        path, line, function, _ = user[0]
+        text = f"in {function} at {path}:{line}"
+        outer = user[1:3]
+    else:
+        text, outer = "in no Python frame (starting or exiting)", []
+    for path, line, _, callee in outer:
+        text += f" ← {callee} at {path}:{line}"
+    firsts = data.get("first_runs") or []
+    if firsts:
+        text += f"; inside {firsts[-1]}, which it runs first (the others wait for its end)"
+    return text
+
+
+def _waiting(answers: List[Dict[str, Any]], ranks: List[int], now: float) -> str:
+    """What ``ranks``, in the same kit wait, wait for: the longest wait, and the ranks any of
+    them awaits that are not among them (in a barrier, every rank awaits all the others: those
+    not in it are the ones to look at)."""
+    waits = [a["wait"] for a in answers if a.get("wait")]
+    if not waits:
+        return ""
+    seconds = max(now - w["since"] for w in waits)
+    missing = sorted(set().union(*(w.get("ranks") or [] for w in waits)) - set(ranks))
+    whom = f" for rank(s) {missing}" if missing else ""
+    return f" (waiting {seconds:.0f} s{whom})"
+
+
+def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
+           records: Dict[int, Tuple[str, int]]) -> str:
+    """One line per group of ranks in the same place; a line per rank that did not answer,
+    with its process state where this host can see it (``records``: rank -> (host, pid))."""
+    now = time.time()
+    groups: Dict[str, List[int]] = {}
+    for rank in sorted(answers):  # the same place: the same stack, call and kind of wait
+        wait = answers[rank].get("wait") or {}
+        key = _describe(answers[rank], f"\0{wait.get('what', '')}")
+        groups.setdefault(key, []).append(rank)
+    lines = []
+    for ranks in sorted(groups.values()):
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        waiting = _waiting([answers[r] for r in ranks], ranks, now)
+        lines.append(f"  {who}: {_describe(answers[ranks[0]], waiting)}")
+    for rank in sorted(silent):
+        host, pid = records.get(rank, ("?", 0))
+        state = procs.proc_state(pid) if pid and host == HOST else None
+        seen = ("it made no heartbeat meanwhile" if silent[rank] <= 0
+                else f"its heartbeat went on ({silent[rank]} beat(s): busy holding the GIL?)")
+        where = f"process {pid} on {host}" if pid else "its process"
+        extra = {"stopped": ", stopped (SIGSTOP or a debugger)", "gone": ", gone",
+                 "running": ", running"}.get(state or "", "")
+        lines.append(f"  rank {rank}: did not answer within {ANSWER_WITHIN:g} s ({where}{extra}; "
+                     f"{seen})")
+    return "\n".join(lines)
+
+
+#: Set by ``axolotl-dist`` in every rank: where a rank leaves notes for the launcher.
+END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
+STORE_NOTE = "store.json"
+
+
+def note_address(run: str, rank: int) -> None:
+    """Under ``axolotl-dist``, rank 0 tells the launcher where the ranks' store is (the
+    launcher's agent picked the port), so ``SIGUSR1`` to the launcher can ask them."""
+    directory = os.environ.get(END_DIR_ENV_VAR)
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if rank != 0 or not directory or not addr or not port:
+        return
+    try:
+        path = os.path.join(directory, STORE_NOTE)
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"addr": addr, "port": int(port), "run": run}, fh)
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError):  # pragma: no cover - the launcher then cannot ask
+        pass
+
+
+def connect(addr: str, port: int, timeout: float = 10.0) -> "Store":
+    """A client of the c10d store at ``addr:port`` (no prefix)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False)
+
+
+def where(store: "Store", ranks: Optional[Sequence[int]] = None,
+          within: float = ANSWER_WITHIN) -> str:
+    """The report of the run whose root store is ``store`` (all ranks by default)."""
+    if not store.check([RUN_KEY]):
+        return "  no axolotl_dist run has registered with this store (yet)"
+    info = json.loads(store.get(RUN_KEY))
+    run, world = info["run"], int(info["world"])
+    wanted = ask(store, run, ranks if ranks is not None else range(world))
+    answers, silent = collect(store, run, wanted, within)
+    records: Dict[int, Tuple[str, int]] = {}
+    for rank in silent:
+        key = f"axolotl_dist/{run}/who/{rank}"
+        if store.check([key]):
+            host, pid, _ = store.get(key).decode(errors="replace").split("|", 2)
+            records[rank] = (host, int(pid) if pid.isdigit() else 0)
+    return report(answers, silent, records)

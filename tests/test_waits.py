@@ -1,0 +1,59 @@
+"""Waits outside the helpers say what they wait for, and stop when asked: a rank waiting in
+``init_distributed`` for a store that never comes, the launcher waiting for other nodes."""
+
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from fixtures import finish, free_port, start, subprocess_env
+
+INIT = "import axolotl_dist as ad\nad.init_distributed()\nprint('init done', ad.get_rank())\n"
+
+
+def test_a_taken_master_port_is_named_by_rank_0_and_by_the_waiting_rank(tmp_path):
+    squatter = socket.socket()  # another program listens on the port, and never answers
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(16)
+    port = squatter.getsockname()[1]
+    env = subprocess_env(tmp_path, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                         AXOLOTL_DIST_WAIT_LOG_INTERVAL="1")
+    procs = [start([sys.executable, "-c", INIT], dict(env, RANK=str(r)), cwd=tmp_path)
+             for r in range(2)]
+    try:
+        code0, _, err0 = finish(procs[0], 60)
+        time.sleep(2.5)  # rank 1 waits on: one wait interval (1 s) and then some
+    finally:
+        procs[1].kill()
+        _, _, err1 = finish(procs[1], 30)
+        squatter.close()
+    assert code0 == 1
+    assert f"DistributedEnvError: MASTER_PORT={port} is taken on this host (EADDRINUSE)" in err0
+    assert "set MASTER_PORT to a free port" in err0
+    assert re.search(rf"\d\d:\d\d:\d\d WARNING axolotl_dist: \[rank 1/2\] rank 1 has waited 1 s in "
+                     rf"init_distributed for the c10d store at 127\.0\.0\.1:{port}, hosted by rank 0"
+                     r".*is rank 0 running, and is the port free\?", err1), err1
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_launcher_waiting_for_other_nodes_stops_at_once(tmp_path, node_rank, sig):
+    script = tmp_path / "train.py"
+    script.write_text(INIT)
+    env = subprocess_env(tmp_path, AXOLOTL_DIST_WAIT_LOG_INTERVAL="1")
+    proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "1", "--nnodes", "2",
+                  "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port",
+                  str(free_port()), "--rdzv-timeout", "120", str(script)], env, cwd=tmp_path)
+    time.sleep(3.0)  # in the rendezvous: the other node never comes
+    sent = time.monotonic()
+    os.kill(proc.pid, sig)
+    code, _, err = finish(proc, 30)
+    assert time.monotonic() - sent < 2.0, err
+    assert code == 128 + sig, (code, err)
+    assert f"got {signal.Signals(sig).name} before any rank started; stopping" in err, err
+    assert re.search(rf"node {node_rank} of 2 is waiting for the other node\(s\) to join the "
+                     r"rendezvous at 127\.0\.0\.1:\d+", err), err

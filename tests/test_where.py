@@ -1,0 +1,346 @@
+"""Where every rank is: on demand (``kill -USR1`` to the launcher, ``axolotl-dist where``
+against any launcher's store) and by itself (the first warning of a long wait)."""
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import axolotl_dist as ad
+from axolotl_dist.testing import run_distributed
+from fixtures import ROOT, finish, free_port, start, subprocess_env
+
+#: Rank 1 sleeps in a function of its own while rank 0 waits for it in a barrier.
+SLOW_RANK = """
+import os, sys, time
+import axolotl_dist as ad
+
+def tokenize(seconds):
+    time.sleep(seconds)
+
+ad.init_distributed()
+print("started", ad.get_rank(), os.getpid(), flush=True)
+if ad.get_rank() == 1:
+    tokenize(float(sys.argv[1]))
+ad.barrier()
+print("done", ad.get_rank(), flush=True)
+"""
+
+
+def _script(tmp_path: Path) -> Path:
+    path = tmp_path / "prep.py"
+    path.write_text(SLOW_RANK)
+    return path
+
+
+def _started(proc, count, deadline=60.0):
+    """Read ``started <rank> <pid>`` lines from the launcher's stdout."""
+    pids = {}
+    end = time.monotonic() + deadline
+    while len(pids) < count and time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("started"):
+            _, rank, pid = line.split()
+            pids[int(rank)] = int(pid)
+    return pids
+
+
+def _where(port: int, env) -> str:
+    done = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "where", "--master-port",
+                           str(port)], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_sigusr1_to_the_launcher_prints_where_every_rank_is(tmp_path):
+    env = subprocess_env(tmp_path)
+    proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", str(_script(tmp_path)),
+                  "8"], env, cwd=tmp_path)
+    pids = _started(proc, 2)
+    assert len(pids) == 2, pids
+    time.sleep(1.0)  # both in place: rank 0 in the barrier, rank 1 in tokenize
+    asked = time.monotonic()
+    os.kill(proc.pid, signal.SIGUSR1)
+    code, out, err = finish(proc, 90)
+    assert code == 0, err  # the run went on
+    assert out.count("done") == 2, out
+    assert "where every rank is (SIGUSR1; the run goes on)" in err, err
+    assert re.search(r"rank 1: in tokenize at prep\.py:6 ← tokenize at prep\.py:11", err), err
+    assert re.search(r"rank 0: barrier at prep\.py:12", err), err
+    assert time.monotonic() - asked < 30
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "env"])
+def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, launcher):
+    port = free_port()
+    env = subprocess_env(tmp_path)
+    script = str(_script(tmp_path))
+    if launcher == "torchrun":
+        procs = [start([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(port), script, "6"],
+                       env, cwd=tmp_path)]
+    else:  # bare env vars: rank 0's own process hosts the store
+        procs = [start([sys.executable, script, "6"],
+                       dict(env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port)), cwd=tmp_path) for r in range(2)]
+    try:
+        time.sleep(3.0)
+        out = _where(port, env)
+    finally:
+        results = [finish(p, 60) for p in procs]
+    assert all(code == 0 for code, _, _ in results), results
+    assert "rank 1: in tokenize at prep.py:6" in out, out
+    assert "rank 0: barrier at prep.py:12" in out, out
+
+
+def test_a_stopped_rank_is_reported_with_its_process_state(tmp_path):
+    port = free_port()
+    env = subprocess_env(tmp_path)
+    script = str(_script(tmp_path))
+    procs = [start([sys.executable, script, "6"],
+                   dict(env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port)), cwd=tmp_path) for r in range(2)]
+    try:
+        pids = {}
+        for r, p in enumerate(procs):
+            pids.update(_started(p, 1))
+        assert len(pids) == 2, pids
+        time.sleep(1.5)  # rank 1's heartbeat has registered it
+        os.kill(pids[1], signal.SIGSTOP)
+        out = _where(port, env)
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+        results = [finish(p, 60) for p in procs]
+    assert re.search(rf"rank 1: did not answer within [\d.]+ s \(process {pids[1]} on \S+, stopped "
+                     r"\(SIGSTOP or a debugger\); it made no heartbeat meanwhile\)", out), out
+    assert all(code == 0 for code, _, _ in results), results
+
+
+def test_the_first_wait_warning_says_where_the_awaited_ranks_are(store):
+    def body():
+        records = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+
+        logging.getLogger("axolotl_dist").addHandler(Keep())
+
+        def tokenize():
+            time.sleep(3)
+
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                tokenize()
+        return records
+
+    out = run_distributed(body, 2, store=store, timeout=60,
+                          env={"AXOLOTL_DIST_WAIT_LOG_INTERVAL": "1"})
+    warnings = [m for m in out[1] if "has waited" in m]
+    assert warnings, out[1]
+    first = warnings[0]
+    assert "where they are:" in first, first
+    assert re.search(r"rank 0: in tokenize at tests/test_where\.py:\d+ ← tokenize at "
+                     r"tests/test_where\.py:\d+; inside zero_first block #1 at tests/test_where.py:"
+                     r"\d+ in body, which it runs first", first), first
+    assert all("where they are" not in m for m in warnings[1:]), warnings
+
+
+# ---------------------------------------------------------------- deadlocks the kit can see
+
+
+def _collective_in_first_run(helper):
+    def body():
+        start = time.monotonic()
+        try:
+            with ad.zero_first():
+                if ad.get_rank() == 0:
+                    if helper == "barrier":
+                        ad.barrier()  # a newcomer's mistake: the others wait for this block
+                    else:
+                        ad.gather_from_all_ranks(lambda: 1)
+        except (ad.CollectiveMismatchError, ad.RankFailedError) as exc:
+            return type(exc).__name__, str(exc), time.monotonic() - start
+        return None, "", time.monotonic() - start
+    return body
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+@pytest.mark.parametrize("helper", ["barrier", "gather_from_all_ranks"])
+def test_a_collective_inside_a_first_run_block_is_an_error_on_every_rank(ws, helper, store):
+    out = run_distributed(_collective_in_first_run(helper), ws, store=store, timeout=60)
+    kind, message, elapsed = out[0]
+    assert kind == "CollectiveMismatchError", out[0]
+    assert re.search(rf"{helper}\(\) at tests/test_where\.py:\d+ in body can never complete: it "
+                     r"is called inside zero_first block #1 at tests/test_where\.py:\d+ in body, "
+                     r"which this rank runs first", message), message
+    assert "Move the call out of the block" in message, message
+    for kind, message, elapsed in out[1:]:
+        assert kind == "RankFailedError", message
+        assert "rank 0 failed in zero_first block #1" in message, message
+        assert f"{helper}() at tests/test_where.py:" in message, message
+    assert all(elapsed < 5.0 for _, _, elapsed in out), out
+
+
+def test_a_collective_inside_zero_only_code_is_an_error(store):
+    @ad.zero_only
+    def log_total():
+        return ad.all_reduce_value(1)  # the other ranks never call it
+
+    def body():
+        with ad.zero_only():
+            try:
+                ad.barrier()
+            except ad.CollectiveMismatchError as exc:
+                block = str(exc)
+        try:
+            log_total()
+        except ad.CollectiveMismatchError as exc:
+            function = str(exc)
+        total = ad.all_reduce_value(1)  # the ranks still agree afterwards: nothing half-done
+        return (block, function, total) if ad.get_rank() == 0 else total
+
+    out = run_distributed(body, 2, store=store, timeout=60)
+    block, function, total = out[0]
+    assert re.search(r"barrier\(\) at tests/test_where\.py:\d+ in body can never complete: it is "
+                     r"called inside the `with zero_only\(\):` block at tests/test_where\.py:\d+ in "
+                     r"body, which runs on the main rank only", block), block
+    assert re.search(r"all_reduce_value\(\) at tests/test_where\.py:\d+ in log_total can never "
+                     r"complete: it is called inside the @zero_only function .*log_total \(defined "
+                     r"at tests/test_where\.py:\d+\)", function), function
+    assert "Call it on every rank" in function, function
+    assert total == out[1] == 2
+
+
+# ---------------------------------------------------------------- one clean account of a failure
+
+FAILS = """
+import os, signal, sys
+import axolotl_dist as ad
+
+def tokenize():
+    raise ValueError("bad shard 17")
+
+ad.init_distributed()
+if sys.argv[1] == "raise":
+    with ad.zero_first():
+        if ad.get_rank() == 0:
+            tokenize()
+else:
+    ad.barrier()
+    if ad.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    ad.reduce_and_broadcast(lambda: 1, sum)
+"""
+
+
+@pytest.mark.parametrize("fault", ["raise", "killed"])
+def test_a_failure_reads_once_per_rank_with_the_users_frames_only(tmp_path, fault):
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS)
+    code, out, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "3",
+                                   str(script), fault], subprocess_env(tmp_path), cwd=tmp_path), 90)
+    assert code != 0, err
+    assert "axolotl_dist/" not in err and "axolotl_dist" + os.sep not in err, err  # no kit frames
+    assert "The above exception was the direct cause" not in err, err  # no socket error chained
+    assert "Exception raised from" not in err and "frame #" not in err, err  # no C++ traces
+    if fault == "raise":
+        # rank 0's own traceback, rank 1's and rank 2's account of it, the launcher's summary
+        assert err.count('raise ValueError("bad shard 17")') == 4, err
+        for rank in (1, 2):
+            assert re.search(rf"\[rank{rank}\]: axolotl_dist.errors.RankFailedError: rank 0 failed in "
+                             r"zero_first block #1 at fails\.py:10 in <module>: ValueError: bad "
+                             r"shard 17", err), err
+    else:
+        assert "rank 1 (local rank 1, pid " in err and "killed by signal 9 (SIGKILL)" in err, err
+        # The launcher stops the survivors as soon as it sees rank 1 gone (as torchrun does), so
+        # whether they print their own account first is a race; when they do, it is this one.
+        accounts = re.findall(r"\[rank(\d)\]: axolotl_dist.errors.RankFailedError: (.*)", err)
+        assert len({rank for rank, _ in accounts}) == len(accounts), err  # once per rank
+        for _, message in accounts:
+            assert re.match(r"rank 1 failed in reduce_and_broadcast: died: process \d+ on \S+, "
+                            r"started by axolotl-dist", message), err
+        if accounts:
+            assert "ad.reduce_and_broadcast(lambda: 1, sum)" in err, err  # the user's line
+
+
+def test_a_run_that_succeeds_says_nothing_about_stopping_processes(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("import axolotl_dist as ad\nad.init_distributed()\n"
+                      "for i in range(300):\n    print('rank', ad.get_rank(), 'line', i, 'of 300')\n"
+                      "print(ad.reduce_and_broadcast(lambda: 1, sum))\nad.cleanup_distributed()\n")
+    code, out, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2",
+                                   str(script)], subprocess_env(tmp_path), cwd=tmp_path), 90)
+    assert code == 0, err
+    lines = out.splitlines()  # each line whole: the ranks' output never interleaves mid-line
+    assert sorted(lines) == sorted(["2", "2"] + [f"rank {r} line {i} of 300" for r in (0, 1)
+                                                 for i in range(300)]), out
+    assert "stopped" not in err, err
+
+
+# ---------------------------------------------------------------- the root cause reaches every rank
+
+
+def _lost_peer_chain(late):
+    ad.barrier()
+    if ad.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2 if ad.get_rank() == 0 else late)
+    return ad.all_reduce_value(1)
+
+
+@pytest.mark.parametrize("late", [0.5, 6.5])  # rank 2 in the collective, or after rank 0 left
+def test_a_lost_peer_is_named_on_every_rank_past_a_dead_store_host(late):
+    from axolotl_dist.testing import run_distributed_outcomes
+
+    outcomes = run_distributed_outcomes(_lost_peer_chain, 3, args=(late,), store="rank0",
+                                        timeout=60)
+    for o in (outcomes[0], outcomes[2]):
+        assert not o.timed_out and o.exitcode == 1, o.describe()
+        assert o.error.startswith("RankFailedError: rank 1 failed in all_reduce_value: died"), o.error
+    assert outcomes[2].elapsed < late + 5.0, outcomes[2].elapsed
+
+
+#: Bare env launch, rank 0 hosts the store; rank 1 is SIGKILLed; rank 2 reaches the collective
+#: after rank 0 (which names rank 1) has left, taking the store with it.
+CHAIN = """
+import os, signal, sys, time
+import axolotl_dist as ad
+
+ad.init_distributed()
+ad.barrier()
+if ad.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(0.2 if ad.get_rank() == 0 else float(sys.argv[1]))
+ad.all_reduce_value(1)
+"""
+
+
+@pytest.mark.parametrize("late", [0.5, 6.5])
+def test_every_rank_of_a_bare_env_run_names_the_lost_peer_and_prints_no_cpp_trace(tmp_path, late):
+    script = tmp_path / "chain.py"
+    script.write_text(CHAIN)
+    port = free_port()
+    env = subprocess_env(tmp_path)
+    procs = [start([sys.executable, str(script), str(late)],
+                   dict(env, RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port)), cwd=tmp_path) for r in range(3)]
+    results = [finish(p, 60) for p in procs]
+    assert results[1][0] == -signal.SIGKILL, results[1]
+    for rank in (0, 2):
+        code, _, err = results[rank]
+        assert code == 1, err
+        assert "RankFailedError: rank 1 failed in all_reduce_value: died" in err, err
+        assert "Exception raised from" not in err and "frame #" not in err, err  # no C++ traces
+        assert "The above exception was the direct cause" not in err, err
+        assert err.count("Traceback (most recent call last)") == 1, err
+        assert "axolotl_dist/" not in err, err
