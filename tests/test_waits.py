@@ -3,6 +3,7 @@
 
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -39,6 +40,22 @@ def test_a_taken_master_port_is_named_by_rank_0_and_by_the_waiting_rank(tmp_path
                      r".*is rank 0 running, and is the port free\?", err1), err1
 
 
+def _read_until(proc, text, deadline):
+    """``proc``'s stderr up to the first time it holds ``text`` (read from the pipe itself, so
+    :func:`finish` gets the rest)."""
+    seen, fd, end = b"", proc.stderr.fileno(), time.monotonic() + deadline
+    while time.monotonic() < end and text.encode() not in seen:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            seen += chunk
+    if text.encode() not in seen:
+        pytest.fail(f"{text!r} not seen within {deadline} s:\n{seen.decode(errors='replace')}")
+    return seen.decode(errors="replace")
+
+
 @pytest.mark.parametrize("node_rank", [0, 1])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_launcher_waiting_for_other_nodes_stops_at_once(tmp_path, node_rank, sig):
@@ -48,10 +65,13 @@ def test_the_launcher_waiting_for_other_nodes_stops_at_once(tmp_path, node_rank,
     proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "1", "--nnodes", "2",
                   "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port",
                   str(free_port()), "--rdzv-timeout", "120", str(script)], env, cwd=tmp_path)
-    time.sleep(3.0)  # in the rendezvous: the other node never comes
+    # in the rendezvous (the other node never comes) once the launcher says what it waits for;
+    # a fixed sleep raced the launcher's imports on a loaded machine
+    first = _read_until(proc, "is waiting for the other node", 60.0)
     sent = time.monotonic()
     os.kill(proc.pid, sig)
     code, _, err = finish(proc, 30)
+    err = first + err
     assert time.monotonic() - sent < 2.0, err
     assert code == 128 + sig, (code, err)
     assert f"got {signal.Signals(sig).name} before any rank started; stopping" in err, err
