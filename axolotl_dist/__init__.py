@@ -19,6 +19,7 @@ from .distributed import print  # noqa: F401,A004 - ad.print, kept out of __all_
 from .errors import (
     AxolotlDistError,
     CollectiveMismatchError,
+    ThreadConflictError,
     DistributedConfigError,
     DistributedEnvError,
     RankFailedError,
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = list(_functional) + [
     "AxolotlDistError",
     "CollectiveMismatchError",
+    "ThreadConflictError",
     "DistributedConfigError",
     "DistributedEnvError",
     "RankFailedError",

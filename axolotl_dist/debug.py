@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
 from ._runtime import debug_check as _debug_check, envvars as _envvars, groups as _groups
-from ._runtime import guards as _guards
+from ._runtime import guards as _guards, threads as _threads
 from ._runtime.blocks import confirm_all
 from ._runtime.callsite import call_site
 from ._runtime.state import STATE as _STATE
@@ -148,7 +149,8 @@ _parse_env()
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
             *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
             waits: Optional[Callable[[Dict[str, Any]], bool]] = None,
-            confirms: bool = True, refuse_in_scopes: bool = True) -> Callable[[F], F]:
+            confirms: bool = True, refuse_in_scopes: bool = True,
+            one_thread: bool = True) -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
     :param name: the helper's public name, as shown in errors.
@@ -166,6 +168,11 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
     :param refuse_in_scopes: raise at once when called where the other ranks cannot join
         (inside a ``zero_first`` body this rank runs first, inside ``zero_only`` code: see
         :mod:`axolotl_dist._runtime.guards`). False for ``zero_first``.
+    :param one_thread: raise :class:`~axolotl_dist.errors.ThreadConflictError` when another
+        thread of this rank is in a helper on the same group (see
+        :mod:`axolotl_dist._runtime.threads`). False for the ordering blocks: they signal
+        through the store, not the group's collectives, and check their own numbering
+        (:func:`axolotl_dist._runtime.threads.enter_block`).
     """
 
     def decorate(fn: F) -> F:
@@ -177,30 +184,81 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
                 _refuse_in_scopes(name, signature, group_arg, args, kwargs)
             if confirms and _STATE.unconfirmed:
                 confirm_all()
-            if not _STATE.debug_on:
-                return fn(*args, **kwargs)
-            return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)
+            if not one_thread:
+                if not _STATE.debug_on:
+                    return fn(*args, **kwargs)
+                return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)
+            me = _get_ident()
+            calls = _STATE.calls
+            outer = calls.get(me)
+            # recorded before the check: of two threads entering at once, at least one sees
+            # the other (both may, and both raise; neither call has run)
+            calls[me] = (name, (signature, group_arg, args, kwargs), outer)
+            try:
+                if len(calls) > 1:  # another thread is in a helper
+                    _check_threads(name, signature, group_arg, args, kwargs)
+                if not _STATE.debug_on:
+                    result = fn(*args, **kwargs)
+                else:
+                    result = _call_checked(fn, signature, name, describe, group_arg, waits, args,
+                                           kwargs)
+            except BaseException:
+                _STATE.crossed.pop(me, None)  # it raised anyway
+                raise
+            finally:
+                if outer is None:
+                    calls.pop(me, None)
+                else:
+                    calls[me] = outer
+            if _STATE.crossed and me in _STATE.crossed:
+                raise _threads.crossed_error(me)
+            return result
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
 
 
-def _refuse_in_scopes(name: str, signature: inspect.Signature,
-                      group_arg: Union[str, Callable[[Dict[str, Any]], Any]], args: tuple,
-                      kwargs: dict) -> None:
-    """Raise if ``name`` is called where the other ranks of its group cannot join it."""
+_get_ident = threading.get_ident
+_NO_GROUP = object()
+GroupArg = Union[str, Callable[[Dict[str, Any]], Any]]
+
+
+def _group_of(signature: inspect.Signature, group_arg: GroupArg, args: tuple,
+              kwargs: dict) -> Any:
+    """The group a helper call names (None: the default group), or ``_NO_GROUP`` if the
+    arguments do not bind (the helper raises its own TypeError)."""
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:
-        return  # the helper raises its own TypeError
+        return _NO_GROUP
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    group = group_arg(arguments) if callable(group_arg) else arguments.get(group_arg)
+    return group_arg(arguments) if callable(group_arg) else arguments.get(group_arg)
+
+
+def _refuse_in_scopes(name: str, signature: inspect.Signature, group_arg: GroupArg, args: tuple,
+                      kwargs: dict) -> None:
+    """Raise if ``name`` is called where the other ranks of its group cannot join it."""
+    group = _group_of(signature, group_arg, args, kwargs)
+    if group is _NO_GROUP:
+        return
     try:
         _guards.check(name, group, lambda: str(call_site()))
     except CollectiveMismatchError as exc:
         raise exc.with_traceback(None)  # the user's frames matter, not the check's
+
+
+def _check_threads(name: str, signature: inspect.Signature, group_arg: GroupArg, args: tuple,
+                   kwargs: dict) -> None:
+    """Raise if another thread is in a helper on this call's group."""
+    group = _group_of(signature, group_arg, args, kwargs)
+    if group is _NO_GROUP:
+        return
+    try:
+        _threads.check(name, group, _group_of)
+    except CollectiveMismatchError as exc:
+        raise exc.with_traceback(None)
 
 
 def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: str,

@@ -23,6 +23,7 @@ __all__ = [
     "RankFailedError",
     "RankTimeoutError",
     "CollectiveMismatchError",
+    "ThreadConflictError",
     "failure_report",
     "learnt_failure",
 ]
@@ -81,7 +82,10 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         self.ranks = tuple(dict.fromkeys((rank, *ranks)))
         _learnt(self)
         place = f" in {where}" if where else ""
-        text = f"rank {rank} failed{place}: {exc_type}: {exc_message}"
+        # an empty message shows no ": " (KeyboardInterrupt); notes appended to one start
+        # with " (" or "; " and follow the type directly
+        sep = "" if not exc_message or exc_message[0] in " ;" else ": "
+        text = f"rank {rank} failed{place}: {exc_type}{sep}{exc_message}"
         if remote_traceback:
             text += "\n--- traceback from rank %d ---\n%s" % (rank, remote_traceback.rstrip())
         super().__init__(text)
@@ -130,12 +134,12 @@ def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
     """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
     ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
     block that caught ``exc``; never raises. The traceback shows the user's frames, not the
-    kit's; a message that cannot be had (``__str__`` raises) is ``<message unavailable>``."""
+    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``."""
     try:
         tb = format_exception(type(exc), exc, exc.__traceback__)
         return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where).to_report()
     except Exception:  # noqa: BLE001 - a report must never hide the failure itself
-        return RankFailedError(rank, type(exc).__name__, "<message unavailable>",
+        return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
                                where=where).to_report()
 
 
@@ -173,3 +177,16 @@ class CollectiveMismatchError(AxolotlDistError, RuntimeError):
 
     def __reduce__(self):
         return (CollectiveMismatchError, (self.args[0], self.calls, self.missing))
+
+
+class ThreadConflictError(CollectiveMismatchError):
+    """Two threads of this rank called the kit's collectives on one process group at once.
+
+    Collectives pair up across ranks by their order alone, so the threads' calls could cross
+    (one thread getting the other's values) or wait for each other forever. Raised in the thread
+    that called second, and in the first when its call returns (its result may be the other
+    call's). One thread per group at a time; threads on different groups are fine.
+    """
+
+    def __reduce__(self):
+        return (ThreadConflictError, (self.args[0], self.calls, self.missing))

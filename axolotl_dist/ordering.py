@@ -23,6 +23,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
 
 
 from ._runtime import guards as _guards, teardown as _teardown
+from ._runtime.threads import enter_block, leave_block
 from ._runtime.blocks import (ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds,
                               settle)
 from ._runtime.callsite import call_site
@@ -60,7 +61,7 @@ class _ZeroFirst:
     """The context manager :func:`zero_first` returns (a class, not a generator: a block is on
     the hot path of preprocessing loops, and a generator's frames cost it microseconds)."""
 
-    __slots__ = ("is_main", "group", "timeout", "desc", "block", "debug")
+    __slots__ = ("is_main", "group", "timeout", "desc", "block", "debug", "opened")
 
     def __init__(self, is_main: Optional[bool], group: Optional["ProcessGroup"],
                  timeout: Optional[float], desc: Optional[str]) -> None:
@@ -70,6 +71,7 @@ class _ZeroFirst:
         self.is_main, self.group, self.timeout, self.desc = is_main, group, timeout, desc
         self.block: Optional[ZeroFirstBlock] = None
         self.debug: Any = None
+        self.opened: Any = None  # the group's state while this thread has the block open
 
     def __enter__(self) -> None:
         group = self.group
@@ -82,18 +84,34 @@ class _ZeroFirst:
             cache.store = group_store(group)
         rank, is_main = cache.rank, self.is_main
         first = rank == 0 if is_main is None else bool(is_main)
-        block = self.block = ZeroFirstBlock(
-            group, next_sequence(group, "zero_first"), rank, cache.ws, call_site(), self.desc,
-            explicit=is_main is not None, first=first, timeout=self.timeout, store=cache.store)
-        if not first:
-            block.await_firsts()
-            return
-        first_run_begin(block)
-        if is_debug_enabled():  # debug mode: checked once the others are here
-            self.debug = first_rank_block(group)
-            self.debug.__enter__()
+        site = call_site()
+        opened = self.opened = enter_block(group, "zero_first", site, self.desc)  # one thread
+        try:
+            block = self.block = ZeroFirstBlock(
+                group, next_sequence(group, "zero_first"), rank, cache.ws, site, self.desc,
+                explicit=is_main is not None, first=first, timeout=self.timeout,
+                store=cache.store)
+            if not first:
+                block.await_firsts()
+                return
+            first_run_begin(block)
+            if is_debug_enabled():  # debug mode: checked once the others are here
+                self.debug = first_rank_block(group)
+                self.debug.__enter__()
+        except BaseException:
+            self.opened = None
+            leave_block(opened)
+            raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if self.opened is None:
+            return self._exit(exc_type, exc, tb)
+        try:
+            return self._exit(exc_type, exc, tb)
+        finally:
+            leave_block(self.opened)
+
+    def _exit(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         block = self.block
         if block is None or not block.first:
             return False
@@ -118,7 +136,7 @@ class _ZeroFirst:
 
 @checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
                                   else "given per rank"}, waits=lambda a: not _goes_first(a),
-         confirms=False, refuse_in_scopes=False)
+         confirms=False, refuse_in_scopes=False, one_thread=False)
 def zero_first(
     is_main: Optional[bool] = None,
     *,
@@ -262,7 +280,7 @@ def zero_only(fn: Optional[Callable[..., Any]] = None, *, default: Any = None,
     return _ZeroOnly(default, group)
 
 
-@checked("do_n_at_a_time", lambda a: {"n": a["n"]}, group_arg="process_group")
+@checked("do_n_at_a_time", lambda a: {"n": a["n"]}, group_arg="process_group", one_thread=False)
 def do_n_at_a_time(
     f: Callable[[], T],
     *,
@@ -303,5 +321,10 @@ def do_n_at_a_time(
         return f()
     _teardown.start_services()
     rounds = -(-ws // n)
-    return run_in_rounds(f, group, next_sequence(group, "do_n_at_a_time"), rank, ws, rounds,
-                         timeout, call_site(), desc)
+    site = call_site()
+    opened = enter_block(group, "do_n_at_a_time", site, desc)  # one thread numbers the blocks
+    try:
+        return run_in_rounds(f, group, next_sequence(group, "do_n_at_a_time"), rank, ws, rounds,
+                             timeout, site, desc)
+    finally:
+        leave_block(opened)

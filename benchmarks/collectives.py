@@ -51,6 +51,8 @@ PAIRS: List[Tuple[str, str, Optional[float]]] = [
     ("all_reduce_value", "dist.all_reduce", None),
     ("all_gather_object (dict)", "dist.all_gather_object (dict)", None),
     ("broadcast_object (dict)", "dist.broadcast_object_list (dict)", None),
+    ("barrier", "dist.barrier", 1.3),
+    ("barrier", "accelerate wait_for_everyone", None),
     ("zero_first (empty block)", "dist.barrier", 0.9),
     ("zero_first (empty block)", "accelerate main_process_first (empty block)", 0.8),
     ("broadcast_object (dict)", "accelerate broadcast_object_list (dict)", None),
@@ -124,6 +126,8 @@ def _rank_body(iters: int, warmup: int, block: int = 10) -> Dict[str, List[float
 
     fns: Dict[str, Callable[[], object]] = {
         "dist.barrier": dist.barrier,
+        "barrier": ad.barrier,
+        "accelerate wait_for_everyone": state.wait_for_everyone,
         "zero_first (empty block)": empty_zero_first,
         "accelerate main_process_first (empty block)": empty_main_process_first,
         "accelerate broadcast_object_list (dict)": lambda: acc_broadcast_object_list(

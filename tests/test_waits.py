@@ -77,3 +77,100 @@ def test_the_launcher_waiting_for_other_nodes_stops_at_once(tmp_path, node_rank,
     assert f"got {signal.Signals(sig).name} before any rank started; stopping" in err, err
     assert re.search(rf"node {node_rank} of 2 is waiting for the other node\(s\) to join the "
                      r"rendezvous at 127\.0\.0\.1:\d+", err), err
+
+
+# ---------------------------------------------------------------- Ctrl-C stops a rank in barrier()
+
+#: Every rank but the straggler waits in ad.barrier(); the straggler arrives after argv[2] s.
+IN_BARRIER = """
+import os, sys, time
+import axolotl_dist as ad
+
+ad.init_distributed()
+rank = ad.get_rank()
+print("started", rank, os.getpid(), flush=True)
+if rank == int(sys.argv[1]):
+    time.sleep(float(sys.argv[2]))
+ad.barrier()
+"""
+
+
+def _pids(procs, count, deadline=60.0):
+    pids, end = {}, time.monotonic() + deadline
+    for proc in procs:
+        while len(pids) < count and time.monotonic() < end:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("started"):
+                _, rank, pid = line.split()
+                pids[int(rank)] = int(pid)
+            if proc is not procs[-1] and len(procs) > 1:
+                break  # one rank per process
+    return pids
+
+
+def _gone_within(pid, seconds):
+    """Whether process ``pid`` ended (gone or a zombie) within ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# rank 0 hosts the store under a bare env launch; the last rank is the straggler
+@pytest.mark.parametrize("ws, target", [(2, 0), (3, 0), (3, 1)])
+def test_ctrl_c_stops_a_rank_blocked_in_barrier_and_the_others_name_it(tmp_path, ws, target):
+    script = tmp_path / "train.py"
+    script.write_text(IN_BARRIER)
+    port = free_port()
+    env = subprocess_env(tmp_path)
+    procs = [start([sys.executable, str(script), str(ws - 1), "6"],
+                   dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
+             for r in range(ws)]
+    try:
+        pids = _pids(procs, ws)
+        assert len(pids) == ws, pids
+        time.sleep(1.5)  # the others in the barrier, the straggler not there yet
+        os.kill(pids[target], signal.SIGINT)
+        assert _gone_within(pids[target], 2.0), "the interrupted rank did not stop within 2 s"
+    finally:
+        results = [finish(p, 60) for p in procs]
+    code, _, err = results[target]
+    assert code != 0 and "KeyboardInterrupt" in err, (code, err)
+    for rank in set(range(ws)) - {target}:
+        code, _, err = results[rank]
+        assert code == 1, err
+        assert re.search(rf"RankFailedError: rank {target} failed in barrier: .*KeyboardInterrupt",
+                         err), err
+
+
+def test_ctrl_c_stops_a_rank_blocked_in_barrier_under_torchrun(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(IN_BARRIER)
+    proc = start([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+                  "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
+                  "2", "30"], subprocess_env(tmp_path), cwd=tmp_path)
+    try:
+        pids = _pids([proc], 3)
+        assert len(pids) == 3, pids
+        time.sleep(1.5)
+        started = time.monotonic()
+        os.kill(pids[1], signal.SIGINT)  # a rank, not the launcher
+        assert _gone_within(pids[1], 2.0), "the interrupted rank did not stop within 2 s"
+    finally:
+        code, _, err = finish(proc, 60)
+    assert code != 0, err
+    assert time.monotonic() - started < 25, "the run did not end before the straggler arrived"
+    assert "[rank1]: KeyboardInterrupt" in err, err
+    # rank 0 waits in the barrier: it names rank 1 before torchrun's agent stops it (rank 1's
+    # exit gives its peers FAILED_EXIT_GRACE to read its record)
+    assert re.search(r"\[rank0\]: axolotl_dist\.errors\.RankFailedError: rank 1 failed in "
+                     r"barrier: KeyboardInterrupt", err), err

@@ -25,7 +25,8 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
 * :mod:`.watch`: judging the ranks a wait depends on (exit records, pids, heartbeats).
 * :mod:`.wait`: bounded polling waits that warn and name who they wait for.
 * :mod:`.where`: where every rank is: a snapshot of a rank on request, the report of all.
-* :mod:`.works`: waiting for a collective's work in slices: interruptible, watching peers.
+* :mod:`.works`: waiting for a collective's work in slices: interruptible, watching peers;
+  keeping a group whose collective Ctrl-C left pending alive at exit.
 * :mod:`.records`: failure reports, exit records, the store host's linger, naming the peer
   behind a failed collective.
 
@@ -34,6 +35,8 @@ Protocols built on those
 * :mod:`.blocks`: ``zero_first`` / ``do_n_at_a_time`` rounds.
 * :mod:`.guards`: collectives the other ranks cannot join (inside a first-run block,
   ``zero_only`` code) are errors at once.
+* :mod:`.threads`: two threads in helpers on one group at once are an error, never crossed
+  values.
 * :mod:`.cleanup`: deleting finished blocks' keys in the background.
 * :mod:`.debug_check`: debug mode's per-call check.
 * :mod:`.codec`: how the value helpers encode values.

@@ -11,10 +11,10 @@ import contextlib
 import linecache
 import os
 import sys
-from types import CodeType
-from typing import Dict, NamedTuple, Tuple
+from types import CodeType, FrameType
+from typing import Dict, NamedTuple, Optional, Tuple
 
-__all__ = ["CallSite", "call_site"]
+__all__ = ["CallSite", "call_site", "frame_site", "is_ours"]
 
 #: the whole package (this module lives in its ``_runtime`` folder)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -49,7 +49,8 @@ _SITES: Dict[Tuple[CodeType, int], CallSite] = {}
 _CACHE_LIMIT = 4096
 
 
-def _ours(code: CodeType) -> bool:
+def is_ours(code: CodeType) -> bool:
+    """Whether frames of ``code`` belong to this package (or :mod:`contextlib`)."""
     ours = _OURS.get(code)
     if ours is None:
         if len(_OURS) >= _CACHE_LIMIT:
@@ -64,7 +65,7 @@ def call_site(depth: int = 1) -> CallSite:
     this package or in :mod:`contextlib`. Cached per code object and line: the path is
     relative to the working directory of the first call from there."""
     frame = sys._getframe(depth)
-    while frame is not None and _ours(frame.f_code):
+    while frame is not None and is_ours(frame.f_code):
         frame = frame.f_back
     if frame is None:  # pragma: no cover - called from inside the package only
         return CallSite("<unknown>", 0, "<unknown>", "")
@@ -75,6 +76,14 @@ def call_site(depth: int = 1) -> CallSite:
             _SITES.clear()
         site = _SITES[key] = _build(frame.f_code, frame.f_lineno)
     return site
+
+
+def frame_site(frame: Optional[FrameType]) -> Optional[CallSite]:
+    """The user's frame ``frame`` is in, or its innermost caller outside the package (any
+    thread's frame, e.g. from ``sys._current_frames()``); None if there is none."""
+    while frame is not None and is_ours(frame.f_code):
+        frame = frame.f_back
+    return None if frame is None else _build(frame.f_code, frame.f_lineno)
 
 
 def _build(code: CodeType, line: int) -> CallSite:

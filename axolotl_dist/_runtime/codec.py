@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from ..errors import RankFailedError, failure_report
+from .tracebacks import safe_str
 
 __all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode",
            "scalar_header", "decode_scalar"]
@@ -72,7 +73,7 @@ def _pickle(value: Any, what: str) -> bytes:
         raise TypeError(
             f"{what} ({_short_repr(value)}, of type {type(value).__name__}) cannot be pickled "
             f"({type(exc).__name__}: "
-            f"{exc}): return or pass plain data (numbers, strings, lists, dicts, tensors) or "
+            f"{safe_str(exc)}): return or pass plain data (numbers, strings, lists, dicts, tensors) or "
             "make the object picklable"
         ) from exc
 

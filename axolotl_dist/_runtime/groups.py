@@ -13,7 +13,11 @@ shutdown, where gloo's threads abort the process. ``group=None`` means the defau
 * ``debug``: this rank's debug-mode log of checked calls;
 * ``world_mesh``: on the default group, the mesh ``build_world_mesh`` stored;
 * ``cleanup_store``, ``blocks_done``: the store connection the background cleanup of blocks
-  uses, and (on group rank 0) the blocks seen complete whose keys it deletes next.
+  uses, and (on group rank 0) the blocks seen complete whose keys it deletes next;
+* ``abandoned``: a collective's wait ended on an exception (Ctrl-C) with the collective still
+  pending; the exit keeps the group instead of joining its workers (:mod:`.works`);
+* ``open_blocks``: thread id -> the innermost ``zero_first`` / ``do_n_at_a_time`` block that
+  thread has open on the group (:mod:`.threads`).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class GroupState:
     """What the kit remembers about one process group (see the module docstring)."""
 
     __slots__ = ("seq", "device", "helpers", "debug", "world_mesh", "cleanup_store",
-                 "blocks_done", "__weakref__")
+                 "blocks_done", "abandoned", "open_blocks", "__weakref__")
 
     def __init__(self) -> None:
         self.seq: Dict[str, int] = {}
@@ -55,6 +59,8 @@ class GroupState:
         self.world_mesh: Any = None
         self.cleanup_store: Any = None
         self.blocks_done: Dict[str, List[Any]] = {}
+        self.abandoned = False  # a collective left pending (Ctrl-C in its wait): kept at exit
+        self.open_blocks: Dict[int, Any] = {}
 
 
 def state_of(group: Optional["ProcessGroup"]) -> Optional[GroupState]:

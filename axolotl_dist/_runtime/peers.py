@@ -292,6 +292,9 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
                     f"{store_address()} went away)")
             return RankFailedError(error.rank, error.exc_type, error.exc_message + note,
                                    error.remote_traceback, where=what, ranks=(error.rank, host))
+        note = f" (then its store at {store_address()} went away with it)"
+        return RankFailedError(host, error.exc_type, error.exc_message + note,
+                               error.remote_traceback, where=what)
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""

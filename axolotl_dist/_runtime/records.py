@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from .envvars import read_seconds
 from .groups import global_ranks, resolve
-from .constants import DEFAULT_STORE_LINGER, HEARTBEAT_INTERVAL, HOST, STORE_LINGER_ENV_VAR
+from .constants import (DEFAULT_STORE_LINGER, HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL,
+                        STORE_LINGER_ENV_VAR)
 from .peers import exit_connection, peer_record, store_host_gone, store_lost_error
 from .store import hosts_store, is_store_error, world_store
 from .watch import Watch, exit_key, lost_error
@@ -91,12 +92,13 @@ _LINGER_CHECK = 0.05
 
 
 def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "Watch",
-            exits: bool) -> None:
+            exits: bool, bound: Optional[float] = None) -> None:
     """Poll until ``done()``, or until every global rank in ``left()`` is gone (judged by
     ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
-    :func:`linger_timeout` seconds."""
+    ``bound`` seconds (default :func:`linger_timeout`)."""
     start = time.monotonic()
-    deadline, next_check = start + linger_timeout(), start  # a dead peer: known at once
+    bound = linger_timeout() if bound is None else bound
+    deadline, next_check = start + bound, start  # a dead peer: known at once
     while time.monotonic() < deadline:
         if done():
             return
@@ -111,10 +113,17 @@ def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "W
 
 # --- exit records ----------------------------------------------------------------------------
 
-def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
+#: Seconds a rank ending on a failure gives its peers to read its exit record before its
+#: process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
+#: the other ranks as soon as this process is gone, and a peer in a kit wait reads exit
+#: records every ``LIVENESS_INTERVAL``; the rest lets it print its error.
+FAILED_EXIT_GRACE = LIVENESS_INTERVAL + 0.25
+
+def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, bool]]:
     """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
     exception, else a normal exit. Uses the heartbeat's connection (never opens a new one: a
-    dead store would make that wait). Returns ``(store, rank)`` if the record was written."""
+    dead store would make that wait). Returns ``(store, rank, whether it records a failure)``
+    if the record was written."""
     if exit_connection() is None:
         return None
     store, rank, pg_ref = exit_connection()  # type: ignore[misc]
@@ -135,12 +144,12 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int]]:
         store.add("axd/exits", 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
         return None
-    return store, rank
+    return store, rank, report is not None
 
 
-def mark_exited(record: Tuple["Store", int]) -> None:
+def mark_exited(record: Tuple["Store", int, bool]) -> None:
     """After this process's groups are destroyed: it will not touch the store again."""
-    store, rank = record
+    store, rank, _ = record
     try:
         store.set(f"axd/gone/{rank}", b"")
         store.add("axd/gone", 1)
@@ -148,19 +157,43 @@ def mark_exited(record: Tuple["Store", int]) -> None:
         pass
 
 
-def await_peers_exit(store: "Store", rank: int, world_size: int) -> None:
+def await_peers_told(store: "Store", rank: int, world_size: int) -> None:
+    """For a rank that does not host the store, ending on a failure: wait until every other
+    rank has finished its exit (a peer in a kit wait reads this rank's record, raises naming
+    it, and exits) or is gone, at most :data:`FAILED_EXIT_GRACE` seconds (a peer busy
+    elsewhere costs that much). Never raises."""
+    others = [r for r in range(world_size) if r != rank]
+    try:
+        _linger(lambda: store.add("axd/gone", 0) >= world_size,
+                lambda: [r for r in others if not store.check([f"axd/gone/{r}"])],
+                Watch(store, rank), exits=False, bound=FAILED_EXIT_GRACE)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = False) -> None:
     """For the store host at exit: keep the store up until every other rank has finished its
     own exit teardown (:func:`mark_exited`; it reads exit records and destroys its groups
     through the store) or is gone, at most :func:`linger_timeout` seconds. A rank that comes
-    later still names the root cause: its heartbeat copied this rank's exit record. Never
+    later still names the root cause: its heartbeat copied this rank's exit record. If this
+    rank's record is a failure (``failed``: it is ending on an exception, Ctrl-C included),
+    it waits only until every other rank has that copy (its heartbeat acknowledges it, within
+    a heartbeat interval): a rank told to stop does not wait for a peer busy elsewhere. Never
     raises."""
     others = [r for r in range(world_size) if r != rank]
     try:
         def left() -> List[int]:
             return [r for r in others if not store.check([f"axd/gone/{r}"])]
 
-        _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
-                exits=False)
+        def copied() -> bool:
+            return all(store.check([f"axd/gone/{r}"]) or store.check([f"{exit_key(rank)}/ack/{r}"])
+                       for r in others)
+
+        if failed:
+            _linger(copied, left, Watch(store, rank), exits=True)
+        else:
+            _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
+                    exits=False)
     except Exception:  # noqa: BLE001
         pass
 

@@ -32,6 +32,8 @@ field              what it is, who writes it
 ``guards``         thread id -> the scopes other ranks cannot join a collective in: the
                    ``zero_first`` blocks it runs first, ``zero_only`` code (:mod:`.guards`)
 ``guarded``        how many such scopes are open (0: helpers skip the check)
+``calls``          thread id -> the innermost kit helper call in flight on that thread, and
+``crossed``        thread id -> why its call in flight must not return (:mod:`.threads`)
 ``store_spy``      a test's wrapper around the store a block uses (None: none), see
                    :func:`axolotl_dist.testing.count_store_calls`
 =================  ==========================================================================
@@ -71,7 +73,7 @@ class ProcessState:
     __slots__ = ("groups", "learnt", "peers", "exits", "heartbeat", "run", "exit_store", "helpers",
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
-                 "store_spy")
+                 "calls", "crossed", "store_spy")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -94,6 +96,8 @@ class ProcessState:
         self.waits: Dict[int, Any] = {}
         self.guards: Dict[int, List[Any]] = {}
         self.guarded = 0
+        self.calls: Dict[int, Any] = {}
+        self.crossed: Dict[int, str] = {}
         self.store_spy: Optional[Callable[[Any], Any]] = None
 
 
@@ -108,6 +112,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "helpers": ("helpers",),
     "debug": ("debug_on", "debug_timeout", "debug_explicit", "debug_env_error"),
     "blocks": ("first_runs", "inside", "unconfirmed", "waits", "guards", "guarded", "store_spy"),
+    "threads": ("calls", "crossed"),
 }
 
 

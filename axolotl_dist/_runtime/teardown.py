@@ -16,6 +16,9 @@ registers an ``atexit`` hook that, before finalization:
 3. if this process hosts the store (rank 0 under a plain env launch), keeps it up until every
    other rank has left its exit record or is gone, at most ``AXOLOTL_DIST_STORE_LINGER``
    seconds: peers read the real cause of a failure, and their own exits find a live store;
+   elsewhere, a rank ending on a failure waits until the others finished their exits, at
+   most ``records.FAILED_EXIT_GRACE`` seconds: a launcher that stops every rank once one is
+   gone (torchrun, ``axolotl-dist``, ``mpirun``) would stop a peer before it named the cause;
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish.
 
@@ -30,12 +33,12 @@ import gc
 import sys
 import time
 import weakref
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from . import backends, blocks, peers, records, store, tracebacks
+from . import backends, blocks, peers, records, store, tracebacks, works
 from . import cleanup as cleanup_keys
 from .logs import kit as log
 from .state import STATE
@@ -46,6 +49,8 @@ _CLEANUP_HOOKS: List[Callable[[], None]] = []
 _REGISTERED = False
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
+#: Groups kept alive at exit because a collective on them was left pending (:mod:`.works`).
+_KEPT: List["weakref.ref[Any]"] = []
 #: Seconds a cleanup waits for the background deletion of finished blocks' keys.
 _CLEANUP_FLUSH = 0.5
 #: Seconds an exit waits for the store to take this rank's exit record.
@@ -91,6 +96,7 @@ def cleanup() -> None:
         time.sleep(_DRAIN)
         if torch.cuda.is_available() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
+        _KEPT.extend(weakref.ref(pg) for pg in works.keep_abandoned())  # Ctrl-C in a collective
         dist.destroy_process_group()
 
 
@@ -109,7 +115,7 @@ def _confirm_blocks() -> None:
         blocks.confirm_all()
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the process is ending
         log.warning("rank %d: not every rank reached a zero_first block this rank ran first: "
-                    "%s", dist.get_rank() if dist.is_initialized() else 0, exc)
+                    "%s", dist.get_rank() if dist.is_initialized() else 0, tracebacks.safe_str(exc))
     finally:
         pending.clear()
 
@@ -145,8 +151,13 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     if record is not None:
         store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
         if hosts:
-            records.await_peers_exit(record[0], rank, world_size)
+            records.await_peers_exit(record[0], rank, world_size, failed=record[2])
+        elif record[2]:  # a failure: the peers waiting for this rank name it before it is gone
+            store.bounded(lambda: records.await_peers_told(record[0], rank, world_size),
+                          records.FAILED_EXIT_GRACE + _STORE_CALLS)
     del server
+    kept = {id(ref()) for ref in _KEPT}
+    groups = [ref for ref in groups if id(ref()) not in kept]
     if any(ref() is not None for ref in groups):
         gc.collect()
         if any(ref() is not None for ref in groups):

@@ -6,7 +6,7 @@ every exception of a chain: the last user frame still shows the line that called
 (``n = ad.reduce_and_broadcast(...)``), and the error says the rest. It formats the kit's
 failure reports, the launcher's error file, and (:func:`install`) uncaught exceptions, when no
 other hook was installed. It never raises: an exception whose ``__str__`` or ``__repr__``
-raises is shown with ``<message unavailable>``.
+raises is shown with ``<exception str() failed>``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ def kit_frame(filename: str) -> bool:
 
 
 def safe_str(exc: BaseException) -> str:
-    """``str(exc)``, or ``<message unavailable>`` if that raises."""
+    """``str(exc)``, or ``<exception str() failed>`` (as Python's own tracebacks say) if that raises."""
     try:
         return str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure itself
-        return "<message unavailable>"
+        return "<exception str() failed>"
 
 
 def _trim(te: traceback.TracebackException) -> None:
@@ -65,7 +65,7 @@ def format_exception(exc_type: Optional[Type[BaseException]], exc: BaseException
             name = getattr(exc_type or type(exc), "__qualname__", "Exception")
             return head + "".join(traceback.format_list(stack)) + f"{name}: {safe_str(exc)}\n"
         except Exception:  # noqa: BLE001
-            return f"{type(exc).__name__}: <message unavailable>\n"
+            return f"{type(exc).__name__}: <exception str() failed>\n"
 
 
 class _Hook:

@@ -3,22 +3,27 @@
 A blocking ``work.wait()`` keeps the main thread in C++ until the collective completes: Ctrl-C
 and SIGTERM wait for it (Python runs signal handlers between bytecodes), a peer that died
 before the call leaves it waiting for the group's timeout (30 minutes by default), and nothing
-says who it waits for. So on CPU backends (gloo) :func:`wait` waits in slices: a collective
-that completes within the first slice costs what a blocking wait costs; past it, between
-slices, Python handles signals, the peers of the group are judged
+says who it waits for. So on CPU backends (gloo) :func:`wait` waits in slices of
+:data:`SLICE` seconds, each a blocking wait that returns the moment the collective completes
+(no latency added); between slices Python handles signals (so Ctrl-C acts within a slice),
+and every ``LIVENESS_INTERVAL`` the peers of the group are judged
 (:class:`~.watch.Watch`: exit records, pids, heartbeats; a lost peer raises
 :class:`~axolotl_dist.errors.RankFailedError` naming it), the wait is registered for
 :mod:`.where`, and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds a warning says whom it
-waits for and where they are. Accelerator backends (NCCL) keep their own wait.
+waits for and where they are. Accelerator backends (NCCL) keep their own wait. A wait that
+ends on an exception (Ctrl-C) with the collective still pending marks its group, which the
+exit then keeps instead of waiting for its workers (see :func:`keep_abandoned`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from datetime import timedelta
 from typing import Any, List
 
+import torch
 import torch.distributed as dist
 
 from . import where
@@ -26,18 +31,18 @@ from .constants import (DEFAULT_WAIT_LOG_INTERVAL, LIVENESS_INTERVAL, MAX_WAIT_L
                         WAIT_LOG_INTERVAL_ENV_VAR)
 from .envvars import read_seconds
 from .logs import kit as log
-from .groups import global_ranks
+from .groups import global_ranks, state_of
 from .state import STATE
 from .store import world_store
 from .wait import where_they_are
 from .watch import Watch, lost_error
 
-__all__ = ["wait", "wait_all", "FIRST_SLICE"]
+__all__ = ["wait", "wait_all", "keep_abandoned", "SLICE"]
 
-#: Seconds of the first (blocking) slice: most collectives are done by then.
-FIRST_SLICE = 0.25
-_FIRST = timedelta(seconds=FIRST_SLICE)
-_SLICE = timedelta(seconds=LIVENESS_INTERVAL)
+#: Seconds of one blocking slice of a wait: how long a signal may wait to be handled. A slice
+#: ends the moment the collective completes; each one that times out costs a few microseconds.
+SLICE = 0.05
+_SLICE = timedelta(seconds=SLICE)
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -50,12 +55,57 @@ def wait(work: Any, group: Any, what: str, cpu: bool = True) -> None:
         work.wait()
         return
     try:
-        work.wait(_FIRST)
-        return
-    except RuntimeError as exc:
-        if not _timed_out(exc):
-            raise
-    _wait_long(work, group, what)
+        try:
+            work.wait(_SLICE)
+            return
+        except RuntimeError as exc:
+            if not _timed_out(exc):
+                raise
+        _wait_long(work, group, what)
+    except BaseException as exc:
+        _left(work, group, exc)
+        raise
+
+
+def _left(work: Any, group: Any, exc: BaseException) -> None:
+    """The wait ends on ``exc`` (Ctrl-C, a signal handler's ``SystemExit``, a lost peer) with
+    the collective maybe still pending: see :func:`keep_abandoned`. An exception raised while a
+    slice's timeout was being handled does not show that timeout as its context."""
+    try:
+        if not work.is_completed():
+            state = state_of(group)
+            if state is not None:
+                state.abandoned = True
+                _ABANDONED.append(work)
+    except Exception:  # noqa: BLE001 - best effort: the exception itself matters
+        pass
+    if isinstance(exc.__context__, RuntimeError) and _timed_out(exc.__context__):
+        exc.__suppress_context__ = True
+
+
+#: Collectives whose wait was abandoned, kept (never released) with their groups.
+_ABANDONED: List[Any] = []
+
+
+def keep_abandoned() -> List[Any]:
+    """Keep every group with a collective left pending, and that work, alive until the process
+    ends; return those groups.
+
+    Destroying a gloo group joins its worker threads, and a worker inside a pending collective
+    stays there until every peer arrives or the group's timeout passes (30 minutes by default):
+    the exit of a rank interrupted in a barrier would wait for the straggler. The backend's
+    ``abort()`` does not wake it (torch 2.13). So such a group gets one reference more than
+    anything will ever release: ``destroy_process_group()`` still unregisters it, its destructor
+    never runs, and the process exits with the worker still waiting (the OS ends it)."""
+    kept = []
+    for pg, state in list(STATE.groups.items()):
+        if getattr(state, "abandoned", False):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+            kept.append(pg)
+    for work in _ABANDONED:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
+    _ABANDONED.clear()
+    return kept
 
 
 def _wait_long(work: Any, group: Any, what: str) -> None:
@@ -70,21 +120,24 @@ def _wait_long(work: Any, group: Any, what: str) -> None:
         every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
         next_log = start + every
         told_where = False
+        next_look = start  # the first look at the peers at once: a dead one is named promptly
         while True:
             now = time.monotonic()
-            lost = watcher.find_lost(peers, now, what)
-            if lost:
-                raise lost_error(lost, what)
-            if now >= next_log:
-                place = ""
-                if not told_where:
-                    told_where = True
-                    text = where_they_are(peers)
-                    place = f"; where they are:\n{text}" if text else ""
-                log.warning("rank %d has waited %.0f s in %s for rank(s) %s%s", me, now - start,
-                            what, peers, place)
-                every = min(every * 2, MAX_WAIT_LOG_INTERVAL)
-                next_log = now + every
+            if now >= next_look:
+                next_look = now + LIVENESS_INTERVAL
+                lost = watcher.find_lost(peers, now, what)
+                if lost:
+                    raise lost_error(lost, what)
+                if now >= next_log:
+                    place = ""
+                    if not told_where:
+                        told_where = True
+                        text = where_they_are(peers)
+                        place = f"; where they are:\n{text}" if text else ""
+                    log.warning("rank %d has waited %.0f s in %s for rank(s) %s%s", me,
+                                now - start, what, peers, place)
+                    every = min(every * 2, MAX_WAIT_LOG_INTERVAL)
+                    next_log = now + every
             try:
                 work.wait(_SLICE)
                 return

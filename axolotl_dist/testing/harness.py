@@ -13,6 +13,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .._runtime.procs import kill_tree, signal_tree
+from .._runtime.tracebacks import safe_str
 from .outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
 from .rank import child_main
 
@@ -86,7 +87,7 @@ def _read_message(conn: Any, rank: int) -> tuple:
         return ("died",)
     except Exception as exc:  # noqa: BLE001 - a result we cannot unpickle
         return ("err", None, f"{type(exc).__name__}: the result of rank {rank} could not be "
-                f"unpickled: {exc}", "")
+                f"unpickled: {safe_str(exc)}", "")
 
 
 def _outcome(rank: int, exitcode: Optional[int], message: tuple, elapsed: float) -> RankOutcome:

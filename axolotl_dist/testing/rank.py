@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any, Mapping, Optional
 
 from .._runtime.procs import loopback_interface
+from .._runtime.tracebacks import safe_str
 from ..env import LAUNCHER_ENV_VARS
 from .state import reset_process_state
 
@@ -103,9 +104,9 @@ def child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_
         try:
             pickled = pickle.dumps(exc)
             pickle.loads(pickled)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - unpicklable: the text below still says what it was
             pickled = None
-        message = ("err", pickled, f"{type(exc).__name__}: {exc}", tb)
+        message = ("err", pickled, f"{type(exc).__name__}: {safe_str(exc)}", tb)
         code = 1
         failure = None if isinstance(exc, SystemExit) else exc
     try:
@@ -115,7 +116,7 @@ def child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_
             data = pickle.dumps(message)
         except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
             data = pickle.dumps(("err", None, f"{type(exc).__name__}: the return value of rank "
-                                 f"{rank} could not be pickled for the test: {exc}",
+                                 f"{rank} could not be pickled for the test: {safe_str(exc)}",
                                  traceback.format_exc()))
             code = 1
         conn.send_bytes(data)

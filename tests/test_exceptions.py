@@ -1,0 +1,98 @@
+"""Any exception can be reported: one whose ``__str__`` or ``__repr__`` raises, one that cannot
+be pickled, a ``BaseException`` that is not an ``Exception``. The failing rank prints its
+traceback once, every other rank names it with that traceback, and the launcher's summary
+shows it; under ``axolotl-dist`` (store in the launcher) and a bare env launch (store in
+rank 0)."""
+
+import re
+import sys
+
+import pytest
+
+from fixtures import finish, free_port, start, subprocess_env
+
+SCRIPT = """
+import sys, threading
+import axolotl_dist as ad
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("str failed")
+
+class BadRepr(BadStr):
+    def __repr__(self):
+        raise RuntimeError("repr failed")
+
+class Unpicklable(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+class Stop(BaseException):
+    pass
+
+KINDS = {"badstr": lambda: BadStr("x"), "badrepr": lambda: BadRepr("x"),
+         "unpicklable": lambda: Unpicklable("holds a lock"), "base": lambda: Stop("stop now")}
+
+def tokenize(kind):
+    raise KINDS[kind]()
+
+ad.init_distributed()
+kind, where = sys.argv[1], sys.argv[2]
+if where == "zero_first":
+    with ad.zero_first():
+        if ad.get_rank() == 0:
+            tokenize(kind)
+elif where == "value":
+    ad.compute_and_broadcast(lambda: tokenize(kind))
+else:
+    if ad.get_rank() == 0:
+        tokenize(kind)
+    ad.barrier()
+"""
+
+#: What each kind's last traceback line says.
+LINE = {"badstr": "BadStr: <exception str() failed>", "badrepr": "BadRepr: <exception str() failed>",
+        "unpicklable": "Unpicklable: holds a lock", "base": "Stop: stop now"}
+HELPER = {"zero_first": "zero_first block #1 at boom.py:", "value": "compute_and_broadcast",
+          "plain": "barrier"}
+
+
+def _check_rank_accounts(err, kind, where, ws):
+    # rank 0's traceback: in its own output, and in each other rank's account of it
+    assert err.count("raise KINDS[kind]()") >= ws, err
+    assert "Logging error" not in err and "Error in sys.excepthook" not in err, err
+    assert "During handling of the above exception" not in err, err  # no second traceback
+    for rank in range(1, ws):
+        accounts = re.findall(rf"\[rank{rank}\]: axolotl_dist\.errors\.RankFailedError: rank 0 "
+                              rf"failed in {re.escape(HELPER[where])}.*{re.escape(LINE[kind])}", err)
+        assert len(accounts) == 1, err
+    assert err.count(f"[rank0]: {LINE[kind]}") == 1, err
+
+
+@pytest.mark.parametrize("kind", sorted(LINE))
+def test_any_exception_is_reported_under_the_launcher(tmp_path, kind):
+    (tmp_path / "boom.py").write_text(SCRIPT)
+    code, _, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2",
+                                 "boom.py", kind, "zero_first"], subprocess_env(tmp_path),
+                                cwd=tmp_path), 90)
+    assert code == 1, err
+    _check_rank_accounts(err, kind, "zero_first", 2)
+    summary = err.split("--- traceback of rank 0 ---", 1)
+    assert len(summary) == 2, err  # the launcher's summary shows the traceback
+    assert "raise KINDS[kind]()" in summary[1] and LINE[kind] in summary[1], err
+
+
+@pytest.mark.parametrize("kind", sorted(LINE))
+@pytest.mark.parametrize("where", ["value", "plain"])
+def test_any_exception_is_reported_when_rank_0_hosts_the_store(tmp_path, kind, where):
+    (tmp_path / "boom.py").write_text(SCRIPT)
+    port, ws = free_port(), 3
+    env = subprocess_env(tmp_path)
+    procs = [start([sys.executable, "boom.py", kind, where],
+                   dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
+             for r in range(ws)]
+    results = [finish(p, 60) for p in procs]
+    assert [code for code, _, _ in results] == [1] * ws, results
+    _check_rank_accounts("".join(err for _, _, err in results), kind, where, ws)
