@@ -322,6 +322,39 @@ class Boom(Exception):
 
 
 @pytest.mark.parametrize("ws", [2, 3])
+def test_a_rank_arriving_later_than_a_wait_slice_gets_the_right_values(ws, store):
+    """The kit waits for a collective in slices; a slice that times out must leave the
+    collective (and the group) alive. A gloo receive's timed-out wait closed every connection
+    of the group ("Application timeout caused pair closure"), which broke the value helpers'
+    header exchange whenever a rank came 0.25 s late."""
+    import time
+
+    def body():
+        rank = ad.get_rank()
+        late = rank == ad.get_world_size() - 1
+        got = []
+        for step, call in enumerate([
+                lambda: ad.reduce_and_broadcast(lambda: rank, sum),
+                lambda: ad.gather_from_all_ranks(lambda: rank),
+                lambda: ad.gather_scalar_from_all_ranks(lambda: rank * 0.5),
+                lambda: ad.all_gather_object({"rank": rank}),
+                lambda: ad.compute_and_broadcast(lambda: "from 0"),
+                lambda: ad.all_reduce_value(rank, op="MAX"),
+                lambda: ad.broadcast_object([1, 2], src=ad.get_world_size() - 1)]):
+            if late and step % 2 == 0 or not late and step % 2 == 1:  # each side late in turn
+                time.sleep(0.3)
+            got.append(call())
+        ad.barrier()
+        return got
+
+    ranks = list(range(ws))
+    for rank, got in enumerate(run_distributed(body, ws, store=store, timeout=90)):
+        assert got == [sum(ranks), ranks if rank == 0 else None,
+                       [r * 0.5 for r in ranks] if rank == 0 else None,
+                       [{"rank": r} for r in ranks], "from 0", ws - 1, [1, 2]], (rank, got)
+
+
+@pytest.mark.parametrize("ws", [2, 3])
 def test_failure_in_fn_raises_everywhere_naming_the_rank(ws, store):
     """fn raising on one rank: that rank raises its own exception, every other rank a
     RankFailedError naming it, promptly; and the ranks stay in step afterwards."""

@@ -8,12 +8,14 @@ exchange each rank compares the codes it holds, so ``reduce_and_broadcast`` on o
 ``gather_from_all_ranks`` on another raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
 on every rank, naming both, without debug mode and without another collective.
 
-On CPU (gloo) with at most :data:`P2P_MAX_RANKS` ranks the all-to-all exchange is point to
-point: each rank posts a receive from every other rank and sends them its header, on a tag of
-its own (:data:`EXCHANGE_TAG`). One message per pair and direction, where gloo's ring
-all-gather spends several notifications per rank; beyond that many ranks the all-gather's
-``O(ranks)`` messages win, and on accelerators the header goes through the backend's
-all-gather.
+On CPU (gloo) with at most :data:`A2A_MAX_RANKS` ranks the exchange is one all-to-all (each
+rank sends its header to every other rank directly: one message per pair and direction, where
+gloo's ring all-gather spends several notifications per rank); beyond that many ranks the
+all-gather's ``O(ranks)`` messages win, and on accelerators the header goes through the
+backend's all-gather. Not point-to-point ``send``/``recv``: a gloo receive whose wait times
+out closes every connection of the group ("Application timeout caused pair closure"), so the
+kit's sliced, interruptible wait (:mod:`.works`) would kill the group whenever a rank arrives
+more than a slice late; a collective's timed-out wait leaves it running.
 """
 
 from __future__ import annotations
@@ -32,13 +34,11 @@ from . import works
 from .codec import HEADER_LEN
 from ..errors import CollectiveMismatchError
 
-__all__ = ["P2P_MAX_RANKS", "EXCHANGE_TAG", "HELPERS", "helper_code", "describe_code",
+__all__ = ["A2A_MAX_RANKS", "HELPERS", "helper_code", "describe_code",
            "HelperCache", "exchange", "mismatch_error", "await_released"]
 
-#: Up to this many ranks, the CPU exchange is point to point.
-P2P_MAX_RANKS = 8
-#: The gloo tag of the exchange's messages ("AXD0"), apart from user send/recv (tag 0).
-EXCHANGE_TAG = 0x41584430
+#: Up to this many ranks, the CPU exchange is an all-to-all.
+A2A_MAX_RANKS = 8
 #: The helpers that exchange headers, by code (index + 1).
 HELPERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
            "all_reduce_value", "all_gather_object", "compute_and_broadcast", "synchronize_value",
@@ -47,6 +47,10 @@ _CODES: Dict[str, int] = {name: i + 1 for i, name in enumerate(HELPERS)}
 _GATHERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks")
 _I64 = torch.int64
 _AllgatherOptions = dist.distributed_c10d.AllgatherOptions
+_AllToAllOptions = dist.distributed_c10d.AllToAllOptions
+_NO_SPLITS: List[int] = []  # equal splits
+#: The cache's tensors a gloo worker may still hold after a collective's wait returned.
+_BUFFERS = ("hdr", "hdr_all", "a2a_in")
 
 
 def helper_code(name: str, dst: int = 0) -> int:
@@ -77,8 +81,8 @@ class HelperCache:
     """
 
     __slots__ = ("rank", "ws", "device", "cpu", "env_rank", "env_ws", "pg_ref", "opts",
-                 "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "views", "peers", "p2p",
-                 "store", "__weakref__")
+                 "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "a2a", "a2a_opts",
+                 "a2a_arr", "a2a_in", "store", "__weakref__")
 
     def __init__(self, pg: Any, rank: int, ws: int, device: torch.device, env_rank: Any,
                  env_ws: Any) -> None:
@@ -97,13 +101,15 @@ class HelperCache:
         self.all_arr = array.array("q", bytes(8 * HEADER_LEN * ws))
         self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
         self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if self.cpu else None
-        self.p2p = self.cpu and 1 < ws <= P2P_MAX_RANKS
-        self.peers = [r for r in range(ws) if r != rank]
         self.store: Any = None  # the group's c10d store, once a block asked for it
-        # one tensor per rank's slot, each over the same array (not views of hdr_all: a view
-        # keeps a reference to its base, which await_released would take for a busy worker)
-        self.views = [torch.frombuffer(self.all_arr, dtype=_I64, offset=8 * HEADER_LEN * r,
-                                       count=HEADER_LEN) for r in range(ws)] if self.p2p else []
+        # the all-to-all: this rank's header once per rank in, every rank's header out
+        self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
+                    if self.cpu and 1 < ws <= A2A_MAX_RANKS else None)
+        self.a2a_opts = _AllToAllOptions()
+        if hasattr(self.a2a_opts, "asyncOp"):
+            self.a2a_opts.asyncOp = True
+        self.a2a_arr = array.array("q", bytes(8 * HEADER_LEN * ws))
+        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
 
 
 def exchange(st: HelperCache, group: Any, what: str) -> List[int]:
@@ -111,13 +117,10 @@ def exchange(st: HelperCache, group: Any, what: str) -> List[int]:
     only. Raises the backend's ``RuntimeError`` if a peer is gone (or
     :class:`~axolotl_dist.errors.RankFailedError` once one is judged gone, see :mod:`.works`)."""
     pg = st.pg_ref()
-    if st.p2p:
-        tag, views = EXCHANGE_TAG, st.views
-        work_list = [pg.recv([views[r]], r, tag) for r in st.peers]
-        work_list += [pg.send([st.hdr], r, tag) for r in st.peers]
-        works.wait_all(work_list, group, what)
-        mine = st.rank * HEADER_LEN
-        st.all_arr[mine:mine + HEADER_LEN] = st.hdr_arr
+    if st.a2a is not None:
+        st.a2a_arr[:] = st.hdr_arr * st.ws  # this rank's header for every rank
+        works.wait(st.a2a(pg, st.hdr_all, st.a2a_in, _NO_SPLITS, _NO_SPLITS, st.a2a_opts),
+                   group, what)
     else:
         # the group's own all_gather_single: what dist.all_gather_single runs after its checks
         works.wait(st.allgather(pg, st.hdr_all, st.hdr, st.opts), group, what)
@@ -146,12 +149,9 @@ def await_released(caches: Sequence[Optional[HelperCache]], limit: float = 1.0) 
     """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
     references to the caches' buffers: a collective's ``wait()`` returns before the worker
     releases it, and releasing needs the GIL (see :func:`.teardown.cleanup`)."""
-    def busy(st: HelperCache) -> bool:  # idle: the cache's slot and getrefcount's argument
-        if (st.hdr is not None and sys.getrefcount(st.hdr) > 2) or (
-                st.hdr_all is not None and sys.getrefcount(st.hdr_all) > 2):
-            return True
-        for view in st.views:  # idle: the list, this loop's name and the argument
-            if sys.getrefcount(view) > 3:
+    def busy(st: HelperCache) -> bool:
+        for name in _BUFFERS:  # idle: the cache's slot and getrefcount's argument
+            if getattr(st, name) is not None and sys.getrefcount(getattr(st, name)) > 2:
                 return True
         return False
 
