@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from ._runtime import backends as _backends, records as _records, teardown as _teardown
-from ._runtime import works as _works
+from ._runtime import trace as _trace, works as _works
+from ._runtime.state import STATE as _STATE
 from ._runtime.groups import state_of
 from . import env as _env
 from ._runtime.codec import resolved
@@ -150,6 +151,8 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"
     check_src(src, group)
     device = comm_device(group)
     work = _to_comm(tensor, device)
+    if _STATE.trace is not None:
+        _trace.add_bytes(tensor.nbytes)
     try:
         _works.wait(dist.broadcast(work, group=group, group_src=src, async_op=True), group,
                     "broadcast", device.type == "cpu")
@@ -181,6 +184,8 @@ def all_reduce(
         return tensor
     device = comm_device(group)
     work = _to_comm(tensor, device)
+    if _STATE.trace is not None:
+        _trace.add_bytes(tensor.nbytes)
     try:
         op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
         _works.wait(dist.all_reduce(work, op=op, group=group, async_op=True), group, "all_reduce",
@@ -221,6 +226,8 @@ def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> 
     meta += [0] * (3 + _MAX_NDIM - len(meta))
     metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
     cpu = device.type == "cpu"
+    if _STATE.trace is not None:
+        _trace.add_bytes(tensor.nbytes)
     try:
         _works.wait(all_gather_into(metas_t, torch.tensor(meta, dtype=torch.int64, device=device),
                                     group=group, async_op=True), group, "all_gather", cpu)

@@ -33,8 +33,9 @@ import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
-from ._runtime import debug_check as _debug_check, envvars as _envvars, groups as _groups
-from ._runtime import guards as _guards, threads as _threads
+from ._runtime import constants as _constants, debug_check as _debug_check
+from ._runtime import envvars as _envvars, groups as _groups
+from ._runtime import guards as _guards, threads as _threads, trace as _trace
 from ._runtime.blocks import confirm_all
 from ._runtime.callsite import call_site
 from ._runtime.state import STATE as _STATE
@@ -55,10 +56,11 @@ __all__ = [
     "checked",
 ]
 
-DEBUG_ENV_VAR = "AXOLOTL_DIST_DEBUG"
-DEBUG_TIMEOUT_ENV_VAR = _debug_check.DEBUG_TIMEOUT_ENV_VAR
-#: Seconds a rank waits, after the last rank to arrive, before naming the ranks still missing.
-DEFAULT_DEBUG_TIMEOUT = 5.0
+#: The switch; seconds a rank waits, after the last rank to arrive, before naming the ranks
+#: still missing (names and defaults of every kit variable: ``_runtime/constants.py``).
+DEBUG_ENV_VAR = _constants.DEBUG_ENV_VAR
+DEBUG_TIMEOUT_ENV_VAR = _constants.DEBUG_TIMEOUT_ENV_VAR
+DEFAULT_DEBUG_TIMEOUT = _constants.DEFAULT_DEBUG_TIMEOUT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,12 +70,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _parse_env() -> None:
-    raw = _envvars.raw(DEBUG_ENV_VAR)
     _STATE.debug_env_error = None
     try:
-        _STATE.debug_on = raw is not None and _envvars.parse_flag(
-            DEBUG_ENV_VAR, raw, f"set {DEBUG_ENV_VAR}=1 to turn debug mode on or "
-            f"{DEBUG_ENV_VAR}=0 (or unset it) to leave it off")
+        _STATE.debug_on = _envvars.kit_switch(DEBUG_ENV_VAR)
     except DistributedEnvError as exc:  # raise on the first helper call, not at import
         _STATE.debug_on, _STATE.debug_env_error = True, str(exc)
 
@@ -106,7 +105,13 @@ def disable_debug() -> None:
 
 
 def is_debug_enabled() -> bool:
-    """Whether helpers check their calls across ranks (see :mod:`axolotl_dist.debug`)."""
+    """Whether helpers check their calls across ranks (see :mod:`axolotl_dist.debug`).
+
+    Raises the :class:`~axolotl_dist.errors.DistributedEnvError` every helper raises while
+    ``AXOLOTL_DIST_DEBUG`` holds a value that is not a switch (unless :func:`enable_debug` /
+    :func:`disable_debug` decided): both readers of the switch agree."""
+    if _STATE.debug_env_error is not None:
+        raise DistributedEnvError(_STATE.debug_env_error)
     return _STATE.debug_on
 
 
@@ -139,7 +144,7 @@ def debug_timeout() -> float:
     """The debug timeout in effect, in seconds."""
     if _STATE.debug_timeout is not None:
         return _STATE.debug_timeout
-    return _envvars.read_seconds(DEBUG_TIMEOUT_ENV_VAR, DEFAULT_DEBUG_TIMEOUT)
+    return _envvars.kit_seconds(DEBUG_TIMEOUT_ENV_VAR)
 
 
 _parse_env()
@@ -150,7 +155,7 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
             *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
             waits: Optional[Callable[[Dict[str, Any]], bool]] = None,
             confirms: bool = True, refuse_in_scopes: bool = True,
-            one_thread: bool = True) -> Callable[[F], F]:
+            one_thread: bool = True, traced: bool = True) -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
     :param name: the helper's public name, as shown in errors.
@@ -173,10 +178,26 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
         :mod:`axolotl_dist._runtime.threads`). False for the ordering blocks: they signal
         through the store, not the group's collectives, and check their own numbering
         (:func:`axolotl_dist._runtime.threads.enter_block`).
+    :param traced: while tracing is on (:mod:`axolotl_dist.tracing`), record the call as a span
+        (the outermost kit call of a thread only). False for ``zero_first``, whose block records
+        its body and its wait itself.
     """
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
+        find_group = _group_finder(signature, group_arg)
+
+        def run(args: tuple, kwargs: dict) -> Any:
+            if not _STATE.debug_on:
+                return fn(*args, **kwargs)
+            return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)
+
+        def traced_run(args: tuple, kwargs: dict) -> Any:
+            recorder = _STATE.trace
+            if recorder is None or not traced:
+                return run(args, kwargs)
+            return _trace.helper_span(recorder, name, find_group(args, kwargs), call_site,
+                                      lambda: run(args, kwargs), args, kwargs)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -185,6 +206,8 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
             if confirms and _STATE.unconfirmed:
                 confirm_all()
             if not one_thread:
+                if _STATE.trace is not None:
+                    return traced_run(args, kwargs)
                 if not _STATE.debug_on:
                     return fn(*args, **kwargs)
                 return _call_checked(fn, signature, name, describe, group_arg, waits, args, kwargs)
@@ -197,7 +220,9 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
             try:
                 if len(calls) > 1:  # another thread is in a helper
                     _check_threads(name, signature, group_arg, args, kwargs)
-                if not _STATE.debug_on:
+                if _STATE.trace is not None:
+                    result = traced_run(args, kwargs)
+                elif not _STATE.debug_on:
                     result = fn(*args, **kwargs)
                 else:
                     result = _call_checked(fn, signature, name, describe, group_arg, waits, args,
@@ -222,6 +247,28 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 _get_ident = threading.get_ident
 _NO_GROUP = object()
 GroupArg = Union[str, Callable[[Dict[str, Any]], Any]]
+
+
+def _group_finder(signature: inspect.Signature, group_arg: GroupArg
+                  ) -> Callable[[tuple, dict], Any]:
+    """A fast ``(args, kwargs) -> group`` for a helper (for its trace span): the group
+    parameter by keyword or position without binding every argument, else by binding."""
+    if isinstance(group_arg, str) and group_arg in signature.parameters:
+        names = list(signature.parameters)
+        position = names.index(group_arg)
+        default = signature.parameters[group_arg].default
+        default = None if default is inspect.Parameter.empty else default
+
+        def find(args: tuple, kwargs: dict) -> Any:
+            if group_arg in kwargs:
+                return kwargs[group_arg]
+            return args[position] if len(args) > position else default
+        return find
+
+    def bind(args: tuple, kwargs: dict) -> Any:
+        group = _group_of(signature, group_arg, args, kwargs)
+        return None if group is _NO_GROUP else group
+    return bind
 
 
 def _group_of(signature: inspect.Signature, group_arg: GroupArg, args: tuple,

@@ -15,7 +15,9 @@ This module only re-exports; the code lives in small modules a reader would gues
 * :mod:`axolotl_dist.process`: Accelerate- and composer-style names: ``main_process_first``,
   ``run_local_rank_zero_first``, ``on_main_process``-style decorators, ``tqdm``, ``print``;
 * :mod:`axolotl_dist.debug`: debug mode (``AXOLOTL_DIST_DEBUG=1``), which checks every
-  helper call across ranks.
+  helper call across ranks;
+* :mod:`axolotl_dist.tracing`: the cross-rank timeline (``AXOLOTL_DIST_TRACE=<dir>``,
+  ``trace_span``, ``merge_trace``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .process import (
     run_local_rank_zero_first,
     tqdm,
 )
+from .tracing import is_tracing, merge_trace, trace_span
 from .ranks import (
     backend_supports_cpu,
     backend_supports_cuda,
@@ -101,4 +104,6 @@ __all__ = [
     "get_sampler", "split_between_processes", "get_logger", "shared_map",
     # debug mode
     "enable_debug", "disable_debug", "is_debug_enabled", "debug_mode",
+    # the timeline
+    "trace_span", "is_tracing", "merge_trace",
 ]

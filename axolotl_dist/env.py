@@ -65,6 +65,7 @@ __all__ = [
     "LAUNCHER_SOURCES",
     "RANK_SOURCES",
     "LAUNCHER_ENV_VARS",
+    "KIT_ENV_VARS",
     "launcher_source",
     "env_rank",
     "env_world_size",
@@ -96,7 +97,10 @@ LOCAL_WORLD_SIZE_ENV_VAR = "LOCAL_WORLD_SIZE"
 MASTER_ADDR_ENV_VAR = "MASTER_ADDR"
 MASTER_PORT_ENV_VAR = "MASTER_PORT"
 FS_LOCAL_RANK_ENV_VAR = "FS_LOCAL_RANK"
-SHARED_FS_ENV_VAR = "AXOLOTL_DIST_SHARED_FS"
+SHARED_FS_ENV_VAR = _envvars.SHARED_FS_ENV_VAR
+#: The kit's own ``AXOLOTL_DIST_*`` variables: name -> (kind, default, the fix a bad value's
+#: error suggests). docs/env.md describes each; :func:`validate_env_vars` checks them all.
+KIT_ENV_VARS = _envvars.KIT_VARS
 OLMO_SHARED_FS_ENV_VAR = "OLMO_SHARED_FS"
 
 #: Set by ``srun`` in every task of a job step; absent in ``sbatch`` scripts and ``salloc`` shells.
@@ -369,11 +373,12 @@ def env_node_rank(rank: Optional[int] = None, world_size: Optional[int] = None) 
 
 def env_shared_filesystem() -> bool:
     """Whether all nodes share one filesystem (``AXOLOTL_DIST_SHARED_FS`` or ``OLMO_SHARED_FS``)."""
-    for name in (SHARED_FS_ENV_VAR, OLMO_SHARED_FS_ENV_VAR):
-        raw = _raw(name)
-        if raw is not None:
-            return _envvars.parse_flag(name, raw, "set it to 1 if all nodes share one "
-                                       "filesystem, else 0")
+    if _raw(SHARED_FS_ENV_VAR) is not None:
+        return _envvars.kit_switch(SHARED_FS_ENV_VAR)
+    raw = _raw(OLMO_SHARED_FS_ENV_VAR)  # OLMo-core's name, read the same way
+    if raw is not None:
+        return _envvars.parse_flag(OLMO_SHARED_FS_ENV_VAR, raw,
+                                   _envvars.KIT_VARS[SHARED_FS_ENV_VAR].fix)
     return False
 
 
@@ -466,5 +471,6 @@ def validate_env_vars() -> None:
     env_fs_local_rank()
     env_shared_filesystem()
     env_master_port()
+    _envvars.validate_kit_vars()
     if env_master_addr() is None:
         default_master_addr()

@@ -20,7 +20,8 @@ travel as files). Keys live under ``axd/sm/<call number>/``:
 * ``left``, ``left/<filesystem group>``: the last rank to leave deletes the call's keys (and,
   for a dataset held in memory, the group's temporary part files).
 
-Requires Hugging Face ``datasets``: ``pip install "axolotl-dist[datasets]"``.
+Requires Hugging Face ``datasets``: ``pip install datasets`` (or, in a clone of axolotl_dist,
+``pip install -e ".[datasets]"``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
-from ._runtime import teardown as _teardown
+from ._runtime import logs as _logs, teardown as _teardown, trace as _trace
+from ._runtime.callsite import call_site
+from ._runtime.state import STATE as _STATE
 from ._runtime.groups import next_sequence
 from ._runtime.records import await_readers, publish_error, read_error
 from ._runtime.store import group_store
@@ -56,7 +59,8 @@ __all__ = ["shared_map", "DATASETS_EXTRA", "INSTALL_HINT", "PROGRESS_INTERVAL", 
 
 #: The ``setup.cfg`` extra that installs Hugging Face ``datasets``.
 DATASETS_EXTRA = "datasets"
-INSTALL_HINT = f'pip install "axolotl-dist[{DATASETS_EXTRA}]"'
+INSTALL_HINT = (f'pip install datasets (or, in a clone of axolotl_dist, pip install -e '
+                f'".[{DATASETS_EXTRA}]")')
 #: Seconds between a mapping rank's progress reports (and its checks for failed peers).
 PROGRESS_INTERVAL = 0.5
 #: Under the system temporary directory: parts of datasets held in memory.
@@ -170,6 +174,7 @@ class _SharedMap:
         self.others = [get_global_rank(r, group) for r in range(self.ws) if r != self.rank]
         self.store = group_store(group)
         self.seq = next_sequence(group, "shared_map")
+        self.site = call_site()
         self.what = self.where = f"shared_map call #{self.seq}"
         self.temp = call.keep_in_memory or cache_dir is None and (
             not dataset.cache_files or not _caching_enabled())
@@ -227,13 +232,20 @@ class _SharedMap:
         if self.rank == 0 and not (whole or reuse and all(
                 f.is_complete(*b) for f, b in zip(files, bounds))):
             self._open_bar(rows * len({e["fs"] for e in self.entries}))
+        t0 = _trace.now()
         if not (whole or reuse and files[index].is_complete(start, end)):
             with _datasets_bars_off():
                 hf.map_part(self.dataset, self.call, files[index], start, end, self._tick)
+        if _STATE.trace is not None:
+            _trace.body_span(f"shared_map part {index + 1}/{count}", t0, self.site, self.group,
+                             self.seq)
         self.counted = max(self.counted, end - start)
         self._report()
         self.store.add(self.key("done"), 1)
+        t0 = _trace.now()
         self._wait("done", self.ws)
+        if _STATE.trace is not None:
+            _trace.wait_span("shared_map", t0, self.others, self.site, self.group, self.seq)
         self._refresh_bar(force=True)
         if whole:
             return hf.assemble(self.dataset, self.call, self.fingerprint, [whole], 0, False)
@@ -349,8 +361,8 @@ class _SharedMap:
         from datasets.utils import tqdm as hf_tqdm  # the class: off with datasets' bars
 
         desc = self.call.desc or "Map"
-        self.bar = hf_tqdm(total=total, unit=" examples",
-                           desc=f"{desc} (shared_map over {self.ws} ranks)")
+        self.bar = _logs.add_bar(hf_tqdm(total=total, unit=" examples",
+                                         desc=f"{desc} (shared_map over {self.ws} ranks)"))
 
     def _refresh_bar(self, force: bool = False) -> None:
         if self.bar is None or not force and time.monotonic() < self.next_bar:

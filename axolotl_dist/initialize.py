@@ -17,7 +17,10 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime import backends as _backends, teardown as _teardown
+from ._runtime import backends as _backends, store as _store, teardown as _teardown
+from ._runtime import trace as _trace
+from ._runtime.logs import kit as _kit_log
+from ._runtime.state import STATE as _STATE
 from . import debug as _debug
 from ._runtime.wait import noted as _noted
 from . import env as _env
@@ -104,6 +107,7 @@ def init_distributed(
     backend: Optional[str] = None,
     timeout: Union[timedelta, float, None] = DEFAULT_TIMEOUT,
     shared_filesystem: Optional[bool] = None,
+    trace_dir: Optional[str] = None,
     **kwargs: Any,
 ) -> None:
     """Initialize the default process group from the launcher environment.
@@ -127,6 +131,9 @@ def init_distributed(
       ``shared_filesytem=`` is accepted too.
     * ``timeout``: the collective timeout (timedelta or seconds, default 30 minutes). It does
       not bound :func:`zero_first` waits, which have their own ``timeout``.
+    * ``trace_dir``: record every kit call of every rank there for the cross-rank timeline
+      (as ``AXOLOTL_DIST_TRACE=<dir>`` does; see :mod:`axolotl_dist.tracing`). Every rank must
+      ask for it: the ranks align their clocks here.
 
     Extra ``kwargs`` go to :func:`torch.distributed.init_process_group`.
     """
@@ -148,7 +155,7 @@ def init_distributed(
             )
         _apply_shared_filesystem(shared_filesystem)
         get_rank(), get_world_size()  # env vs group consistency
-        _after_init()
+        _after_init(trace_dir)
         return
 
     _check_backend_usable(backend)
@@ -190,7 +197,7 @@ def init_distributed(
                     "axolotl-dist / torchrun, which pick one") from None
     else:
         dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
-    _after_init()
+    _after_init(trace_dir)
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
 
 
@@ -270,8 +277,16 @@ def _init_wait_message(rank: int, world_size: int, init_method: Optional[str]):
     return message
 
 
-def _after_init() -> None:
+def _after_init(trace_dir: Optional[str]) -> None:
     _teardown.start_services()
+    directory = _trace.trace_dir_requested(trace_dir)
+    if directory is None or _STATE.trace is not None:
+        return
+    try:
+        _trace.start(directory, _store.world_store(), get_rank(), get_world_size())
+    except Exception as exc:  # noqa: BLE001 - a trace must never stop a run
+        _kit_log.warning("rank %d: tracing to %s is off: %s: %s", get_rank(), directory,
+                         type(exc).__name__, exc)
 
 
 def initialize_dist(device: Union[str, torch.device, None] = None, timeout: float = 300.0) -> None:

@@ -44,7 +44,9 @@ import time
 import uuid
 from typing import List, Optional, Sequence, Tuple
 
-from ._runtime import procs as _procs, where as where_report
+from ._runtime import envvars as _envvars, procs as _procs, trace_merge as _trace_merge
+from ._runtime import where as where_report
+from ._runtime.constants import TRACE_ENV_VAR
 from ._runtime.launch_report import (PROG, exit_code_of, first_failure, read_ends,
                                      report_failures, traceback_of)
 from ._runtime.launch_watch import Watcher
@@ -61,6 +63,7 @@ __all__ = [
     "traceback_of",
     "report_failures",
     "where_main",
+    "trace_main",
     "main",
 ]
 
@@ -283,6 +286,31 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
         return 128 + int(exc.sigval)
     finally:
         watcher.close()
+        _merge_trace()
+
+
+def _merge_trace() -> None:
+    """With ``AXOLOTL_DIST_TRACE`` set, merge this node's rank files once every rank ended."""
+    directory = _envvars.kit_path(TRACE_ENV_VAR)
+    if directory and os.path.isdir(directory) and _trace_merge.load(directory):
+        _trace_merge.merge_at_exit(directory, 0)
+
+
+def trace_main(argv: Sequence[str]) -> int:
+    """``axolotl-dist trace DIR``: merge the rank files a traced run left in ``DIR`` into
+    ``trace.json`` (Chrome Trace Event format), ``summary.txt`` and, with matplotlib,
+    ``timeline.png``; print the summary table."""
+    parser = argparse.ArgumentParser(prog=f"{PROG} trace", description=trace_main.__doc__)
+    parser.add_argument("directory", help="the run's AXOLOTL_DIST_TRACE / trace_dir")
+    parser.add_argument("--no-png", action="store_true", help="skip timeline.png")
+    args = parser.parse_args(argv)
+    try:
+        merged = _trace_merge.merge(args.directory, png=not args.no_png)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG} trace: {exc}", file=sys.stderr)
+        return 1
+    print(_trace_merge.announce(merged), end="")
+    return 0
 
 
 def where_main(argv: Sequence[str]) -> int:
@@ -317,6 +345,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["where"] and not os.path.isfile("where"):
         return where_main(argv[1:])
+    if argv[:1] == ["trace"] and not os.path.isfile("trace"):
+        return trace_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

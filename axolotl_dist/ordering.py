@@ -22,7 +22,8 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
                     Union, overload)
 
 
-from ._runtime import guards as _guards, teardown as _teardown
+from ._runtime import guards as _guards, teardown as _teardown, trace as _trace
+from ._runtime.state import STATE as _STATE
 from ._runtime.threads import enter_block, leave_block
 from ._runtime.blocks import (ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds,
                               settle)
@@ -61,7 +62,7 @@ class _ZeroFirst:
     """The context manager :func:`zero_first` returns (a class, not a generator: a block is on
     the hot path of preprocessing loops, and a generator's frames cost it microseconds)."""
 
-    __slots__ = ("is_main", "group", "timeout", "desc", "block", "debug", "opened")
+    __slots__ = ("is_main", "group", "timeout", "desc", "block", "debug", "opened", "t0")
 
     def __init__(self, is_main: Optional[bool], group: Optional["ProcessGroup"],
                  timeout: Optional[float], desc: Optional[str]) -> None:
@@ -72,6 +73,7 @@ class _ZeroFirst:
         self.block: Optional[ZeroFirstBlock] = None
         self.debug: Any = None
         self.opened: Any = None  # the group's state while this thread has the block open
+        self.t0 = 0  # when the body began, while tracing (a first rank)
 
     def __enter__(self) -> None:
         group = self.group
@@ -92,9 +94,14 @@ class _ZeroFirst:
                 explicit=is_main is not None, first=first, timeout=self.timeout,
                 store=cache.store)
             if not first:
-                block.await_firsts()
+                if _STATE.trace is None:
+                    block.await_firsts()
+                else:
+                    _traced_wait(block)
                 return
             first_run_begin(block)
+            if _STATE.trace is not None:
+                self.t0 = _trace.now()
             if is_debug_enabled():  # debug mode: checked once the others are here
                 self.debug = first_rank_block(group)
                 self.debug.__enter__()
@@ -115,6 +122,9 @@ class _ZeroFirst:
         block = self.block
         if block is None or not block.first:
             return False
+        if self.t0:
+            _trace.body_span(_trace_name(block), self.t0, block.site, block.group, block.seq,
+                             exc_type.__name__ if exc_type is not None else "")
         if self.debug is not None:
             try:
                 self.debug.__exit__(exc_type, exc, tb)
@@ -134,9 +144,27 @@ class _ZeroFirst:
         return False
 
 
+def _trace_name(block: ZeroFirstBlock) -> str:
+    return "zero_first" + (f" {block.desc!r}" if block.desc else "")
+
+
+def _traced_wait(block: ZeroFirstBlock) -> None:
+    """A waiting rank's wait, recorded for the timeline with the first rank(s) it waits for
+    (group rank 0; with ``is_main=`` given, the first ranks are not known here)."""
+    t0, error = _trace.now(), ""
+    try:
+        block.await_firsts()
+    except BaseException as exc:
+        error = type(exc).__name__
+        raise
+    finally:
+        firsts = [] if block.explicit else _trace.global_ranks_of(block.group, [0])
+        _trace.wait_span(_trace_name(block), t0, firsts, block.site, block.group, block.seq, error)
+
+
 @checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
                                   else "given per rank"}, waits=lambda a: not _goes_first(a),
-         confirms=False, refuse_in_scopes=False, one_thread=False)
+         confirms=False, refuse_in_scopes=False, one_thread=False, traced=False)
 def zero_first(
     is_main: Optional[bool] = None,
     *,

@@ -37,6 +37,7 @@ from typing import (
     overload,
 )
 
+from ._runtime import logs as _logs
 from .ordering import zero_first, zero_only
 from .ranks import get_local_rank, get_local_world_size, get_rank, get_world_size, is_main_process
 
@@ -68,7 +69,8 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 #: What ``pip install`` brings tqdm (and the other Hugging Face libraries) with.
-HF_EXTRA_HINT = "pip install 'axolotl-dist[hf]' (or just pip install tqdm)"
+HF_EXTRA_HINT = ("pip install tqdm (or, in a clone of axolotl_dist, pip install -e '.[hf]' for "
+                 "the whole Hugging Face stack)")
 
 
 # ---------------------------------------------------------------------------- ordered blocks
@@ -282,10 +284,18 @@ def tqdm(iterable: Optional[Iterable[Any]] = None, *args: Any, main_process_only
         raise ImportError(f"axolotl_dist.tqdm needs the tqdm package: {HF_EXTRA_HINT}") from exc
     if main_process_only and not is_main_process():
         kwargs["disable"] = True
-    return tqdm_class(iterable, *args, **kwargs)
+    return _logs.add_bar(tqdm_class(iterable, *args, **kwargs))
 
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - Accelerate's name
-    """``print`` on the main process (global rank 0) only; the same arguments as ``print``."""
-    if is_main_process():
-        builtins.print(*args, **kwargs)
+    """``print`` on the main process (global rank 0) only; the same arguments as ``print``.
+    While a progress bar is on screen (:func:`tqdm`), the line is written above it."""
+    if not is_main_process():
+        return
+    file = kwargs.get("file")
+    if (file is None or file is sys.stdout or file is sys.stderr) and _logs.bars_open():
+        sep, end = kwargs.get("sep", " "), kwargs.get("end", "\n")
+        text = (" " if sep is None else sep).join(str(a) for a in args)
+        _logs.bar_write(text, file or sys.stdout, "\n" if end is None else end)
+        return
+    builtins.print(*args, **kwargs)

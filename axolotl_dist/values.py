@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ._runtime import codec as _codec, headers as _headers, teardown as _teardown
-from ._runtime import works as _works
+from ._runtime import trace as _trace, works as _works
 from ._runtime.callsite import call_site
 from . import env as _env
 from ._runtime.reduce import reduce_name
@@ -203,6 +203,8 @@ def broadcast_value(
     if own is not None:
         del header  # the cached buffer: the traceback keeps this frame (see _await_released)
         raise own
+    if _STATE.trace is not None and st.rank == src:
+        _trace.add_bytes(_codec.HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
     return _codec.decode(values, payload, device)
 
 
@@ -223,6 +225,9 @@ def all_gather_values(
     st = state if state is not None else group_cache(group)
     code = _helper_code(where, decode_on or 0)
     header, encoded, own = _run(fn, st.rank, where)
+    if _STATE.trace is not None:
+        _trace.add_bytes(_codec.HEADER_LEN * 8 + (
+            encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
     try:
         if st.cpu:
             a = st.hdr_arr

@@ -13,7 +13,7 @@ It prints one table: for each helper, its median latency, the median of what it 
 with (the raw torch collective it needs, or accelerate's equivalent helper on
 ``PartialState(cpu=True)``: ``main_process_first``, ``broadcast_object_list``, ``gather_object``),
 and the ratio in each run and their median, with the target where the project sets one
-(README's performance table). Every function is called once after a barrier and timed (per-call
+(docs/performance.md). Every function is called once after a barrier and timed (per-call
 latency of the slower rank); all of them are interleaved in a fresh random order each round
 (the machine may be shared and noisy), after a warm-up, and every rank runs the same sequence
 so the collectives pair up. ``--runs`` (default 3) repeats the whole measurement with fresh

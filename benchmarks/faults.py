@@ -1,5 +1,5 @@
 """How fast every surviving rank learns of a fault: the fault matrix of ``tests/test_faults.py``,
-timed, as the table in the README's "When a rank fails".
+timed, as the table in docs/faults.md, "The fault matrix".
 
 Run: ``python benchmarks/faults.py`` (3 gloo ranks on this machine, group timeout 300 s). For
 each helper, fault (the rank raises / is SIGKILLed before the call / skips it and exits 0),

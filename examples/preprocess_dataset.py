@@ -43,6 +43,18 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
+def build_cache(cache: str, samples: int) -> None:
+    """Tokenize ``samples`` generated texts and write them to ``cache`` (atomically)."""
+    texts = make_corpus(samples)
+    vocab = build_vocab(texts)
+    data = {"vocab": vocab, "ids": tokenize(texts, vocab)}
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    tmp = cache + f".tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, cache)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "axolotl_dist_preprocess"))
@@ -53,15 +65,8 @@ def main() -> None:
 
     with ad.zero_first():  # rank 0 tokenizes and writes the cache; the others read it afterwards
         if ad.is_main_process() or not os.path.exists(cache):
-            texts = make_corpus(args.samples)
-            vocab = build_vocab(texts)
-            data = {"vocab": vocab, "ids": tokenize(texts, vocab)}
-            os.makedirs(args.cache_dir, exist_ok=True)
-            tmp = cache + f".tmp{os.getpid()}"
-            with open(tmp, "w") as fh:
-                json.dump(data, fh)
-            os.replace(tmp, cache)
-            log(f"rank 0 tokenized {len(texts)} samples into {cache}")
+            build_cache(cache, args.samples)
+            log(f"rank 0 tokenized {args.samples} samples into {cache}")
         with open(cache) as fh:
             data = json.load(fh)
 

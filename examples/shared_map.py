@@ -9,7 +9,7 @@ finds the cached parts and maps nothing.
     torchrun --standalone --nproc-per-node 2 examples/shared_map.py
     python examples/shared_map.py
 
-Needs Hugging Face datasets: ``pip install "axolotl-dist[datasets]"``.
+Needs Hugging Face datasets: ``pip install -e ".[datasets]"`` from the repository root.
 """
 
 import argparse

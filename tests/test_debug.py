@@ -512,3 +512,28 @@ def test_rank_0_exiting_is_named_by_the_others(ws):
             got = _assert_debug_error(o, "rank(s) [0] exited before reaching call #2 (all_reduce(",
                                       "rank 0: exited", "its last checked call was #1 barrier()")
         assert got["missing"] == (0,)
+
+
+@pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
+def test_a_switch_value_that_is_not_a_switch_raises_the_same_error_from_every_reader():
+    """``is_debug_enabled()`` and every helper read AXOLOTL_DIST_DEBUG through one parser: they
+    agree (``is_debug_enabled()`` said True while the helpers raised)."""
+    def body():
+        messages = []
+        for call in (ad.is_debug_enabled, ad.barrier, lambda: ad.compute_and_broadcast(lambda: 1),
+                     lambda: ad.reduce_and_broadcast(lambda: 1, sum), ad.validate_env_vars,
+                     ad.init_distributed):
+            try:
+                call()
+                messages.append("no error")
+            except ad.DistributedEnvError as exc:
+                messages.append(str(exc))
+        return messages
+
+    outcomes = run_distributed_outcomes(body, 1, env={"AXOLOTL_DIST_DEBUG": "yes please"},
+                                        timeout=30, init=False)
+    messages = outcomes[0].value
+    assert messages == [messages[0]] * 6, messages
+    assert messages[0] == ("AXOLOTL_DIST_DEBUG='yes please' is not a switch: set "
+                           "AXOLOTL_DIST_DEBUG=1 to turn debug mode on or AXOLOTL_DIST_DEBUG=0 "
+                           "(or unset it) to leave it off")

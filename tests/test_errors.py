@@ -4,6 +4,8 @@ Every case runs in real forked ranks under a wall-clock timeout; a hang would su
 timed-out rank, which the harness turns into a failure.
 """
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -340,3 +342,17 @@ def test_default_logging_switch_that_is_not_a_switch_names_the_variable(monkeypa
         log.info("hello")
     monkeypatch.setenv("AXOLOTL_DIST_DEFAULT_LOGGING", " off ")  # the kit's switch words
     log.info("hello")
+
+
+@pytest.mark.parametrize("name", ["AXOLOTL_DIST_STORE_LINGER", "AXOLOTL_DIST_HEARTBEAT_TIMEOUT",
+                                  "AXOLOTL_DIST_WAIT_LOG_INTERVAL", "AXOLOTL_DIST_DEBUG_TIMEOUT"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e9999", "soon"])
+def test_seconds_that_are_not_positive_and_finite_are_rejected_naming_the_variable(
+        monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ad.DistributedEnvError,
+                       match=rf"^{name}='{re.escape(value)}' must be a positive number of "
+                             rf"seconds: set e\.g\. {name}=\d+$"):
+        ad.validate_env_vars()
+    monkeypatch.setenv(name, " 2.5 ")
+    ad.validate_env_vars()

@@ -183,7 +183,7 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
 def test_finetune_example_through_launcher(tmp_path: Path) -> None:
     start = time.monotonic()
     code, out, err = _finish(_launcher(["-n", "2", "examples/finetune.py", "--output-dir",
-                                        str(tmp_path)]))
+                                        str(tmp_path)], subprocess_env(PYTHONWARNINGS="error")))
     elapsed = time.monotonic() - start
     assert code == 0, err
     losses = [float(line.split("loss=")[1].split()[0]) for line in out.splitlines()

@@ -186,7 +186,8 @@ def test_tqdm_and_print_show_on_the_main_process_only() -> None:
 def test_tqdm_without_tqdm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # as if tqdm were not installed
     with pytest.raises(ImportError, match=r"axolotl_dist\.tqdm needs the tqdm package: "
-                                          r"pip install 'axolotl-dist\[hf\]'"):
+                                          r"pip install tqdm \(or, in a clone of axolotl_dist, "
+                                          r"pip install -e '\.\[hf\]'"):
         ad.tqdm(range(2))
 
 

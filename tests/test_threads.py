@@ -53,6 +53,42 @@ def _threads(helper, count, own_groups=False):
     return body
 
 
+def test_a_thread_inside_its_own_function_is_named_at_its_helper_call_not_in_that_function():
+    # the thread in flight is in the user's function (or any code the kit calls: linecache,
+    # torch) when the other thread's call is checked: its site is still the helper call
+    def body():
+        started, release = threading.Event(), threading.Event()
+
+        def slow():
+            started.set()
+            release.wait(20)
+            return 1
+
+        out = {}
+
+        def hold():
+            try:
+                ad.reduce_and_broadcast(slow, sum)  # the holder's line
+            except ad.ThreadConflictError as exc:
+                out["holder"] = str(exc)
+
+        thread = threading.Thread(target=hold, name="holder")
+        thread.start()
+        started.wait(20)
+        try:
+            ad.gather_from_all_ranks(lambda: 2)
+        except ad.ThreadConflictError as exc:
+            out["main"] = str(exc)
+        release.set()
+        thread.join(30)
+        return out
+
+    for out in run_distributed(body, 2, timeout=90):
+        assert re.search(r"was called while reduce_and_broadcast\(\) at tests/test_threads\.py:\d+ "
+                         r"in hold \(thread 'holder'\)", out["main"]), out
+        assert "so its result may be the other call's" in out["holder"], out
+
+
 @pytest.mark.parametrize("ws", [2, 3])
 @pytest.mark.parametrize("helper", ["reduce_and_broadcast", "gather_from_all_ranks"])
 def test_two_threads_on_one_group_get_a_named_error_and_never_each_others_values(ws, helper,

@@ -93,7 +93,12 @@ def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, lau
                        dict(env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                             MASTER_PORT=str(port)), cwd=tmp_path) for r in range(2)]
     try:
-        time.sleep(3.0)
+        # every rank in place (a fixed sleep raced the start-up on a loaded machine): rank 1 in
+        # tokenize for 6 s, rank 0 in the barrier
+        started = (_started(procs[0], 2) if launcher == "torchrun" else
+                   {r: pid for p in procs for r, pid in _started(p, 1).items()})
+        assert len(started) == 2, started
+        time.sleep(1.0)
         out = _where(port, env)
     finally:
         results = [finish(p, 60) for p in procs]

@@ -44,6 +44,8 @@ Protocols built on those
 * :mod:`.reduce`: reduction names. :mod:`.shards`: rows per rank.
 * :mod:`.hf_parts`: ``shared_map``'s parts, files and fingerprints (needs ``datasets``).
 * :mod:`.slurm`: SLURM node-list and tasks-per-node syntax.
+* :mod:`.trace`: recording this rank's kit calls for the timeline (``AXOLOTL_DIST_TRACE``);
+  :mod:`.trace_merge`: merging every rank's file into one Chrome trace, a summary, a picture.
 
 Process lifetime
 

@@ -52,7 +52,7 @@ import pickle
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
-from . import guards
+from . import guards, trace
 from .callsite import CallSite
 from .cleanup import CLEANUP as _CLEANUP
 from .groups import global_ranks, state_of
@@ -435,13 +435,22 @@ def run_in_rounds(f: Callable[[], T], group: Optional["ProcessGroup"], seq: int,
     block = _Rounds(group, seq, rank, ws, site, desc)
     before = [r for r in range(ws) if r % rounds < rank % rounds]
     if before:
+        t0 = trace.now()
         block.wait(lambda: block.full(before), (), lambda: block.missing(before), timeout)
+        if STATE.trace is not None:
+            trace.wait_span("do_n_at_a_time", t0, trace.global_ranks_of(group, before), site,
+                            group, seq)
     try:
         result = f()
     except BaseException as exc:
         block.fail(exc)
         raise
     block.set_bit()
+    t0 = trace.now()
     block.wait(block.full, (), block.missing, timeout)
+    if STATE.trace is not None:
+        after = [r for r in range(ws) if r % rounds > rank % rounds]
+        trace.wait_span("do_n_at_a_time", t0, trace.global_ranks_of(group, after), site, group,
+                        seq)
     block.finish(complete=True)
     return result

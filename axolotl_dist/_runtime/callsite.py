@@ -42,21 +42,24 @@ class CallSite(NamedTuple):
         return f"{self}: {self.code}" if self.code else str(self)
 
 
-#: code object -> whether its frames belong to this package (or contextlib): decided once.
-_OURS: Dict[CodeType, bool] = {}
-#: (code object, line) -> the call site there, built once (a loop of blocks reads it each time).
-_SITES: Dict[Tuple[CodeType, int], CallSite] = {}
+# Both caches key on strings, whose hashes Python keeps: a code object's hash is computed
+# anew on every lookup (over its bytecode and constants), which made a lookup cost ~1 us.
+#: file name -> whether frames of code from it belong to this package (or contextlib).
+_OURS: Dict[str, bool] = {}
+#: (file name, line, function name) -> the call site there, built once (a loop of blocks reads
+#: it each time).
+_SITES: Dict[Tuple[str, int, str], CallSite] = {}
 _CACHE_LIMIT = 4096
 
 
 def is_ours(code: CodeType) -> bool:
     """Whether frames of ``code`` belong to this package (or :mod:`contextlib`)."""
-    ours = _OURS.get(code)
+    name = code.co_filename
+    ours = _OURS.get(name)
     if ours is None:
         if len(_OURS) >= _CACHE_LIMIT:
             _OURS.clear()
-        name = code.co_filename
-        ours = _OURS[code] = name.startswith(_PACKAGE_DIR) or os.path.abspath(name) == _CONTEXTLIB
+        ours = _OURS[name] = name.startswith(_PACKAGE_DIR) or os.path.abspath(name) == _CONTEXTLIB
     return ours
 
 
@@ -69,7 +72,8 @@ def call_site(depth: int = 1) -> CallSite:
         frame = frame.f_back
     if frame is None:  # pragma: no cover - called from inside the package only
         return CallSite("<unknown>", 0, "<unknown>", "")
-    key = (frame.f_code, frame.f_lineno)
+    code = frame.f_code
+    key = (code.co_filename, frame.f_lineno, code.co_name)
     site = _SITES.get(key)
     if site is None:
         if len(_SITES) >= _CACHE_LIMIT:  # generated code (exec in a loop): keep memory flat
@@ -79,8 +83,15 @@ def call_site(depth: int = 1) -> CallSite:
 
 
 def frame_site(frame: Optional[FrameType]) -> Optional[CallSite]:
-    """The user's frame ``frame`` is in, or its innermost caller outside the package (any
-    thread's frame, e.g. from ``sys._current_frames()``); None if there is none."""
+    """Where the thread whose innermost frame is ``frame`` (e.g. from
+    ``sys._current_frames()``) called into the package: the caller outside the package of its
+    innermost package frame. Frames above that one (code the package called: a user's
+    callback, :mod:`linecache`, torch) are skipped. With no package frame on the stack, the
+    innermost frame's line; None for no frame."""
+    inner = frame
+    while inner is not None and not is_ours(inner.f_code):
+        inner = inner.f_back
+    frame = inner if inner is not None else frame
     while frame is not None and is_ours(frame.f_code):
         frame = frame.f_back
     return None if frame is None else _build(frame.f_code, frame.f_lineno)

@@ -1,5 +1,6 @@
-"""What the signalling modules share: timing constants, their env-var names and this host's
-name.
+"""What the signalling modules share: timing constants, this host's name, and the names and
+defaults of every ``AXOLOTL_DIST_*`` variable the kit reads (their table, with how each is
+parsed, is :data:`.envvars.KIT_VARS`).
 
 A leaf: it imports nothing from the package, so :mod:`.store`, :mod:`.peers`, :mod:`.watch`
 and :mod:`.wait` can all read it without importing each other.
@@ -18,6 +19,14 @@ __all__ = [
     "WAIT_LOG_INTERVAL_ENV_VAR",
     "STORE_LINGER_ENV_VAR",
     "AGENT_STORE_ENV_VAR",
+    "DEBUG_ENV_VAR",
+    "DEBUG_TIMEOUT_ENV_VAR",
+    "DEFAULT_DEBUG_TIMEOUT",
+    "DEFAULT_LOGGING_ENV_VAR",
+    "SHARED_FS_ENV_VAR",
+    "LAUNCHER_PID_ENV_VAR",
+    "END_DIR_ENV_VAR",
+    "TRACE_ENV_VAR",
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_WAIT_LOG_INTERVAL",
     "DEFAULT_STORE_LINGER",
@@ -42,6 +51,19 @@ DEFAULT_WAIT_LOG_INTERVAL = 30.0
 #: Seconds the store's host keeps a failure readable for its peers before it exits.
 STORE_LINGER_ENV_VAR = "AXOLOTL_DIST_STORE_LINGER"
 DEFAULT_STORE_LINGER = 5.0
+#: Debug mode's switch, and seconds it waits for a missing rank after the last one arrived.
+DEBUG_ENV_VAR = "AXOLOTL_DIST_DEBUG"
+DEBUG_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_DEBUG_TIMEOUT"
+DEFAULT_DEBUG_TIMEOUT = 5.0
+#: ``0`` turns off ``get_logger``'s stderr output while logging is unconfigured.
+DEFAULT_LOGGING_ENV_VAR = "AXOLOTL_DIST_DEFAULT_LOGGING"
+#: Whether all nodes share one filesystem (``get_fs_local_rank``, ``shared_map``).
+SHARED_FS_ENV_VAR = "AXOLOTL_DIST_SHARED_FS"
+#: Set by ``axolotl-dist`` for its ranks: the launcher's pid, and where a rank records its end.
+LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
+END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
+#: A directory: every rank records its kit calls there for the timeline (off when unset).
+TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
 #: torch elastic's switch: ``True`` when the launcher's agent hosts the store.
 AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 

@@ -50,7 +50,7 @@ __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "che
 #: The per-group call counter (see :mod:`axolotl_dist._runtime.groups`) debug checks are numbered by.
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
-DEBUG_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_DEBUG_TIMEOUT"
+from .constants import DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported for its readers
 
 #: Added to a call's arrival counter when a rank gave up on it.
 ABORT = 1 << 40

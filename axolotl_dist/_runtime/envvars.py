@@ -1,6 +1,9 @@
 """Reading environment variables, in one place: fast raw lookups and the parsers every module
 uses (integers with bounds, seconds, on/off switches), each raising
-:class:`~axolotl_dist.errors.DistributedEnvError` that names the variable and the fix.
+:class:`~axolotl_dist.errors.DistributedEnvError` that names the variable and the fix; and
+:data:`KIT_VARS`, the table of the kit's own ``AXOLOTL_DIST_*`` variables, read only through
+:func:`kit_seconds` / :func:`kit_switch` (so every reader of a variable agrees, and
+``validate_env_vars()`` checks them all). docs/env.md lists exactly these.
 
 Rank queries run in hot loops, and before init a query must look at every launcher's
 variables to learn that none is set (up to seven names). ``os.environ.get`` of an unset name
@@ -19,8 +22,9 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
+from . import constants as c
 from ..errors import DistributedEnvError
 
 __all__ = [
@@ -33,6 +37,13 @@ __all__ = [
     "parse_int",
     "parse_flag",
     "read_seconds",
+    "KitVar",
+    "KIT_VARS",
+    "kit_seconds",
+    "kit_switch",
+    "kit_path",
+    "validate_kit_vars",
+    "SHARED_FS_ENV_VAR",
 ]
 
 #: Values that switch a flag on / off (case-insensitive, surrounding spaces ignored).
@@ -122,3 +133,66 @@ def read_seconds(name: str, default: float) -> float:
             f"{name}={text(value)!r} must be a positive number of seconds: set e.g. "
             f"{name}={default:g}")
     return seconds
+
+
+# --- the kit's own variables -----------------------------------------------------------------
+
+class KitVar(NamedTuple):
+    """One ``AXOLOTL_DIST_*`` variable: how it is read, its default, and the fix a bad value's
+    error suggests."""
+
+    kind: str  #: "seconds", "switch", "path", or "launcher" (set by ``axolotl-dist``)
+    default: object  #: seconds (float) or a switch's state (bool); None otherwise
+    fix: str
+
+
+SHARED_FS_ENV_VAR = c.SHARED_FS_ENV_VAR
+
+#: Every ``AXOLOTL_DIST_*`` variable the kit reads (``tests/test_docs.py`` checks that the code
+#: names no other and that docs/env.md lists exactly these).
+KIT_VARS: Dict[str, KitVar] = {
+    c.DEBUG_ENV_VAR: KitVar("switch", False, f"set {c.DEBUG_ENV_VAR}=1 to turn debug mode on or "
+                            f"{c.DEBUG_ENV_VAR}=0 (or unset it) to leave it off"),
+    c.DEBUG_TIMEOUT_ENV_VAR: KitVar("seconds", c.DEFAULT_DEBUG_TIMEOUT, ""),
+    c.DEFAULT_LOGGING_ENV_VAR: KitVar(
+        "switch", True, f"set {c.DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr fallback off or "
+        f"{c.DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it"),
+    c.SHARED_FS_ENV_VAR: KitVar("switch", False, "set it to 1 if all nodes share one "
+                                "filesystem, else 0"),
+    c.HEARTBEAT_TIMEOUT_ENV_VAR: KitVar("seconds", c.DEFAULT_HEARTBEAT_TIMEOUT, ""),
+    c.WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", c.DEFAULT_WAIT_LOG_INTERVAL, ""),
+    c.STORE_LINGER_ENV_VAR: KitVar("seconds", c.DEFAULT_STORE_LINGER, ""),
+    c.TRACE_ENV_VAR: KitVar("path", None, ""),
+    c.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
+    c.END_DIR_ENV_VAR: KitVar("launcher", None, ""),
+}
+
+
+def kit_seconds(name: str) -> float:
+    """Seconds variable ``name`` of :data:`KIT_VARS` (its default when unset or blank)."""
+    return read_seconds(name, float(KIT_VARS[name].default))  # type: ignore[arg-type]
+
+
+def kit_switch(name: str) -> bool:
+    """Switch ``name`` of :data:`KIT_VARS` (its default when unset or blank)."""
+    value = raw(name)
+    if value is None or not text(value).strip():
+        return bool(KIT_VARS[name].default)
+    return parse_flag(name, value, KIT_VARS[name].fix)
+
+
+def kit_path(name: str) -> Optional[str]:
+    """Path variable ``name`` of :data:`KIT_VARS`; None when unset or blank."""
+    value = raw(name)
+    if value is None or not text(value).strip():
+        return None
+    return text(value).strip()
+
+
+def validate_kit_vars() -> None:
+    """Read every set variable of :data:`KIT_VARS`; raise for the first bad one."""
+    for name, var in KIT_VARS.items():
+        if var.kind == "seconds":
+            kit_seconds(name)
+        elif var.kind == "switch":
+            kit_switch(name)

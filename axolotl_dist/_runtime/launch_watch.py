@@ -26,8 +26,8 @@ import time
 from typing import Callable, Optional
 
 from . import procs, where
-from .constants import DEFAULT_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
-from .envvars import read_seconds
+from .constants import WAIT_LOG_INTERVAL_ENV_VAR
+from .envvars import kit_seconds
 
 __all__ = ["Watcher", "STOP_SIGNALS"]
 
@@ -74,7 +74,7 @@ class Watcher:
 
     def _run(self) -> None:
         start = time.monotonic()
-        every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+        every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
         next_note = start + every
         stop_sig, stop_at = 0, 0.0
         while not self._stop.is_set():

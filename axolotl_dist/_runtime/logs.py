@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from typing import Any, Optional, TextIO
 
 from . import envvars
 
-__all__ = ["DEFAULT_LOGGING_ENV_VAR", "FORMAT", "StderrHandler", "FALLBACK", "fallback_level",
-           "rank_prefix", "KitLog", "kit"]
+__all__ = ["DEFAULT_LOGGING_ENV_VAR", "FORMAT", "StderrHandler", "FALLBACK", "bars_open",
+           "bar_write", "add_bar", "BARS", "fallback_level", "rank_prefix", "KitLog", "kit"]
 
 #: Set to ``0`` to turn off the stderr fallback for unconfigured logging.
-DEFAULT_LOGGING_ENV_VAR = "AXOLOTL_DIST_DEFAULT_LOGGING"
+from .constants import DEFAULT_LOGGING_ENV_VAR  # noqa: E402 - re-exported for log.py
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -40,15 +41,46 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def stream(self, value: Any) -> None:
         pass  # always the current sys.stderr (redirections and test capture keep working)
 
+    def emit(self, record: logging.LogRecord) -> None:
+        if not bars_open():
+            super().emit(record)
+            return
+        try:
+            bar_write(self.format(record), sys.stderr)
+        except Exception:  # noqa: BLE001 - as logging does: report, never raise
+            self.handleError(record)
+
+
+#: The kit's progress bars on screen (``ad.tqdm``, ``shared_map``'s): lines the kit prints
+#: while one is open go above it (:func:`bar_write`), not onto it.
+BARS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def add_bar(bar: Any) -> Any:
+    """Register ``bar`` (a tqdm bar) unless it is disabled; returns it."""
+    if not getattr(bar, "disable", True):
+        BARS.add(bar)
+    return bar
+
+
+def bars_open() -> bool:
+    """Whether one of the kit's progress bars is on screen in this process."""
+    return any(not getattr(bar, "disable", True) for bar in list(BARS)) if BARS else False
+
+
+def bar_write(text: str, file: Any, end: str = "\n") -> None:
+    """Write ``text`` above the open progress bars (``tqdm.write``), so no line is glued onto
+    a bar; call when :func:`bars_open`."""
+    for bar in list(BARS):
+        type(bar).write(text, file=file, end=end)
+        return
+
 
 FALLBACK = StderrHandler()
 
 
 def _fallback_on() -> bool:
-    raw = envvars.raw(DEFAULT_LOGGING_ENV_VAR)
-    return raw is None or not envvars.text(raw).strip() or envvars.parse_flag(
-        DEFAULT_LOGGING_ENV_VAR, raw, f"set {DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr "
-        f"fallback off or {DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it")
+    return envvars.kit_switch(DEFAULT_LOGGING_ENV_VAR)
 
 
 def fallback_level(logger: logging.Logger) -> Optional[int]:

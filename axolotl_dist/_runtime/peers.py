@@ -17,6 +17,7 @@ import json
 import os
 import pickle
 import threading
+import time
 import uuid
 import weakref
 from contextlib import contextmanager
@@ -39,8 +40,10 @@ __all__ = [
     "launcher_name",
     "peer",
     "who_key",
+    "waiting_key",
     "peer_record",
     "start_heartbeat",
+    "host_leaving",
     "stop_heartbeat",
     "exit_connection",
     "store_host_gone",
@@ -93,6 +96,15 @@ def peer_record(rank: int) -> Optional[Peer]:
     return STATE.peers.get(rank)
 
 
+def waiting_key(rank: int) -> str:
+    """The store counter of global ``rank``'s kit waits that have run past their first slice
+    or polls (above 0: it is waiting for other ranks, and judges them every
+    ``LIVENESS_INTERVAL``). A wait that ends on an exception leaves its count: the rank is
+    about to report that exception (see :func:`.records.await_peers_told`). Created (at 0) when
+    the rank's heartbeat starts, so the store's key count does not grow with long waits."""
+    return f"axd/waiting/{rank}"
+
+
 def who_key(run: str, rank: int) -> str:
     """The root-store key of global ``rank``'s record in run ``run``."""
     return f"axolotl_dist/{run}/who/{rank}"
@@ -118,6 +130,9 @@ def _run_id(base: "Store") -> str:
 
 # --- the heartbeat ---------------------------------------------------------------------------
 
+#: Seconds between the heartbeat's looks at the exit records (between beats too).
+_EXITS_EVERY = 0.25
+
 class _Heartbeat:
     """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``), copies the peers' records,
     and answers requests for a snapshot of this rank (:mod:`.where`)."""
@@ -136,6 +151,8 @@ class _Heartbeat:
         STATE.peers[rank] = me
         raw.set(who_key(run, rank), _encode(me))
         raw.add(where.hb_key(run, rank), 1)
+        store.add(waiting_key(rank), 0)  # created now: the key count stays flat afterwards
+        store.add("axd/exits", 0)
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
 
@@ -154,6 +171,9 @@ class _Heartbeat:
         if requests > self.answered:  # someone asked where this rank is
             self.answered = requests
             where.answer(self.raw, self.run, self.rank, requests)
+        self._check_exits()
+
+    def _check_exits(self) -> None:
         exits = self.store.add("axd/exits", 0)
         if exits > self.exits_seen:  # a rank left an exit record: keep a copy, say so
             self.exits_seen = exits
@@ -170,26 +190,40 @@ class _Heartbeat:
                 continue
             STATE.exits[r] = pickle.loads(self.store.get(key))
             self.store.set(f"{key}/ack/{self.rank}", b"")
+        if host_leaving():
+            raise _HostLeaving()  # the last store call of this heartbeat
 
     def _run(self) -> None:
         key = where.hb_key(self.run, self.rank)
         # The peers' records first, at once (they record themselves at init), so that a peer
         # that dies soon after is judged by its pid with no store call (see store_host_gone):
-        # short, doubling waits until every record is here, then one beat per interval.
-        wait = min(0.005, self.interval)
+        # short, doubling waits until every record is here; then a look at the exit records
+        # every _EXITS_EVERY seconds (a failing store host waits for every rank's copy before
+        # its store goes) and one beat per interval.
+        wait, last_beat = min(0.005, self.interval), 0.0
+        every = min(_EXITS_EVERY, self.interval)
         while not self.stop.wait(wait):
             if resolve(None) is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
-            beating = wait >= self.interval
+            steady = wait >= every
             try:
-                if beating:
-                    self._beat(key)
+                if steady:
+                    now = time.monotonic()
+                    if now - last_beat >= self.interval:
+                        last_beat = now
+                        self._beat(key)
+                    else:
+                        self._check_exits()
                 if len(STATE.peers) < self.world_size:
                     self._copy_peers()
-            except Exception:  # noqa: BLE001 - store gone: nothing to report to
+            except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
-            copying = not beating and len(STATE.peers) < self.world_size
-            wait = min(wait * 2, self.interval) if copying else self.interval
+            copying = not steady and len(STATE.peers) < self.world_size
+            wait = min(wait * 2, every) if copying else every
+
+
+class _HostLeaving(Exception):
+    """The store's host is ending on a failure and this rank has its record: stop beating."""
 
 
 _LOCK = threading.Lock()
@@ -242,6 +276,21 @@ def stop_heartbeat() -> None:
 
 
 # --- a store host that is gone ---------------------------------------------------------------
+
+def host_leaving() -> bool:
+    """Whether the world store's host (another rank) is ending on a failure: this rank copied
+    its exit record. The host keeps the store up only until every rank has that copy, so from
+    here on the kit makes no store call it can avoid (one in flight when the host's process
+    ends makes torch print a C++ trace). Free while no exit record was copied."""
+    if not STATE.exits:
+        return False
+    host = store_host()
+    if host is None or not dist.is_initialized() or host == dist.get_rank():
+        return False
+    record = STATE.exits.get(host)
+    return record is not None and record[0] is not None
+
+
 
 def _host_gone_how() -> Optional[str]:
     """How this rank knows the world store's host (another rank's process on this host) has

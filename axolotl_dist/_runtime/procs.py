@@ -30,7 +30,7 @@ __all__ = [
 _TCP_LISTEN = "0A"
 
 #: Set by ``axolotl-dist`` in every rank: the launcher's pid (ranks die with it).
-LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
+from .constants import LAUNCHER_PID_ENV_VAR  # noqa: E402 - re-exported for its readers
 
 
 def _stat(pid: int) -> Optional[Tuple[str, int]]:

@@ -35,7 +35,7 @@ __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUA
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
 #: Where each rank records how and when its script ended (set by the launcher).
-END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
+from .constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
 _PR_SET_PDEATHSIG = 1
 
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from .envvars import read_seconds
+from .envvars import kit_seconds
 from .groups import global_ranks, resolve
-from .constants import (DEFAULT_STORE_LINGER, HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL,
-                        STORE_LINGER_ENV_VAR)
+from .constants import HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR
 from .peers import exit_connection, peer_record, store_host_gone, store_lost_error
 from .store import hosts_store, is_store_error, world_store
-from .watch import Watch, exit_key, lost_error
+from .state import STATE
+from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
 from ..errors import DistributedEnvError, RankFailedError, failure_report, learnt_failure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,7 +64,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
 
 def linger_timeout() -> float:
     """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
-    return read_seconds(STORE_LINGER_ENV_VAR, DEFAULT_STORE_LINGER)
+    return kit_seconds(STORE_LINGER_ENV_VAR)
 
 
 def await_readers(store: "Store", key: str, readers: Sequence[int],
@@ -86,6 +86,9 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
         pass
 
 
+#: Seconds a failing store host keeps its store up after every rank copied its exit record:
+#: calls already on the wire finish (a rank with the copy starts none: see peers.host_leaving).
+_DRAIN = 0.1
 #: Seconds between the store host's looks at the ranks it lingers for (at exit only: a rank
 #: that died is usually known by its pid, without waiting for a heartbeat).
 _LINGER_CHECK = 0.05
@@ -140,6 +143,8 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
             report = exc.to_report()
         else:
             report = failure_report(rank, exc, "its script")
+        if any(state.abandoned for state in list(STATE.groups.values())):
+            store.set(pending_key(rank), b"")  # first: a reader of the record sees it
         store.set(exit_key(rank), pickle.dumps((report, time.time())))
         store.add("axd/exits", 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
@@ -158,15 +163,23 @@ def mark_exited(record: Tuple["Store", int, bool]) -> None:
 
 
 def await_peers_told(store: "Store", rank: int, world_size: int) -> None:
-    """For a rank that does not host the store, ending on a failure: wait until every other
-    rank has finished its exit (a peer in a kit wait reads this rank's record, raises naming
-    it, and exits) or is gone, at most :data:`FAILED_EXIT_GRACE` seconds (a peer busy
-    elsewhere costs that much). Never raises."""
+    """For a rank that does not host the store, ending on a failure: wait until no other rank
+    is in a kit wait any more (each one there reads this rank's record within a
+    ``LIVENESS_INTERVAL``, raises naming it, and keeps its wait counted until its own exit:
+    :func:`.watch.waiting_key`) or it is gone, at most :data:`FAILED_EXIT_GRACE` seconds.
+    A rank busy elsewhere is not waited for: it could not name this rank before a launcher
+    stopped it anyway. Never raises."""
     others = [r for r in range(world_size) if r != rank]
+    deadline = time.monotonic() + FAILED_EXIT_GRACE
     try:
-        _linger(lambda: store.add("axd/gone", 0) >= world_size,
-                lambda: [r for r in others if not store.check([f"axd/gone/{r}"])],
-                Watch(store, rank), exits=False, bound=FAILED_EXIT_GRACE)
+        watcher = Watch(store, rank)
+        while time.monotonic() < deadline:
+            waiting = [r for r in others if store.add(waiting_key(r), 0) > 0
+                       and not store.check([f"axd/gone/{r}"])]
+            if not waiting or len(watcher.find_lost(waiting, time.monotonic(),
+                                                    exits=False)) == len(waiting):
+                return
+            time.sleep(_LINGER_CHECK)
     except Exception:  # noqa: BLE001
         pass
 
@@ -191,6 +204,7 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
 
         if failed:
             _linger(copied, left, Watch(store, rank), exits=True)
+            time.sleep(_DRAIN)  # store calls already in flight finish (none start after a copy)
         else:
             _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
                     exits=False)

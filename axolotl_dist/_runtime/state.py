@@ -36,6 +36,8 @@ field              what it is, who writes it
 ``crossed``        thread id -> why its call in flight must not return (:mod:`.threads`)
 ``store_spy``      a test's wrapper around the store a block uses (None: none), see
                    :func:`axolotl_dist.testing.count_store_calls`
+``trace``          the recorder of this rank's kit calls while tracing is on, else None
+                   (:mod:`.trace`)
 =================  ==========================================================================
 
 :func:`reset` forgets all of it (or the named parts). The test harness calls it in every
@@ -73,7 +75,7 @@ class ProcessState:
     __slots__ = ("groups", "learnt", "peers", "exits", "heartbeat", "run", "exit_store", "helpers",
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
-                 "calls", "crossed", "store_spy")
+                 "calls", "crossed", "store_spy", "trace")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -99,6 +101,7 @@ class ProcessState:
         self.calls: Dict[int, Any] = {}
         self.crossed: Dict[int, str] = {}
         self.store_spy: Optional[Callable[[Any], Any]] = None
+        self.trace: Any = None
 
 
 STATE = ProcessState()
@@ -113,6 +116,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "debug": ("debug_on", "debug_timeout", "debug_explicit", "debug_env_error"),
     "blocks": ("first_runs", "inside", "unconfirmed", "waits", "guards", "guarded", "store_spy"),
     "threads": ("calls", "crossed"),
+    "trace": ("trace",),
 }
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import sys
 import time
 import weakref
@@ -38,7 +39,9 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import backends, blocks, peers, records, store, tracebacks, works
+from . import backends, blocks, peers, records, store, trace, trace_merge, tracebacks, works
+from . import envvars
+from .constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
 from . import cleanup as cleanup_keys
 from .logs import kit as log
 from .state import STATE
@@ -49,6 +52,8 @@ _CLEANUP_HOOKS: List[Callable[[], None]] = []
 _REGISTERED = False
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
+#: A trace closed by :func:`teardown`, for :func:`cleanup` to merge.
+_TRACED: List[Any] = []
 #: Groups kept alive at exit because a collective on them was left pending (:mod:`.works`).
 _KEPT: List["weakref.ref[Any]"] = []
 #: Seconds a cleanup waits for the background deletion of finished blocks' keys.
@@ -86,8 +91,11 @@ def cleanup() -> None:
     deleted later. The kit's own helpers are waited for exactly (their buffers' references);
     other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
     """
+    recorder = trace.finish()  # None if the exit's teardown closed it (with its exception)
+    if recorder is None and _TRACED:
+        recorder = _TRACED.pop()
     peers.stop_heartbeat()
-    if not peers.store_host_gone():
+    if not peers.store_host_gone() and not peers.host_leaving():
         _confirm_blocks()
         cleanup_keys.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
     for hook in list(_CLEANUP_HOOKS):
@@ -98,6 +106,16 @@ def cleanup() -> None:
             torch.cuda.synchronize()
         _KEPT.extend(weakref.ref(pg) for pg in works.keep_abandoned())  # Ctrl-C in a collective
         dist.destroy_process_group()
+    if recorder is not None and recorder.rank == 0 and not _launcher_merges(recorder.directory):
+        trace_merge.merge_at_exit(recorder.directory, recorder.world_size)
+
+
+def _launcher_merges(directory: str) -> bool:
+    """Whether the ``axolotl-dist`` launcher will merge the trace in ``directory`` when every
+    rank ended: it started this rank with ``AXOLOTL_DIST_TRACE`` naming it."""
+    asked = envvars.kit_path(TRACE_ENV_VAR)
+    return bool(os.environ.get(LAUNCHER_PID_ENV_VAR)) and asked is not None and \
+        os.path.abspath(asked) == directory
 
 
 def _confirm_blocks() -> None:
@@ -136,13 +154,18 @@ def teardown(exc: Optional[BaseException] = None) -> None:
         peers.stop_heartbeat()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    recorder = trace.finish(exc)  # the trace's last line says how this process ended
+    if recorder is not None:
+        _TRACED.append(recorder)
     hosts = store.hosts_store()
     # the group owns the store's server: keep it past destroy_process_group() while we linger
     server = store.world_store() if hosts else None
     peers.stop_heartbeat()
-    # store calls go through the bounded worker: a stopped store host must not hang the exit
+    # store calls go through the bounded worker: a stopped store host must not hang the exit;
+    # none at all once the host is ending on a failure this rank has a copy of (its store is
+    # about to go: a call in flight then makes torch print a C++ trace)
     record = store.bounded(lambda: records.publish_exit(exc), _STORE_CALLS) \
-        if world_size > 1 else None
+        if world_size > 1 and not peers.host_leaving() else None
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
     try:
         cleanup()

@@ -17,14 +17,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import procs, where
-from .constants import (DEFAULT_WAIT_LOG_INTERVAL, HOST, LIVENESS_INTERVAL,
-                        MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR)
-from .envvars import read_seconds
+from .constants import HOST, LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
+from .envvars import kit_seconds
 from .logs import kit as log
-from .peers import peer_record, store_host_gone, store_lost_error
+from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
 from .state import STATE
 from .store import Job, StoreHostGoneError, is_store_error, store_address, store_host, submit, world_store
-from .watch import Watch, lost_error
+from .watch import Watch, lost_error, waiting_key
 from ..errors import DistributedEnvError, RankFailedError, RankTimeoutError
 
 __all__ = ["poll_until", "where_they_are", "noted"]
@@ -108,7 +107,7 @@ def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
           what: str, me: int, slow: Optional[Callable[[], None]], watched: List[int]) -> None:
     start = time.monotonic()
     watcher = Watch(world_store())
-    log_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+    log_every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
     next_log = start + log_every
     next_check = start + LIVENESS_INTERVAL / 2
     spins, delay = 0, 0.0005
@@ -116,13 +115,19 @@ def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
     job_since = start
     told_where = False
     pending_slow = [slow] if slow is not None else []
+    marked: List[bool] = []
 
     def probe(liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
+        if host_leaving():  # no store call: the host's store is about to go
+            return "lost", watcher.find_lost([], now, what)
         if ready():
             return "ready", None
         if pending_slow and not inline:  # on the worker: the wait has left its inline polls
             pending_slow.pop()()
         if liveness:
+            if not marked:
+                watcher.store.add(waiting_key(watcher.me), 1)
+                marked.append(True)
             watched[:] = watch()
             lost = watcher.find_lost(watched, now, what)
             if lost:
@@ -151,6 +156,8 @@ def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
             verdict, lost = job.result()
             job = None
             if verdict == "ready":
+                if marked:  # a normal end (an exception keeps the count: see waiting_key)
+                    submit(lambda: watcher.store.add(waiting_key(watcher.me), -1))
                 return
             if verdict == "lost":
                 raise lost_error(lost, what)
@@ -191,7 +198,7 @@ class noted:
         self.thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> "noted":
-        every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+        every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
         start = time.monotonic()
 
         def run() -> None:

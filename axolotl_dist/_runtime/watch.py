@@ -16,20 +16,19 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch.distributed as dist
 
 from . import procs
-from .constants import (DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_WAIT_LOG_INTERVAL,
-                        HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR)
-from .envvars import read_seconds
+from .constants import HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
+from .envvars import kit_seconds
 from .logs import kit as log
-from .peers import check_store_host, peer
+from .peers import check_store_host, host_leaving, peer, waiting_key
 from .state import STATE
-from .store import world_store
+from .store import store_host, world_store
 from .where import BEATS, hb_key, raw_store
 from ..errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["Lost", "exit_key", "Watch", "lost_error"]
+__all__ = ["Lost", "exit_key", "pending_key", "waiting_key", "Watch", "lost_error"]
 
 
 class Lost(NamedTuple):
@@ -48,6 +47,12 @@ def exit_key(rank: int) -> str:
     return f"axd/exit/{rank}"
 
 
+def pending_key(rank: int) -> str:
+    """Set (before its exit record) when global ``rank`` exits with a collective left pending
+    (Ctrl-C in its wait): its peers in that collective name it without a grace."""
+    return f"axd/exit/{rank}/pending"
+
+
 class Watch:
     """Judges the global ranks a waiter depends on (see the module docstring)."""
 
@@ -59,14 +64,19 @@ class Watch:
         self.warned: Dict[int, float] = {}
         self.checked: Dict[int, int] = {}  # rank -> exit count when its record was looked for
         self.exited: Dict[int, Lost] = {}
-        self.remote_timeout = read_seconds(HEARTBEAT_TIMEOUT_ENV_VAR, DEFAULT_HEARTBEAT_TIMEOUT)
-        self.warn_every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+        self.remote_timeout = kit_seconds(HEARTBEAT_TIMEOUT_ENV_VAR)
+        self.warn_every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
 
     def find_lost(self, ranks: Sequence[int], now: float, what: str = "",
                   exits: bool = True) -> List[Lost]:
         """The ranks among ``ranks`` that are gone; warns about stopped or silent ones.
         ``exits``: a rank that left an exit record counts as gone (else only a gone process).
-        Raises :class:`~.store.StoreHostGoneError` if the store's host is known gone."""
+        Raises :class:`~.store.StoreHostGoneError` if the store's host is known gone. The
+        store's host ending on a failure (its record copied: :func:`.peers.host_leaving`) is
+        the one lost rank, judged without a store call."""
+        if host_leaving():
+            host = store_host()
+            return [self._from_record(host, *STATE.exits[host])]
         check_store_host()
         exited = self._exit_records(ranks) if exits else {}
         lost: List[Lost] = []
@@ -98,16 +108,21 @@ class Watch:
                 continue
             report, when = pickle.loads(self.store.get(exit_key(rank)))
             self.store.set(f"{exit_key(rank)}/ack/{self.me}", b"")
-            if report is None:
-                self.exited[rank] = Lost(rank, "exited", "its process finished its script and "
-                                         "exited (no uncaught exception)", None, when)
-            else:
-                error = RankFailedError.from_report(report)
-                detail = (f"its process exited after learning that rank {error.rank} failed"
-                          if error.rank != rank else f"its process exited after an uncaught "
-                          f"{error.exc_type}: {error.exc_message}")
-                self.exited[rank] = Lost(rank, "exited", detail, error, when)
+            STATE.exits.setdefault(rank, (report, when))
+            self.exited[rank] = self._from_record(rank, report, when)
         return {r: self.exited[r] for r in ranks if r in self.exited}
+
+    @staticmethod
+    def _from_record(rank: int, report: Optional[bytes], when: float) -> Lost:
+        """Global ``rank`` judged by its exit record (``report``: its failure, if any)."""
+        if report is None:
+            return Lost(rank, "exited", "its process finished its script and exited (no "
+                        "uncaught exception)", None, when)
+        error = RankFailedError.from_report(report)
+        detail = (f"its process exited after learning that rank {error.rank} failed"
+                  if error.rank != rank else f"its process exited after an uncaught "
+                  f"{error.exc_type}: {error.exc_message}")
+        return Lost(rank, "exited", detail, error, when)
 
     def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
         run = STATE.run

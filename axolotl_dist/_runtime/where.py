@@ -273,7 +273,7 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
 
 
 #: Set by ``axolotl-dist`` in every rank: where a rank leaves notes for the launcher.
-END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
+from .constants import END_DIR_ENV_VAR  # noqa: E402 - one name, two readers
 STORE_NOTE = "store.json"
 
 

@@ -27,15 +27,15 @@ import torch
 import torch.distributed as dist
 
 from . import where
-from .constants import (DEFAULT_WAIT_LOG_INTERVAL, LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL,
-                        WAIT_LOG_INTERVAL_ENV_VAR)
-from .envvars import read_seconds
+from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
+from .envvars import kit_seconds
 from .logs import kit as log
 from .groups import global_ranks, state_of
 from .state import STATE
 from .store import world_store
 from .wait import where_they_are
-from .watch import Watch, lost_error
+from .peers import host_leaving
+from .watch import Watch, lost_error, pending_key, waiting_key
 
 __all__ = ["wait", "wait_all", "keep_abandoned", "SLICE"]
 
@@ -75,7 +75,7 @@ def _left(work: Any, group: Any, exc: BaseException) -> None:
         if not work.is_completed():
             state = state_of(group)
             if state is not None:
-                state.abandoned = True
+                state.abandoned = True  # publish_exit then sets .watch.pending_key
                 _ABANDONED.append(work)
     except Exception:  # noqa: BLE001 - best effort: the exception itself matters
         pass
@@ -114,10 +114,13 @@ def _wait_long(work: Any, group: Any, what: str) -> None:
     thread = threading.get_ident()
     waited_for: List[int] = list(peers)
     STATE.waits[thread] = where.Registered(what, waited_for)
+    marked = False
     try:
         watcher = Watch(world_store(), me)
+        watcher.store.add(waiting_key(me), 1)
+        marked = True
         start = time.monotonic()
-        every = read_seconds(WAIT_LOG_INTERVAL_ENV_VAR, DEFAULT_WAIT_LOG_INTERVAL)
+        every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
         next_log = start + every
         told_where = False
         next_look = start  # the first look at the peers at once: a dead one is named promptly
@@ -126,7 +129,7 @@ def _wait_long(work: Any, group: Any, what: str) -> None:
             if now >= next_look:
                 next_look = now + LIVENESS_INTERVAL
                 lost = watcher.find_lost(peers, now, what)
-                if lost:
+                if lost and not _completes(work, _grace(watcher, lost)):
                     raise lost_error(lost, what)
                 if now >= next_log:
                     place = ""
@@ -140,12 +143,60 @@ def _wait_long(work: Any, group: Any, what: str) -> None:
                     next_log = now + every
             try:
                 work.wait(_SLICE)
-                return
+                break
             except RuntimeError as exc:
                 if not _timed_out(exc):
                     raise
     finally:
         STATE.waits.pop(thread, None)
+    if marked:  # a normal end (an exception keeps the count: see watch.waiting_key)
+        try:
+            watcher.store.add(waiting_key(me), -1)
+        except Exception:  # noqa: BLE001 - the collective completed; the store may be gone
+            pass
+
+
+#: Seconds a collective may still take to complete once a peer is found to have exited
+#: normally: it finished its part of this collective before it left (its last messages are
+#: still being processed here). A peer that failed gets :data:`SLICE` twice: it may have
+#: failed on the line after this collective (a wait that looked at the peers just before the
+#: collective completed here); one that left this collective pending (Ctrl-C in it) none.
+LOST_GRACE = 1.0
+
+
+def _grace(watcher: Watch, lost: List[Any]) -> float:
+    """Seconds the collective gets to complete, given the ``lost`` peers (see
+    :data:`LOST_GRACE`): store calls only while the store's host stays."""
+    if host_leaving():
+        return 0.0
+    try:
+        if any(watcher.store.check([pending_key(gone.rank)]) for gone in lost):
+            return 0.0
+    except Exception:  # noqa: BLE001 - the store is going: name the peer now
+        return 0.0
+    if all(gone.how == "exited" and gone.report is None for gone in lost):
+        return LOST_GRACE
+    return 2 * SLICE
+
+
+def _completes(work: Any, grace: float) -> bool:
+    """Whether ``work`` completes within ``grace`` seconds (in slices, so that a signal is
+    still handled). A collective a lost peer never joined fails at once (its connections
+    closed) or times out here: then the caller names the peer."""
+    try:
+        if work.is_completed():
+            return True
+    except RuntimeError:
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            work.wait(_SLICE)
+            return True
+        except RuntimeError as exc:
+            if not _timed_out(exc):
+                return False
+    return False
 
 
 def wait_all(works: List[Any], group: Any, what: str, cpu: bool = True) -> None:

@@ -1,0 +1,390 @@
+"""Recording this rank's kit calls for the cross-rank timeline (``AXOLOTL_DIST_TRACE``).
+
+While tracing is on (``STATE.trace`` holds a :class:`Recorder`), every outermost kit call on a
+thread becomes one span (helper, call site, group, the group's call number, bytes this rank
+sent), and the waits the kit knows of become spans with the ranks waited for: a ``zero_first``
+block's wait for its first rank(s), a ``do_n_at_a_time`` round's wait, ``shared_map``'s wait
+for the other parts. Users add spans with :func:`axolotl_dist.tracing.trace_span`. Off, the
+only cost is the ``STATE.trace is None`` test the helpers' wrapper makes.
+
+Each rank appends to its own ``rank<k>.jsonl`` in the trace directory, one JSON object per
+line, copied as it happens into a shared memory map of the file (:class:`_MappedFile`: no
+system call per event): a rank killed mid-run leaves every event up to its death, because the
+kernel's page cache, not the process, holds what was copied. The file grows in
+:data:`_CHUNK` steps, allocated before use (a full disk stops tracing, never the run), and
+is cut to its length when the rank ends; a killed rank's file ends in zero bytes, which the
+merge skips. Times are this host's monotonic clock in
+nanoseconds; :func:`align` measures, through the c10d store, each rank's offset to rank 0's
+clock and its error bound (half the best of a few round trips), written in the file's first
+line. :mod:`.trace_merge` turns the files into one Chrome trace. Line kinds:
+
+* ``meta``: rank, world size, host, pid, clock offset and error bound;
+* ``thread`` / ``group``: a thread's row and name; a group's name and global ranks;
+* ``span``: kind (``helper``, ``body``, ``wait``, ``user``), name, start, duration, thread,
+  site, group and call number, bytes, ranks waited for, how it synchronizes (``all``: it waits
+  for every rank; ``src:k``: the others wait for group rank ``k``; ``none``: it records its
+  own waits), the error if it raised;
+* ``end``: the process ended (normally, or on an exception named there).
+
+See docs/design.md, "Timeline".
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from .state import STATE
+
+__all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
+           "add_bytes", "wait_span", "body_span", "global_ranks_of", "now", "FILE_PREFIX"]
+
+#: Per-rank event files are ``rank<k>.jsonl``.
+FILE_PREFIX = "rank"
+#: Round trips measured per rank when aligning clocks; the best one is kept.
+_ROUNDS = 5
+#: How long one side of the alignment waits for the other (a rank that does not trace, or is
+#: slow to start): past it, tracing stays off with a warning.
+_ALIGN_WAIT = timedelta(seconds=60)
+
+now = time.monotonic_ns
+
+
+def _js(text: str, cache: Dict[str, str] = {}) -> str:  # noqa: B006 - a deliberate memo
+    out = cache.get(text)
+    if out is None:
+        if len(cache) > 4096:
+            cache.clear()
+        out = cache[text] = json.dumps(text)
+    return out
+
+
+#: Bytes the event file grows by at a time (one allocation per ~5000 spans).
+_CHUNK = 1 << 20
+
+
+class _MappedFile:
+    """Append-only writes into a memory map of a file (see the module docstring); falls back
+    to ``os.write`` where the file cannot be mapped or grown."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.lock = threading.Lock()
+        self.pos = 0
+        self.map: Optional[mmap.mmap] = None
+        try:
+            os.posix_fallocate(self.fd, 0, _CHUNK)
+            self.map = mmap.mmap(self.fd, _CHUNK)
+        except (OSError, ValueError, AttributeError):  # no space, or no mmap here
+            self.map = None
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            mapped = self.map
+            end = self.pos + len(data)
+            if mapped is not None and end > len(mapped):
+                mapped = self._grow(end)
+            if mapped is None:
+                os.pwrite(self.fd, data, self.pos)
+            else:
+                mapped[self.pos:end] = data
+            self.pos = end
+
+    def _grow(self, end: int) -> Optional[mmap.mmap]:
+        assert self.map is not None
+        size = (end // _CHUNK + 1) * _CHUNK
+        try:
+            os.posix_fallocate(self.fd, 0, size)  # real blocks: a full disk raises here
+            self.map.resize(size)
+        except (OSError, ValueError, SystemError):  # keep writing without the map
+            self.map.close()
+            self.map = None
+        return self.map
+
+    def close(self) -> None:
+        with self.lock:
+            if self.map is not None:
+                self.map.close()
+                self.map = None
+            os.ftruncate(self.fd, self.pos)
+            os.close(self.fd)
+
+
+class Recorder:
+    """One rank's event file (see the module docstring)."""
+
+    def __init__(self, directory: str, rank: int, world_size: int, offset_ns: int,
+                 error_ns: int) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory, self.rank, self.world_size = directory, rank, world_size
+        self.path = os.path.join(directory, f"{FILE_PREFIX}{rank}.jsonl")
+        self.file: Optional[_MappedFile] = _MappedFile(self.path)
+        self.threads: Dict[int, int] = {}
+        self.groups: Dict[Any, str] = {}
+        self.seq: Dict[str, int] = {}
+        self.active: Set[int] = set()  # threads inside a traced kit call (nested calls: none)
+        self.moved: Dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.default_name = ""  # the default group's name, once the meta line is written
+        self._line({"e": "meta", "rank": rank, "world_size": world_size,
+                    "host": socket.gethostname(), "pid": os.getpid(), "offset_ns": offset_ns,
+                    "error_ns": error_ns, "clock": "monotonic", "t": now()})
+
+    def _line(self, obj: Dict[str, Any]) -> None:
+        self._raw(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def _raw(self, line: str) -> None:
+        file = self.file
+        if file is None:  # ended
+            return
+        try:
+            file.write(line.encode())
+        except (OSError, ValueError):  # the disk is full: tracing never fails a run
+            pass
+
+    def thread(self) -> int:
+        """This thread's row (its first event names it)."""
+        ident = threading.get_ident()
+        row = self.threads.get(ident)
+        if row is None:
+            with self.lock:
+                row = self.threads[ident] = len(self.threads)
+            self._line({"e": "thread", "th": row, "name": threading.current_thread().name})
+        return row
+
+    def group(self, pg: Any) -> str:
+        """The name ``pg`` has on every rank (torch's group name), written once with its
+        global ranks."""
+        name = self.groups.get(pg)
+        if name is None:
+            import torch.distributed as dist
+
+            name = str(getattr(pg, "group_name", "") or "0")
+            try:
+                ranks = list(dist.get_process_group_ranks(pg))
+            except Exception:  # noqa: BLE001 - the default group before full init
+                ranks = list(range(self.world_size))
+            self.groups[pg] = name
+            self._line({"e": "group", "g": name, "ranks": ranks})
+        return name
+
+    def span(self, kind: str, name: str, t0: int, t1: int, site: str = "", group: str = "",
+             seq: int = 0, nbytes: int = 0, waited: Sequence[int] = (), sync: str = "",
+             error: str = "", thread: Optional[int] = None) -> None:
+        """Append one span (``t0``/``t1``: :func:`now` values)."""
+        th = self.thread() if thread is None else thread
+        parts = [f'{{"e":"span","k":"{kind}","n":{_js(name)},"t":{t0},"d":{t1 - t0},"th":{th}']
+        if site:
+            parts.append(f',"site":{_js(site)}')
+        if group:
+            parts.append(f',"g":{_js(group)},"s":{seq}')
+        if nbytes:
+            parts.append(f',"b":{nbytes}')
+        if waited:
+            parts.append(f',"w":[{",".join(str(int(r)) for r in waited)}]')
+        if sync:
+            parts.append(f',"sync":"{sync}"')
+        if error:
+            parts.append(f',"err":{json.dumps(error)}')
+        parts.append("}\n")
+        self._raw("".join(parts))
+
+    def next_call(self, group: str) -> int:
+        """The next number of a traced call on ``group`` (every rank counts the same calls)."""
+        seq = self.seq[group] = self.seq.get(group, 0) + 1
+        return seq
+
+    def end(self, exc: Optional[BaseException]) -> None:
+        """The process is ending (``exc``: the exception it ends on): last line, file closed."""
+        from .tracebacks import safe_str
+
+        error = "" if exc is None else f"{type(exc).__name__}: {safe_str(exc)}"
+        self._line({"e": "end", "t": now(), "error": error})
+        file, self.file = self.file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass
+
+
+def trace_dir_requested(explicit: Optional[str]) -> Optional[str]:
+    """The trace directory asked for: ``explicit`` (``init_distributed(trace_dir=...)``), else
+    ``AXOLOTL_DIST_TRACE``; None if neither."""
+    from .envvars import kit_path
+    from .constants import TRACE_ENV_VAR
+
+    return explicit or kit_path(TRACE_ENV_VAR)
+
+
+def align(store: Any, rank: int, world_size: int) -> Tuple[int, int]:
+    """``(offset, error bound)`` in ns of this rank's monotonic clock to rank 0's: every rank
+    calls it once, together. Rank k stamps a ping, rank 0 answers with its clock, and of
+    :data:`_ROUNDS` round trips the fastest gives ``offset = rank0 - midpoint`` with an error
+    of at most half its round trip. Ranks on one host share the clock: offset 0 within the
+    error (kept as measured)."""
+    if world_size == 1:
+        return 0, 0
+    if rank == 0:
+        for k in range(1, world_size):
+            for i in range(_ROUNDS):
+                store.wait([f"axd/clk/{k}/{i}/ping"], _ALIGN_WAIT)  # a rank not tracing: raises
+                store.set(f"axd/clk/{k}/{i}/pong", str(now()))
+        return 0, 0
+    best: Optional[Tuple[int, int]] = None
+    for i in range(_ROUNDS):
+        t1 = now()
+        store.set(f"axd/clk/{rank}/{i}/ping", b"")
+        store.wait([f"axd/clk/{rank}/{i}/pong"], _ALIGN_WAIT)
+        theirs = int(store.get(f"axd/clk/{rank}/{i}/pong"))
+        t2 = now()
+        trip = (t2 - t1, theirs - (t1 + t2) // 2)
+        if best is None or trip[0] < best[0]:
+            best = trip
+    for i in range(_ROUNDS):
+        for side in ("ping", "pong"):
+            store.delete_key(f"axd/clk/{rank}/{i}/{side}")
+    assert best is not None
+    return best[1], best[0] // 2
+
+
+def start(directory: str, store: Any, rank: int, world_size: int) -> Recorder:
+    """Align this rank's clock (with every other rank, through ``store``) and open its file."""
+    offset, error = align(store, rank, world_size)
+    recorder = Recorder(os.path.abspath(directory), rank, world_size, offset, error)
+    recorder.default_name = _group_name(recorder, None)
+    STATE.trace = recorder
+    return recorder
+
+
+def finish(exc: Optional[BaseException] = None) -> Optional[Recorder]:
+    """Close this rank's file (idempotent); returns the recorder that was open, if any."""
+    recorder = STATE.trace
+    if recorder is None:
+        return None
+    STATE.trace = None
+    recorder.end(exc)
+    return recorder
+
+
+# --- what the kit's code calls ---------------------------------------------------------------
+
+#: The helpers whose other ranks wait for one rank (their ``src``): (name, argument, position).
+_FROM_SRC = {"broadcast": ("src", 1), "compute_and_broadcast": ("src", 1),
+             "synchronize_value": ("src", 2), "broadcast_object": ("src", 1),
+             "broadcast_object_list": ("src", 1), "synchronize_flag": ("", -1)}
+
+
+#: Helpers that record their own waits (with the ranks waited for): no wait is computed.
+_OWN_WAITS = frozenset({"do_n_at_a_time", "shared_map"})
+
+
+def _sync(name: str, args: tuple, kwargs: dict) -> str:
+    if name in _OWN_WAITS:
+        return "none"
+    spec = _FROM_SRC.get(name)
+    if spec is None:
+        return "all"
+    arg, position = spec
+    if not arg:
+        return "src:0"
+    src = kwargs.get(arg, kwargs.get("rank"))
+    if src is None:
+        src = args[position] if len(args) > position else 0
+    return f"src:{src}" if isinstance(src, int) else "all"
+
+
+_get_ident = threading.get_ident
+
+
+def helper_span(recorder: Recorder, name: str, group: Any, site: Any, call: Any,
+                args: tuple, kwargs: dict) -> Any:
+    """Run ``call()`` (kit helper ``name`` on ``group``; ``site()`` gives the call site) as
+    one span, unless this thread is already inside a traced kit call. The hot path of
+    tracing: a few dict operations and one formatted line (``benchmarks/debug.py``)."""
+    me = _get_ident()
+    active = recorder.active
+    if me in active:
+        return call()
+    active.add(me)
+    moved = recorder.moved
+    moved[me] = 0
+    gname = recorder.default_name if group is None else _group_name(recorder, group)
+    seqs = recorder.seq
+    seq = seqs[gname] = seqs.get(gname, 0) + 1
+    error = ""
+    t0 = now()
+    try:
+        return call()
+    except BaseException as exc:
+        error = type(exc).__name__
+        raise
+    finally:
+        t1 = now()
+        active.discard(me)
+        th = recorder.threads.get(me)
+        if th is None:
+            th = recorder.thread()
+        err = f',"err":"{error}"' if error else ""
+        recorder._raw(f'{{"e":"span","k":"helper","n":"{name}","t":{t0},"d":{t1 - t0},'
+                      f'"th":{th},"site":{_site_json(site())},"g":{_js(gname)},"s":{seq},'
+                      f'"b":{moved.pop(me, 0)},"sync":"{_sync(name, args, kwargs)}"{err}}}\n')
+
+
+def _site_json(site: Any, cache: Dict[Any, str] = {}) -> str:  # noqa: B006 - a memo
+    """A call site as a JSON string (sites are cached objects: one lookup)."""
+    out = cache.get(site)
+    if out is None:
+        if len(cache) > 4096:
+            cache.clear()
+        out = cache[site] = json.dumps(str(site))
+    return out
+
+
+def add_bytes(nbytes: int) -> None:
+    """This thread's traced call sent ``nbytes`` more (a no-op while tracing is off)."""
+    recorder = STATE.trace
+    if recorder is not None:
+        me = threading.get_ident()
+        recorder.moved[me] = recorder.moved.get(me, 0) + int(nbytes)
+
+
+def _group_name(recorder: Recorder, group: Any) -> str:
+    """``group``'s name on every rank (None: the default group); "" without one."""
+    from .groups import resolve
+
+    pg = resolve(group)
+    return recorder.group(pg) if pg is not None else ""
+
+
+def wait_span(name: str, t0: int, waited: Sequence[int], site: Any = "", group: Any = None,
+              seq: int = 0, error: str = "") -> None:
+    """Record a kit wait from ``t0`` until now for global ranks ``waited`` (no-op if off)."""
+    recorder = STATE.trace
+    if recorder is None:
+        return
+    gname = _group_name(recorder, group)
+    recorder.span("wait", name, t0, now(), str(site), gname, seq, waited=waited, error=error)
+
+
+def body_span(name: str, t0: int, site: Any = "", group: Any = None, seq: int = 0,
+              error: str = "") -> None:
+    """Record the body of a block this rank ran first, from ``t0`` until now (no-op if off)."""
+    recorder = STATE.trace
+    if recorder is None:
+        return
+    gname = _group_name(recorder, group)
+    recorder.span("body", name, t0, now(), str(site), gname, seq, error=error)
+
+
+def global_ranks_of(group: Any, group_ranks: List[int]) -> List[int]:
+    """Global ranks of ``group_ranks`` in ``group`` (None: the default group)."""
+    from .groups import global_rank
+
+    return [global_rank(group, r) for r in group_ranks]

@@ -1,0 +1,410 @@
+"""Merging the ranks' trace files (:mod:`.trace`) into one timeline: ``trace.json`` in the
+Chrome Trace Event format (opens in ui.perfetto.dev and chrome://tracing), ``summary.txt``
+(per call site: wall time, and for each rank the time it waited and for whom) and, with
+matplotlib installed, ``timeline.png``.
+
+Times move to rank 0's clock by each file's measured offset. Waits come from two places:
+
+* recorded: the kit knew whom it waited for (a ``zero_first`` block's wait for its first
+  rank, ``do_n_at_a_time`` rounds, ``shared_map`` parts): the span names them;
+* computed: a collective or value helper is matched across ranks by its group and call
+  number; a rank that arrived before the last one waited from its arrival to that rank's
+  (``sync`` ``all``), or, for a broadcast, to its source's arrival (``src:k``).
+
+A flow arrow runs from the rank that released a wait (the last to arrive, or the end of the
+first rank's block) to each rank that waited. A rank whose file has no ``end`` line died
+mid-run (SIGKILL, a crash): its row keeps every event up to its death and ends with an
+instant event that says so. See docs/design.md, "Timeline".
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from .trace import FILE_PREFIX
+
+__all__ = ["RankTrace", "load", "merge", "merge_at_exit", "announce", "Merged", "MIN_WAIT_US",
+           "EXIT_WAIT"]
+
+#: Waits shorter than this (µs) are not drawn (a collective's ordinary skew).
+MIN_WAIT_US = 1000.0
+
+
+class RankTrace:
+    """One rank's file: its meta line, threads, groups, spans, and how it ended."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.meta: Dict[str, Any] = {}
+        self.threads: Dict[int, str] = {}
+        self.groups: Dict[str, List[int]] = {}
+        self.spans: List[Dict[str, Any]] = []
+        self.end: Optional[Dict[str, Any]] = None
+        self.last = 0
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    event = json.loads(line)
+                except ValueError:  # a line cut short by the process's death
+                    continue
+                kind = event.get("e")
+                if kind == "meta":
+                    self.meta = event
+                elif kind == "thread":
+                    self.threads[event["th"]] = event["name"]
+                elif kind == "group":
+                    self.groups[event["g"]] = event["ranks"]
+                elif kind == "span":
+                    self.spans.append(event)
+                    self.last = max(self.last, event["t"] + event["d"])
+                elif kind == "end":
+                    self.end = event
+        self.rank = int(self.meta.get("rank", _rank_of(path)))
+        self.offset = int(self.meta.get("offset_ns", 0))
+
+    def at(self, t: int) -> int:
+        """Local time ``t`` on rank 0's clock (ns)."""
+        return t + self.offset
+
+
+def _rank_of(path: str) -> int:
+    match = re.search(rf"{FILE_PREFIX}(\d+)\.jsonl$", path)
+    return int(match.group(1)) if match else -1
+
+
+def load(directory: str) -> List[RankTrace]:
+    """Every rank file in ``directory``, by rank."""
+    paths = glob.glob(os.path.join(directory, f"{FILE_PREFIX}*.jsonl"))
+    traces = [RankTrace(p) for p in paths]
+    return sorted((t for t in traces if t.meta), key=lambda t: t.rank)
+
+
+class Merged(NamedTuple):
+    """What :func:`merge` wrote, and the summary table it printed."""
+
+    trace_json: str
+    summary_txt: str
+    timeline_png: Optional[str]
+    summary: str
+    events: List[Dict[str, Any]]
+
+
+class _Wait(NamedTuple):
+    rank: int
+    th: int
+    start: int  # ns, rank 0's clock
+    end: int
+    waited: Tuple[int, ...]
+    label: str  # "name at site"
+    releaser: Optional[Tuple[int, int, int]]  # (rank, thread, time) the release came from
+    computed: bool  # from arrival times (else recorded by the kit as a span)
+
+
+def _label(span: Dict[str, Any]) -> str:
+    site = span.get("site")
+    return f"{span['n']} at {site}" if site else span["n"]
+
+
+def _computed_waits(traces: List[RankTrace]) -> List[_Wait]:
+    """Waits inside collectives, from the arrival times of each call on every rank."""
+    calls: Dict[Tuple[str, int], List[Tuple[RankTrace, Dict[str, Any]]]] = defaultdict(list)
+    for tr in traces:
+        for span in tr.spans:
+            if span["k"] == "helper" and span.get("g") is not None:
+                calls[(span["g"], span["s"])].append((tr, span))
+    members = {}
+    for tr in traces:
+        members.update(tr.groups)
+    waits: List[_Wait] = []
+    for (group, _), found in calls.items():
+        ranks = members.get(group, [])
+        arrived = {tr.rank: (tr.at(span["t"]), tr, span) for tr, span in found}
+        missing = tuple(r for r in ranks if r not in arrived)
+        sync = found[0][1].get("sync", "all")
+        if sync == "none":  # the helper recorded its own waits
+            continue
+        for rank, (start, tr, span) in arrived.items():
+            end = tr.at(span["t"] + span["d"])
+            if missing:  # a rank never came (lost): the whole call was a wait for it
+                if end - start >= MIN_WAIT_US * 1000:
+                    waits.append(_Wait(rank, span["th"], start, end, missing, _label(span), None,
+                                       True))
+                continue
+            if sync.startswith("src:"):
+                src_group_rank = int(sync[4:])
+                if not 0 <= src_group_rank < len(ranks):
+                    continue
+                source = ranks[src_group_rank]
+                if source == rank or source not in arrived:
+                    continue
+                last_rank, last = source, arrived[source][0]
+            else:
+                last_rank, (last, _, _) = max(arrived.items(), key=lambda kv: kv[1][0])
+            if last_rank == rank or last - start < MIN_WAIT_US * 1000:
+                continue
+            other = arrived[last_rank]
+            waits.append(_Wait(rank, span["th"], start, min(last, end), (last_rank,),
+                               _label(span), (last_rank, other[2]["th"], last), True))
+    return waits
+
+
+def _recorded_waits(traces: List[RankTrace]) -> List[_Wait]:
+    """Waits the kit recorded with the ranks it waited for; the release comes from the end of
+    the waited-for rank's block body with the same group and number, if there is one."""
+    bodies: Dict[Tuple[str, str, int, int], Tuple[int, int]] = {}
+    for tr in traces:
+        for span in tr.spans:
+            if span["k"] == "body" and span.get("g") is not None:
+                key = (span["n"], span["g"], span["s"], tr.rank)
+                bodies[key] = (span["th"], tr.at(span["t"] + span["d"]))
+    waits = []
+    for tr in traces:
+        for span in tr.spans:
+            if span["k"] != "wait":
+                continue
+            waited = tuple(span.get("w", ()))
+            release = None
+            for source in waited:
+                body = bodies.get((span["n"], span.get("g"), span.get("s"), source))
+                if body is not None and (release is None or body[1] > release[2]):
+                    release = (source, body[0], body[1])
+            waits.append(_Wait(tr.rank, span["th"], tr.at(span["t"]),
+                               tr.at(span["t"] + span["d"]), waited, _label(span), release, False))
+    return waits
+
+
+def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
+    """Per call site: calls, wall time (first start to last end over the ranks, summed over
+    calls), and each rank's total wait with the ranks it waited for most."""
+    calls: Dict[str, Dict[Any, List[int]]] = defaultdict(lambda: defaultdict(list))
+    for tr in traces:
+        for span in tr.spans:
+            if span["k"] in ("helper", "body", "wait", "user"):
+                label = _label(span)
+                instance = (span.get("g"), span.get("s")) if span.get("g") else (tr.rank, span["t"])
+                calls[label][instance] += [tr.at(span["t"]), tr.at(span["t"] + span["d"])]
+    waited: Dict[str, Dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    whom: Dict[str, Dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for w in waits:
+        waited[w.label][w.rank] += (w.end - w.start) / 1e9
+        for r in w.waited:
+            whom[w.label][w.rank][r] += (w.end - w.start) / 1e9
+    ranks = [tr.rank for tr in traces]
+    rows = [["call site", "calls", "wall s"] + [f"rank {r} waited" for r in ranks]]
+    for label in sorted(calls, key=lambda k: min(min(v) for v in calls[k].values())):
+        instances = calls[label]
+        wall = sum(max(v) - min(v) for v in instances.values()) / 1e9
+        row = [label, str(len(instances)), f"{wall:.3f}"]
+        for r in ranks:
+            seconds = waited[label].get(r, 0.0)
+            if seconds <= 0:
+                row.append("-")
+                continue
+            top = [str(k) for k, _ in whom[label][r].most_common(3)]
+            row.append(f"{seconds:.3f} s for {', '.join(top)}")
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lost = [tr.rank for tr in traces if tr.end is None]
+    if lost:
+        lines.append(f"rank(s) {lost} ended without an exit record (killed or crashed): their "
+                     "rows stop at their last event")
+    return "\n".join(lines) + "\n"
+
+
+def _events(traces: List[RankTrace], waits: List[_Wait], base: int) -> List[Dict[str, Any]]:
+    def us(t: int) -> float:
+        return round((t - base) / 1000.0, 3)
+
+    events: List[Dict[str, Any]] = []
+    for tr in traces:
+        host, pid = tr.meta.get("host", "?"), tr.meta.get("pid", "?")
+        state = "" if tr.end is not None else " - lost: no exit record"
+        events.append({"name": "process_name", "ph": "M", "pid": tr.rank, "tid": 0,
+                       "args": {"name": f"rank {tr.rank} ({host}, pid {pid}){state}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": tr.rank, "tid": 0,
+                       "args": {"sort_index": tr.rank}})
+        for th, name in tr.threads.items():
+            events.append({"name": "thread_name", "ph": "M", "pid": tr.rank, "tid": th,
+                           "args": {"name": name}})
+        for span in tr.spans:
+            args = {key: span[src] for key, src in (("site", "site"), ("group", "g"),
+                                                    ("call", "s"), ("bytes", "b"),
+                                                    ("waited_for", "w"), ("error", "err"))
+                    if src in span}
+            name = span["n"] if span["k"] != "wait" else f"wait: {span['n']}"
+            if span["k"] == "body":
+                name = f"{span['n']} body"
+            events.append({"name": name, "cat": span["k"], "ph": "X", "pid": tr.rank,
+                           "tid": span["th"], "ts": us(tr.at(span["t"])),
+                           "dur": round(span["d"] / 1000.0, 3), "args": args})
+        if tr.end is None:
+            events.append({"name": "ended: rank lost (no exit record: killed or crashed)",
+                           "cat": "lost", "ph": "i", "s": "p", "pid": tr.rank, "tid": 0,
+                           "ts": us(tr.at(tr.last))})
+        elif tr.end.get("error"):
+            events.append({"name": f"exit on {tr.end['error']}", "cat": "exit", "ph": "i",
+                           "s": "p", "pid": tr.rank, "tid": 0, "ts": us(tr.at(tr.end["t"]))})
+    flow = 0
+    for w in waits:
+        if w.computed:  # a recorded wait is drawn from its own span above
+            events.append({"name": f"wait: {w.label.split(' at ')[0]}", "cat": "wait",
+                           "ph": "X", "pid": w.rank, "tid": w.th, "ts": us(w.start),
+                           "dur": round((w.end - w.start) / 1000.0, 3),
+                           "args": {"waited_for": list(w.waited), "in": w.label,
+                                    "computed": "from the ranks' arrival times"}})
+        if w.releaser is not None:
+            flow += 1
+            src_rank, src_th, at = w.releaser
+            events.append({"name": "released", "cat": "release", "ph": "s", "id": flow,
+                           "pid": src_rank, "tid": src_th, "ts": us(at)})
+            events.append({"name": "released", "cat": "release", "ph": "f", "bp": "e",
+                           "id": flow, "pid": w.rank, "tid": w.th, "ts": us(w.end)})
+    return events
+
+
+def _png(traces: List[RankTrace], waits: List[_Wait], base: int, path: str) -> Optional[str]:
+    """``timeline.png``: ranks on the y axis, spans coloured by kind, waits hatched; None
+    without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        return None
+    colours = {"helper": "#4c78a8", "body": "#f58518", "user": "#54a24b", "wait": "#e45756"}
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(traces)))
+    end = max((tr.at(tr.last) - base) / 1e9 for tr in traces) or 1e-3
+    for tr in traces:
+        y = tr.rank
+        # one collection per kind (a run may hold millions of spans): block bodies first,
+        # then kit calls and waits, user spans (thinner) on top
+        bars: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
+        for span in tr.spans:
+            start, width = (tr.at(span["t"]) - base) / 1e9, max(span["d"] / 1e9, 1e-4)
+            bars[span["k"]].append((start, width))
+            if width > 0.06 * end:
+                kind = span["k"]
+                label = span["n"] if kind != "wait" else f"wait: {span['n']}"
+                if kind == "body":  # above the bar: what runs inside is labelled on it
+                    ax.text(start, y - 0.38, f"{label} (body)", ha="left", va="bottom",
+                            fontsize=7, clip_on=True)
+                else:
+                    ax.text(start + width / 2, y, label, ha="center", va="center", fontsize=7,
+                            clip_on=True, zorder=5)
+        for kind in ("body", "helper", "wait", "user"):
+            if bars.get(kind):
+                height = 0.4 if kind == "user" else 0.7
+                ax.broken_barh(bars[kind], (y - height / 2, height), facecolors=colours[kind],
+                               hatch="///" if kind == "wait" else None, edgecolor="white",
+                               linewidth=0.5)
+        if tr.end is None:
+            ax.plot([(tr.at(tr.last) - base) / 1e9], [y], marker="x", color="black", markersize=10)
+    computed: Dict[int, List[Tuple[float, float]]] = defaultdict(list)
+    for w in waits:
+        if w.computed:
+            computed[w.rank].append(((w.start - base) / 1e9, (w.end - w.start) / 1e9))
+    for rank, spans in computed.items():
+        ax.broken_barh(spans, (rank - 0.35, 0.7), facecolors="none", hatch="///",
+                       edgecolor=colours["wait"])
+    ax.set_yticks([tr.rank for tr in traces])
+    ax.set_yticklabels([f"rank {tr.rank}" for tr in traces])
+    ax.set_ylim(max(tr.rank for tr in traces) + 0.6, -0.8)  # rank 0 on top, room for labels
+    ax.set_xlabel("seconds (rank 0's clock)")
+    ax.set_title("axolotl_dist timeline: kit calls and waits per rank")
+    ax.legend(handles=[Patch(facecolor=colours["helper"], label="collective / helper"),
+                       Patch(facecolor=colours["body"], label="block body (runs first)"),
+                       Patch(facecolor="white", edgecolor=colours["wait"], hatch="///",
+                             label="waiting for other ranks"),
+                       Patch(facecolor=colours["user"], label="trace_span")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(traces) < 4 else -0.12),
+              ncol=4, frameon=False, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def merge(directory: str, png: bool = True) -> Merged:
+    """Merge the rank files in ``directory`` into ``trace.json``, ``summary.txt`` and (with
+    matplotlib, ``png``) ``timeline.png`` there."""
+    traces = load(directory)
+    if not traces:
+        raise FileNotFoundError(f"no {FILE_PREFIX}<k>.jsonl trace files in {directory}")
+    starts = [tr.at(int(tr.meta.get("t", 0))) for tr in traces]
+    starts += [tr.at(span["t"]) for tr in traces for span in tr.spans]
+    base = min(starts)
+    waits = _recorded_waits(traces) + _computed_waits(traces)
+    events = _events(traces, waits, base)
+    bounds = {str(tr.rank): {"offset_us": tr.offset / 1000.0,
+                             "error_bound_us": tr.meta.get("error_ns", 0) / 1000.0}
+              for tr in traces}
+    out = os.path.join(directory, "trace.json")
+    with open(out + ".tmp", "w") as fh:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                   "otherData": {"clock": "each rank's monotonic clock moved to rank 0's",
+                                 "clock_alignment": bounds}}, fh)
+    os.replace(out + ".tmp", out)
+    summary = _summary(traces, waits)
+    summary_path = os.path.join(directory, "summary.txt")
+    with open(summary_path, "w") as fh:
+        fh.write(summary)
+    picture = _png(traces, waits, base, os.path.join(directory, "timeline.png")) if png else None
+    return Merged(out, summary_path, picture, summary, events)
+
+
+#: Seconds the merging rank waits at exit for the other ranks' files to end.
+EXIT_WAIT = 2.0
+
+
+def _ended(path: str) -> bool:
+    """Whether a rank file has its ``end`` line, or its process is gone from this host."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - 4096))
+            tail = fh.read().decode(errors="replace")
+        if '"e":"end"' in tail:
+            return True
+        with open(path) as fh:
+            meta = json.loads(fh.readline())
+    except (OSError, ValueError):
+        return False
+    from . import procs
+    import socket
+
+    return meta.get("host") == socket.gethostname() and procs.proc_state(meta["pid"]) == "gone"
+
+
+def merge_at_exit(directory: str, world_size: int) -> Optional[Merged]:
+    """Rank 0 at exit (no ``axolotl-dist`` launcher to do it): wait up to :data:`EXIT_WAIT`
+    seconds for every rank's file to end, merge, and print where the trace is and the summary
+    table to stderr. Never raises."""
+    import sys
+    import time
+
+    try:
+        paths = [os.path.join(directory, f"{FILE_PREFIX}{r}.jsonl") for r in range(world_size)]
+        deadline = time.monotonic() + EXIT_WAIT
+        while time.monotonic() < deadline and not all(_ended(p) for p in paths if os.path.exists(p)):
+            time.sleep(0.02)
+        merged = merge(directory)
+        sys.stderr.write(announce(merged))
+        sys.stderr.flush()
+        return merged
+    except Exception as exc:  # noqa: BLE001 - a trace must never fail an exit
+        sys.stderr.write(f"axolotl_dist: could not merge the trace in {directory}: "
+                         f"{type(exc).__name__}: {exc}\n")
+        return None
+
+
+def announce(merged: Merged) -> str:
+    picture = f", {merged.timeline_png}" if merged.timeline_png else ""
+    return (f"axolotl_dist: timeline of the kit's calls: {merged.trace_json} (open it in "
+            f"https://ui.perfetto.dev or chrome://tracing){picture}\n{merged.summary}")

@@ -1,0 +1,76 @@
+"""A timeline of the kit's calls on every rank: who waited for whom, and where.
+
+Set ``AXOLOTL_DIST_TRACE=<dir>`` (or call ``init_distributed(trace_dir=...)``) and every rank
+records a span for each kit call (helpers, collectives, ``zero_first`` bodies and waits,
+``do_n_at_a_time`` rounds, ``shared_map`` parts) and for what you mark with
+:func:`trace_span`, in ``<dir>/rank<k>.jsonl`` as it goes. At the end (``cleanup_distributed``
+or exit on rank 0, the ``axolotl-dist`` launcher when it ends, or ``axolotl-dist trace <dir>``
+afterwards) :func:`merge_trace` writes ``trace.json`` (Chrome Trace Event format: open it in
+ui.perfetto.dev or chrome://tracing), ``summary.txt`` and, with matplotlib (the ``trace``
+extra), ``timeline.png``. Off by default; off, it costs the helpers one attribute test.
+See docs/timeline.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, TypeVar
+
+from ._runtime import trace as _trace, trace_merge as _merge
+from ._runtime.callsite import call_site
+from ._runtime.constants import TRACE_ENV_VAR
+from ._runtime.state import STATE as _STATE
+
+__all__ = ["trace_span", "is_tracing", "merge_trace", "TRACE_ENV_VAR", "Merged"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+Merged = _merge.Merged
+
+
+def is_tracing() -> bool:
+    """Whether this rank records its kit calls now."""
+    return _STATE.trace is not None
+
+
+class trace_span:  # noqa: N801 - used like a function: ``with trace_span("tokenize"):``
+    """Mark a span of your own on this rank's timeline: ``with trace_span("tokenize"):`` or
+    ``@trace_span("tokenize")``. A no-op while tracing is off (a few hundred nanoseconds)."""
+
+    __slots__ = ("name", "_t0", "_site")
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"trace_span(name={name!r}): pass a non-empty str naming the span")
+        self.name = name
+        self._t0: Optional[int] = None
+        self._site = ""
+
+    def __enter__(self) -> "trace_span":
+        if _STATE.trace is not None:
+            self._site = str(call_site())
+            self._t0 = _trace.now()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        recorder, t0 = _STATE.trace, self._t0
+        self._t0 = None
+        if recorder is not None and t0 is not None:
+            recorder.span("user", self.name, t0, _trace.now(), self._site,
+                          error=exc_type.__name__ if exc_type is not None else "")
+
+    def __call__(self, fn: F) -> F:
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with trace_span(name):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def merge_trace(directory: str, png: bool = True) -> Merged:
+    """Merge the rank files in ``directory`` into ``trace.json``, ``summary.txt`` and (with
+    matplotlib installed and ``png``) ``timeline.png``; returns their paths and the summary
+    table. Safe to run again, e.g. after copying other nodes' files in."""
+    return _merge.merge(directory, png=png)
