@@ -58,11 +58,6 @@ def _thread_name(ident: int) -> str:
     return f"id {ident}"
 
 
-def _where(ident: int) -> str:
-    site = frame_site(sys._current_frames().get(ident))
-    return str(site) if site is not None else "an unknown line"
-
-
 def check(name: str, group: Any, group_of: Callable[..., Any]) -> None:
     """Raise if another thread has a call in flight on ``group`` (``group_of(*call[1])`` is a
     call's group; anything not a group is skipped); mark that thread so that its call raises
@@ -80,8 +75,14 @@ def check(name: str, group: Any, group_of: Callable[..., Any]) -> None:
             continue
         if theirs is not mine:
             continue
+        frames, thread = sys._current_frames(), _thread_name(ident)
+        if STATE.calls.get(ident) is not other:
+            continue  # its call ended meanwhile: no overlap (a call it enters now sees ours)
+        # registered before and after the snapshot: the frame is inside that call
+        site = frame_site(frames.get(ident))
         here = f"{name}() at {call_site()} (thread {threading.current_thread().name!r})"
-        there = f"{other[0]}() at {_where(ident)} (thread {_thread_name(ident)})"
+        there = f"{other[0]}() at {site if site is not None else 'an unknown line'} " \
+                f"(thread {thread})"
         STATE.crossed[ident] = (f"{there} was still running when {here} was called on the same "
                                 f"process group, so its result may be the other call's and is "
                                 f"not returned. {_ADVICE}")
