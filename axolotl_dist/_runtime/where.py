@@ -294,9 +294,23 @@ def note_address(run: str, rank: int) -> None:
 
 
 def connect(addr: str, port: int, timeout: float = 10.0) -> "Store":
-    """A client of the c10d store at ``addr:port`` (no prefix)."""
+    """A client of the c10d store at ``addr:port`` (no prefix). A plain TCP connection comes
+    first, retried until ``timeout``: where nothing listens, that is one ``OSError`` naming
+    the address, not torch's retry warnings with C++ stack traces."""
+    import socket
+
     import torch.distributed as dist
 
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic())).close()
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise OSError(f"nothing accepted a connection at {addr}:{port} within "
+                              f"{timeout:g} s ({exc})") from None
+            time.sleep(0.1)
     return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
 
