@@ -353,7 +353,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         nproc, nnodes, node_rank, port = _validate(args)
     except ValueError as exc:
         parser.error(str(exc))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in handled}  # restored on return
+    for sig in handled:
         signal.signal(sig, _raise_signal_exception)  # until torch installs the same handler
     subreaper = _become_subreaper()
     args.log_dir = tempfile.mkdtemp(prefix="axolotl_dist_")
@@ -381,6 +383,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"{PROG}: stopped {len(left)} process(es) the ranks left behind: {left}",
                       file=sys.stderr, flush=True)
         shutil.rmtree(args.log_dir, ignore_errors=True)
+        for sig, handler in previous.items():  # a caller of main() (a test) keeps its Ctrl-C;
+            signal.signal(sig, handler)  # an ignored SIGINT would be inherited by its children
     return code
 
 

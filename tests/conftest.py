@@ -41,3 +41,4 @@ def pytest_collection_modifyitems(items):
         return _SLOW_FIRST.index(name) if name in _SLOW_FIRST else len(_SLOW_FIRST)
 
     items.sort(key=slow_rank)  # stable: the order within each group stays as written
+

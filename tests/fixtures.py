@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import signal
 import subprocess
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -47,11 +48,21 @@ def subprocess_env(tmp_path: Optional[Path] = None, **extra: str) -> Dict[str, s
     return env
 
 
+def _default_signals() -> None:
+    """In the child before exec: SIGINT and SIGTERM at their default actions, as a program
+    started from a terminal has them. An ignored signal is inherited across exec, and Python
+    then never raises KeyboardInterrupt: a test runner's worker that ignores SIGINT would make
+    every Ctrl-C test fail for a reason outside the program."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start(cmd: Sequence[str], env: Dict[str, str], cwd: Union[Path, str, None] = None
           ) -> subprocess.Popen:
     """Start ``cmd`` (a launcher) in its own session, output captured as text."""
     return subprocess.Popen(list(cmd), cwd=str(cwd or ROOT), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_signals)
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> Tuple[int, str, str]:
