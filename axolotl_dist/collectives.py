@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ._runtime import backends as _backends, records as _records, teardown as _teardown
 from ._runtime import trace as _trace, works as _works
 from ._runtime.state import STATE as _STATE
-from ._runtime.groups import state_of
+from ._runtime.groups import resolve, state_of
 from . import env as _env
 from ._runtime.codec import resolved
 from ._runtime.reduce import REDUCE_OPS, as_reduce_op, reduce_name
@@ -45,6 +45,19 @@ __all__ = [
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+# What dist.barrier(async_op=True) passes a CPU group's barrier, built once (a barrier's
+# latency on CPU is a few hundred microseconds; torch's wrapper spends several of them).
+def _cpu_barrier_options() -> Any:
+    opts = dist.distributed_c10d.BarrierOptions()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+    opts.device = torch.device("cpu")
+    return opts
+
+
+_CPU_BARRIER = _cpu_barrier_options() if dist.is_available() else None
+_PG_BARRIER = dist.ProcessGroup.barrier if dist.is_available() else None
 
 
 def raise_lost_peer(exc: RuntimeError, where: str, group: Optional["ProcessGroup"]) -> NoReturn:
@@ -119,7 +132,7 @@ def check_world_size(world_size: Optional[int], group: Optional["ProcessGroup"],
     return actual
 
 
-@checked("barrier")
+@checked("barrier", confirm_in_wait=True)
 def barrier(group: Optional["ProcessGroup"] = None) -> None:
     """Wait until every rank of ``group`` arrives. A no-op for a single process."""
     if not require_group("barrier", group):
@@ -128,8 +141,14 @@ def barrier(group: Optional["ProcessGroup"] = None) -> None:
     try:
         if device.type == "cuda":
             dist.barrier(group, device_ids=[device.index])
+            return
+        pg = resolve(group)
+        if type(pg) is dist.ProcessGroup and pg.bound_device_id is None:
+            # the group's own barrier, as dist.barrier(async_op=True) calls it on CPU
+            work = _PG_BARRIER(pg, _CPU_BARRIER)
         else:
-            _works.wait(dist.barrier(group, async_op=True), group, "barrier")
+            work = dist.barrier(group, async_op=True)
+        _works.wait(work, group, "barrier")
     except RuntimeError as exc:
         raise_lost_peer(exc, "barrier", group)
 
@@ -142,7 +161,8 @@ def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return resolved(tensor).clone() if tensor.is_conj() or tensor.is_neg() else tensor
 
 
-@checked("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])})
+@checked("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])},
+         confirm_in_wait=True)
 def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"] = None) -> torch.Tensor:
     """Broadcast ``tensor`` in place from group rank ``src``; returns it."""
     if not require_group("broadcast", group):
@@ -164,7 +184,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"
 
 
 @checked("all_reduce", lambda a: {"reduce_operation": reduce_name(a["reduce_operation"]),
-                                  "tensor": tensor_signature(a["tensor"])})
+                                  "tensor": tensor_signature(a["tensor"])}, confirm_in_wait=True)
 def all_reduce(
     tensor: torch.Tensor,
     reduce_operation: Union[str, Any] = "SUM",
@@ -207,7 +227,8 @@ _DTYPES: List[torch.dtype] = [
      if hasattr(torch, n)]
 
 
-@checked("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype", type(a["tensor"])))})
+@checked("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype", type(a["tensor"])))},
+         confirm_in_wait=True)
 def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> List[torch.Tensor]:
     """Gather ``tensor`` from every rank into a list indexed by group rank.
 

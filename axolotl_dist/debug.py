@@ -154,7 +154,7 @@ _parse_env()
 def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
             *, group_arg: Union[str, Callable[[Dict[str, Any]], Any]] = "group",
             waits: Optional[Callable[[Dict[str, Any]], bool]] = None,
-            confirms: bool = True, refuse_in_scopes: bool = True,
+            confirms: bool = True, confirm_in_wait: bool = False, refuse_in_scopes: bool = True,
             one_thread: bool = True, traced: bool = True) -> Callable[[F], F]:
     """Mark ``fn`` as a communicating helper that debug mode checks before it runs.
 
@@ -170,6 +170,12 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
         ran first and left unconfirmed (see :func:`axolotl_dist._runtime.blocks.settle`): the
         others must not be stuck in a block that does not pair when a collective needs them.
         False for ``zero_first`` itself, which settles its own.
+    :param confirm_in_wait: on a CPU (gloo) group with debug mode off, confirm them inside
+        the wait for the helper's first collective instead of before the call
+        (:func:`axolotl_dist._runtime.works.wait`: the store read then overlaps the
+        collective's own latency; a rank stuck in a block that does not pair keeps the
+        collective from completing, so the mismatch is still found). Only for helpers whose
+        every wait for other ranks on CPU is a collective's wait through that function.
     :param refuse_in_scopes: raise at once when called where the other ranks cannot join
         (inside a ``zero_first`` body this rank runs first, inside ``zero_only`` code: see
         :mod:`axolotl_dist._runtime.guards`). False for ``zero_first``.
@@ -204,7 +210,8 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
             if _STATE.guarded and refuse_in_scopes:
                 _refuse_in_scopes(name, signature, group_arg, args, kwargs)
             if confirms and _STATE.unconfirmed:
-                confirm_all()
+                if not (confirm_in_wait and _confirmed_in_wait(find_group(args, kwargs))):
+                    confirm_all()
             if not one_thread:
                 if _STATE.trace is not None:
                     return traced_run(args, kwargs)
@@ -245,6 +252,17 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
 
 
 _get_ident = threading.get_ident
+
+
+def _confirmed_in_wait(group: Any) -> bool:
+    """Whether a ``confirm_in_wait`` helper on ``group`` leaves the unconfirmed blocks to its
+    first collective's wait (see :func:`checked`): gloo groups, debug mode off."""
+    if _STATE.debug_on:
+        return False  # the debug check would wait for a rank stuck in the block first
+    try:
+        return _groups.is_cpu(group)
+    except Exception:  # noqa: BLE001 - not a usable group: the helper raises its own error
+        return False
 _NO_GROUP = object()
 GroupArg = Union[str, Callable[[Dict[str, Any]], Any]]
 

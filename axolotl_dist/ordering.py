@@ -87,12 +87,13 @@ class _ZeroFirst:
         rank, is_main = cache.rank, self.is_main
         first = rank == 0 if is_main is None else bool(is_main)
         site = call_site()
-        opened = self.opened = enter_block(group, "zero_first", site, self.desc)  # one thread
+        opened = self.opened = enter_block(group, "zero_first", site, self.desc,
+                                           cache.group_state())  # one thread at a time
         try:
+            seq = opened.seq["zero_first"] = opened.seq.get("zero_first", 0) + 1  # next_sequence
             block = self.block = ZeroFirstBlock(
-                group, next_sequence(group, "zero_first"), rank, cache.ws, site, self.desc,
-                explicit=is_main is not None, first=first, timeout=self.timeout,
-                store=cache.store)
+                group, seq, rank, cache.ws, site, self.desc, explicit=is_main is not None,
+                first=first, timeout=self.timeout, store=cache.store)
             if not first:
                 if _STATE.trace is None:
                     block.await_firsts()
@@ -102,7 +103,7 @@ class _ZeroFirst:
             first_run_begin(block)
             if _STATE.trace is not None:
                 self.t0 = _trace.now()
-            if is_debug_enabled():  # debug mode: checked once the others are here
+            if _STATE.debug_on and is_debug_enabled():  # checked once the others are here
                 self.debug = first_rank_block(group)
                 self.debug.__enter__()
         except BaseException:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
@@ -139,6 +140,7 @@ def group_cache(group: Optional["ProcessGroup"]) -> _HelperCache:
     st = state.helpers
     if st is None or st.env_rank is not env_rank or st.env_ws is not env_ws:
         st = state.helpers = _new_cache(group, pg, env_rank, env_ws)
+        st.group_state = weakref.ref(state)
     _STATE.helpers = st
     return st
 
@@ -181,8 +183,11 @@ def broadcast_value(
     else:
         header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
     try:
-        _works.wait(dist.broadcast(header, group=group, group_src=src, async_op=True), group,
-                    where, st.cpu)
+        if st.cpu:
+            _headers.broadcast(st, header, src, group, where)
+        else:
+            _works.wait(dist.broadcast(header, group=group, group_src=src, async_op=True), group,
+                        where, False)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     values = header.tolist()
@@ -196,8 +201,11 @@ def broadcast_value(
                 payload = encoded.payload.to(cdev)
             else:
                 payload = torch.empty(_codec.payload_len(values), dtype=_U8, device=cdev)
-            _works.wait(dist.broadcast(payload, group=group, group_src=src, async_op=True), group,
-                        where, st.cpu)
+            if st.cpu:
+                _headers.broadcast(st, payload, src, group, where)
+            else:
+                _works.wait(dist.broadcast(payload, group=group, group_src=src, async_op=True),
+                            group, where, False)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     if own is not None:
@@ -281,7 +289,7 @@ def _gather_payloads(flat: List[int], encoded: Optional[_codec.Encoded], own: Op
     return [_codec.decode(h, p, device) for h, p in zip(headers, payloads)]
 
 
-@checked("synchronize_value", lambda a: {"src": a["src"]})
+@checked("synchronize_value", lambda a: {"src": a["src"]}, confirm_in_wait=True)
 def synchronize_value(
     value: T, device: Optional[Union[str, torch.device]] = None, src: int = 0,
     group: Optional["ProcessGroup"] = None,
@@ -299,7 +307,7 @@ def synchronize_value(
                            torch.device(device) if device is not None else None, st)
 
 
-@checked("synchronize_flag")
+@checked("synchronize_flag", confirm_in_wait=True)
 def synchronize_flag(flag: bool, device: Optional[Union[str, torch.device]] = None,
                      group: Optional["ProcessGroup"] = None) -> bool:
     """Return rank 0's ``flag`` (as a bool) on every rank."""
@@ -319,7 +327,8 @@ _PY_REDUCE = {
 }
 
 
-@checked("all_reduce_value", lambda a: {"op": reduce_name(a["op"]), "value": _value_kind(a["value"])})
+@checked("all_reduce_value", lambda a: {"op": reduce_name(a["op"]), "value": _value_kind(a["value"])},
+         confirm_in_wait=True)
 def all_reduce_value(
     value: T, device: Optional[Union[str, torch.device]] = None, op: Union[str, Any] = "SUM",
     group: Optional["ProcessGroup"] = None,
@@ -349,7 +358,7 @@ def all_reduce_value(
     return _PY_REDUCE[name](values)
 
 
-@checked("compute_and_broadcast", lambda a: {"src": _alias(a, "src")})
+@checked("compute_and_broadcast", lambda a: {"src": _alias(a, "src")}, confirm_in_wait=True)
 def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["ProcessGroup"] = None,
                           *, rank: Optional[int] = None) -> T:
     """Run ``fn`` on group rank ``src`` only and return its result, exactly, on every rank.
@@ -382,7 +391,7 @@ def _gather_to(name: str, fn: Callable[[], T], world_size: Optional[int], dst: i
     return all_gather_values(fn, group, name, None, dst, st)
 
 
-@checked("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")})
+@checked("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")}, confirm_in_wait=True)
 def gather_from_all_ranks(
     fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
@@ -395,7 +404,7 @@ def gather_from_all_ranks(
     return _gather_to("gather_from_all_ranks", fn, world_size, dst if rank is None else rank, group)
 
 
-@checked("gather_scalar_from_all_ranks", lambda a: {"dst": _alias(a, "dst")})
+@checked("gather_scalar_from_all_ranks", lambda a: {"dst": _alias(a, "dst")}, confirm_in_wait=True)
 def gather_scalar_from_all_ranks(
     fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
@@ -405,7 +414,7 @@ def gather_scalar_from_all_ranks(
                       dst if rank is None else rank, group)
 
 
-@checked("reduce_and_broadcast")
+@checked("reduce_and_broadcast", confirm_in_wait=True)
 def reduce_and_broadcast(
     fn1: Callable[[], Any], fn2: Callable[[List[Any]], R], world_size: Optional[int] = None,
     group: Optional["ProcessGroup"] = None,
@@ -432,7 +441,7 @@ def reduce_and_broadcast(
     return fn2(values)
 
 
-@checked("all_gather_object")
+@checked("all_gather_object", confirm_in_wait=True)
 def all_gather_object(obj: T, group: Optional["ProcessGroup"] = None) -> List[T]:
     """Collect ``obj`` from every rank into a list indexed by group rank (exact; scalars unpickled)."""
     if not require_group("all_gather_object", group):
@@ -443,7 +452,7 @@ def all_gather_object(obj: T, group: Optional["ProcessGroup"] = None) -> List[T]
     return values
 
 
-@checked("broadcast_object", lambda a: {"src": a["src"]})
+@checked("broadcast_object", lambda a: {"src": a["src"]}, confirm_in_wait=True)
 def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = None) -> T:
     """Return group rank ``src``'s ``obj`` on every rank."""
     if not require_group("broadcast_object", group):
@@ -454,7 +463,7 @@ def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = Non
     return broadcast_value(lambda: obj, src, group, "broadcast_object", state=st)
 
 
-@checked("broadcast_object_list", lambda a: {"src": a["src"]})
+@checked("broadcast_object_list", lambda a: {"src": a["src"]}, confirm_in_wait=True)
 def broadcast_object_list(object_list: List[Any], src: int = 0,
                           group: Optional["ProcessGroup"] = None) -> List[Any]:
     """Replace ``object_list``'s contents on every rank with ``src``'s, in place; returns it."""

@@ -14,6 +14,7 @@ import re
 import time
 
 import pytest
+import torch
 
 import axolotl_dist as ad
 from axolotl_dist.testing import count_store_calls, run_distributed, run_distributed_outcomes, store_of
@@ -61,7 +62,19 @@ def test_desc_pairs_blocks_on_different_lines(tmp_path, ws):
         assert ranks[0] == 0 and sorted(ranks) == list(range(ws)), events
 
 
-def test_blocks_on_different_lines_without_desc_name_both_sites_and_the_fix():
+_NEXT_STEPS = {
+    "barrier": lambda: ad.barrier(),
+    "compute_and_broadcast": lambda: ad.compute_and_broadcast(lambda: 1.0),
+    "gather_from_all_ranks": lambda: ad.gather_from_all_ranks(lambda: 1.0),
+    "all_reduce": lambda: ad.all_reduce(torch.ones(2)),
+}
+
+
+@pytest.mark.parametrize("next_step", sorted(_NEXT_STEPS))
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+def test_blocks_on_different_lines_without_desc_name_both_sites_and_the_fix(next_step, debug):
+    # rank 0, first, confirms its block at the script's next step: before the helper in
+    # debug mode, inside the wait for the helper's collective without (a gloo group)
     def body():
         rank = ad.get_rank()
         try:
@@ -71,12 +84,13 @@ def test_blocks_on_different_lines_without_desc_name_both_sites_and_the_fix():
             else:
                 with ad.zero_first():
                     pass
-            ad.barrier()  # the script's next step: rank 0, first, confirms its block here
+            _NEXT_STEPS[next_step]()
         except ad.CollectiveMismatchError as exc:
             return str(exc)
         return "no error"
 
-    for message in run_distributed(body, 2, timeout=60):
+    env = {"AXOLOTL_DIST_DEBUG": "1"} if debug else None
+    for message in run_distributed(body, 2, timeout=60, env=env):
         assert "zero_first blocks do not pair: block #1" in message, message
         assert len(re.findall(rf"{HERE}:\d+ in body on rank [01]", message)) == 2, message
         assert 'desc="..."' in message, message

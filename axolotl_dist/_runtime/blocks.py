@@ -80,6 +80,8 @@ FAILED = 1 << 32
 MISMATCH = 1 << 47
 _FAILED_MASK = ((1 << 15) - 1) << 32
 _MISMATCH_MASK = ((1 << 16) - 1) << 47
+#: Word 0 & this == 1: group rank 0's bit set and no flag (a default block's waiter may go).
+_RELEASED = 1 | _FAILED_MASK | _MISMATCH_MASK
 
 
 @lru_cache(maxsize=4096)
@@ -95,6 +97,8 @@ class _Block:
 
     kind = ""  # "zf" or "dn": the key family
     noun = ""  # how messages name a block of this kind
+    __slots__ = ("group", "seq", "rank", "ws", "site", "desc", "tag", "store", "base", "keys",
+                 "words", "_globals", "wrote_site")  # a block per call: built on the hot path
 
     def __init__(self, group: Optional["ProcessGroup"], seq: int, rank: int, ws: int,
                  site: CallSite, desc: Optional[str], store: Optional["Store"] = None) -> None:
@@ -300,6 +304,7 @@ class ZeroFirstBlock(_Block):
     """One ``zero_first`` block on this rank (see the module docstring)."""
 
     kind, noun = "zf", "zero_first block"
+    __slots__ = ("explicit", "first", "timeout", "guard")
 
     def __init__(self, group: Optional["ProcessGroup"], seq: int, rank: int, ws: int,
                  site: CallSite, desc: Optional[str], explicit: bool, first: bool,
@@ -314,9 +319,15 @@ class ZeroFirstBlock(_Block):
     def await_firsts(self) -> None:
         """A waiting rank: arrive, wait until the first rank(s) are done; raise their failure."""
         self.set_bit()
-        if self.rank >= WORD_BITS and not self.explicit:
-            with store_errors(self.what):
-                self.read((0,))  # group rank 0's bit and the flags are in word 0
+        if not self.explicit:
+            # the default, released by group rank 0's bit (word 0, with the flags): the fast
+            # path, the arrival's answer or one read more, then nothing to clean up (this rank
+            # wrote no pairing record and deletes no words)
+            if self.rank < WORD_BITS and self.words[0] & _RELEASED == 1:
+                return
+            self.read((0,))  # names a lost store itself
+            if self.words[0] & _RELEASED == 1:
+                return
         if self.explicit:
             which: Sequence[int] = ()  # every word: the firsts still running, the ranks not here
 
@@ -423,6 +434,7 @@ def confirm_all() -> None:
 
 class _Rounds(_Block):
     kind, noun = "dn", "do_n_at_a_time call"
+    __slots__ = ()
     sited = False  # "do_n_at_a_time call #3": its messages have always read so
 
 

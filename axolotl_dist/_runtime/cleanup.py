@@ -7,6 +7,7 @@ deletes its own, so the backlog stays bounded.
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from .groups import state_of
@@ -19,8 +20,10 @@ __all__ = ["CLEANUP", "flush_cleanup"]
 
 class _Cleanup:
     """A daemon thread that deletes finished blocks' keys on its own store connection per
-    group, so none of it waits on, or is counted against, the caller's connection. It is woken
-    only when idle: in a loop of blocks the caller just appends to its list."""
+    group, so none of it waits on, or is counted against, the caller's connection. Once woken
+    it looks for more work every :data:`POLL` seconds until it has found none for
+    :data:`LINGER` seconds: in a loop of blocks the caller just appends to its list (waking a
+    thread costs the caller a system call, tens of microseconds on a busy VM)."""
 
     def __init__(self) -> None:
         self._todo: List[Any] = []
@@ -29,6 +32,7 @@ class _Cleanup:
         self._work = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
+        self._batch = False  # the thread is deleting a batch it took from _todo
 
     def delete(self, group: Optional["ProcessGroup"], store: "Store", keys: List[str]) -> None:
         """Queue ``keys`` for deletion; with :data:`_BACKLOG` keys already queued (the thread
@@ -41,32 +45,50 @@ class _Cleanup:
         self.kick()
 
     def kick(self) -> None:
-        """Wake the thread if work waits and it is idle."""
-        if self._todo and self._idle.is_set():
-            with self._lock:
-                self._idle.clear()
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="axolotl-dist-cleanup")
-                    self._thread.start()
-                self._work.set()
+        """Wake the thread if work waits and it is parked (checked under the lock, which the
+        thread holds while it decides to park: no job is left behind)."""
+        if not self._todo:
+            return
+        with self._lock:
+            alive = self._thread is not None and self._thread.is_alive()  # not after a fork
+            if alive and not self._idle.is_set():
+                return  # awake: it will find the job
+            self._idle.clear()
+            if not alive:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="axolotl-dist-cleanup")
+                self._thread.start()
+            self._work.set()
 
     def flush(self, seconds: float) -> bool:
         """Wait (at most ``seconds``) until every queued deletion is done; True if so."""
         self.kick()
-        return self._idle.wait(seconds)
+        deadline = time.monotonic() + seconds
+        while self._todo or self._batch:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def _run(self) -> None:
         while True:
             self._work.wait()
-            while self._todo:
-                todo, self._todo = self._todo, []
-                for group, store, keys in todo:
-                    self._delete(group, store, keys)
-            with self._lock:
-                if not self._todo:
-                    self._work.clear()
-                    self._idle.set()
+            last = time.monotonic()  # when work was last found
+            while True:
+                if self._todo:
+                    self._batch = True
+                    todo, self._todo = self._todo, []
+                    for group, store, keys in todo:
+                        self._delete(group, store, keys)
+                    self._batch = False
+                    last = time.monotonic()
+                    continue
+                with self._lock:
+                    if not self._todo and time.monotonic() - last >= LINGER:
+                        self._work.clear()
+                        self._idle.set()
+                        break
+                time.sleep(POLL)
 
     @staticmethod
     def _delete(group: Optional["ProcessGroup"], store: "Store", keys: List[str]) -> None:
@@ -86,6 +108,9 @@ class _Cleanup:
             pass
 
 
+#: Seconds between the awake thread's looks for work, and how long it stays awake without any.
+POLL = 0.002
+LINGER = 0.25
 #: Queued keys beyond which the caller deletes its own (see ``_Cleanup.delete``).
 _BACKLOG = 8
 CLEANUP = _Cleanup()

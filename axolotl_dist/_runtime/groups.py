@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch.distributed as dist
 
+from .backends import device_type
 from .state import STATE
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
 __all__ = ["world", "resolve", "GroupState", "state_of", "next_sequence", "global_ranks",
-           "global_rank"]
+           "global_rank", "is_cpu"]
 
 #: torch's holder of the default group; reading it has no side effects.
 world: Any = dist.distributed_c10d._world if dist.is_available() else None
@@ -99,3 +100,11 @@ def global_ranks(group: Optional["ProcessGroup"]) -> List[int]:
 def global_rank(group: Optional["ProcessGroup"], group_rank: int) -> int:
     """The global rank of ``group_rank`` in ``group`` (itself for the default group)."""
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def is_cpu(group: Optional["ProcessGroup"]) -> bool:
+    """Whether collectives on ``group`` run on the CPU (gloo), as :mod:`.works` waits for them."""
+    state = state_of(group)
+    if state is not None and state.device is not None:
+        return bool(state.device.type == "cpu")
+    return device_type(str(dist.get_backend(group))) == "cpu"

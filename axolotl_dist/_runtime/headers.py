@@ -35,7 +35,7 @@ from .codec import HEADER_LEN
 from ..errors import CollectiveMismatchError
 
 __all__ = ["A2A_MAX_RANKS", "HELPERS", "helper_code", "describe_code",
-           "HelperCache", "exchange", "mismatch_error", "await_released"]
+           "HelperCache", "exchange", "broadcast", "mismatch_error", "await_released"]
 
 #: Up to this many ranks, the CPU exchange is an all-to-all.
 A2A_MAX_RANKS = 8
@@ -48,6 +48,7 @@ _GATHERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks")
 _I64 = torch.int64
 _AllgatherOptions = dist.distributed_c10d.AllgatherOptions
 _AllToAllOptions = dist.distributed_c10d.AllToAllOptions
+_BroadcastOptions = dist.distributed_c10d.BroadcastOptions
 _NO_SPLITS: List[int] = []  # equal splits
 #: The cache's tensors a gloo worker may still hold after a collective's wait returned.
 _BUFFERS = ("hdr", "hdr_all", "a2a_in")
@@ -82,7 +83,8 @@ class HelperCache:
 
     __slots__ = ("rank", "ws", "device", "cpu", "env_rank", "env_ws", "pg_ref", "opts",
                  "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "a2a", "a2a_opts",
-                 "a2a_arr", "a2a_in", "store", "__weakref__")
+                 "a2a_arr", "a2a_in", "store", "bcast", "bcast_opts", "group_state",
+                 "__weakref__")
 
     def __init__(self, pg: Any, rank: int, ws: int, device: torch.device, env_rank: Any,
                  env_ws: Any) -> None:
@@ -102,6 +104,8 @@ class HelperCache:
         self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
         self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if self.cpu else None
         self.store: Any = None  # the group's c10d store, once a block asked for it
+        # a weak reference to the group's GroupState, which holds this cache (no cycle)
+        self.group_state: Callable[[], Any] = _no_state
         # the all-to-all: this rank's header once per rank in, every rank's header out
         self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
                     if self.cpu and 1 < ws <= A2A_MAX_RANKS else None)
@@ -110,6 +114,17 @@ class HelperCache:
             self.a2a_opts.asyncOp = True
         self.a2a_arr = array.array("q", bytes(8 * HEADER_LEN * ws))
         self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
+        # the group's own broadcast: what dist.broadcast(async_op=True) runs after its checks
+        # (its rootRank set per call; int64 and uint8 buffers need none of its conversions)
+        self.bcast = cls.broadcast if self.cpu else None
+        self.bcast_opts = _BroadcastOptions()
+        self.bcast_opts.rootTensor = 0
+        if hasattr(self.bcast_opts, "asyncOp"):
+            self.bcast_opts.asyncOp = True
+
+
+def _no_state() -> None:
+    return None
 
 
 def exchange(st: HelperCache, group: Any, what: str) -> List[int]:
@@ -125,6 +140,13 @@ def exchange(st: HelperCache, group: Any, what: str) -> List[int]:
         # the group's own all_gather_single: what dist.all_gather_single runs after its checks
         works.wait(st.allgather(pg, st.hdr_all, st.hdr, st.opts), group, what)
     return st.all_arr.tolist()
+
+
+def broadcast(st: HelperCache, buffer: torch.Tensor, src: int, group: Any, what: str) -> None:
+    """Broadcast ``buffer`` (a CPU int64 or uint8 tensor) from group rank ``src``, waiting
+    as :func:`.works.wait` does. CPU only."""
+    st.bcast_opts.rootRank = src
+    works.wait(st.bcast(st.pg_ref(), [buffer], st.bcast_opts), group, what)
 
 
 def mismatch_error(codes: Dict[int, int], rank: int, site: Callable[[], str]

@@ -21,7 +21,7 @@ from .peers import exit_connection, peer_record, store_host_gone, store_lost_err
 from .store import hosts_store, is_store_error, world_store
 from .state import STATE
 from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
-from ..errors import DistributedEnvError, RankFailedError, failure_report, learnt_failure
+from ..errors import AxolotlDistError, RankFailedError, failure_report, learnt_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
@@ -222,8 +222,8 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Optional["ProcessGr
     judged (raise it ``from exc``); otherwise ``exc`` itself. Waits at most a few seconds for a
     peer that is still exiting (longer, up to the heartbeat timeout, for peers on other hosts).
     """
-    if not dist.is_initialized() or isinstance(exc, (RankFailedError, DistributedEnvError)):
-        return exc
+    if not dist.is_initialized() or isinstance(exc, AxolotlDistError):
+        return exc  # the kit's own account (a mismatch found while waiting, a lost peer named)
     try:
         me = dist.get_rank()
         ranks = [r for r in global_ranks(group) if r != me]

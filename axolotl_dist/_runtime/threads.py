@@ -100,11 +100,14 @@ def _block_label(block: Tuple[str, Any, Optional[str], Any]) -> str:
     return f"{kind} block" + (f" {desc!r}" if desc else "") + f" at {site}"
 
 
-def enter_block(group: Any, kind: str, site: Any, desc: Optional[str]) -> GroupState:
-    """This thread opens a ``kind`` block (``site``, ``desc``) on ``group``: raise
+def enter_block(group: Any, kind: str, site: Any, desc: Optional[str],
+                state: Optional[GroupState] = None) -> GroupState:
+    """This thread opens a ``kind`` block (``site``, ``desc``) on ``group`` (whose
+    :class:`~.groups.GroupState` the caller may pass): raise
     :class:`~axolotl_dist.errors.ThreadConflictError` if another thread has a block open
     there. Returns the group's state, for :func:`leave_block`."""
-    state = state_of(group)
+    if state is None:
+        state = state_of(group)
     assert state is not None, "a block needs a process group"
     me = threading.get_ident()
     opened = state.open_blocks

@@ -10,9 +10,11 @@ and every ``LIVENESS_INTERVAL`` the peers of the group are judged
 (:class:`~.watch.Watch`: exit records, pids, heartbeats; a lost peer raises
 :class:`~axolotl_dist.errors.RankFailedError` naming it), the wait is registered for
 :mod:`.where`, and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds a warning says whom it
-waits for and where they are. Accelerator backends (NCCL) keep their own wait. A wait that
-ends on an exception (Ctrl-C) with the collective still pending marks its group, which the
-exit then keeps instead of waiting for its workers (see :func:`keep_abandoned`).
+waits for and where they are. Before its first slice the wait confirms the ``zero_first``
+blocks this rank ran first and left unconfirmed (:func:`~.blocks.confirm_all`): the store read
+overlaps the collective already under way. Accelerator backends (NCCL) keep their own wait.
+A wait that ends on an exception (Ctrl-C) with the collective still pending marks its group,
+which the exit then keeps instead of waiting for its workers (see :func:`keep_abandoned`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from . import where
 from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .logs import kit as log
+from .blocks import confirm_all
 from .groups import global_ranks, state_of
 from .state import STATE
 from .store import world_store
@@ -55,6 +58,8 @@ def wait(work: Any, group: Any, what: str, cpu: bool = True) -> None:
         work.wait()
         return
     try:
+        if STATE.unconfirmed:  # see confirm_in_wait in axolotl_dist.debug.checked
+            confirm_all()
         try:
             work.wait(_SLICE)
             return
