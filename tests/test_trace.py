@@ -37,7 +37,7 @@ assert total == 6
 if sys.argv[1:] == ["kill"] and rank == 1:
     os.kill(os.getpid(), 9)                # dies mid-run: its events so far must survive
 ad.barrier()
-print("done", rank, flush=True)
+sys.stdout.write(f"done {rank}\\n"); sys.stdout.flush()  # one write: a shared stdout
 """
 
 PHASES = {"X", "M", "s", "f", "i"}

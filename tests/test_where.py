@@ -25,12 +25,17 @@ def tokenize(seconds):
     time.sleep(seconds)
 
 ad.init_distributed()
-print("started", ad.get_rank(), os.getpid(), flush=True)
+sys.stdout.write(f"started {ad.get_rank()} {os.getpid()}\\n"); sys.stdout.flush()  # one write
 if ad.get_rank() == 1:
     while not os.path.exists("go") and time.monotonic() < END: tokenize(0.05)
 ad.barrier()
-print("done", ad.get_rank(), flush=True)
+sys.stdout.write(f"done {ad.get_rank()}\\n"); sys.stdout.flush()
 """
+
+
+# The ranks write their lines in one call each: they share the launcher's stdout, and with
+# PYTHONUNBUFFERED (set in CI) print() writes every argument and separator on its own, so two
+# ranks' pieces could mix and a "started" line be lost.
 
 
 def _script(tmp_path: Path) -> Path:
