@@ -90,10 +90,10 @@ class _ZeroFirst:
         opened = self.opened = enter_block(group, "zero_first", site, self.desc,
                                            cache.group_state())  # one thread at a time
         try:
-            seq = opened.seq["zero_first"] = opened.seq.get("zero_first", 0) + 1  # next_sequence
             block = self.block = ZeroFirstBlock(
-                group, seq, rank, cache.ws, site, self.desc, explicit=is_main is not None,
-                first=first, timeout=self.timeout, store=cache.store)
+                group, next_sequence(group, "zero_first", opened), rank, cache.ws, site,
+                self.desc, explicit=is_main is not None, first=first, timeout=self.timeout,
+                store=cache.store)
             if not first:
                 if _STATE.trace is None:
                     block.await_firsts()

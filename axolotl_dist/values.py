@@ -16,7 +16,6 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
-import torch.distributed as dist
 
 from ._runtime import codec as _codec, headers as _headers, teardown as _teardown
 from ._runtime import trace as _trace, works as _works
@@ -183,11 +182,7 @@ def broadcast_value(
     else:
         header = torch.empty(_codec.HEADER_LEN, dtype=_I64, device=cdev)
     try:
-        if st.cpu:
-            _headers.broadcast(st, header, src, group, where)
-        else:
-            _works.wait(dist.broadcast(header, group=group, group_src=src, async_op=True), group,
-                        where, False)
+        _headers.broadcast(st, header, src, group, where)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     values = header.tolist()
@@ -201,11 +196,7 @@ def broadcast_value(
                 payload = encoded.payload.to(cdev)
             else:
                 payload = torch.empty(_codec.payload_len(values), dtype=_U8, device=cdev)
-            if st.cpu:
-                _headers.broadcast(st, payload, src, group, where)
-            else:
-                _works.wait(dist.broadcast(payload, group=group, group_src=src, async_op=True),
-                            group, where, False)
+            _headers.broadcast(st, payload, src, group, where)
     except RuntimeError as exc:  # a peer is gone: name it (see diagnose_lost_peer)
         raise_lost_peer(exc, where, group)
     if own is not None:

@@ -321,9 +321,10 @@ class ZeroFirstBlock(_Block):
         self.set_bit()
         if not self.explicit:
             # the default, released by group rank 0's bit (word 0, with the flags): the fast
-            # path, the arrival's answer or one read more, then nothing to clean up (this rank
-            # wrote no pairing record and deletes no words)
-            if self.rank < WORD_BITS and self.words[0] & _RELEASED == 1:
+            # path, the arrival's answer (word 0 is still unread, 0, on a rank past 30) or one
+            # read more, then nothing to clean up (this rank wrote no pairing record and
+            # deletes no words)
+            if self.words[0] & _RELEASED == 1:
                 return
             self.read((0,))  # names a lost store itself
             if self.words[0] & _RELEASED == 1:

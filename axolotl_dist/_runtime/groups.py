@@ -82,9 +82,12 @@ def state_of(group: Optional["ProcessGroup"]) -> Optional[GroupState]:
     return state
 
 
-def next_sequence(group: Optional["ProcessGroup"], kind: str) -> int:
-    """The next number of this rank's per-group, per-kind call counter (1, 2, ...)."""
-    state = state_of(group)
+def next_sequence(group: Optional["ProcessGroup"], kind: str,
+                  state: Optional[GroupState] = None) -> int:
+    """The next number of this rank's per-group, per-kind call counter (1, 2, ...);
+    ``state``: the group's :class:`GroupState`, when the caller holds it already."""
+    if state is None:
+        state = state_of(group)
     assert state is not None, "next_sequence needs a process group"
     seq = state.seq[kind] = state.seq.get(kind, 0) + 1
     return seq

@@ -143,10 +143,15 @@ def exchange(st: HelperCache, group: Any, what: str) -> List[int]:
 
 
 def broadcast(st: HelperCache, buffer: torch.Tensor, src: int, group: Any, what: str) -> None:
-    """Broadcast ``buffer`` (a CPU int64 or uint8 tensor) from group rank ``src``, waiting
-    as :func:`.works.wait` does. CPU only."""
-    st.bcast_opts.rootRank = src
-    works.wait(st.bcast(st.pg_ref(), [buffer], st.bcast_opts), group, what)
+    """Broadcast ``buffer`` (an int64 or uint8 tensor on ``st.device``) from group rank
+    ``src``, waiting as :func:`.works.wait` does: on CPU through the group's own broadcast,
+    on accelerators through ``dist.broadcast``."""
+    if st.cpu:
+        st.bcast_opts.rootRank = src
+        works.wait(st.bcast(st.pg_ref(), [buffer], st.bcast_opts), group, what)
+    else:
+        works.wait(dist.broadcast(buffer, group=group, group_src=src, async_op=True), group,
+                   what, False)
 
 
 def mismatch_error(codes: Dict[int, int], rank: int, site: Callable[[], str]
