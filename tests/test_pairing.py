@@ -11,12 +11,14 @@
 
 import os
 import re
+import sys
 import time
 
 import pytest
 import torch
 
 import axolotl_dist as ad
+from fixtures import run, subprocess_env
 from axolotl_dist.testing import count_store_calls, run_distributed, run_distributed_outcomes, store_of
 
 HERE = os.path.basename(__file__)
@@ -94,6 +96,37 @@ def test_blocks_on_different_lines_without_desc_name_both_sites_and_the_fix(next
         assert "zero_first blocks do not pair: block #1" in message, message
         assert len(re.findall(rf"{HERE}:\d+ in body on rank [01]", message)) == 2, message
         assert 'desc="..."' in message, message
+
+
+UNPAIRED_SCRIPT = """
+import axolotl_dist as ad
+
+ad.init_distributed()
+if ad.get_rank() == 0:
+    with ad.zero_first():
+        pass
+else:
+    with ad.zero_first():
+        pass
+ad.barrier()
+"""
+
+
+def test_a_mismatch_found_at_the_next_collective_is_told_once_per_rank(tmp_path):
+    # rank 0 finds it while confirming its block in the barrier's wait; the exit must not
+    # check the block again and log the same mismatch a second time (it did, as a warning)
+    script = tmp_path / "prep.py"
+    script.write_text(UNPAIRED_SCRIPT)
+    code, _, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", str(script)],
+                       subprocess_env(tmp_path), 120, cwd=tmp_path)
+    assert code == 1, err
+    for rank, line in ((0, 11), (1, 9)):
+        told = [ln for ln in err.splitlines()
+                if ln.startswith(f"[rank{rank}]:") and "do not pair" in ln]
+        assert len(told) == 1, err
+        assert re.search(rf'^\[rank{rank}\]:   File ".*prep\.py", line {line}, in <module>$', err,
+                         re.M), err
+    assert "not every rank reached" not in err, err
 
 
 def test_desc_appears_in_messages_about_the_block():

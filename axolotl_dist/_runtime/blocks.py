@@ -359,8 +359,7 @@ class ZeroFirstBlock(_Block):
             return
         pending.append(self)
         while len(pending) > AHEAD:
-            pending[0].await_arrivals()
-            pending.pop(0)
+            pending.pop(0).await_arrivals()  # see confirm_all
 
     def await_arrivals(self) -> None:
         """A first rank: wait until every rank has reached this block (with this block's own
@@ -424,11 +423,13 @@ def settle(finished: Sequence[ZeroFirstBlock]) -> None:
 
 def confirm_all() -> None:
     """Wait for the arrivals of every block this process left unconfirmed: before a collective
-    the other ranks must join (they may still be waiting in a block that does not pair)."""
+    the other ranks must join (they may still be waiting in a block that does not pair).
+    Each block leaves the list before its wait: a wait that raises (a mismatch, a lost peer,
+    Ctrl-C) has given its account, and the exit must not check the block again and log the
+    same failure a second time."""
     pending = STATE.unconfirmed
     while pending:
-        pending[0].await_arrivals()
-        pending.pop(0)
+        pending.pop(0).await_arrivals()
 
 
 # --- do_n_at_a_time ----------------------------------------------------------------------------
