@@ -13,6 +13,12 @@ they share, one concern per module; its docstring is the map, and docs/design.md
 
 from __future__ import annotations
 
+import warnings as _warnings
+
+# The kit needs torch alone: NumPy is optional, and torch's import-time notice that it is
+# missing ("Failed to initialize NumPy") says nothing a user of the kit must act on.
+_warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
 from .distributed import *  # noqa: F401,F403
 from .distributed import __all__ as _functional
 from .distributed import print  # noqa: F401,A004 - ad.print, kept out of __all__ (see distributed)
@@ -51,3 +57,10 @@ _KEPT_IN_SUBPACKAGES = {"StrEnum", "MeshUsageError", "default_device_type", "dte
 __all__ += [n for n in (*_parallel.__all__, *_tensors.__all__) if n not in _KEPT_IN_SUBPACKAGES]
 for _hidden in _KEPT_IN_SUBPACKAGES:
     globals().pop(_hidden, None)  # pulled in by the star import; reach them via the subpackage
+
+# --- pickled by name ------------------------------------------------------------------------
+# A map function that mentions the kit hashes the same in every process and install mode, so
+# `datasets` reuses zero_first's cache (docs/design.md, "Installs").
+from ._runtime.pickling import by_name as _by_name  # noqa: E402
+
+_by_name(__name__)

@@ -62,15 +62,11 @@ def default_backend(device: Union[str, torch.device, None] = None) -> str:
     """The backend torch recommends for ``device`` (default: this machine's accelerator or CPU).
 
     ``"gloo"`` for CPU, ``"nccl"`` for CUDA, and whatever torch registers for other devices.
+    With no ``device``, an accelerator counts only when it is usable here: PyPI's CUDA build of
+    torch on a machine without a GPU gets ``"gloo"`` (docs/design.md, decision 17).
     """
     if device is None:
-        accel = None
-        current = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
-        if current is not None:
-            accel = current()
-        elif torch.cuda.is_available():  # pragma: no cover - torch < 2.6
-            accel = torch.device("cuda")
-        device = accel if accel is not None else torch.device("cpu")
+        device = _backends.usable_accelerator() or "cpu"
     device_type = torch.device(device).type
     getter = getattr(dist, "get_default_backend_for_device", None)
     if getter is not None:

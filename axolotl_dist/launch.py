@@ -50,6 +50,7 @@ from ._runtime.constants import TRACE_ENV_VAR
 from ._runtime.launch_report import (PROG, exit_code_of, first_failure, read_ends,
                                      report_failures, traceback_of)
 from ._runtime.launch_watch import Watcher
+from ._runtime.pickling import by_name as _by_name
 from ._runtime.procs import LAUNCHER_PID_ENV_VAR
 from ._runtime.rank_main import END_DIR_ENV_VAR, GUARDS_DIR
 
@@ -387,6 +388,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(sig, handler)  # an ignored SIGINT would be inherited by its children
     return code
 
+
+_by_name(__name__)  # pickled by name, as the rest of the kit (docs/design.md, "Installs")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -88,8 +88,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--output-dir", default=os.path.join(
-        tempfile.gettempdir(), f"axolotl_dist_finetune_{os.getuid()}"))
+    p.add_argument("--output-dir", default=None,
+                   help="default: a fresh directory for this run (printed at the end)")
     return p.parse_args()
 
 
@@ -111,6 +111,9 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     ad.init_distributed()  # gloo on CPU; plain `python` needs no env vars and no port
+    # A fresh directory per run unless one is given: rank 0 makes it, every rank gets its name.
+    args.output_dir = args.output_dir or ad.compute_and_broadcast(
+        lambda: tempfile.mkdtemp(prefix="axolotl_dist_finetune_"))
     world = ad.get_world_size()
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts)
     dataset = load_dataset(args)

@@ -122,8 +122,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--output-dir", default=os.path.join(
-        tempfile.gettempdir(), f"axolotl_dist_hf_finetune_{os.getuid()}"))
+    p.add_argument("--output-dir", default=None,
+                   help="default: a fresh directory for this run (printed at the end)")
     return p.parse_args()
 
 
@@ -138,6 +138,10 @@ def save_checkpoint(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, 
 def main() -> None:
     args = parse_args()
     ad.init_distributed()  # gloo on CPU; plain `python` needs no env vars and no port
+    # A fresh directory per run unless one is given (a second run then maps again, as the
+    # first): rank 0 makes it, every rank gets its name.
+    args.output_dir = args.output_dir or ad.compute_and_broadcast(
+        lambda: tempfile.mkdtemp(prefix="axolotl_dist_hf_finetune_"))
     if not ad.is_main_process():
         datasets.disable_progress_bars()  # datasets' own bars on the main process only
     tokenizer, blocks = prepare_data(args)

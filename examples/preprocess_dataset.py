@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import tempfile
 from typing import Dict, List
 
@@ -57,11 +58,15 @@ def build_cache(cache: str, samples: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "axolotl_dist_preprocess"))
+    parser.add_argument("--cache-dir", default=None,
+                        help="default: a fresh directory for this run, removed at its end")
     parser.add_argument("--samples", type=int, default=200)
     args = parser.parse_args()
     ad.init_distributed()
-    cache = os.path.join(args.cache_dir, f"tokenized_{args.samples}.json")
+    # A fresh directory per run unless one is given: rank 0 makes it, every rank gets its name.
+    cache_dir = args.cache_dir or ad.compute_and_broadcast(
+        lambda: tempfile.mkdtemp(prefix="axolotl_dist_preprocess_"))
+    cache = os.path.join(cache_dir, f"tokenized_{args.samples}.json")
 
     with ad.zero_first():  # rank 0 tokenizes and writes the cache; the others read it afterwards
         if ad.is_main_process() or not os.path.exists(cache):
@@ -76,6 +81,10 @@ def main() -> None:
     log(f"ranks={ad.get_world_size()} samples={len(data['ids'])} vocab={len(data['vocab'])} "
         f"total_tokens={total}")
     print(f"rank {ad.get_rank()} local_tokens={local_tokens} total_tokens={total}", flush=True)
+    if args.cache_dir is None:
+        ad.barrier()  # every rank has read the cache
+        if ad.is_main_process():
+            shutil.rmtree(cache_dir, ignore_errors=True)
     ad.cleanup_distributed()
 
 

@@ -23,7 +23,9 @@ def report(message: str) -> None:
 def main() -> None:
     ad.init_distributed()  # gloo on CPU; a single process needs no env vars and no port
     rank, world = ad.get_rank(), ad.get_world_size()
-    cache = os.path.join(tempfile.gettempdir(), f"axolotl_dist_quickstart_{os.getuid()}.json")
+    # A fresh file per run (never another run's): rank 0 names it, every rank gets the name.
+    cache = ad.compute_and_broadcast(lambda: tempfile.mkstemp(prefix="axolotl_dist_quickstart_",
+                                                               suffix=".json")[1])
 
     # Rank 0 prepares the data once; the others wait (without the collective timeout) and reuse it.
     with ad.zero_first():
@@ -42,6 +44,9 @@ def main() -> None:
     mean = ad.all_reduce(torch.tensor([float(rank)]), "AVG").item()
     log.info("world=%d tokens=%d per_rank=%s", world, total_tokens, per_rank)
     report(f"ranks={world} total_tokens={total_tokens} per_rank={per_rank} big={big} mean_rank={mean}")
+    ad.barrier()  # every rank has read the cache
+    if ad.is_main_process():
+        os.remove(cache)
     ad.cleanup_distributed()
 
 

@@ -15,6 +15,7 @@ Needs Hugging Face datasets: ``pip install -e ".[datasets]"`` from the repositor
 import argparse
 import os
 import random
+import shutil
 import tempfile
 import time
 from typing import Any, Dict, List
@@ -41,11 +42,15 @@ def build(path: str, n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "axolotl_dist_shared_map_example"))
+    parser.add_argument("--cache-dir", default=None,
+                        help="default: a fresh directory for this run, removed at its end")
     parser.add_argument("--samples", type=int, default=1000)
     args = parser.parse_args()
     ad.init_distributed()
-    path = os.path.join(args.cache_dir, f"raw_{args.samples}")
+    # A fresh directory per run unless one is given: rank 0 makes it, every rank gets its name.
+    cache_dir = args.cache_dir or ad.compute_and_broadcast(
+        lambda: tempfile.mkdtemp(prefix="axolotl_dist_shared_map_"))
+    path = os.path.join(cache_dir, f"raw_{args.samples}")
     with ad.zero_first():  # built once, by rank 0; the others load it afterwards
         if not os.path.exists(path):
             build(path, args.samples)
@@ -59,6 +64,10 @@ def main() -> None:
 
     print(f"rank {ad.get_rank()}: rows={len(tokenized)} tokens={sum(tokenized['length'])} "
           f"fingerprint={tokenized._fingerprint} second_call_ms={again_ms:.0f}", flush=True)
+    if args.cache_dir is None:
+        ad.barrier()  # every rank is done with the parts
+        if ad.is_main_process():
+            shutil.rmtree(cache_dir, ignore_errors=True)
     ad.cleanup_distributed()
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from fixtures import free_port, run, start, finish, subprocess_env
+from fixtures import ROOT, free_port, run, start, finish, subprocess_env
 
 SCRIPT = """
 import os, sys, time
@@ -175,6 +175,19 @@ def test_the_cli_merges_again_and_tracing_off_writes_nothing(tmp_path):
     assert code == 0, err
     assert "reduce_and_broadcast at snippet.py:" in out and "trace.json" in out
     assert json.loads((tmp_path / "trace" / "trace.json").read_text()) == first
+    # without matplotlib (the trace extra) the merge says why there is no picture
+    blocker = tmp_path / "no_matplotlib"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
+    (tmp_path / "trace" / "timeline.png").unlink()
+    code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "trace",
+                          str(tmp_path / "trace")],
+                         subprocess_env(tmp_path, PYTHONPATH=f"{blocker}{os.pathsep}{ROOT}"), 60,
+                         cwd=tmp_path)
+    assert code == 0, err
+    assert "no timeline.png: drawing it needs matplotlib" in out and "'trace' extra" in out, out
+    assert not (tmp_path / "trace" / "timeline.png").exists()
     off = tmp_path / "off"  # no AXOLOTL_DIST_TRACE: no file, no merge
     off.mkdir()
     (off / "plain.py").write_text("import axolotl_dist as ad\nad.init_distributed()\n"

@@ -11,7 +11,9 @@ Process-wide facts
   debug switches, open first-run blocks), in one object with one ``reset()``.
 * :mod:`.groups`: what the kit remembers per process group; the default group.
 * :mod:`.envvars`: reading env vars (ints with bounds, seconds, switches).
-* :mod:`.backends`: what a backend string says about devices.
+* :mod:`.backends`: what a backend string says about devices; the accelerator usable here.
+* :mod:`.pickling`: the kit's modules pickle by name (``datasets`` fingerprints of functions
+  that mention the kit are the same in every process and install mode).
 * :mod:`.procs`: processes (``/proc`` state, children, killing a tree, loopback, listeners).
 * :mod:`.callsite`: the user's file and line behind a helper call.
 * :mod:`.logs`: log lines with the time, the level and ``[rank r/n]``; the kit's own logger.

@@ -14,7 +14,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-__all__ = ["served", "supports", "device_type", "comm_device", "only", "matches"]
+__all__ = ["served", "supports", "usable", "usable_accelerator", "device_type", "comm_device",
+           "only", "matches"]
 
 #: The device type each single backend name serves (unknown names: the CPU).
 _NAME_DEVICE = {"nccl": "cuda", "xccl": "xpu", "hccl": "hpu", "gloo": "cpu", "mpi": "cpu",
@@ -40,7 +41,9 @@ def supports(backend: str, device: str) -> bool:
     return device in served(backend)
 
 
-def _available(device: str) -> bool:
+def usable(device: str) -> bool:
+    """Whether this machine can run tensors on ``device`` now (not: whether torch was built
+    for it: PyPI's CUDA build on a machine without a GPU answers False for ``"cuda"``)."""
     if device == "cpu":
         return True
     module = getattr(torch, device, None)
@@ -48,7 +51,23 @@ def _available(device: str) -> bool:
     return bool(check()) if check is not None else False
 
 
-def device_type(backend: str, available: Callable[[str], bool] = _available) -> str:
+def usable_accelerator() -> Optional[str]:
+    """The device type of this machine's accelerator when one is usable here, else None.
+
+    ``torch.accelerator.current_accelerator()`` names the accelerator torch was *built* for:
+    ``cuda`` for PyPI's default Linux wheel on any machine (docs/design.md, decision 17), and
+    torch 2.6 raises there instead. Only an accelerator that :func:`usable` confirms counts.
+    """
+    current = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+    try:
+        accel = current() if current is not None else None
+    except RuntimeError:  # torch 2.6: "Cannot access accelerator device when none is available"
+        accel = None
+    kind = accel.type if accel is not None else ("cuda" if current is None else None)
+    return kind if kind is not None and usable(kind) else None
+
+
+def device_type(backend: str, available: Callable[[str], bool] = usable) -> str:
     """The device type the kit uses for ``backend``'s collectives, meshes and tensors.
 
     :param available: whether a device type is usable here (a parameter for tests).

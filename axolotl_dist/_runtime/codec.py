@@ -21,6 +21,7 @@ Slot 3 is left 0 here: the value helpers put the sending helper's code in it
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import reprlib
 import struct
@@ -53,6 +54,18 @@ class Encoded:
 
 def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def tensor_bytes(payload: torch.Tensor) -> bytes:
+    """The bytes of a 1-D uint8 tensor, without NumPy (the core needs torch alone).
+
+    ``Tensor.numpy()`` raises where NumPy is not installed (a plain ``pip install
+    axolotl-dist``); a copy of the CPU memory is the same bytes.
+    """
+    data = payload.detach().cpu().contiguous()
+    if data.numel() == 0:
+        return b""
+    return ctypes.string_at(data.data_ptr(), data.numel() * data.element_size())
 
 
 _REPR = reprlib.Repr()
@@ -172,7 +185,7 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
     if kind == FLOAT:
         return _UNPACK_D(_PACK_Q(header[1]))[0]
     assert payload is not None
-    raw = payload.cpu().numpy().tobytes() if kind != TENSOR else None
+    raw = tensor_bytes(payload) if kind != TENSOR else None
     if kind == PICKLE:
         return pickle.loads(raw)
     if kind == ERROR:
@@ -180,7 +193,7 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
     if kind == TENSOR:
         meta_len, data_len = header[1], header[2]
         dtype_name, shape, device_type, requires_grad = pickle.loads(
-            payload[:meta_len].cpu().numpy().tobytes())
+            tensor_bytes(payload[:meta_len]))
         dtype = getattr(torch, dtype_name)
         target = _target_device(device_type, device)
         if device_type == "meta":

@@ -92,6 +92,13 @@ class Merged(NamedTuple):
     timeline_png: Optional[str]
     summary: str
     events: List[Dict[str, Any]]
+    #: Why no ``timeline.png`` was drawn although one was asked for (an extra is missing).
+    png_note: Optional[str] = None
+
+
+#: What a merge says when it cannot draw ``timeline.png``.
+PNG_NEEDS_EXTRA = ("no timeline.png: drawing it needs matplotlib (pip install matplotlib, "
+                   "or the 'trace' extra of axolotl-dist: pip install -e '.[trace]' in a clone)")
 
 
 class _Wait(NamedTuple):
@@ -268,17 +275,16 @@ def _events(traces: List[RankTrace], waits: List[_Wait], base: int) -> List[Dict
     return events
 
 
-def _png(traces: List[RankTrace], waits: List[_Wait], base: int, path: str) -> Optional[str]:
-    """``timeline.png``: ranks on the y axis, spans coloured by kind, waits hatched; None
-    without matplotlib."""
-    try:
-        import matplotlib
+def _png(traces: List[RankTrace], waits: List[_Wait], base: int, path: str) -> str:
+    """``timeline.png``: ranks on the y axis, spans coloured by kind, waits hatched.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        return None
+    :raises ImportError: without matplotlib (the ``trace`` extra).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
     colours = {"helper": "#4c78a8", "body": "#f58518", "user": "#54a24b", "wait": "#e45756"}
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(traces)))
     end = max((tr.at(tr.last) - base) / 1e9 for tr in traces) or 1e-3
@@ -356,8 +362,14 @@ def merge(directory: str, png: bool = True) -> Merged:
     summary_path = os.path.join(directory, "summary.txt")
     with open(summary_path, "w") as fh:
         fh.write(summary)
-    picture = _png(traces, waits, base, os.path.join(directory, "timeline.png")) if png else None
-    return Merged(out, summary_path, picture, summary, events)
+    picture: Optional[str] = None
+    note: Optional[str] = None
+    if png:
+        try:
+            picture = _png(traces, waits, base, os.path.join(directory, "timeline.png"))
+        except ImportError:
+            note = PNG_NEEDS_EXTRA
+    return Merged(out, summary_path, picture, summary, events, note)
 
 
 #: Seconds the merging rank waits at exit for the other ranks' files to end.
@@ -406,5 +418,6 @@ def merge_at_exit(directory: str, world_size: int) -> Optional[Merged]:
 
 def announce(merged: Merged) -> str:
     picture = f", {merged.timeline_png}" if merged.timeline_png else ""
+    note = f"axolotl_dist: {merged.png_note}\n" if merged.png_note else ""
     return (f"axolotl_dist: timeline of the kit's calls: {merged.trace_json} (open it in "
-            f"https://ui.perfetto.dev or chrome://tracing){picture}\n{merged.summary}")
+            f"https://ui.perfetto.dev or chrome://tracing){picture}\n{note}{merged.summary}")

@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .._runtime.pickling import by_name as _by_name
 from .._runtime.procs import loopback_interface
 from ..env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
 from .harness import run_distributed, run_distributed_outcomes
@@ -94,3 +95,6 @@ def __getattr__(name: str) -> Any:
     markers["GPU_MARKS"] = (pytest.mark.gpu, markers["requires_gpu"])
     globals().update(markers)
     return markers[name]
+
+
+_by_name(__name__)  # pickled by name, as the rest of the kit (docs/design.md, "Installs")
