@@ -181,3 +181,22 @@ def test_the_value_codec_needs_no_numpy(tmp_path):
     assert code == 0, err[-3000:]
     assert sorted(re.findall(r"^rank (\d) ok$", out, re.MULTILINE)) == ["0", "1"], out
     assert "NumPy" not in out + err, err[-3000:]
+
+
+def test_the_pipeline_schedule_says_it_needs_numpy(tmp_path):
+    """torch's pipelining converts objects through NumPy: without it, PipelineSchedule says so
+    when it is created (the rest of the kit needs no NumPy)."""
+    blocker = tmp_path / "no_numpy"
+    blocker.mkdir()
+    (blocker / "numpy.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n")
+    code = ("import axolotl_dist as ad\n"
+            "try:\n"
+            "    ad.PipelineSchedule(model_parts=[], stages=[], pp_mesh=None, schedule_name='1F1B')\n"
+            "except ImportError as exc:\n"
+            "    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=subprocess_env(tmp_path, PYTHONPATH=f"{blocker}{os.pathsep}{ROOT}"),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PipelineSchedule needs NumPy" in proc.stdout and "pip install numpy" in proc.stdout

@@ -33,6 +33,8 @@ class PipelineSchedule:
         mesh size); the batch size must be divisible by it.
     :raises DistributedConfigError: for an unknown schedule or stage/part counts that do not
         fit it.
+    :raises ImportError: without NumPy, which torch's pipelining needs (the rest of the kit
+        does not).
     """
 
     def __init__(
@@ -45,6 +47,13 @@ class PipelineSchedule:
         loss_fn: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None,
         num_microbatches: Optional[int] = None,
     ) -> None:
+        try:
+            import numpy  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                "PipelineSchedule needs NumPy, which is not installed: torch.distributed."
+                "pipelining sends each stage's shapes between ranks as Python objects, which "
+                "torch converts through NumPy: pip install numpy") from exc
         from torch.distributed.pipelining.schedules import get_schedule_class
 
         schedule = PipelineScheduleType.coerce(schedule_name, "PipelineSchedule.schedule_name")
