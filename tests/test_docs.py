@@ -69,6 +69,8 @@ def test_every_python_block_runs(block, tmp_path):
     if block.marker and block.marker.startswith("fragment: "):
         compile(block.code, f"{block.page}:{block.line}", "exec")  # an excerpt still parses
         return
+    for module in _extras_needed(block.code):  # a core install (scripts/compat.sh) has none
+        pytest.importorskip(module, reason=f"{block.page}:{block.line} needs {module} (an extra)")
     script = tmp_path / "snippet.py"
     script.write_text(block.code)
     if block.marker and block.marker.startswith("axolotl-dist"):
@@ -79,6 +81,17 @@ def test_every_python_block_runs(block, tmp_path):
     code, out, err = run(cmd, subprocess_env(tmp_path), 180, cwd=tmp_path)
     assert code == 0, f"{block.page}:{block.line} exited {code}\n{out}\n{err[-4000:]}"
     assert "Traceback" not in err, f"{block.page}:{block.line}\n{err[-4000:]}"
+
+
+#: What a block needs beyond the core, by the kit call that needs it.
+_EXTRA_CALLS = {"shared_map(": "datasets", "ad.tqdm(": "tqdm", "merge_trace(": "matplotlib"}
+_OPTIONAL = ("datasets", "transformers", "tokenizers", "tqdm", "accelerate", "matplotlib", "numpy")
+
+
+def _extras_needed(code: str) -> list:
+    imported = re.findall(r"^\s*(?:import|from)\s+(\w+)", code, re.M)
+    return sorted({m for m in imported if m in _OPTIONAL}
+                  | {module for call, module in _EXTRA_CALLS.items() if call in code})
 
 
 def test_the_readme_is_short():

@@ -63,6 +63,7 @@ SHARED_MAP_SCRIPT = os.path.join(ROOT, "examples", "shared_map.py")
 
 
 def test_shared_map_example_on_two_ranks_matches_one_process(tmp_path):
+    pytest.importorskip("datasets", reason="needs the datasets extra")
     env = subprocess_env(HF_DATASETS_OFFLINE="1", **NO_WARNINGS)
     found = {}
     for name, launch in [("one", [sys.executable]),

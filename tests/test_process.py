@@ -163,6 +163,7 @@ def test_decorator_misuse_names_the_argument(make: Callable[[], object], error: 
 
 
 def test_tqdm_and_print_show_on_the_main_process_only() -> None:
+    pytest.importorskip("tqdm", reason="ad.tqdm needs the hf extra (or tqdm)")
     def body() -> List[object]:
         main_bar, every_bar = io.StringIO(), io.StringIO()
         with ad.tqdm(range(3), file=main_bar, desc="main-only") as bar:

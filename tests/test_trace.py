@@ -4,6 +4,7 @@ keeps what it recorded."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -13,6 +14,9 @@ import sys
 import pytest
 
 from fixtures import ROOT, free_port, run, start, finish, subprocess_env
+
+#: The test extra has matplotlib; a core install (scripts/compat.sh) does not.
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 SCRIPT = """
 import os, sys, time
@@ -133,7 +137,10 @@ def test_the_merged_trace_names_whom_each_rank_waited_for(tmp_path, launcher):
     # extra has it) drew the picture
     assert err.count("timeline of the kit's calls:") == 1, err
     png = tmp_path / "trace" / "timeline.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    if HAS_MATPLOTLIB:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    else:  # a core install (scripts/compat.sh): the merge says why there is no picture
+        assert "no timeline.png: drawing it needs matplotlib" in err and not png.exists(), err
     assert "reduce_and_broadcast at snippet.py:" in err
 
 
@@ -180,7 +187,7 @@ def test_the_cli_merges_again_and_tracing_off_writes_nothing(tmp_path):
     blocker.mkdir()
     (blocker / "matplotlib.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
-    (tmp_path / "trace" / "timeline.png").unlink()
+    (tmp_path / "trace" / "timeline.png").unlink(missing_ok=not HAS_MATPLOTLIB)
     code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "trace",
                           str(tmp_path / "trace")],
                          subprocess_env(tmp_path, PYTHONPATH=f"{blocker}{os.pathsep}{ROOT}"), 60,
@@ -225,4 +232,5 @@ def test_the_traced_example_names_its_slow_rank(tmp_path):
     # ranks 1 and 2 waited for rank 0's zero_first body; ranks 0 and 1 for rank 2, the packer
     assert re.search(r"\d\.\d+ s for 0 +\d\.\d+ s for 0$", rows["zero_first"]), summary
     assert re.search(r"\d\.\d+ s for 2 +\d\.\d+ s for 2 +-$", rows["reduce_and_broadcast"]), summary
-    assert (trace / "timeline.png").exists() and (trace / "trace.json").exists()
+    assert (trace / "timeline.png").exists() or not HAS_MATPLOTLIB
+    assert (trace / "trace.json").exists()
