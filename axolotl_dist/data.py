@@ -20,7 +20,6 @@ from typing import (
 
 import torch
 
-from ._runtime.shards import shard_bounds
 from .ranks import get_rank, get_world_size, is_initialized
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,6 +27,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.utils.data import Dataset, DistributedSampler
 
 __all__ = ["get_sampler", "split_between_processes", "shard_bounds"]
+
+
+def shard_bounds(length: int, world_size: int, rank: int) -> Tuple[int, int]:
+    """``[start, end)`` of ``rank``'s contiguous chunk; the first ``length % world_size`` ranks
+    get one extra. The one rule of every splitter of the kit: :func:`split_between_processes`
+    and ``shared_map``'s parts use it, so a rank gets the same rows from each."""
+    base, extra = divmod(length, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
 
 T = TypeVar("T")
 K = TypeVar("K")

@@ -2,18 +2,15 @@
 
 Every error the kit raises on purpose derives from :class:`AxolotlDistError`, and also from
 the builtin class a caller would expect (``ValueError`` for bad arguments, ``RuntimeError``
-for environment and runtime problems), so ``except ValueError`` keeps working.
+for environment and runtime problems), so ``except ValueError`` keeps working. They are plain
+values: building one changes nothing (the kit records a failure of another rank where it
+relays it, in ``axolotl_dist._runtime``).
 """
 
 from __future__ import annotations
 
 import pickle
-import weakref
 from typing import Dict, Optional, Sequence
-
-from ._runtime.groups import resolve
-from ._runtime.state import STATE
-from ._runtime.tracebacks import format_exception, safe_str
 
 __all__ = [
     "AxolotlDistError",
@@ -24,8 +21,6 @@ __all__ = [
     "RankTimeoutError",
     "CollectiveMismatchError",
     "ThreadConflictError",
-    "failure_report",
-    "learnt_failure",
 ]
 
 
@@ -80,7 +75,6 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         self.remote_traceback = remote_traceback
         self.where = where
         self.ranks = tuple(dict.fromkeys((rank, *ranks)))
-        _learnt(self)
         place = f" in {where}" if where else ""
         # an empty message shows no ": " (KeyboardInterrupt); notes appended to one start
         # with " (" or "; " and follow the type directly
@@ -105,42 +99,6 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     def from_report(cls, data: bytes) -> "RankFailedError":
         """The error described by bytes from :meth:`to_report` or :func:`failure_report`."""
         return _rebuild_rank_failed(*pickle.loads(data))
-
-
-def _learnt(error: "RankFailedError") -> None:
-    """Remember ``error`` as learnt under the current default group (if any), as its fields,
-    not the error: a raised error's traceback keeps every frame it passed through alive, with
-    their tensors (the value helpers' buffers, which the exit then waits for)."""
-    try:
-        pg = resolve(None)
-    except Exception:  # noqa: BLE001 - no torch.distributed
-        pg = None
-    if pg is not None:
-        STATE.learnt = (weakref.ref(pg), error._fields())
-
-
-def learnt_failure() -> Optional[RankFailedError]:
-    """The last :class:`RankFailedError` this process raised or received under the current
-    default group, caught or not: a rank that exits after one relays it, so its peers name the
-    rank that really failed (and not this one)."""
-    learnt = STATE.learnt
-    if learnt is None:
-        return None
-    pg, fields = learnt[0](), learnt[1]
-    return _rebuild_rank_failed(*fields) if pg is not None and pg is resolve(None) else None
-
-
-def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
-    """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
-    ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
-    block that caught ``exc``; never raises. The traceback shows the user's frames, not the
-    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``."""
-    try:
-        tb = format_exception(type(exc), exc, exc.__traceback__)
-        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where).to_report()
-    except Exception:  # noqa: BLE001 - a report must never hide the failure itself
-        return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
-                               where=where).to_report()
 
 
 def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where, ranks=()):

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ._runtime import backends as _backends, store as _store, teardown as _teardown
 from ._runtime import trace as _trace
+from . import tracing as _tracing
 from ._runtime.logs import kit as _kit_log
 from ._runtime.state import STATE as _STATE
 from . import debug as _debug
@@ -279,7 +280,7 @@ def _after_init(trace_dir: Optional[str]) -> None:
     if directory is None or _STATE.trace is not None:
         return
     try:
-        _trace.start(directory, _store.world_store(), get_rank(), get_world_size())
+        _tracing.start_recording(directory, _store.world_store(), get_rank(), get_world_size())
     except Exception as exc:  # noqa: BLE001 - a trace must never stop a run
         _kit_log.warning("rank %d: tracing to %s is off: %s: %s", get_rank(), directory,
                          type(exc).__name__, exc)

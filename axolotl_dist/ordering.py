@@ -22,18 +22,16 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
                     Union, overload)
 
 
-from ._runtime import guards as _guards, teardown as _teardown, trace as _trace
+from ._runtime import guards as _guards, trace as _trace
+from ._runtime.args import check_world_size
+from ._runtime.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
+from ._runtime.callsite import call_site
+from ._runtime.calls import checked, first_rank_block
+from ._runtime.groups import group_of
 from ._runtime.state import STATE as _STATE
 from ._runtime.threads import enter_block, leave_block
-from ._runtime.blocks import (ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds,
-                              settle)
-from ._runtime.callsite import call_site
-from ._runtime.groups import next_sequence
-from ._runtime.store import group_store
-from .collectives import check_world_size, require_group
-from .debug import checked, first_rank_block, is_debug_enabled
+from .debug import is_debug_enabled
 from .ranks import get_num_nodes, get_rank, is_main_process
-from .values import group_cache
 
 if sys.version_info >= (3, 10):
     from typing import ParamSpec
@@ -76,24 +74,17 @@ class _ZeroFirst:
         self.t0 = 0  # when the body began, while tracing (a first rank)
 
     def __enter__(self) -> None:
-        group = self.group
-        if not require_group("zero_first", group):
+        g = group_of(self.group, "zero_first")  # this rank, the size, the store
+        if g is None or g.size == 1:
             return
-        cache = group_cache(group)  # this rank, the size, the store: cached per group
-        if cache.ws == 1:
-            return
-        if cache.store is None:
-            cache.store = group_store(group)
-        rank, is_main = cache.rank, self.is_main
-        first = rank == 0 if is_main is None else bool(is_main)
+        is_main = self.is_main
+        first = g.rank == 0 if is_main is None else bool(is_main)
         site = call_site()
-        opened = self.opened = enter_block(group, "zero_first", site, self.desc,
-                                           cache.group_state())  # one thread at a time
+        opened = self.opened = enter_block(g, "zero_first", site, self.desc)  # one thread
         try:
-            block = self.block = ZeroFirstBlock(
-                group, next_sequence(group, "zero_first", opened), rank, cache.ws, site,
-                self.desc, explicit=is_main is not None, first=first, timeout=self.timeout,
-                store=cache.store)
+            seq = g.seq["zero_first"] = g.seq.get("zero_first", 0) + 1  # g.next_seq, inline
+            block = self.block = ZeroFirstBlock(g, seq, site, self.desc, is_main is not None,
+                                                first, self.timeout)
             if not first:
                 if _STATE.trace is None:
                     block.await_firsts()
@@ -104,7 +95,7 @@ class _ZeroFirst:
             if _STATE.trace is not None:
                 self.t0 = _trace.now()
             if _STATE.debug_on and is_debug_enabled():  # checked once the others are here
-                self.debug = first_rank_block(group)
+                self.debug = first_rank_block(g)
                 self.debug.__enter__()
         except BaseException:
             self.opened = None
@@ -112,37 +103,34 @@ class _ZeroFirst:
             raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if self.opened is None:
-            return self._exit(exc_type, exc, tb)
-        try:
-            return self._exit(exc_type, exc, tb)
-        finally:
-            leave_block(self.opened)
-
-    def _exit(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         block = self.block
         if block is None or not block.first:
+            if self.opened is not None:
+                leave_block(self.opened)
             return False
-        if self.t0:
-            _trace.body_span(_trace_name(block), self.t0, block.site, block.group, block.seq,
-                             exc_type.__name__ if exc_type is not None else "")
-        if self.debug is not None:
-            try:
-                self.debug.__exit__(exc_type, exc, tb)
-            except BaseException as error:  # the debug check's own finding
-                exc_type, exc = type(error), error
-                if not isinstance(exc, Exception):
+        try:
+            if self.t0:
+                _trace.body_span(_trace_name(block), self.t0, block.site, block.group,
+                                 block.seq, exc_type.__name__ if exc_type is not None else "")
+            if self.debug is not None:
+                try:
+                    self.debug.__exit__(exc_type, exc, tb)
+                except BaseException as error:  # the debug check's own finding
+                    exc_type, exc = type(error), error
+                    if not isinstance(exc, Exception):
+                        raise
+                    first_run_end(block, ok=False)
+                    block.fail(exc)
                     raise
+            if exc_type is not None:
                 first_run_end(block, ok=False)
-                block.fail(exc)
-                raise
-        if exc_type is not None:
-            first_run_end(block, ok=False)
-            block.fail(exc if exc is not None else exc_type())
+                block.fail(exc if exc is not None else exc_type())
+                return False
+            block.set_bit()  # done
+            first_run_end(block, ok=True)  # and settles the blocks finished inside it
             return False
-        block.done()
-        settle(first_run_end(block, ok=True))
-        return False
+        finally:
+            leave_block(self.opened)
 
 
 def _trace_name(block: ZeroFirstBlock) -> str:
@@ -159,7 +147,7 @@ def _traced_wait(block: ZeroFirstBlock) -> None:
         error = type(exc).__name__
         raise
     finally:
-        firsts = [] if block.explicit else _trace.global_ranks_of(block.group, [0])
+        firsts = [] if block.explicit else [block.group.global_rank(0)]
         _trace.wait_span(_trace_name(block), t0, firsts, block.site, block.group, block.seq, error)
 
 
@@ -330,14 +318,14 @@ def do_n_at_a_time(
     ``process_group`` (OLMo-core's naming). ``desc`` labels the call in messages and pairs
     calls across ranks instead of the call site, as for :func:`zero_first`.
     """
-    group = process_group
-    if not require_group("do_n_at_a_time", group):
-        check_world_size(world_size, group, "do_n_at_a_time")
+    g = group_of(process_group, "do_n_at_a_time")
+    if g is None:
+        check_world_size(world_size, 1, "do_n_at_a_time")
         if n is not None and n < 1:
             raise ValueError(f"do_n_at_a_time(n={n}) must be >= 1")
         return f()
-    ws = check_world_size(world_size, group, "do_n_at_a_time")
-    rank = get_rank(group)
+    ws = check_world_size(world_size, g.size, "do_n_at_a_time")
+    rank = g.rank
     if local_rank is not None and local_rank != rank:
         raise ValueError(
             f"do_n_at_a_time(local_rank={local_rank}) disagrees with this process's rank {rank} "
@@ -348,12 +336,10 @@ def do_n_at_a_time(
         raise ValueError(f"do_n_at_a_time(n={n!r}) must be an int >= 1 (ranks running f at once)")
     if ws == 1:
         return f()
-    _teardown.start_services()
     rounds = -(-ws // n)
     site = call_site()
-    opened = enter_block(group, "do_n_at_a_time", site, desc)  # one thread numbers the blocks
+    opened = enter_block(g, "do_n_at_a_time", site, desc)  # one thread numbers the blocks
     try:
-        return run_in_rounds(f, group, next_sequence(group, "do_n_at_a_time"), rank, ws, rounds,
-                             timeout, site, desc)
+        return run_in_rounds(f, g, g.next_seq("do_n_at_a_time"), rounds, timeout, site, desc)
     finally:
         leave_block(opened)

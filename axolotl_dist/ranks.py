@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch.distributed as dist
 
-from ._runtime import backends as _backends, groups as _groups
+from ._runtime import backends as _backends
 from . import env as _env
 from .errors import DistributedEnvError
 
@@ -45,10 +45,11 @@ _AVAILABLE = dist.is_available()
 if _AVAILABLE:
     from torch.distributed import distributed_c10d as _c10d
 
-    _world = _groups.world  # the holder of the default group; reading it is side-effect free
+    _world = _c10d._world  # the holder of the default group; reading it is side-effect free
 
     def is_initialized() -> bool:
-        """Whether the default process group exists."""
+        """Whether the default process group exists (a read, side-effect free: this is on the
+        rank queries' hot path, where ``dist.is_initialized()`` costs two more calls)."""
         return _world.default_pg is not None
 
 else:  # pragma: no cover - torch built without distributed

@@ -66,6 +66,7 @@ def _caught_failure_frames(fault):
     import gc
 
     import axolotl_dist as ad
+    from axolotl_dist.testing import learnt_failure
 
     def fn():
         raise ValueError("boom")
@@ -82,7 +83,7 @@ def _caught_failure_frames(fault):
         ad.compute_and_broadcast(fn)
     except ad.RankFailedError:
         pass
-    learnt = ad.errors.learnt_failure()
+    learnt = learnt_failure()
     frames = [o for o in gc.get_objects()
               if type(o).__name__ == "frame" and o.f_code.co_name == "broadcast_value"]
     return len(frames), learnt.rank, learnt.__traceback__ is None

@@ -137,3 +137,22 @@ def test_nccl_without_cuda_says_to_drop_the_backend():
         assert "drop backend= (init_distributed() then picks gloo on CPU) or pass backend='gloo'" in msg
         assert composer == msg  # initialize_dist("cuda") asks for the same backend
         assert backend is None  # no group was created
+
+
+def _helpers_across_groups():
+    # the kit's Group of a destroyed default group is never used again: one process without
+    # a group runs the helpers locally, and a new group gets a new Group
+    import gc
+
+    out = [ad.compute_and_broadcast(lambda: 1)]
+    ad.cleanup_distributed()
+    gc.collect()
+    out += [ad.compute_and_broadcast(lambda: 2), ad.reduce_and_broadcast(lambda: 3, sum)]
+    ad.init_distributed()
+    out.append(ad.compute_and_broadcast(lambda: 4))
+    ad.barrier()
+    return out
+
+
+def test_helpers_after_cleanup_and_a_new_group():
+    assert run_distributed(_helpers_across_groups, 1, env=NO_ENV, timeout=60) == [[1, 2, 3, 4]]

@@ -2,14 +2,19 @@
 
 Read from the source (module- and function-level imports alike):
 
-* the package's top level holds only public modules; the private machinery is one package,
-  ``axolotl_dist._runtime``, whose docstring maps every module in it;
+* the package's top level holds only public modules; the private machinery several features
+  share is one package, ``axolotl_dist._runtime``, whose docstring maps every module in it; a
+  feature's own private parts (``launch._report``, ``tracing._merge``, ``hf_data._parts``...)
+  sit in its package and are imported by it alone;
 * no import cycle between the package's modules;
 * no module takes another module's underscore names (``from .env import _raw``,
   ``ranks._WORLD``); importing a private *module* (``from ._runtime import store``) is fine;
 * no ``sys.modules`` lookup of a sibling (a dependency no import shows);
-* runtime modules import only runtime modules and :mod:`axolotl_dist.errors`, never the
-  public layer built on them;
+* runtime modules import only runtime modules and the vocabulary (``errors``, ``env``,
+  ``ranks``), never the public layer built on them;
+* one function turns a ``group=`` argument into the kit's ``Group`` (``group_of``); public
+  modules' ``__all__`` list only names the docs name; building a public exception changes no
+  state;
 * no module of the package is longer than 500 lines;
 * every ``docs/...`` reference in the code, the tests and the benchmarks names a file that
   exists, and the heading (``docs/design.md, "Heading"``) or decision
@@ -28,8 +33,10 @@ from typing import Dict, List, Set, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "axolotl_dist"
 RUNTIME = f"{PACKAGE}._runtime"
-#: Imported by everything, the runtime included: the public exceptions.
-SHARED_LEAVES = {f"{PACKAGE}.errors"}
+#: The vocabulary every floor speaks, the runtime included: the public exceptions, the
+#: launcher's variables, the rank queries. They import nothing of the kit above the runtime's
+#: leaves (checked below).
+SHARED_LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.env", f"{PACKAGE}.ranks"}
 MAX_LINES = 500
 
 
@@ -281,3 +288,88 @@ def test_the_harness_imports_without_pytest():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[2]", "markers", "need", "pytest"]
+
+
+# ---------------------------------------------------------------- one way through the house
+
+def _documented_names() -> Set[str]:
+    """Every identifier inside an inline code span of the README or a docs page."""
+    words: Set[str] = set()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for span in re.findall(r"`([^`\n]+)`", text):
+            words |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span))
+    return words
+
+
+def _public_modules() -> List[str]:
+    return sorted(m for m in MODULES if not any(part.startswith("_") for part in m.split(".")))
+
+
+def test_public_modules_export_only_documented_names():
+    # a public module's __all__ is its API: each name is in the README or a docs page (their
+    # "Names" sections), so internals live in the runtime or in a feature's private modules
+    import importlib
+
+    documented = _documented_names()
+    undocumented = []
+    for module in _public_modules():
+        for name in getattr(importlib.import_module(module), "__all__", ()):
+            if not name.startswith("__") and name not in documented:
+                undocumented.append(f"{module}.{name}")
+    assert undocumented == []
+
+
+def _construct_every_public_exception():
+    import axolotl_dist as ad
+    from axolotl_dist.testing import learnt_failure
+
+    assert ad.is_distributed()  # under a process group, where a failure could be recorded
+    before = learnt_failure()
+    made = [ad.RankFailedError(1, "ValueError", "boom", "tb", where="barrier", ranks=(1, 2)),
+            ad.RankFailedError.from_report(ad.RankFailedError(3, "KeyError", "k").to_report()),
+            ad.RankTimeoutError("slow", (1,)), ad.CollectiveMismatchError("m", {0: "a"}, (1,)),
+            ad.ThreadConflictError("t"), ad.DistributedEnvError("e"),
+            ad.DistributedConfigError("c"), ad.errors.MeshUsageError("u"), ad.AxolotlDistError("x")]
+    return before, learnt_failure(), all(isinstance(e, ad.AxolotlDistError) for e in made)
+
+
+def test_constructing_a_public_exception_changes_no_state():
+    # exceptions are plain values: the kit records a failure where it relays one
+    from axolotl_dist.testing import run_distributed
+
+    assert run_distributed(_construct_every_public_exception, 1, timeout=60) == [(None, None, True)]
+
+
+def test_one_function_resolves_a_group():
+    # group=... becomes the kit's Group in _runtime/groups.py alone (group_of): nothing else
+    # builds one, looks one up, or reads torch's default group itself
+    patterns = {"builds a Group": r"\bGroup\(", "looks up STATE.groups": r"STATE\.groups(\[|\.get\()",
+                "reads torch's default group":
+                    r"\b_?world\.default_pg\b(?! is (not )?None)|_get_default_group\(",
+                "an old resolver": r"\b(state_of|group_cache|require_group|resolve)\("}
+    found = []
+    for module, path in MODULES.items():
+        if module == f"{RUNTIME}.groups":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for what, pattern in patterns.items():
+                if re.search(pattern, line):
+                    found.append(f"{path.relative_to(ROOT)}:{n} {what}: {line.strip()}")
+    assert found == []
+
+
+def test_a_features_private_modules_stay_in_its_package():
+    # launch/, tracing/, hf_data/, tensors/, testing/: their underscore modules serve them only
+    graph, _ = _scan()
+    wrong = []
+    for module, targets in graph.items():
+        for target in targets:
+            parts = target.split(".")
+            private = [i for i, p in enumerate(parts) if p.startswith("_") and p != "_runtime"]
+            if not private:
+                continue
+            home = ".".join(parts[:private[0]])
+            if module != home and not module.startswith(home + "."):
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []

@@ -18,7 +18,7 @@ import torch
 
 from axolotl_dist.errors import DistributedConfigError
 from axolotl_dist.tensors import ShardedFlatParameter, ShardedFlatTensor, ShardingSpec
-from axolotl_dist.tensors.flat_comm import assemble, pad_rank_major
+from axolotl_dist.tensors._flat_comm import assemble, pad_rank_major
 from axolotl_dist.testing import run_distributed
 from fixtures import fake_group
 

@@ -21,7 +21,7 @@ the fast path, and it also reads the word back:
   at the block's end would), never before its outermost first-run block ends (so nested blocks
   cannot deadlock): with several first ranks then; as the sole first rank (default ``is_main``)
   then if its own ``add`` already saw every bit, else at its next collective or block, once it
-  would be more than :data:`AHEAD` block ahead (:func:`settle`);
+  would be more than :data:`AHEAD` block ahead (:func:`first_run_end`);
 * ``do_n_at_a_time``: a rank of round ``k`` (``rank % rounds``) waits for every bit of the
   rounds before it, runs ``f``, sets its bit and waits for every bit.
 
@@ -54,19 +54,19 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
 from . import guards, trace
 from .callsite import CallSite
-from .cleanup import CLEANUP as _CLEANUP
-from .groups import global_ranks, state_of
+from . import cleanup
+from .groups import Group
 from .peers import store_errors, store_lost_error
-from .records import await_readers, publish_error, read_error
+from .records import await_readers, failure_report, publish_error, read_error
 from .state import STATE
 from .store import group_store, is_store_error
 from .wait import poll_until
-from ..errors import CollectiveMismatchError, failure_report
+from ..errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch.distributed import ProcessGroup, Store
+    from torch.distributed import Store
 
-__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "settle", "confirm_all", "AHEAD",
+__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "AHEAD",
            "run_in_rounds"]
 
 T = TypeVar("T")
@@ -98,20 +98,27 @@ class _Block:
     kind = ""  # "zf" or "dn": the key family
     noun = ""  # how messages name a block of this kind
     __slots__ = ("group", "seq", "rank", "ws", "site", "desc", "tag", "store", "base", "keys",
-                 "words", "_globals", "wrote_site")  # a block per call: built on the hot path
+                 "words", "_globals", "wrote_site", "explicit", "first", "timeout", "guard")
+    # a block per call, built on the hot path: one __init__ for both kinds (``explicit``,
+    # ``first``, ``timeout`` and ``guard`` serve zero_first blocks)
 
-    def __init__(self, group: Optional["ProcessGroup"], seq: int, rank: int, ws: int,
-                 site: CallSite, desc: Optional[str], store: Optional["Store"] = None) -> None:
-        self.group, self.seq, self.rank, self.ws = group, seq, rank, ws
+    def __init__(self, g: Group, seq: int, site: CallSite, desc: Optional[str],
+                 explicit: bool = False, first: bool = False,
+                 timeout: Optional[float] = None) -> None:
+        self.group, self.seq, self.rank, self.ws = g, seq, g.rank, g.size
+        self.explicit, self.first, self.timeout = explicit, first, timeout
+        self.guard: Optional[guards.Guard] = None
         self.site, self.desc = site, desc
         self.tag = pairing_tag(site, desc)
-        self.store = store if store is not None else group_store(group)
+        if g.store is None:
+            g.store = group_store(g.arg)
+        self.store = g.store
         if STATE.store_spy is not None:  # a test counting store calls
             self.store = STATE.store_spy(self.store)
         self.base = f"axd/{self.kind}/{seq}"
         word0 = f"{self.base}/{self.tag}"
-        self.keys = [word0] if ws <= WORD_BITS else [word0] + [
-            f"{word0}/{w}" for w in range(1, -(-ws // WORD_BITS))]
+        self.keys = [word0] if self.ws <= WORD_BITS else [word0] + [
+            f"{word0}/{w}" for w in range(1, -(-self.ws // WORD_BITS))]
         self.words = [0] * len(self.keys)  # their values, as last read
         self._globals: Optional[List[int]] = None
         self.wrote_site = False
@@ -152,7 +159,7 @@ class _Block:
                 raise
             if value == 0 and mine:
                 self.words = [_WORD_MASK] * len(self.keys)
-                _CLEANUP.delete(self.group, self.store, [self.keys[w]])
+                cleanup.delete(self.group, self.store, [self.keys[w]])
                 return
 
     def has(self, rank: int) -> bool:
@@ -162,6 +169,9 @@ class _Block:
     def full(self, ranks: Optional[Sequence[int]] = None) -> bool:
         """Whether the bit of every rank in ``ranks`` (default: all) is set."""
         if ranks is None:
+            if len(self.words) == 1:  # up to 31 ranks: one test, no generator
+                mask = (1 << self.ws) - 1
+                return self.words[0] & mask == mask
             last = len(self.words) - 1
             tail = self.ws - last * WORD_BITS
             return all(w & _WORD_MASK == _WORD_MASK for w in self.words[:last]) and \
@@ -174,7 +184,7 @@ class _Block:
     def missing(self, ranks: Optional[Sequence[int]] = None) -> List[int]:
         """Global ranks among ``ranks`` (default: all) whose bit is not set."""
         if self._globals is None:
-            self._globals = global_ranks(self.group)
+            self._globals = self.group.ranks
         return [self._globals[r] for r in (ranks if ranks is not None else range(self.ws))
                 if not self.has(r)]
 
@@ -219,7 +229,7 @@ class _Block:
             named = f" (desc={desc!r})" if desc is not None else ""
             return f"at {site}{named} on rank {rank}"
 
-        group = "default group" if self.group is None else "group"
+        group = "default group" if self.group.default else "group"
         error = CollectiveMismatchError(
             f"{self.noun}s do not pair: block #{self.seq} on the {group} is "
             f"{label(other_desc, other_site, other)} but {label(self.desc, str(self.site), self.rank)}. "
@@ -286,17 +296,20 @@ class _Block:
         it reaches a later block; a first rank that still reads one, at the end of an
         enclosing block, finds it deleted (see :meth:`read`)."""
         if self.wrote_site:
-            _CLEANUP.delete(self.group, self.store, [f"{self.base}/site"])
+            cleanup.delete(self.group, self.store, [f"{self.base}/site"])
         if self.rank != 0 or not complete:
             return
-        state = state_of(self.group)
-        if state is None:
-            return
-        done = state.blocks_done.setdefault(self.kind, [])
-        old = [keys for seq, keys in done if seq < self.seq]
+        done = self.group.blocks_done.setdefault(self.kind, [])
+        old: List[str] = []
+        keep = []
+        for entry in done:  # loops, not comprehensions: each of those is a frame per block
+            if entry[0] < self.seq:
+                old.extend(entry[1])
+            else:
+                keep.append(entry)
         if old:
-            done[:] = [entry for entry in done if entry[0] >= self.seq]
-            _CLEANUP.delete(self.group, self.store, [k for keys in old for k in keys])
+            done[:] = keep
+            cleanup.delete(self.group, self.store, old)
         done.append((self.seq, self.keys))
 
 
@@ -304,14 +317,7 @@ class ZeroFirstBlock(_Block):
     """One ``zero_first`` block on this rank (see the module docstring)."""
 
     kind, noun = "zf", "zero_first block"
-    __slots__ = ("explicit", "first", "timeout", "guard")
-
-    def __init__(self, group: Optional["ProcessGroup"], seq: int, rank: int, ws: int,
-                 site: CallSite, desc: Optional[str], explicit: bool, first: bool,
-                 timeout: Optional[float], store: Optional["Store"] = None) -> None:
-        super().__init__(group, seq, rank, ws, site, desc, store)
-        self.explicit, self.first, self.timeout = explicit, first, timeout
-        self.guard: Optional[guards.Guard] = None
+    __slots__ = ()
 
     def _released(self) -> bool:
         return self.full() if self.explicit else self.has(0)
@@ -343,18 +349,17 @@ class ZeroFirstBlock(_Block):
         self.wait(self._released, which, watch, self.timeout)
         self.finish(complete=self.explicit)
 
-    def done(self) -> None:
-        """A first rank's body finished: set its bit."""
-        self.set_bit()
-
     def confirm_later(self) -> None:
-        """See :func:`settle`: the sole first rank's arrival check, deferred when it would
-        wait."""
+        """See :func:`first_run_end`: the sole first rank's arrival check, deferred when it
+        would wait."""
         pending = STATE.unconfirmed
-        if self.full():  # every rank is here, so past every earlier block: all confirmed
-            for block in [b for b in pending if b.seq < self.seq and b.group is self.group]:
-                pending.remove(block)
-                block.finish(complete=True)
+        words = self.words
+        if (words[0] & (1 << self.ws) - 1 == (1 << self.ws) - 1 if len(words) == 1  # full()
+                else self.full()):  # every rank is here, so past every earlier block: all confirmed
+            if pending:
+                for block in [b for b in pending if b.seq < self.seq and b.group is self.group]:
+                    pending.remove(block)
+                    block.finish(complete=True)
             self.finish(complete=True)
             return
         pending.append(self)
@@ -383,9 +388,13 @@ def first_run_begin(block: ZeroFirstBlock) -> None:
                                block.group, lambda: block.what)
 
 
-def first_run_end(block: ZeroFirstBlock, ok: bool) -> List[ZeroFirstBlock]:
-    """The body of ``block`` ended (``ok``: without raising). Returns the blocks whose
-    arrivals to await now: all finished ones once the outermost first-run block ends."""
+def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
+    """The body of ``block``, which this thread ran first, ended (``ok``: without raising).
+    Once the outermost first-run block ends, settle every block finished inside it: with
+    several first ranks (explicit ``is_main``), wait for every rank's arrival now; as the sole
+    first rank, confirm it now if every rank is already there, else later
+    (:func:`confirm_all`, before this rank's next collective, or when it gets :data:`AHEAD`
+    blocks ahead). A body that raised has published its failure: nothing is awaited."""
     # Why wait only at the outermost end: an inner block's waiting ranks are still blocked in
     # the *outer* block (they enter the inner one only after the outer body ran here), so
     # waiting for their arrival inside the outer body would deadlock. Finished inner blocks
@@ -398,27 +407,20 @@ def first_run_end(block: ZeroFirstBlock, ok: bool) -> List[ZeroFirstBlock]:
     if ok:
         runs.pending.append(block)
     if runs.depth > 0:
-        return []
-    pending, runs.pending = runs.pending, []
-    return pending if ok else []  # a body that raised: its failure is published, not awaited
+        return
+    finished, runs.pending = runs.pending, []
+    if ok:
+        for done in finished:
+            if done.explicit:
+                done.await_arrivals()
+            else:
+                done.confirm_later()
 
 
 #: How many of its blocks a sole first rank (default ``is_main``) may leave unconfirmed: it
 #: does not wait at a block's end for the other ranks' arrival; a later block that finds them
 #: all there confirms it (they reach blocks in order), and past this many it waits.
 AHEAD = 1
-
-
-def settle(finished: Sequence[ZeroFirstBlock]) -> None:
-    """The blocks this rank ran first, once its outermost first-run block ended: with several
-    first ranks (explicit ``is_main``), wait for every rank's arrival now; as the sole first
-    rank, confirm it now if every rank is already there, else later (:func:`confirm_all`,
-    before this rank's next collective, or when it gets :data:`AHEAD` blocks ahead)."""
-    for block in finished:
-        if block.explicit:
-            block.await_arrivals()
-        else:
-            block.confirm_later()
 
 
 def confirm_all() -> None:
@@ -440,19 +442,19 @@ class _Rounds(_Block):
     sited = False  # "do_n_at_a_time call #3": its messages have always read so
 
 
-def run_in_rounds(f: Callable[[], T], group: Optional["ProcessGroup"], seq: int, rank: int,
-                  ws: int, rounds: int, timeout: Optional[float], site: CallSite,
-                  desc: Optional[str]) -> T:
+def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: Optional[float],
+                  site: CallSite, desc: Optional[str]) -> T:
     """``do_n_at_a_time``'s protocol: round ``k`` holds the group ranks with
     ``rank % rounds == k``; every rank waits for the rounds before its own, runs ``f``, then
     waits for the rest."""
-    block = _Rounds(group, seq, rank, ws, site, desc)
+    block = _Rounds(g, seq, site, desc)
+    rank, ws, group = g.rank, g.size, g
     before = [r for r in range(ws) if r % rounds < rank % rounds]
     if before:
         t0 = trace.now()
         block.wait(lambda: block.full(before), (), lambda: block.missing(before), timeout)
         if STATE.trace is not None:
-            trace.wait_span("do_n_at_a_time", t0, trace.global_ranks_of(group, before), site,
+            trace.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in before], site,
                             group, seq)
     try:
         result = f()
@@ -464,7 +466,7 @@ def run_in_rounds(f: Callable[[], T], group: Optional["ProcessGroup"], seq: int,
     block.wait(block.full, (), block.missing, timeout)
     if STATE.trace is not None:
         after = [r for r in range(ws) if r % rounds > rank % rounds]
-        trace.wait_span("do_n_at_a_time", t0, trace.global_ranks_of(group, after), site, group,
+        trace.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in after], site, group,
                         seq)
     block.finish(complete=True)
     return result

@@ -68,7 +68,12 @@ def call_site(depth: int = 1) -> CallSite:
     this package or in :mod:`contextlib`. Cached per code object and line: the path is
     relative to the working directory of the first call from there."""
     frame = sys._getframe(depth)
-    while frame is not None and is_ours(frame.f_code):
+    while frame is not None:  # is_ours, inline: a block's hot path
+        ours = _OURS.get(frame.f_code.co_filename)
+        if ours is None:
+            ours = is_ours(frame.f_code)
+        if not ours:
+            break
         frame = frame.f_back
     if frame is None:  # pragma: no cover - called from inside the package only
         return CallSite("<unknown>", 0, "<unknown>", "")

@@ -10,12 +10,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from .groups import state_of
+from .groups import Group
+from .state import STATE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch.distributed import ProcessGroup, Store
+    from torch.distributed import Store
 
-__all__ = ["CLEANUP", "flush_cleanup"]
+__all__ = ["delete", "flush_cleanup"]
 
 
 class _Cleanup:
@@ -33,16 +34,7 @@ class _Cleanup:
         self._idle = threading.Event()
         self._idle.set()
         self._batch = False  # the thread is deleting a batch it took from _todo
-
-    def delete(self, group: Optional["ProcessGroup"], store: "Store", keys: List[str]) -> None:
-        """Queue ``keys`` for deletion; with :data:`_BACKLOG` keys already queued (the thread
-        is short of CPU), delete them here instead, so the backlog stays bounded."""
-        if sum(len(job[2]) for job in self._todo) >= _BACKLOG:
-            for key in keys:
-                store.delete_key(key)
-            return
-        self._todo.append((group, store, keys))
-        self.kick()
+        self._queued = 0  # keys in _todo (a count, not a sum per call)
 
     def kick(self) -> None:
         """Wake the thread if work waits and it is parked (checked under the lock, which the
@@ -78,6 +70,7 @@ class _Cleanup:
                 if self._todo:
                     self._batch = True
                     todo, self._todo = self._todo, []
+                    self._queued = 0
                     for group, store, keys in todo:
                         self._delete(group, store, keys)
                     self._batch = False
@@ -91,17 +84,15 @@ class _Cleanup:
                 time.sleep(POLL)
 
     @staticmethod
-    def _delete(group: Optional["ProcessGroup"], store: "Store", keys: List[str]) -> None:
-        state = state_of(group)
-        clone = state.cleanup_store if state is not None else None
+    def _delete(group: Group, store: "Store", keys: List[str]) -> None:
+        clone = group.cleanup_store
         try:
             if clone is None:
                 try:
                     clone = store.clone()
                 except Exception:  # noqa: BLE001 - stores without clone: the same connection
                     clone = store
-                if state is not None:
-                    state.cleanup_store = clone
+                group.cleanup_store = clone
             for key in keys:
                 clone.delete_key(key)
         except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
@@ -111,11 +102,27 @@ class _Cleanup:
 #: Seconds between the awake thread's looks for work, and how long it stays awake without any.
 POLL = 0.002
 LINGER = 0.25
-#: Queued keys beyond which the caller deletes its own (see ``_Cleanup.delete``).
+#: Queued keys beyond which the caller deletes its own (see :func:`delete`).
 _BACKLOG = 8
-CLEANUP = _Cleanup()
+
+
+def delete(group: Group, store: "Store", keys: List[str]) -> None:
+    """Delete ``keys`` of ``group``'s blocks in the background, on this process's
+    :class:`_Cleanup` (``STATE.cleanup``, made at its first use). With :data:`_BACKLOG` keys
+    already queued (the thread is short of CPU), delete them here instead, so the backlog stays
+    bounded."""
+    cleanup = STATE.cleanup
+    if cleanup is None:
+        cleanup = STATE.cleanup = _Cleanup()
+    if cleanup._queued >= _BACKLOG:
+        for key in keys:
+            store.delete_key(key)
+        return
+    cleanup._queued += len(keys)
+    cleanup._todo.append((group, store, keys))
+    cleanup.kick()
 
 
 def flush_cleanup(seconds: float = 1.0) -> bool:
     """Let the background cleanup finish the deletions queued (at most ``seconds``)."""
-    return CLEANUP.flush(seconds)
+    return STATE.cleanup is None or STATE.cleanup.flush(seconds)

@@ -34,12 +34,11 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import teardown
 from .constants import HEARTBEAT_INTERVAL, HOST
 from .store import group_store, store_host
 from .watch import Watch
 from .records import await_readers
-from .groups import global_rank, next_sequence, state_of
+from .groups import Group
 from ..errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,7 +95,7 @@ class _Ctx:
 
     __slots__ = ("store", "seq", "me", "digest", "ws", "group", "log", "timeout", "prefix")
 
-    def __init__(self, store: Any, seq: int, me: Call, ws: int, group: Optional["ProcessGroup"],
+    def __init__(self, store: Any, seq: int, me: Call, ws: int, group: Group,
                  log: "_GroupLog", timeout: float) -> None:
         self.store, self.seq, self.me, self.ws, self.group = store, seq, me, ws, group
         self.log, self.timeout = log, timeout
@@ -122,29 +121,23 @@ class _GroupLog:
         self.first_depth = 0  # zero_first blocks this rank is running first, nested
 
 
-def _log_of(group: Optional["ProcessGroup"], create: bool) -> Optional[_GroupLog]:
-    """This rank's :class:`_GroupLog` of ``group`` (the default group if None)."""
-    state = state_of(group)
-    if state is None:
-        return None
-    if state.debug is None and create:
-        state.debug = _GroupLog()
-    return state.debug
+def _log_of(g: Group, create: bool) -> Optional[_GroupLog]:
+    """This rank's :class:`_GroupLog` of ``g``."""
+    if g.debug is None and create:
+        g.debug = _GroupLog()
+    return g.debug
 
 
-def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], site: str, *,
+def check(name: str, agree: Dict[str, Any], group: Group, site: str, *,
           wait: bool, timeout: float) -> None:
     """Check this call of helper ``name`` against the other ranks of ``group`` (see above)."""
-    import torch.distributed as dist
-
-    teardown.start_services()
-    rank, ws = dist.get_rank(group), dist.get_world_size(group)
-    me = Call(rank, global_rank(group, rank), name, agree, site)
+    rank, ws = group.rank, group.size
+    me = Call(rank, group.global_rank(rank), name, agree, site)
     log = _log_of(group, create=True)
     assert log is not None
-    seq = next_sequence(group, SEQUENCE_KIND)
+    seq = group.next_seq(SEQUENCE_KIND)
     try:
-        ctx = _Ctx(group_store(group), seq, me, ws, group, log, timeout)
+        ctx = _Ctx(group_store(group.arg), seq, me, ws, group, log, timeout)
         _post(ctx)
         if wait:
             _wait_all(ctx)
@@ -162,7 +155,7 @@ def check(name: str, agree: Dict[str, Any], group: Optional["ProcessGroup"], sit
         raise _store_lost(exc, seq, me, group) from exc
 
 
-def _store_lost(exc: BaseException, seq: int, me: Call, group: Optional["ProcessGroup"]
+def _store_lost(exc: BaseException, seq: int, me: Call, group: Group
                 ) -> CollectiveMismatchError:
     """The error for a store that vanished during call ``seq``: its host is gone."""
     first_line = (str(exc).splitlines() or [""])[0]
@@ -190,7 +183,7 @@ def _post(ctx: _Ctx) -> None:
 
 
 @contextmanager
-def first_rank_block(group: Optional["ProcessGroup"], timeout: float) -> Iterator[None]:
+def first_rank_block(group: Group, timeout: float) -> Iterator[None]:
     """Around a ``zero_first`` block this rank runs first, right after its (non-waiting) check.
 
     When the outermost such block ends, every other rank has had to reach the same call (it
@@ -340,7 +333,7 @@ def _dead_ranks(ctx: _Ctx, watcher: Watch, now: float, all_ranks: bool) -> Dict[
     dead: Dict[int, str] = {}
     for rank in missing:
         try:
-            watcher.check([global_rank(ctx.group, rank)], now)
+            watcher.check([ctx.group.global_rank(rank)], now)
         except RankFailedError as exc:
             dead[rank] = exc.exc_message
     return dead
@@ -348,10 +341,10 @@ def _dead_ranks(ctx: _Ctx, watcher: Watch, now: float, all_ranks: bool) -> Dict[
 
 # --- messages -------------------------------------------------------------------------------
 
-def _group_name(group: Optional["ProcessGroup"]) -> str:
-    if group is None:
+def _group_name(group: Group) -> str:
+    if group.default:
         return "the default group"
-    return f"group {getattr(group, 'group_name', '?')!s}"
+    return f"group {getattr(group.pg_ref(), 'group_name', '?')!s}"
 
 
 def _table(calls: Sequence[Call]) -> List[str]:

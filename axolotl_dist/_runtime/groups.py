@@ -1,113 +1,227 @@
-"""Per-process-group state, in one place.
+"""The kit's object for a process group, resolved once per call by :func:`group_of`.
 
-Everything the kit remembers about a process group lives in one :class:`GroupState`, found by
-:func:`state_of` in :data:`.state.STATE` and keyed by the group object **weakly**: a group
-kept alive by a cache past ``destroy_process_group()`` would be destroyed during interpreter
-shutdown, where gloo's threads abort the process. ``group=None`` means the default group, everywhere
-(:func:`resolve`). What it holds:
+Every helper, block, debug check and the timeline's recorder take a :class:`Group`: what the
+kit knows of one process group, computed once and kept for the group's lifetime (in
+:data:`.state.STATE`, keyed by the group **weakly**: a group kept alive by a cache past
+``destroy_process_group()`` would be destroyed during interpreter shutdown, where gloo's
+threads abort the process). ``group=None`` means the default group, everywhere. It holds:
 
-* ``seq``: per-kind call counters (``zero_first`` blocks, debug-mode checks...), which line up
-  across ranks as long as every rank calls the same helpers in the same order;
-* ``device``: the device collectives on the group use (see :mod:`.backends`);
-* ``helpers``: the value helpers' cached ranks and buffers;
-* ``debug``: this rank's debug-mode log of checked calls;
-* ``world_mesh``: on the default group, the mesh ``build_world_mesh`` stored;
-* ``cleanup_store``, ``blocks_done``: the store connection the background cleanup of blocks
-  uses, and (on group rank 0) the blocks seen complete whose keys it deletes next;
-* ``abandoned``: a collective's wait ended on an exception (Ctrl-C) with the collective still
-  pending; the exit keeps the group instead of joining its workers (:mod:`.works`);
-* ``open_blocks``: thread id -> the innermost ``zero_first`` / ``do_n_at_a_time`` block that
-  thread has open on the group (:mod:`.threads`).
+* ``rank``, ``size``, ``device``, ``cpu``: this rank in the group, its size, the device its
+  collectives use (:mod:`.backends`) and whether that is the CPU (gloo: sliced waits);
+* ``seq``: per-kind call counters (``zero_first`` blocks, debug checks, traced calls...),
+  which line up across ranks as long as every rank calls the same helpers in the same order;
+* the value helpers' preallocated buffers and the group's own collectives (the header
+  exchange: docs/design.md, "Value encoding");
+* ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
+  ``world_mesh`` (default group); ``cleanup_store``, ``blocks_done`` (background deletion of
+  finished blocks' keys); ``abandoned`` (a collective left pending: kept at exit);
+  ``open_blocks`` (thread id -> its innermost open block: :mod:`.threads`).
+
+:func:`group_of` is the one function that turns a ``group=`` argument into a :class:`Group`;
+its fast path (the default group, used last) is an identity test and two env reads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+import array
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
+import torch
 import torch.distributed as dist
 
-from .backends import device_type
+from . import backends
 from .state import STATE
+from .. import env as _env
+from ..errors import DistributedEnvError, RankFailedError
+from ..ranks import get_rank, get_world_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["world", "resolve", "GroupState", "state_of", "next_sequence", "global_ranks",
-           "global_rank", "is_cpu"]
+__all__ = ["world", "Group", "group_of", "default_pg", "on_first_use", "learn", "learnt",
+           "HEADER_LEN", "A2A_MAX_RANKS"]
 
 #: torch's holder of the default group; reading it has no side effects.
 world: Any = dist.distributed_c10d._world if dist.is_available() else None
+#: Slots of a value header (docs/design.md, "Value encoding").
+HEADER_LEN = 4
+#: Up to this many ranks, the CPU header exchange is an all-to-all (:mod:`.exchange`).
+A2A_MAX_RANKS = 8
+_I64 = torch.int64
+_RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
 
 
-def resolve(group: Optional["ProcessGroup"]) -> Any:
-    """``group``, or the default group (None before init) when ``group`` is None."""
-    if group is not None:
-        return group
+#: What runs when a group is first used (:func:`on_first_use`): the kit's services.
+_FIRST_USE: List[Callable[[], None]] = []
+
+
+def on_first_use(hook: Callable[[], None]) -> None:
+    """Run ``hook`` whenever :func:`group_of` builds a :class:`Group` (the first use of a
+    process group; ``init_distributed`` runs it too). :mod:`.teardown` registers the kit's
+    services (exit hook, heartbeat) here: the floors below it cannot import it."""
+    if hook not in _FIRST_USE:
+        _FIRST_USE.append(hook)
+
+
+def default_pg() -> Any:
+    """The default process group now (None before init): what a record made under one group
+    compares with, to tell that the group was replaced. Not a resolution of a ``group=``
+    argument: that is :func:`group_of`."""
     return world.default_pg if world is not None else None
 
 
-class GroupState:
-    """What the kit remembers about one process group (see the module docstring)."""
+def _options(cls: Any, async_op: bool) -> Any:
+    opts = cls()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = async_op
+    return opts
 
-    __slots__ = ("seq", "device", "helpers", "debug", "world_mesh", "cleanup_store",
-                 "blocks_done", "abandoned", "open_blocks", "__weakref__")
 
-    def __init__(self) -> None:
+class Group:
+    """What the kit knows of one process group (see the module docstring)."""
+
+    __slots__ = ("pg_ref", "default", "rank", "size", "device", "cpu", "env_rank", "env_ws", "seq",
+                 "store", "debug", "world_mesh", "cleanup_store", "blocks_done", "abandoned",
+                 "open_blocks", "_ranks", "opts", "allgather", "hdr_arr", "hdr", "all_arr",
+                 "hdr_all", "a2a", "a2a_opts", "a2a_arr", "a2a_in", "bcast", "bcast_opts",
+                 "__weakref__")
+
+    def __init__(self, pg: Any, rank: int, size: int, device: torch.device) -> None:
+        self.pg_ref: Callable[[], Any] = weakref.ref(pg)
+        self.default = pg is default_pg()  # the world group: torch's APIs take None for it
+        self.rank, self.size, self.device = rank, size, device
+        self.cpu = device.type == "cpu"
+        self.env_rank, self.env_ws = _RANK_RAW(), _WS_RAW()
         self.seq: Dict[str, int] = {}
-        self.device: Any = None
-        self.helpers: Any = None
+        self.store: Any = None
         self.debug: Any = None
         self.world_mesh: Any = None
         self.cleanup_store: Any = None
         self.blocks_done: Dict[str, List[Any]] = {}
-        self.abandoned = False  # a collective left pending (Ctrl-C in its wait): kept at exit
+        self.abandoned = False
         self.open_blocks: Dict[int, Any] = {}
+        self._ranks: Optional[List[int]] = None
+        # The value helpers' header exchange (:mod:`.exchange`): a scalar is a 32-byte
+        # header, so per-call Python work shows directly in their latency. On CPU the header
+        # goes through preallocated buffers backed by an ``array`` (a Python store into it
+        # costs nanoseconds, a fresh tensor microseconds), and through the group's own
+        # collectives with options built once (what torch's functions call after their
+        # checks). The class's methods, not bound ones (those would keep the group alive);
+        # torch before 2.13 names the all-gather _allgather_base.
+        cls = type(pg)
+        c10d = dist.distributed_c10d
+        self.opts = _options(c10d.AllgatherOptions, False)
+        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base", None)
+        self.hdr_arr = array.array("q", bytes(8 * HEADER_LEN))
+        self.all_arr = array.array("q", bytes(8 * HEADER_LEN * size))
+        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
+        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if self.cpu else None
+        self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
+                    if self.cpu and 1 < size <= A2A_MAX_RANKS else None)
+        self.a2a_opts = _options(c10d.AllToAllOptions, True)
+        self.a2a_arr = array.array("q", bytes(8 * HEADER_LEN * size))
+        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
+        self.bcast = cls.broadcast if self.cpu else None
+        self.bcast_opts = _options(c10d.BroadcastOptions, True)
+        self.bcast_opts.rootTensor = 0
+
+    @property
+    def arg(self) -> Any:
+        """The group as torch's ``group=`` argument: None for the default group (its store
+        is the world's, where a group's own store would add a prefix)."""
+        return None if self.default else self.pg_ref()
+
+    @property
+    def ranks(self) -> List[int]:
+        """The global rank of every group rank, in group-rank order."""
+        if self._ranks is None:
+            pg = self.pg_ref()
+            self._ranks = (list(range(self.size)) if self.default or pg is None
+                           else list(dist.get_process_group_ranks(pg)))
+        return self._ranks
+
+    def global_rank(self, group_rank: int) -> int:
+        """The global rank of ``group_rank`` in this group."""
+        return self.ranks[group_rank]
+
+    def next_seq(self, kind: str) -> int:
+        """The next number of this rank's ``kind`` counter on this group (1, 2, ...)."""
+        seq = self.seq[kind] = self.seq.get(kind, 0) + 1
+        return seq
 
 
-def state_of(group: Optional["ProcessGroup"]) -> Optional[GroupState]:
-    """The :class:`GroupState` of ``group`` (created on first use); None without a group.
+def _needs_group(op: str, group: Any) -> None:
+    """Raise when the env says several ranks (or a group was passed) but none exists."""
+    ws = _env.env_world_size()
+    if group is not None or ws > 1:
+        raise DistributedEnvError(
+            f"{op}() needs a process group: the environment says WORLD_SIZE={ws} but "
+            "torch.distributed is not initialized; call axolotl_dist.init_distributed() first")
 
-    torch's "not a member" sentinel cannot be weakly referenced: it gets a fresh state that is
-    not kept (its users raise "not a member" anyway).
+
+def _build(group: Optional["ProcessGroup"], pg: Any) -> Group:
+    """A new :class:`Group` for ``pg``: its rank and size (the env must agree with the world
+    group: raises otherwise), its device; the kit's services start at a group's first use."""
+    rank, size = get_rank(group), get_world_size(group)
+    if group is not None:
+        get_rank(), get_world_size()  # the env must agree with the world group too
+    for hook in _FIRST_USE:
+        hook()
+    return Group(pg, rank, size, backends.comm_device(str(dist.get_backend(group))))
+
+
+def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> Optional[Group]:
+    """The :class:`Group` for ``group`` (None: the default group), built at its first use.
+
+    None for a single process without a process group (``op`` then runs locally); raises
+    :class:`DistributedEnvError` naming ``op`` when the env says several ranks but no group
+    exists, and when the env's ``RANK``/``WORLD_SIZE`` disagree with the group. With
+    ``create=False`` (a query that must not start anything: the world mesh, at cleanup) only
+    a group already in use is returned, else None, and nothing is checked.
     """
-    pg = resolve(group)
-    if pg is None:
+    last = STATE.last_group  # the group used last: most programs use one
+    if (group is None and last is not None and last.pg_ref() is world.default_pg is not None
+            and last.env_rank is _RANK_RAW() and last.env_ws is _WS_RAW()):
+        return last
+    pg = group if group is not None else default_pg()
+    if pg is None or world is None or world.default_pg is None:
+        if create:
+            _needs_group(op, group)
         return None
     try:
-        state = STATE.groups.get(pg)
-    except TypeError:
-        return GroupState()
-    if state is None:
-        state = STATE.groups[pg] = GroupState()
-    return state
+        found = STATE.groups.get(pg)
+    except TypeError:  # torch's "not a member" sentinel cannot be weakly referenced
+        return _build(group, pg) if create else None  # raises: not a member
+    if not create:
+        return found
+    if found is None:
+        found = STATE.groups[pg] = _build(group, pg)
+    elif found.env_rank is not _RANK_RAW() or found.env_ws is not _WS_RAW():
+        get_rank(group), get_world_size(group), get_rank(), get_world_size()  # still agree?
+        found.env_rank, found.env_ws = _RANK_RAW(), _WS_RAW()
+    if group is None or pg is world.default_pg:
+        STATE.last_group = found
+    return found
 
 
-def next_sequence(group: Optional["ProcessGroup"], kind: str,
-                  state: Optional[GroupState] = None) -> int:
-    """The next number of this rank's per-group, per-kind call counter (1, 2, ...);
-    ``state``: the group's :class:`GroupState`, when the caller holds it already."""
-    if state is None:
-        state = state_of(group)
-    assert state is not None, "next_sequence needs a process group"
-    seq = state.seq[kind] = state.seq.get(kind, 0) + 1
-    return seq
+def learn(error: RankFailedError) -> RankFailedError:
+    """Remember ``error``, another rank's failure that this process is about to raise, under
+    the current default group, and return it. A rank that ends after it (even normally)
+    relays it in its exit record, so its peers name the rank that really failed. Called by the
+    functions that build such an account (a decoded report, a lost peer, a lost store host):
+    the exception itself records nothing. Kept as the report, not the error: a raised error's
+    traceback keeps every frame it passed through alive, with their tensors."""
+    pg = default_pg()
+    if pg is not None:
+        STATE.learnt = (weakref.ref(pg), error.to_report())
+    return error
 
 
-def global_ranks(group: Optional["ProcessGroup"]) -> List[int]:
-    """The global rank of every group rank, in group-rank order."""
-    if group is None:
-        return list(range(dist.get_world_size()))
-    return list(dist.get_process_group_ranks(group))
-
-
-def global_rank(group: Optional["ProcessGroup"], group_rank: int) -> int:
-    """The global rank of ``group_rank`` in ``group`` (itself for the default group)."""
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
-def is_cpu(group: Optional["ProcessGroup"]) -> bool:
-    """Whether collectives on ``group`` run on the CPU (gloo), as :mod:`.works` waits for them."""
-    state = state_of(group)
-    if state is not None and state.device is not None:
-        return bool(state.device.type == "cpu")
-    return device_type(str(dist.get_backend(group))) == "cpu"
+def learnt() -> Optional[RankFailedError]:
+    """The failure :func:`learn` last recorded under the current default group, if any."""
+    record = STATE.learnt
+    if record is None:
+        return None
+    pg = record[0]()
+    return RankFailedError.from_report(record[1]) if pg is not None and pg is default_pg() else None

@@ -19,9 +19,9 @@ Shared first runs (several first ranks, explicit ``is_main``) are recorded for
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
-from .groups import resolve
+from .groups import Group, group_of
 from .state import STATE
 from ..errors import CollectiveMismatchError
 
@@ -30,7 +30,9 @@ __all__ = ["Guard", "enter", "leave", "check"]
 
 class Guard:
     """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block),
-    ``"shared_first_run"`` (recorded only) or ``"zero_only"``; ``describe()`` says where."""
+    ``"shared_first_run"`` (recorded only) or ``"zero_only"``; ``describe()`` says where.
+    ``group`` is the block's :class:`~.groups.Group`, or the ``group=`` argument of
+    ``zero_only`` (which never communicates, so never resolves it itself)."""
 
     __slots__ = ("kind", "group", "describe")
 
@@ -55,16 +57,14 @@ def leave(guard: Guard) -> None:
             STATE.guarded -= 1
 
 
-def innermost(thread: Optional[int] = None) -> List[Guard]:
-    """The scopes ``thread`` (default: this one) is in, outermost first."""
-    return list(STATE.guards.get(thread if thread is not None else threading.get_ident()) or [])
-
-
-def check(helper: str, group: Any, site: Callable[[], str]) -> None:
-    """Raise if ``helper`` on ``group``, called at ``site()``, cannot complete here."""
-    pg = resolve(group)
+def check(helper: str, g: Optional[Group], site: Callable[[], str]) -> None:
+    """Raise if ``helper`` on the group ``g`` (None: one process, no group), called at
+    ``site()``, cannot complete here."""
     for guard in reversed(STATE.guards.get(threading.get_ident()) or []):
-        if guard.kind == "shared_first_run" or resolve(guard.group) is not pg:
+        if guard.kind == "shared_first_run":
+            continue
+        scope = guard.group if isinstance(guard.group, Group) else group_of(guard.group, helper)
+        if scope is not g:
             continue
         if guard.kind == "first_run":
             where = (f"inside {guard.describe()}, which this rank runs first while the other "

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from . import procs, where
 from .constants import HEARTBEAT_INTERVAL, HOST
-from .groups import resolve
+from .groups import default_pg, learn
 from .state import STATE
 from .store import StoreHostGoneError, is_store_error, store_address, store_host, world_store
 from ..errors import DistributedEnvError, RankFailedError
@@ -145,7 +145,7 @@ class _Heartbeat:
         self.store, self.raw, self.run = store, raw, run  # the group's keys; the root's
         self.exits_seen = 0
         self.interval = interval
-        self.pg = resolve(None)
+        self.pg = default_pg()
         self.answered = 0
         me = Peer(HOST, os.getpid(), launcher_name())
         STATE.peers[rank] = me
@@ -203,7 +203,7 @@ class _Heartbeat:
         wait, last_beat = min(0.005, self.interval), 0.0
         every = min(_EXITS_EVERY, self.interval)
         while not self.stop.wait(wait):
-            if resolve(None) is not self.pg or store_host_gone():
+            if default_pg() is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
             steady = wait >= every
             try:
@@ -232,7 +232,7 @@ _LOCK = threading.Lock()
 def start_heartbeat() -> None:
     """Record this rank and start its heartbeat thread for the current default group
     (idempotent)."""
-    pg = resolve(None)
+    pg = default_pg()
     if pg is None:
         return
     with _LOCK:
@@ -339,18 +339,19 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
         if error.rank != host:
             note = (f" (rank {host}, the store host, exited on this failure, then its store at "
                     f"{store_address()} went away)")
-            return RankFailedError(error.rank, error.exc_type, error.exc_message + note,
-                                   error.remote_traceback, where=what, ranks=(error.rank, host))
+            return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + note,
+                                         error.remote_traceback, where=what,
+                                         ranks=(error.rank, host)))
         note = f" (then its store at {store_address()} went away with it)"
-        return RankFailedError(host, error.exc_type, error.exc_message + note,
-                               error.remote_traceback, where=what)
+        return learn(RankFailedError(host, error.exc_type, error.exc_message + note,
+                                     error.remote_traceback, where=what))
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""
-        return RankFailedError(
+        return learn(RankFailedError(
             host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
             f"it hosted at {store_address()} is gone ({type(exc).__name__}: {first}). Look at "
-            f"rank {host}'s own output for why it ended", where=what)
+            f"rank {host}'s own output for why it ended", where=what))
     return DistributedEnvError(
         f"lost the c10d store at {store_address()} while in {what}: the launcher process that "
         f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "

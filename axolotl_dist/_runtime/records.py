@@ -15,18 +15,20 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 import torch.distributed as dist
 
 from .envvars import kit_seconds
-from .groups import global_ranks, resolve
+from .groups import Group, default_pg, learn, learnt
 from .constants import HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR
 from .peers import exit_connection, peer_record, store_host_gone, store_lost_error
 from .store import hosts_store, is_store_error, world_store
 from .state import STATE
 from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
-from ..errors import AxolotlDistError, RankFailedError, failure_report, learnt_failure
+from .tracebacks import format_exception, safe_str
+from ..errors import AxolotlDistError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch.distributed import ProcessGroup, Store
+    from torch.distributed import Store
 
 __all__ = [
+    "failure_report",
     "publish_error",
     "read_error",
     "linger_timeout",
@@ -40,6 +42,19 @@ __all__ = [
 
 # --- failure records -------------------------------------------------------------------------
 
+def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
+    """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
+    ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
+    block that caught ``exc``; never raises. The traceback shows the user's frames, not the
+    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``."""
+    try:
+        tb = format_exception(type(exc), exc, exc.__traceback__)
+        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where).to_report()
+    except Exception:  # noqa: BLE001 - a report must never hide the failure itself
+        return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
+                               where=where).to_report()
+
+
 def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
     """Store a failure report of ``rank`` under ``key`` (never raises)."""
     try:
@@ -52,7 +67,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
     """The :class:`RankFailedError` for a report stored with :func:`publish_error`; with ``me``
     (this rank's rank in the group), acknowledge it for :func:`await_readers`."""
     try:
-        error = RankFailedError.from_report(store.get(key))
+        error = learn(RankFailedError.from_report(store.get(key)))
         if me is not None:
             store.set(f"{key}/ack/{me}", b"")
     except Exception as exc:  # noqa: BLE001
@@ -68,7 +83,7 @@ def linger_timeout() -> float:
 
 
 def await_readers(store: "Store", key: str, readers: Sequence[int],
-                  group: Optional["ProcessGroup"] = None) -> None:
+                  group: Optional[Group] = None) -> None:
     """If this process hosts the store, wait until every live group rank in ``readers`` has
     acknowledged the report under ``key`` (:func:`read_error` with ``me``), at most
     :func:`linger_timeout` seconds. Elsewhere a no-op: the store outlives this process.
@@ -76,7 +91,7 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
     if not readers or not hosts_store():
         return
     try:
-        ranks = global_ranks(group)
+        ranks = group.ranks if group is not None else list(range(dist.get_world_size()))
 
         def left() -> List[int]:
             return [ranks[r] for r in readers if not store.check([f"{key}/ack/{r}"])]
@@ -130,20 +145,20 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
     if exit_connection() is None:
         return None
     store, rank, pg_ref = exit_connection()  # type: ignore[misc]
-    if pg_ref() is not resolve(None):
+    if pg_ref() is not default_pg():
         return None  # a later group replaced the one this connection belongs to
     if store_host_gone():
         return None  # nobody left to tell (and a call could wait in torch's reconnect)
     try:
         if exc is None:
-            exc = learnt_failure()  # it ended normally, but after learning of a failure
+            exc = learnt()  # it ended normally, but after learning of a failure
         if exc is None:
             report = None
         elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
             report = exc.to_report()
         else:
             report = failure_report(rank, exc, "its script")
-        if any(state.abandoned for state in list(STATE.groups.values())):
+        if any(g.abandoned for g in list(STATE.groups.values())):
             store.set(pending_key(rank), b"")  # first: a reader of the record sees it
         store.set(exit_key(rank), pickle.dumps((report, time.time())))
         store.add("axd/exits", 1)
@@ -214,7 +229,7 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
 
 # --- collectives that failed -----------------------------------------------------------------
 
-def diagnose_lost_peer(exc: BaseException, what: str, group: Optional["ProcessGroup"]) -> BaseException:
+def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseException:
     """The error to raise for a collective of ``what`` that failed with ``exc``.
 
     If a peer of ``group`` is gone (an exit record, its process gone from this host, no
@@ -226,7 +241,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Optional["ProcessGr
         return exc  # the kit's own account (a mismatch found while waiting, a lost peer named)
     try:
         me = dist.get_rank()
-        ranks = [r for r in global_ranks(group) if r != me]
+        ranks = [r for r in group.ranks if r != me]
         watcher = Watch(world_store(), me)
         remote = any(p is None or p.host != HOST for p in (peer_record(r) for r in ranks))
         start = time.monotonic()

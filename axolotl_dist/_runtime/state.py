@@ -2,15 +2,17 @@
 
 Everything the kit remembers between calls that is not tied to one process group's lifetime
 lives on :data:`STATE`; what belongs to one group lives in that group's
-:class:`~.groups.GroupState`, which :data:`STATE` also holds (weakly keyed by the group).
+:class:`~.groups.Group`, which :data:`STATE` also holds (weakly keyed by the group).
 
 =================  ==========================================================================
 field              what it is, who writes it
 =================  ==========================================================================
-``groups``         per-group state: call counters, comm device, helper buffers, debug log
-                   (:mod:`.groups`)
-``learnt``         the last failure of another rank this process raised or received, as
-                   fields, with the group it was learnt under (:mod:`axolotl_dist.errors`);
+``groups``         group -> the kit's :class:`~.groups.Group` for it: ranks, device, call
+                   counters, buffers, debug log (:mod:`.groups`)
+``last_group``     the :class:`~.groups.Group` used last: most programs use one
+                   (:func:`.groups.group_of`'s fast path)
+``learnt``         the last failure of another rank this process raised or received, as its
+                   report, with the group it was learnt under (:func:`.groups.learn`);
                    a rank that exits after it relays it in its exit record
 ``peers``          global rank -> :class:`~.peers.Peer` record (host, pid, launcher), copied
                    from the store by the heartbeat (:mod:`.peers`)
@@ -19,8 +21,6 @@ field              what it is, who writes it
 ``heartbeat``      this rank's heartbeat thread, if running (:mod:`.peers`)
 ``run``            the id the ranks of the current group agreed on (:mod:`.peers`)
 ``exit_store``     the heartbeat's store connection, kept for the exit record (:mod:`.peers`)
-``helpers``        the value helpers' cache used last: most programs use one group
-                   (:mod:`axolotl_dist.values`)
 ``debug_*``        debug mode's switches (:mod:`axolotl_dist.debug`)
 ``first_runs``     per thread: the ``zero_first`` blocks this thread is running first, nested,
                    and those finished inside them (:mod:`.blocks`)
@@ -34,6 +34,16 @@ field              what it is, who writes it
 ``guarded``        how many such scopes are open (0: helpers skip the check)
 ``calls``          thread id -> the innermost kit helper call in flight on that thread, and
 ``crossed``        thread id -> why its call in flight must not return (:mod:`.threads`)
+``abandoned``      collectives whose wait ended on an exception (Ctrl-C) while they were still
+                   pending: kept, never released, with their groups at exit (:mod:`.wait`)
+``cleanup``        the background deletion of finished blocks' keys (:mod:`.cleanup`), made at
+                   its first use
+``exit_hook``      the exit hook is registered (:mod:`.teardown`); a fact of the process that
+                   a fork keeps (the hook is in the child's ``atexit`` list too), so
+                   :func:`reset` leaves it
+``closed_trace``   a recording the exit's teardown closed, for its cleanup to end
+``kept``           groups kept alive at exit because a collective was left pending on them
+``ending``         the exit handlers run again for a Ctrl-C exit (:mod:`.teardown`)
 ``store_spy``      a test's wrapper around the store a block uses (None: none), see
                    :func:`axolotl_dist.testing.count_store_calls`
 ``trace``          the recorder of this rank's kit calls while tracing is on, else None
@@ -72,20 +82,21 @@ class _Inside(threading.local):
 class ProcessState:
     """See the module docstring for each field."""
 
-    __slots__ = ("groups", "learnt", "peers", "exits", "heartbeat", "run", "exit_store", "helpers",
+    __slots__ = ("groups", "last_group", "learnt", "peers", "exits", "heartbeat", "run", "exit_store",
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
-                 "calls", "crossed", "store_spy", "trace")
+                 "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
+                 "ending", "store_spy", "trace")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-        self.learnt: Optional[Tuple[Callable[[], Any], tuple]] = None
+        self.last_group: Any = None
+        self.learnt: Optional[Tuple[Callable[[], Any], bytes]] = None  # (group ref, report)
         self.peers: Dict[int, Any] = {}
         self.exits: Dict[int, Tuple[Optional[bytes], float]] = {}
         self.heartbeat: Any = None
         self.run: Optional[str] = None
         self.exit_store: Optional[Tuple[Any, int, Any]] = None
-        self.helpers: Any = None
         #: the one flag every checked helper reads per call; True also while a bad env value
         #: waits to raise (``debug_env_error``)
         self.debug_on = False
@@ -100,6 +111,12 @@ class ProcessState:
         self.guarded = 0
         self.calls: Dict[int, Any] = {}
         self.crossed: Dict[int, str] = {}
+        self.abandoned: List[Any] = []
+        self.cleanup: Any = None
+        self.exit_hook = False
+        self.closed_trace: Any = None
+        self.kept: List[Any] = []
+        self.ending = False
         self.store_spy: Optional[Callable[[Any], Any]] = None
         self.trace: Any = None
 
@@ -108,14 +125,16 @@ STATE = ProcessState()
 
 #: The parts :func:`reset` can forget one by one.
 PARTS: Dict[str, Tuple[str, ...]] = {
-    "groups": ("groups",),
+    "groups": ("groups", "last_group"),
     "failures": ("learnt",),
     "peers": ("peers", "exits"),
     "heartbeat": ("heartbeat", "run", "exit_store"),
-    "helpers": ("helpers",),
+    "helpers": ("last_group",),
     "debug": ("debug_on", "debug_timeout", "debug_explicit", "debug_env_error"),
     "blocks": ("first_runs", "inside", "unconfirmed", "waits", "guards", "guarded", "store_spy"),
     "threads": ("calls", "crossed"),
+    "collectives": ("abandoned",),
+    "lifecycle": ("cleanup", "closed_trace", "kept", "ending"),
     "trace": ("trace",),
 }
 

@@ -12,7 +12,7 @@ registers an ``atexit`` hook that, before finalization:
    report, or a normal exit), so peers name the real cause of a rank that ended;
 2. destroys every process group (a destroyed group joins its worker threads, and its peers'
    pending collectives fail at once instead of waiting for this process to end), resetting
-   the world mesh through the hooks registered with :func:`on_cleanup`;
+   forgetting the world mesh and waiting for the value helpers' buffers to be released;
 3. if this process hosts the store (rank 0 under a plain env launch), keeps it up until every
    other rank has left its exit record or is gone, at most ``AXOLOTL_DIST_STORE_LINGER``
    seconds: peers read the real cause of a failure, and their own exits find a live store;
@@ -22,7 +22,7 @@ registers an ``atexit`` hook that, before finalization:
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish;
 5. a process ending on Ctrl-C with a collective left pending (its group kept: see
-   :func:`.works.keep_abandoned`) runs the other exit handlers and then ends by SIGINT at once,
+   :func:`.wait.keep_abandoned`) runs the other exit handlers and then ends by SIGINT at once,
    as Python would after finalizing (same exit status), without the finalization: tearing down
    torch's modules is ~0.45 s of CPU on an idle 2-core VM and seconds on a loaded one, and a
    Ctrl-C must stop a rank within 2 s.
@@ -40,51 +40,37 @@ import signal
 import sys
 import time
 import weakref
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from . import backends, blocks, peers, records, store, trace, trace_merge, tracebacks, works
-from . import envvars
-from .constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
+from . import backends, blocks, groups, peers, records, store, trace, tracebacks
+from . import wait
+from .groups import Group
 from . import cleanup as cleanup_keys
 from .logs import kit as log
 from .state import STATE
 
-__all__ = ["on_cleanup", "start_services", "cleanup", "teardown"]
+__all__ = ["start_services", "cleanup", "teardown"]
 
-_CLEANUP_HOOKS: List[Callable[[], None]] = []
-_REGISTERED = False
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
-#: A trace closed by :func:`teardown`, for :func:`cleanup` to merge.
-_TRACED: List[Any] = []
-#: Groups kept alive at exit because a collective on them was left pending (:mod:`.works`).
-_KEPT: List["weakref.ref[Any]"] = []
 #: Seconds a cleanup waits for the background deletion of finished blocks' keys.
 _CLEANUP_FLUSH = 0.5
 #: Seconds an exit waits for the store to take this rank's exit record.
 _STORE_CALLS = 3.0
 
 
-def on_cleanup(hook: Callable[[], None]) -> None:
-    """Run ``hook`` at every :func:`cleanup`, before the groups are destroyed (e.g. forgetting
-    the world mesh, waiting for the value helpers' buffers to be released)."""
-    if hook not in _CLEANUP_HOOKS:
-        _CLEANUP_HOOKS.append(hook)
-
-
 def start_services() -> None:
     """Once a group exists: register the exit hook, and on several ranks record this rank and
     start its heartbeat (idempotent; cheap after the first call)."""
-    global _REGISTERED
-    if not _REGISTERED:
-        _REGISTERED = True
+    if not STATE.exit_hook:
+        STATE.exit_hook = True
         atexit.register(_at_exit)
         tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        peers.start_heartbeat()
+    if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
+        peers.start_heartbeat()  # torch's fake group (layouts in one process): no peers
 
 
 def cleanup() -> None:
@@ -98,30 +84,53 @@ def cleanup() -> None:
     other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
     """
     recorder = trace.finish()  # None if the exit's teardown closed it (with its exception)
-    if recorder is None and _TRACED:
-        recorder = _TRACED.pop()
+    if recorder is None and STATE.closed_trace is not None:
+        recorder, STATE.closed_trace = STATE.closed_trace, None
     peers.stop_heartbeat()
     if not peers.store_host_gone() and not peers.host_leaving():
         _confirm_blocks()
         cleanup_keys.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
-    for hook in list(_CLEANUP_HOOKS):
-        hook()
+    known = list(STATE.groups.values())
+    for g in known:
+        g.world_mesh = None  # its groups go with the default group
+    STATE.last_group = None
+    _await_released(known)
     if dist.is_available() and dist.is_initialized():
         time.sleep(_DRAIN)
         if torch.cuda.is_available() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
-        _KEPT.extend(weakref.ref(pg) for pg in works.keep_abandoned())  # Ctrl-C in a collective
+        STATE.kept.extend(weakref.ref(pg) for pg in wait.keep_abandoned())  # Ctrl-C in a collective
         dist.destroy_process_group()
-    if recorder is not None and recorder.rank == 0 and not _launcher_merges(recorder.directory):
-        trace_merge.merge_at_exit(recorder.directory, recorder.world_size)
+    if recorder is not None and recorder.at_end is not None:
+        recorder.at_end(recorder)  # the tracing feature's end: rank 0 merges the files
 
 
-def _launcher_merges(directory: str) -> bool:
-    """Whether the ``axolotl-dist`` launcher will merge the trace in ``directory`` when every
-    rank ended: it started this rank with ``AXOLOTL_DIST_TRACE`` naming it."""
-    asked = envvars.kit_path(TRACE_ENV_VAR)
-    return bool(os.environ.get(LAUNCHER_PID_ENV_VAR)) and asked is not None and \
-        os.path.abspath(asked) == directory
+#: The group's tensors a gloo worker may still hold after a collective's wait returned.
+_BUFFERS = ("hdr", "hdr_all", "a2a_in")
+#: Seconds after which a buffer still referenced is taken to be held by a reference cycle (a
+#: caught exception's frames), not by a gloo worker (which lets go within microseconds).
+_COLLECT_AFTER = 0.02
+
+
+def _await_released(groups: Sequence[Optional[Group]], limit: float = 1.0) -> None:
+    """Wait (GIL released, at most ``limit`` s) until gloo's worker threads have dropped their
+    references to the groups' buffers: a collective's ``wait()`` returns before the worker
+    releases it, and releasing needs the GIL (see :func:`cleanup`)."""
+    def busy(g: Group) -> bool:
+        for name in _BUFFERS:  # idle: the group's slot and getrefcount's argument
+            if getattr(g, name) is not None and sys.getrefcount(getattr(g, name)) > 2:
+                return True
+        return False
+
+    start = time.monotonic()
+    collected = False
+    for g in groups:
+        while g is not None and busy(g) and time.monotonic() < start + limit:
+            if not collected and time.monotonic() > start + _COLLECT_AFTER:
+                collected = True
+                gc.collect()  # not gloo: frames of a dropped traceback, in a reference cycle
+                continue
+            time.sleep(0.0005)
 
 
 def _confirm_blocks() -> None:
@@ -150,16 +159,12 @@ def _uncaught() -> Optional[BaseException]:
     return exc if isinstance(exc, BaseException) and not isinstance(exc, SystemExit) else None
 
 
-#: Set while :func:`_end_now` runs the other exit handlers (this one among them).
-_ENDING: List[bool] = []
-
-
 def _at_exit() -> None:
-    if _ENDING:
+    if STATE.ending:
         return
     exc = _uncaught()
     teardown(exc)
-    if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in _KEPT):
+    if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in STATE.kept):
         _end_now()
 
 
@@ -167,7 +172,7 @@ def _end_now() -> None:
     """Step 5 of the module docstring: the exit handlers registered before this one (logging's
     flush, multiprocessing's children, torch's), the standard streams flushed, then SIGINT with
     its default action: the exit status Python gives an uncaught ``KeyboardInterrupt``."""
-    _ENDING.append(True)
+    STATE.ending = True
     try:
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 - ending anyway
@@ -189,7 +194,7 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     recorder = trace.finish(exc)  # the trace's last line says how this process ended
     if recorder is not None:
-        _TRACED.append(recorder)
+        STATE.closed_trace = recorder
     hosts = store.hosts_store()
     # the group owns the store's server: keep it past destroy_process_group() while we linger
     server = store.world_store() if hosts else None
@@ -212,9 +217,12 @@ def teardown(exc: Optional[BaseException] = None) -> None:
             store.bounded(lambda: records.await_peers_told(record[0], rank, world_size),
                           records.FAILED_EXIT_GRACE + _STORE_CALLS)
     del server
-    kept = {id(ref()) for ref in _KEPT}
+    kept = {id(ref()) for ref in STATE.kept}
     groups = [ref for ref in groups if id(ref()) not in kept]
     if any(ref() is not None for ref in groups):
         gc.collect()
         if any(ref() is not None for ref in groups):
             time.sleep(_DRAIN)  # GIL released: their worker threads finish releasing work
+
+
+groups.on_first_use(start_services)  # the first use of a group starts the services above

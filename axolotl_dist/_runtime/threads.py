@@ -9,7 +9,7 @@ thread's call in flight on the same group raises
 :class:`~axolotl_dist.errors.ThreadConflictError` naming both threads and call sites, and marks
 the other thread (``STATE.crossed``): when its call returns it raises too, instead of
 returning a value that may belong to the other call. The check runs in the wrapper every
-helper wears (:func:`axolotl_dist.debug.checked`); while no other thread is in a helper it is
+helper wears (:func:`.calls.checked`); while no other thread is in a helper it is
 a few dict operations (see ``benchmarks/debug.py``).
 
 The ordering blocks (``zero_first``, ``do_n_at_a_time``) signal through the store, not the
@@ -31,13 +31,13 @@ import threading
 from typing import Any, Callable, Optional, Tuple
 
 from .callsite import call_site, frame_site
-from .groups import GroupState, resolve, state_of
+from .groups import Group
 from .state import STATE
 from ..errors import ThreadConflictError
 
 __all__ = ["Call", "check", "crossed_error", "enter_block", "leave_block"]
 
-#: A call in flight: (helper name, what finds its group: the arguments of ``group_of`` passed
+#: A call in flight: (helper name, what finds its group: the arguments of ``call_group`` passed
 #: to :func:`check`, the call of this thread it is nested in, or None).
 Call = Tuple[str, tuple, Any]
 
@@ -58,19 +58,16 @@ def _thread_name(ident: int) -> str:
     return f"id {ident}"
 
 
-def check(name: str, group: Any, group_of: Callable[..., Any]) -> None:
-    """Raise if another thread has a call in flight on ``group`` (``group_of(*call[1])`` is a
-    call's group; anything not a group is skipped); mark that thread so that its call raises
-    when it returns (see the module docstring)."""
+def check(name: str, mine: Optional[Group], call_group: Callable[[str, tuple], Any]) -> None:
+    """Raise if another thread has a call in flight on the group ``mine`` (``call_group(
+    call[0], call[1])`` is a call's group; anything not a group is skipped); mark that thread
+    so that its call raises when it returns (see the module docstring)."""
     me = threading.get_ident()
-    mine: Optional[Any] = None
     for ident, other in list(STATE.calls.items()):
         if ident == me:
             continue
-        if mine is None:
-            mine = resolve(group)
         try:
-            theirs = resolve(group_of(*other[1]))
+            theirs = call_group(other[0], other[1])
         except Exception:  # noqa: BLE001 - not a group, or gone meanwhile: no conflict
             continue
         if theirs is not mine:
@@ -100,15 +97,10 @@ def _block_label(block: Tuple[str, Any, Optional[str], Any]) -> str:
     return f"{kind} block" + (f" {desc!r}" if desc else "") + f" at {site}"
 
 
-def enter_block(group: Any, kind: str, site: Any, desc: Optional[str],
-                state: Optional[GroupState] = None) -> GroupState:
-    """This thread opens a ``kind`` block (``site``, ``desc``) on ``group`` (whose
-    :class:`~.groups.GroupState` the caller may pass): raise
+def enter_block(state: Group, kind: str, site: Any, desc: Optional[str]) -> Group:
+    """This thread opens a ``kind`` block (``site``, ``desc``) on the group ``state``: raise
     :class:`~axolotl_dist.errors.ThreadConflictError` if another thread has a block open
-    there. Returns the group's state, for :func:`leave_block`."""
-    if state is None:
-        state = state_of(group)
-    assert state is not None, "a block needs a process group"
+    there. Returns the group, for :func:`leave_block`."""
     me = threading.get_ident()
     opened = state.open_blocks
     mine = (kind, site, desc, opened.get(me))  # the outer block of this thread, if any
@@ -124,7 +116,7 @@ def enter_block(group: Any, kind: str, site: Any, desc: Optional[str],
     return state
 
 
-def leave_block(state: GroupState) -> None:
+def leave_block(state: Group) -> None:
     """This thread's innermost open block on ``state``'s group ended."""
     me = threading.get_ident()
     mine = state.open_blocks.get(me)

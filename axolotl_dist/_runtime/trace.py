@@ -16,7 +16,8 @@ is cut to its length when the rank ends; a killed rank's file ends in zero bytes
 merge skips. Times are this host's monotonic clock in
 nanoseconds; :func:`align` measures, through the c10d store, each rank's offset to rank 0's
 clock and its error bound (half the best of a few round trips), written in the file's first
-line. :mod:`.trace_merge` turns the files into one Chrome trace. Line kinds:
+line. The tracing feature (``axolotl_dist.tracing._merge``) turns the files into one Chrome
+trace. Line kinds:
 
 * ``meta``: rank, world size, host, pid, clock offset and error bound;
 * ``thread`` / ``group``: a thread's row and name; a group's name and global ranks;
@@ -38,12 +39,13 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from .groups import default_pg
 from .state import STATE
 
 __all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
-           "add_bytes", "wait_span", "body_span", "global_ranks_of", "now", "FILE_PREFIX"]
+           "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX"]
 
 #: Per-rank event files are ``rank<k>.jsonl``.
 FILE_PREFIX = "rank"
@@ -127,11 +129,13 @@ class Recorder:
         self.file: Optional[_MappedFile] = _MappedFile(self.path)
         self.threads: Dict[int, int] = {}
         self.groups: Dict[Any, str] = {}
-        self.seq: Dict[str, int] = {}
         self.active: Set[int] = set()  # threads inside a traced kit call (nested calls: none)
         self.moved: Dict[int, int] = {}
         self.lock = threading.Lock()
         self.default_name = ""  # the default group's name, once the meta line is written
+        #: run by the exit's cleanup once this rank's groups are destroyed (the tracing
+        #: feature merges the files there: :mod:`axolotl_dist.tracing`)
+        self.at_end: Optional[Callable[["Recorder"], None]] = None
         self._line({"e": "meta", "rank": rank, "world_size": world_size,
                     "host": socket.gethostname(), "pid": os.getpid(), "offset_ns": offset_ns,
                     "error_ns": error_ns, "clock": "monotonic", "t": now()})
@@ -195,11 +199,6 @@ class Recorder:
         parts.append("}\n")
         self._raw("".join(parts))
 
-    def next_call(self, group: str) -> int:
-        """The next number of a traced call on ``group`` (every rank counts the same calls)."""
-        seq = self.seq[group] = self.seq.get(group, 0) + 1
-        return seq
-
     def end(self, exc: Optional[BaseException]) -> None:
         """The process is ending (``exc``: the exception it ends on): last line, file closed."""
         from .tracebacks import safe_str
@@ -254,11 +253,15 @@ def align(store: Any, rank: int, world_size: int) -> Tuple[int, int]:
     return best[1], best[0] // 2
 
 
-def start(directory: str, store: Any, rank: int, world_size: int) -> Recorder:
-    """Align this rank's clock (with every other rank, through ``store``) and open its file."""
+def start(directory: str, store: Any, rank: int, world_size: int,
+          at_end: Optional[Callable[[Recorder], None]] = None) -> Recorder:
+    """Align this rank's clock (with every other rank, through ``store``) and open its file;
+    ``at_end(recorder)`` runs at the cleanup that closes it, after the groups are gone."""
     offset, error = align(store, rank, world_size)
     recorder = Recorder(os.path.abspath(directory), rank, world_size, offset, error)
-    recorder.default_name = _group_name(recorder, None)
+    pg = default_pg()
+    recorder.default_name = recorder.group(pg) if pg is not None else ""
+    recorder.at_end = at_end
     STATE.trace = recorder
     return recorder
 
@@ -305,9 +308,11 @@ _get_ident = threading.get_ident
 
 def helper_span(recorder: Recorder, name: str, group: Any, site: Any, call: Any,
                 args: tuple, kwargs: dict) -> Any:
-    """Run ``call()`` (kit helper ``name`` on ``group``; ``site()`` gives the call site) as
-    one span, unless this thread is already inside a traced kit call. The hot path of
-    tracing: a few dict operations and one formatted line (``benchmarks/debug.py``)."""
+    """Run ``call()`` (kit helper ``name`` on the :class:`~.groups.Group` ``group``, None for
+    one process; ``site()`` gives the call site) as one span, unless this thread is already
+    inside a traced kit call. Calls are numbered by the group's ``"traced"`` counter (every
+    rank counts the same calls). The hot path of tracing: a few dict operations and one
+    formatted line (``benchmarks/debug.py``)."""
     me = _get_ident()
     active = recorder.active
     if me in active:
@@ -315,9 +320,8 @@ def helper_span(recorder: Recorder, name: str, group: Any, site: Any, call: Any,
     active.add(me)
     moved = recorder.moved
     moved[me] = 0
-    gname = recorder.default_name if group is None else _group_name(recorder, group)
-    seqs = recorder.seq
-    seq = seqs[gname] = seqs.get(gname, 0) + 1
+    gname = _group_name(recorder, group)
+    seq = group.next_seq("traced") if group is not None else 0
     error = ""
     t0 = now()
     try:
@@ -356,10 +360,12 @@ def add_bytes(nbytes: int) -> None:
 
 
 def _group_name(recorder: Recorder, group: Any) -> str:
-    """``group``'s name on every rank (None: the default group); "" without one."""
-    from .groups import resolve
-
-    pg = resolve(group)
+    """The name of the :class:`~.groups.Group` ``group`` on every rank ("" for None)."""
+    if group is None:
+        return recorder.default_name
+    if group.default and recorder.default_name:
+        return recorder.default_name
+    pg = group.pg_ref()
     return recorder.group(pg) if pg is not None else ""
 
 
@@ -381,10 +387,3 @@ def body_span(name: str, t0: int, site: Any = "", group: Any = None, seq: int = 
         return
     gname = _group_name(recorder, group)
     recorder.span("body", name, t0, now(), str(site), gname, seq, error=error)
-
-
-def global_ranks_of(group: Any, group_ranks: List[int]) -> List[int]:
-    """Global ranks of ``group_ranks`` in ``group`` (None: the default group)."""
-    from .groups import global_rank
-
-    return [global_rank(group, r) for r in group_ranks]

@@ -1,36 +1,145 @@
-"""Bounded waits through the store (the top floor of the signalling stack: built on
-:mod:`.watch`).
+"""Every kit wait, one watching wait (the top floor of the signalling stack: on :mod:`.watch`).
 
-A waiting rank polls a cheap, non-blocking store probe (``add(key, 0)``: no C++ timeout
-warnings), the first polls inline, then from the store worker with a backoff to at most
-0.25 s; every :data:`~.constants.LIVENESS_INTERVAL` it judges the ranks it waits for
-(:class:`~.watch.Watch`), and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds (default 30) it
-logs whom it waits for, then at doubling intervals. A store that stops answering (its host is
-stopped) does not stop the wait's clock: the call runs on the store worker
-(docs/design.md, decision 13).
+A kit wait is a :class:`Waiting`: registered for :mod:`.where` (what, since when, for whom),
+counted on this rank's waiting key once it runs long (:func:`.watch.waiting_key`: a failing
+peer's exit grace reads it), judging the awaited ranks (:class:`~.watch.Watch`: exit records,
+pids, heartbeats) every ``LIVENESS_INTERVAL``, and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
+seconds (default 30), then at doubling intervals, logging whom it waits for (the first time,
+where they are). What it waits on comes in two kinds:
+
+* :func:`poll_until`: a cheap, non-blocking store probe (``add(key, 0)``: no C++ timeout
+  warnings) for the ordering blocks, debug checks and ``shared_map``; the first polls inline,
+  then from the store worker with a backoff to at most 0.25 s, so a store that stops answering
+  (its host is stopped) does not stop the wait's clock (docs/design.md, decision 13); an
+  optional ``timeout``.
+* :func:`collective`: a collective's work past its first slice (:func:`.exchange.run` waits
+  the first), in blocking slices of :data:`SLICE` seconds, each returning the moment the
+  collective completes; between them Python handles signals (Ctrl-C acts within a slice). A
+  peer found gone first gets a grace for the collective to complete (it may have left after
+  its part). A wait that ends on an exception with its collective still pending marks the
+  group (:func:`left`), which the exit keeps (:func:`keep_abandoned`).
+
+:class:`noted` logs the same way around a call that blocks in C++ (a rendezvous).
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import procs, where
 from .constants import HOST, LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
+from .groups import Group
 from .logs import kit as log
 from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
 from .state import STATE
 from .store import Job, StoreHostGoneError, is_store_error, store_address, store_host, submit, world_store
-from .watch import Watch, lost_error, waiting_key
+from .watch import Lost, Watch, lost_error, pending_key, waiting_key
 from ..errors import DistributedEnvError, RankFailedError, RankTimeoutError
 
-__all__ = ["poll_until", "where_they_are", "noted"]
+__all__ = ["Waiting", "poll_until", "collective", "where_they_are", "noted", "left",
+           "timed_out", "keep_abandoned", "SLICE", "LOST_GRACE"]
 
+#: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
+#: handled. A slice ends the moment the collective completes; one that times out costs
+#: microseconds.
+SLICE = 0.05
+_SLICE = timedelta(seconds=SLICE)
 #: How long a store call may take before the waiting rank looks at the store's host.
 _STORE_SILENT_AFTER = 1.0
 
+
+class _Interval:
+    """When a wait's next warning is due: ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds after it
+    began, then at doubling intervals (at most ``MAX_WAIT_LOG_INTERVAL``)."""
+
+    __slots__ = ("every", "next_at")
+
+    def __init__(self, start: float) -> None:
+        self.every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
+        self.next_at = start + self.every
+
+    def due(self, now: float) -> bool:
+        """Whether a warning is due now (and, if so, schedule the next one)."""
+        if now < self.next_at:
+            return False
+        self.every = min(self.every * 2, MAX_WAIT_LOG_INTERVAL)
+        self.next_at = now + self.every
+        return True
+
+
+def where_they_are(ranks: Sequence[int]) -> str:
+    """Where ``ranks`` are, one line per place (:mod:`.where`); asked through the store."""
+    run = STATE.run
+    if run is None or not ranks:
+        return ""
+    raw = where.raw_store(world_store())
+    answers, silent = where.collect(raw, run, where.ask(raw, run, ranks))
+    records = {r: (p.host, p.pid) for r, p in STATE.peers.items() if r in silent}
+    return where.report(answers, silent, records)
+
+
+class Waiting:
+    """One kit wait on this thread (see the module docstring): ``ranks`` is the list of global
+    ranks it waits for (kept up to date by the wait, read by :mod:`.where`); ``says`` is how
+    its warning reads after "rank R has waited N s ", with ``{what}`` and ``{ranks}``."""
+
+    __slots__ = ("what", "me", "ranks", "says", "watcher", "start", "interval", "told",
+                 "marked", "thread")
+
+    def __init__(self, what: str, me: int, ranks: List[int], says: str) -> None:
+        self.what, self.me, self.ranks, self.says = what, me, ranks, says
+        self.watcher = Watch(world_store(), me)
+        self.start = time.monotonic()
+        self.interval = _Interval(self.start)
+        self.told = False
+        self.marked = False
+        self.thread = threading.get_ident()
+        STATE.waits[self.thread] = where.Registered(what, ranks)  # what a snapshot says
+
+    def mark(self) -> None:
+        """Count this wait on this rank's waiting key (once): it runs long."""
+        if not self.marked:
+            self.watcher.store.add(waiting_key(self.me), 1)
+            self.marked = True
+
+    def lost(self, now: float) -> List[Lost]:
+        """The awaited ranks that are gone (see :meth:`.watch.Watch.find_lost`)."""
+        return self.watcher.find_lost(self.ranks, now, self.what)
+
+    def warn(self, now: float, ranks: Sequence[int]) -> None:
+        """Log whom the wait waits for, if a warning is due; the first says where they are."""
+        if not self.interval.due(now):
+            return
+        place = ""
+        if not self.told:  # the first warning says where they are, the later ones don't
+            self.told = True
+            text = where_they_are(ranks)
+            place = f"; where they are:\n{text}" if text else ""
+        log.warning("rank %d has waited %.0f s %s%s", self.me, now - self.start,
+                    self.says.format(what=self.what, ranks=list(ranks)), place)
+
+    def end(self, normal: bool, unmark: Callable[[Callable[[], Any]], Any]) -> None:
+        """The wait is over; ``normal``: it ended without an exception, so its count on the
+        waiting key is taken back (by ``unmark(call)``: at once, or on the store worker). An
+        exception keeps the count until the process exits (see :func:`.watch.waiting_key`)."""
+        STATE.waits.pop(self.thread, None)
+        if normal and self.marked:
+            unmark(lambda: self.watcher.store.add(waiting_key(self.me), -1))
+
+
+def _now(call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - the wait is over; the store may be gone
+        pass
+
+
+# --- waiting for a store probe ---------------------------------------------------------------
 
 def poll_until(
     ready: Callable[[], bool],
@@ -52,7 +161,13 @@ def poll_until(
     try:
         if ready():
             return
-        _poll(ready, watch, timeout, what, me, slow)
+        waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}")
+        normal = False
+        try:
+            _poll(ready, watch, timeout, slow, waiting)
+            normal = True
+        finally:
+            waiting.end(normal, submit)
     except (RankFailedError, RankTimeoutError, DistributedEnvError):
         raise
     except Exception as exc:  # noqa: BLE001 - the store's host is gone
@@ -82,40 +197,13 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
 
 
 def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
-          what: str, me: int, slow: Optional[Callable[[], None]]) -> None:
-    thread = threading.get_ident()
-    watched: List[int] = []  # the last answer of watch(), for a timeout while the store is silent
-    STATE.waits[thread] = where.Registered(what, watched)  # what a snapshot of this rank says
-    try:
-        _wait(ready, watch, timeout, what, me, slow, watched)
-    finally:
-        STATE.waits.pop(thread, None)
-
-
-def where_they_are(ranks: Sequence[int]) -> str:
-    """Where ``ranks`` are, one line per place (:mod:`.where`); asked through the store."""
-    run = STATE.run
-    if run is None or not ranks:
-        return ""
-    raw = where.raw_store(world_store())
-    answers, silent = where.collect(raw, run, where.ask(raw, run, ranks))
-    records = {r: (p.host, p.pid) for r, p in STATE.peers.items() if r in silent}
-    return where.report(answers, silent, records)
-
-
-def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
-          what: str, me: int, slow: Optional[Callable[[], None]], watched: List[int]) -> None:
-    start = time.monotonic()
-    watcher = Watch(world_store())
-    log_every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
-    next_log = start + log_every
+          slow: Optional[Callable[[], None]], w: Waiting) -> None:
+    what, me, watcher, start = w.what, w.me, w.watcher, w.start
     next_check = start + LIVENESS_INTERVAL / 2
     spins, delay = 0, 0.0005
     job: Optional[Job] = None
     job_since = start
-    told_where = False
     pending_slow = [slow] if slow is not None else []
-    marked: List[bool] = []
 
     def probe(liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
         if host_leaving():  # no store call: the host's store is about to go
@@ -125,11 +213,9 @@ def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
         if pending_slow and not inline:  # on the worker: the wait has left its inline polls
             pending_slow.pop()()
         if liveness:
-            if not marked:
-                watcher.store.add(waiting_key(watcher.me), 1)
-                marked.append(True)
-            watched[:] = watch()
-            lost = watcher.find_lost(watched, now, what)
+            w.mark()
+            w.ranks[:] = watch()
+            lost = w.lost(now)
             if lost:
                 return ("ready", None) if ready() else ("lost", lost)
         return "waiting", None
@@ -156,8 +242,6 @@ def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
             verdict, lost = job.result()
             job = None
             if verdict == "ready":
-                if marked:  # a normal end (an exception keeps the count: see waiting_key)
-                    submit(lambda: watcher.store.add(waiting_key(watcher.me), -1))
                 return
             if verdict == "lost":
                 raise lost_error(lost, what)
@@ -167,30 +251,137 @@ def _wait(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
                 raise store_lost_error(gone, what)
             _silent_store(what, me, now - job_since, watcher.warned, now)
         if timeout is not None and now - start >= timeout:
-            ranks = list(watch()) if job is None else list(watched)
+            ranks = list(watch()) if job is None else list(w.ranks)
             raise RankTimeoutError(
                 f"rank {me} gave up after waiting {timeout:g} s for rank(s) {ranks} to finish "
                 f"{what} (timeout={timeout:g}); raise the timeout or find why they are slow",
                 ranks,
             )
-        if now >= next_log and job is None:
-            ranks = list(watch())
-            place = ""
-            if not told_where:  # the first warning says where they are, the later ones don't
-                told_where = True
-                place = where_they_are(ranks)
-                place = f"; where they are:\n{place}" if place else ""
-            log.warning("rank %d has waited %.0f s for rank(s) %s to finish %s%s", me,
-                        now - start, ranks, what, place)
-            log_every = min(log_every * 2, MAX_WAIT_LOG_INTERVAL)
-            next_log = now + log_every
+        if job is None and now >= w.interval.next_at:
+            w.warn(now, list(watch()))
 
+
+# --- waiting for a collective ----------------------------------------------------------------
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a wait slice that timed out (the collective is still running)."""
+    return isinstance(exc, RuntimeError) and "timed out" in str(exc).lower()
+
+
+def collective(work: Any, g: Group, what: str) -> None:
+    """Wait for ``work`` of a collective on ``g`` past its first slice: in slices, watching the
+    group's peers (see the module docstring)."""
+    me = g.ranks[g.rank]
+    peers = [r for r in g.ranks if r != me]
+    w = Waiting(what, me, peers, "in {what} for rank(s) {ranks}")
+    normal = False
+    try:
+        w.mark()
+        next_look = w.start  # the first look at the peers at once: a dead one is named promptly
+        while True:
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + LIVENESS_INTERVAL
+                lost = w.lost(now)
+                if lost and not _completes(work, _grace(w.watcher, lost)):
+                    raise lost_error(lost, what)
+                w.warn(now, peers)
+            try:
+                work.wait(_SLICE)
+                break
+            except RuntimeError as exc:
+                if not timed_out(exc):
+                    raise
+        normal = True
+    finally:
+        w.end(normal, _now)
+
+
+#: Seconds a collective may still take to complete once a peer is found to have exited
+#: normally: it finished its part of this collective before it left (its last messages are
+#: still being processed here). A peer that failed gets :data:`SLICE` twice: it may have
+#: failed on the line after this collective (a wait that looked at the peers just before the
+#: collective completed here); one that left this collective pending (Ctrl-C in it) none.
+LOST_GRACE = 1.0
+
+
+def _grace(watcher: Watch, lost: List[Lost]) -> float:
+    """Seconds the collective gets to complete, given the ``lost`` peers (see
+    :data:`LOST_GRACE`): store calls only while the store's host stays."""
+    if host_leaving():
+        return 0.0
+    try:
+        if any(watcher.store.check([pending_key(gone.rank)]) for gone in lost):
+            return 0.0
+    except Exception:  # noqa: BLE001 - the store is going: name the peer now
+        return 0.0
+    if all(gone.how == "exited" and gone.report is None for gone in lost):
+        return LOST_GRACE
+    return 2 * SLICE
+
+
+def _completes(work: Any, grace: float) -> bool:
+    """Whether ``work`` completes within ``grace`` seconds (in slices, so that a signal is
+    still handled). A collective a lost peer never joined fails at once (its connections
+    closed) or times out here: then the caller names the peer."""
+    try:
+        if work.is_completed():
+            return True
+    except RuntimeError:
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            work.wait(_SLICE)
+            return True
+        except RuntimeError as exc:
+            if not timed_out(exc):
+                return False
+    return False
+
+
+def left(work: Any, g: Group, exc: BaseException) -> None:
+    """A collective's wait ends on ``exc`` (Ctrl-C, a signal handler's ``SystemExit``, a lost
+    peer) with the collective maybe still pending: see :func:`keep_abandoned`. An exception
+    raised while a slice's timeout was being handled does not show that timeout as its
+    context."""
+    try:
+        if not work.is_completed():
+            g.abandoned = True  # publish_exit then sets .watch.pending_key
+            STATE.abandoned.append(work)
+    except Exception:  # noqa: BLE001 - best effort: the exception itself matters
+        pass
+    if isinstance(exc.__context__, RuntimeError) and timed_out(exc.__context__):
+        exc.__suppress_context__ = True
+
+
+def keep_abandoned() -> List[Any]:
+    """Keep every group with a collective left pending, and that work, alive until the process
+    ends; return those groups.
+
+    Destroying a gloo group joins its worker threads, and a worker inside a pending collective
+    stays there until every peer arrives or the group's timeout passes (30 minutes by default):
+    the exit of a rank interrupted in a barrier would wait for the straggler. The backend's
+    ``abort()`` does not wake it (torch 2.13). So such a group gets one reference more than
+    anything will ever release: ``destroy_process_group()`` still unregisters it, its destructor
+    never runs, and the process exits with the worker still waiting (the OS ends it)."""
+    kept = []
+    for pg, g in list(STATE.groups.items()):
+        if g.abandoned:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+            kept.append(pg)
+    for work in STATE.abandoned:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
+    STATE.abandoned.clear()
+    return kept
+
+
+# --- around a call that blocks in C++ --------------------------------------------------------
 
 class noted:
     """Around a call that blocks in C++ (a rendezvous): a daemon thread logs ``message(s)``
-    (``s``: seconds waited) at ``AXOLOTL_DIST_WAIT_LOG_INTERVAL`` seconds, then at doubling
-    intervals, until the call returns: the call's wait says what it waits for, like every
-    kit wait."""
+    (``s``: seconds waited) when a kit wait would warn, until the call returns: the call's
+    wait says what it waits for, like every kit wait."""
 
     def __init__(self, message: Callable[[float], str]) -> None:
         self.message = message
@@ -198,15 +389,13 @@ class noted:
         self.thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> "noted":
-        every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
         start = time.monotonic()
+        interval = _Interval(start)
 
         def run() -> None:
-            interval, next_at = every, start + every
-            while not self.done.wait(max(0.0, next_at - time.monotonic())):
-                log.warning("%s", self.message(time.monotonic() - start))
-                interval = min(interval * 2, MAX_WAIT_LOG_INTERVAL)
-                next_at = time.monotonic() + interval
+            while not self.done.wait(max(0.0, interval.next_at - time.monotonic())):
+                if interval.due(time.monotonic()):
+                    log.warning("%s", self.message(time.monotonic() - start))
 
         self.thread = threading.Thread(target=run, name="axolotl-dist-init-wait", daemon=True)
         self.thread.start()

@@ -19,6 +19,7 @@ from . import procs
 from .constants import HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .logs import kit as log
+from .groups import learn
 from .peers import check_store_host, host_leaving, peer, waiting_key
 from .state import STATE
 from .store import store_host, world_store
@@ -188,11 +189,12 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
     ranks = tuple(o.rank for o in ordered)
     if root.report is not None and not secondary(root):
         error = root.report
-        return RankFailedError(root.rank, error.exc_type, error.exc_message + also,
-                               error.remote_traceback, where=what, ranks=ranks)
+        return learn(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
+                                     error.remote_traceback, where=what, ranks=ranks))
     if root.report is not None:  # every lost rank only relayed another rank's failure
         error = root.report
         relay = f" (rank {root.rank} exited on this failure)"
-        return RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
-                               error.remote_traceback, where=what, ranks=(error.rank,) + ranks)
-    return RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks)
+        return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
+                                     error.remote_traceback, where=what,
+                                     ranks=(error.rank,) + ranks))
+    return learn(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))

@@ -19,9 +19,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .._runtime import backends as _backends, teardown as _teardown
-from .._runtime.groups import state_of
-from ..debug import checked
+from .._runtime import backends as _backends
+from .._runtime.groups import group_of
+from .._runtime.calls import checked
 from ..errors import DistributedConfigError, DistributedEnvError, MeshUsageError
 from ..ranks import get_backend, is_initialized
 from .config import (
@@ -61,8 +61,8 @@ _EP_DIMS = (MeshDimName.ep_replicate, MeshDimName.ep_shard)
 def get_world_mesh() -> Optional[DeviceMesh]:
     """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed:
     it lives in the default group's state, see :mod:`axolotl_dist._runtime.groups`)."""
-    state = state_of(None)
-    return None if state is None else state.world_mesh
+    g = group_of(None, "get_world_mesh", create=False)
+    return None if g is None else g.world_mesh
 
 
 def reset_world_mesh() -> None:
@@ -71,12 +71,11 @@ def reset_world_mesh() -> None:
     Its process groups stay alive until the default group is destroyed;
     :func:`~axolotl_dist.cleanup_distributed` calls this for you.
     """
-    state = state_of(None)
-    if state is not None:
-        state.world_mesh = None
+    g = group_of(None, "reset_world_mesh", create=False)
+    if g is not None:
+        g.world_mesh = None
 
 
-_teardown.on_cleanup(reset_world_mesh)
 
 
 def default_device_type(backend: Optional[str] = None) -> str:
@@ -234,9 +233,9 @@ def build_world_mesh(
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     _prepare_groups(mesh)
     log.info("built world mesh: %s", get_device_mesh_info(mesh))
-    state = state_of(None)
-    assert state is not None  # a mesh needs the default group
-    state.world_mesh = mesh
+    g = group_of(None, "build_world_mesh")
+    assert g is not None  # a mesh needs the default group
+    g.world_mesh = mesh
     return mesh
 
 

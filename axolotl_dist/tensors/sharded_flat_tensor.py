@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import DistributedConfigError
-from .flat_comm import GroupInfo, assemble, gather_flat, group_info, scatter_flat
+from ._flat_comm import GroupInfo, assemble, gather_flat, group_info, scatter_flat
 from .sharding_spec import RankRanges, ShardingSpec
 
 if TYPE_CHECKING:  # pragma: no cover

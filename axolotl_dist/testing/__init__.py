@@ -44,10 +44,10 @@ import torch
 from .._runtime.pickling import by_name as _by_name
 from .._runtime.procs import loopback_interface
 from ..env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
-from .harness import run_distributed, run_distributed_outcomes
-from .outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
-from .state import (StoreCalls, count_store_calls, kill_tree, known_peers, process_state,
-                    reset_process_state, store_of)
+from ._harness import run_distributed, run_distributed_outcomes
+from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
+from ._state import (StoreCalls, count_store_calls, kill_tree, known_peers, learnt_failure,
+                    process_state, reset_process_state, store_of)
 
 __all__ = [
     "RankOutcome",
@@ -65,6 +65,7 @@ __all__ = [
     "kill_tree",
     "process_state",
     "known_peers",
+    "learnt_failure",
     "count_store_calls",
     "StoreCalls",
 ]

@@ -26,7 +26,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .trace import FILE_PREFIX
+from .._runtime.trace import FILE_PREFIX
 
 __all__ = ["RankTrace", "load", "merge", "merge_at_exit", "announce", "Merged", "MIN_WAIT_US",
            "EXIT_WAIT"]
@@ -94,6 +94,10 @@ class Merged(NamedTuple):
     events: List[Dict[str, Any]]
     #: Why no ``timeline.png`` was drawn although one was asked for (an extra is missing).
     png_note: Optional[str] = None
+
+    def report(self) -> str:
+        """Where the trace is (and the picture, or why there is none), then the summary."""
+        return announce(self)
 
 
 #: What a merge says when it cannot draw ``timeline.png``.
@@ -388,7 +392,7 @@ def _ended(path: str) -> bool:
             meta = json.loads(fh.readline())
     except (OSError, ValueError):
         return False
-    from . import procs
+    from .._runtime import procs
     import socket
 
     return meta.get("host") == socket.gethostname() and procs.proc_state(meta["pid"]) == "gone"

@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .._runtime.procs import kill_tree, signal_tree
 from .._runtime.tracebacks import safe_str
-from .outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
-from .rank import child_main
+from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
+from ._rank import child_main
 
 __all__ = ["run_distributed", "run_distributed_outcomes"]
 

@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 
 from .._runtime import backends as _backends
-from ..collectives import all_gather_into, comm_device, require_group
-from ..debug import checked
+from .._runtime.calls import checked
+from .._runtime.exchange import all_gather_into
+from .._runtime.groups import group_of
 from .sharding_spec import ShardingSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,22 +52,24 @@ def group_info(group: Optional["ProcessGroup"], op: str) -> GroupInfo:
     Raises :class:`~axolotl_dist.errors.DistributedEnvError` when the environment says several
     ranks but no process group exists, and ``ValueError`` when this process is not in ``group``.
     """
-    if not require_group(op, group):
-        return GroupInfo(None, 0, 1)
-    rank = dist.get_rank(group)
-    if rank < 0:
+    if group is not None and dist.is_initialized() and dist.get_rank(group) < 0:
         raise ValueError(
             f"{op}: this process (global rank {dist.get_rank()}) is not a member of "
             "process_group: pass a group that contains this rank"
         )
-    return GroupInfo(group, rank, dist.get_world_size(group))
+    g = group_of(group, op)
+    if g is None:
+        return GroupInfo(None, 0, 1)
+    return GroupInfo(group, g.rank, g.size)
 
 
 def _device_for(info: GroupInfo, device: torch.device) -> torch.device:
     """``device`` if the group's backend takes tensors there, else the backend's device."""
     if _backends.supports(str(dist.get_backend(info.group)), device.type):
         return device
-    return comm_device(info.group)
+    g = group_of(info.group, "ShardedFlatTensor")
+    assert g is not None
+    return g.device
 
 
 def pad_rank_major(flat: torch.Tensor, spec: ShardingSpec, dtype: torch.dtype) -> torch.Tensor:

@@ -14,12 +14,14 @@ See docs/timeline.md.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Optional, TypeVar
 
-from ._runtime import trace as _trace, trace_merge as _merge
-from ._runtime.callsite import call_site
-from ._runtime.constants import TRACE_ENV_VAR
-from ._runtime.state import STATE as _STATE
+from .._runtime import envvars as _envvars, trace as _trace
+from . import _merge
+from .._runtime.callsite import call_site
+from .._runtime.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
+from .._runtime.state import STATE as _STATE
 
 __all__ = ["trace_span", "is_tracing", "merge_trace", "TRACE_ENV_VAR", "Merged"]
 
@@ -67,6 +69,34 @@ class trace_span:  # noqa: N801 - used like a function: ``with trace_span("token
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def start_recording(directory: str, store: Any, rank: int, world_size: int) -> None:
+    """Start recording this rank's kit calls into ``directory`` (``init_distributed`` calls
+    it on every rank: the clocks are aligned there). At the cleanup that ends the recording,
+    rank 0 merges every rank's file, unless the ``axolotl-dist`` launcher will once every
+    rank ended (it started this rank with ``AXOLOTL_DIST_TRACE`` naming the directory)."""
+    _trace.start(directory, store, rank, world_size, at_end=_at_end)
+
+
+def _at_end(recorder: _trace.Recorder) -> None:
+    if recorder.rank == 0 and not _launcher_merges(recorder.directory):
+        _merge.merge_at_exit(recorder.directory, recorder.world_size)
+
+
+def _launcher_merges(directory: str) -> bool:
+    """Whether the ``axolotl-dist`` launcher will merge the trace in ``directory`` when every
+    rank ended: it started this rank with ``AXOLOTL_DIST_TRACE`` naming it."""
+    asked = _envvars.kit_path(TRACE_ENV_VAR)
+    return bool(os.environ.get(LAUNCHER_PID_ENV_VAR)) and asked is not None and \
+        os.path.abspath(asked) == directory
+
+
+def merge_after_run(directory: Optional[str]) -> None:
+    """The ``axolotl-dist`` launcher's merge once every rank ended: if ``directory`` holds rank
+    files, merge them and print where the trace is and the summary (never raises)."""
+    if directory and os.path.isdir(directory) and _merge.load(directory):
+        _merge.merge_at_exit(directory, 0)
 
 
 def merge_trace(directory: str, png: bool = True) -> Merged:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from .._runtime.procs import loopback_interface
 from .._runtime.tracebacks import safe_str
 from ..env import LAUNCHER_ENV_VARS
-from .state import reset_process_state
+from ._state import reset_process_state
 
 __all__ = ["rank_env", "wait_for_siblings", "host_store", "child_main"]
 

@@ -36,26 +36,25 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
-from ._runtime import logs as _logs, teardown as _teardown, trace as _trace
-from ._runtime.callsite import call_site
-from ._runtime.state import STATE as _STATE
-from ._runtime.groups import next_sequence
-from ._runtime.records import await_readers, publish_error, read_error
-from ._runtime.store import group_store
-from ._runtime.wait import poll_until
-from .collectives import require_group
-from .debug import checked
-from .env import env_shared_filesystem
-from .errors import DistributedConfigError, DistributedEnvError, RankFailedError
-from .ranks import get_global_rank, get_node_rank, get_rank, get_world_size
+from .._runtime import logs as _logs, trace as _trace
+from .._runtime.callsite import call_site
+from .._runtime.calls import checked
+from .._runtime.groups import Group, group_of
+from .._runtime.records import await_readers, publish_error, read_error
+from .._runtime.state import STATE as _STATE
+from .._runtime.store import group_store
+from .._runtime.wait import poll_until
+from ..env import env_shared_filesystem
+from ..errors import DistributedConfigError, DistributedEnvError, RankFailedError
+from ..ranks import get_global_rank, get_node_rank, get_rank, get_world_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
     from torch.distributed import ProcessGroup
 
-    from ._runtime.hf_parts import MapCall, PartFiles
+    from ._parts import MapCall, PartFiles
 
-__all__ = ["shared_map", "DATASETS_EXTRA", "INSTALL_HINT", "PROGRESS_INTERVAL", "TEMP_DIR_NAME"]
+__all__ = ["shared_map"]
 
 #: The ``setup.cfg`` extra that installs Hugging Face ``datasets``.
 DATASETS_EXTRA = "datasets"
@@ -124,7 +123,7 @@ def shared_map(
     One process (or a group of one): exactly ``dataset.map(function, **map_kwargs)``.
     """
     _require_datasets()
-    from ._runtime import hf_parts as _hf_parts
+    from . import _parts as _hf_parts
 
     call = _hf_parts.prepare(dataset, function, map_kwargs)
     if timeout is not None and not timeout > 0:
@@ -133,9 +132,10 @@ def shared_map(
         if not isinstance(cache_dir, (str, os.PathLike)):
             raise TypeError(f"shared_map(cache_dir=...) must be a directory path, got {type(cache_dir).__name__}")
         cache_dir = os.path.abspath(os.fspath(cache_dir))
-    if not require_group("shared_map", group) or get_world_size(group) == 1:
+    g = group_of(group, "shared_map")
+    if g is None or g.size == 1:
         return _one_process(dataset, call, map_kwargs, cache_dir)
-    return _SharedMap(dataset, call, group, cache_dir, timeout).run()
+    return _SharedMap(dataset, call, g, cache_dir, timeout).run()
 
 
 def _one_process(dataset: "Dataset", call: "MapCall", map_kwargs: Dict[str, Any],
@@ -143,7 +143,7 @@ def _one_process(dataset: "Dataset", call: "MapCall", map_kwargs: Dict[str, Any]
     """Exactly ``dataset.map``; with ``cache_dir`` its cache file goes there, same name."""
     if cache_dir is None or call.keep_in_memory:
         return dataset.map(call.function, **map_kwargs)
-    from ._runtime.hf_parts import one_process_fingerprint
+    from ._parts import one_process_fingerprint
 
     os.makedirs(cache_dir, exist_ok=True)
     name = f"cache-{one_process_fingerprint(dataset, call)}.arrow"
@@ -166,14 +166,14 @@ def _datasets_bars_off() -> Iterator[None]:
 class _SharedMap:
     """One multi-rank ``shared_map`` call: the store protocol around the part files."""
 
-    def __init__(self, dataset: "Dataset", call: "MapCall", group: Optional["ProcessGroup"],
+    def __init__(self, dataset: "Dataset", call: "MapCall", g: Group,
                  cache_dir: Optional[str], timeout: Optional[float]) -> None:
-        self.dataset, self.call, self.group, self.timeout = dataset, call, group, timeout
+        self.dataset, self.call, self.group, self.timeout = dataset, call, g, timeout
         self.cache_dir = cache_dir
-        self.rank, self.ws = get_rank(group), get_world_size(group)
-        self.others = [get_global_rank(r, group) for r in range(self.ws) if r != self.rank]
-        self.store = group_store(group)
-        self.seq = next_sequence(group, "shared_map")
+        self.rank, self.ws = g.rank, g.size
+        self.others = [g.global_rank(r) for r in range(self.ws) if r != self.rank]
+        self.store = group_store(g.arg)
+        self.seq = g.next_seq("shared_map")
         self.site = call_site()
         self.what = self.where = f"shared_map call #{self.seq}"
         self.temp = call.keep_in_memory or cache_dir is None and (
@@ -194,7 +194,6 @@ class _SharedMap:
     # --- the call ---------------------------------------------------------------------------
 
     def run(self) -> "Dataset":
-        _teardown.start_services()
         try:
             return self._run()
         except BaseException as exc:
@@ -213,7 +212,7 @@ class _SharedMap:
             self._leave()
 
     def _run(self) -> "Dataset":
-        from ._runtime import hf_parts as hf
+        from . import _parts as hf
 
         self._arrive()
         try:
@@ -264,7 +263,7 @@ class _SharedMap:
 
     def _arrive(self) -> None:
         """Post this rank's facts, wait for every rank's, read them all."""
-        from ._runtime.hf_parts import one_process_fingerprint
+        from ._parts import one_process_fingerprint
 
         entry = {"fs": self.fs_key, "host": socket.gethostname(), "pid": os.getpid(),
                  "fp": self.dataset._fingerprint, "rows": len(self.dataset), "temp": self.temp}

@@ -10,9 +10,13 @@ import signal
 import sys
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["PROG", "exit_code_of", "first_failure", "traceback_of", "read_ends", "report_failures"]
+__all__ = ["PROG", "GUARDS_DIR", "exit_code_of", "first_failure", "traceback_of", "read_ends",
+           "report_failures"]
 
 PROG = "axolotl-dist"
+#: Under the end directory: one empty file per guard pid, so the launcher does not report its
+#: own helpers among the processes the ranks left behind (the ranks' bootstrap writes them).
+GUARDS_DIR = "guards"
 _NO_MESSAGE = "<NONE>"  # torch elastic's placeholder when a rank wrote no error file
 
 
@@ -66,7 +70,7 @@ def traceback_of(failure) -> Optional[str]:
 
 
 def read_ends(directory: Optional[str]) -> Dict[int, dict]:
-    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see ``_runtime.rank_main``)."""
+    """Rank -> ``{"code", "time"}``: how and when each rank's script ended (see :mod:`._rank_main`)."""
     ends: Dict[int, dict] = {}
     if not directory or not os.path.isdir(directory):
         return ends

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from .._runtime import state as _state
+from .._runtime.groups import learnt as _learnt
 from .._runtime.procs import kill_tree, proc_state
 from .._runtime.store import group_store
 from ..debug import refresh_from_env as _refresh_debug
@@ -15,8 +16,8 @@ from ..debug import refresh_from_env as _refresh_debug
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
 
-__all__ = ["reset_process_state", "store_of", "known_peers", "process_state", "kill_tree",
-           "count_store_calls", "StoreCalls"]
+__all__ = ["reset_process_state", "store_of", "known_peers", "learnt_failure", "process_state",
+           "kill_tree", "count_store_calls", "StoreCalls"]
 
 
 def reset_process_state(*parts: str) -> None:
@@ -41,6 +42,13 @@ def known_peers() -> Dict[int, Any]:
     launcher)`` of each rank, copied from the store by the heartbeat soon after init (a
     snapshot; no store call)."""
     return dict(_state.STATE.peers)
+
+
+def learnt_failure() -> Optional[Any]:
+    """The last failure of another rank this process raised or received under the current
+    default group (a :class:`~axolotl_dist.errors.RankFailedError`, rebuilt from the report the
+    kit keeps), or None: what this rank relays in its exit record if it ends after it."""
+    return _learnt()
 
 
 #: ``process_state(pid)``: ``"running"``, ``"stopped"`` or ``"gone"`` (a zombie counts as

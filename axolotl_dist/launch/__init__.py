@@ -44,29 +44,17 @@ import time
 import uuid
 from typing import List, Optional, Sequence, Tuple
 
-from ._runtime import envvars as _envvars, procs as _procs, trace_merge as _trace_merge
-from ._runtime import where as where_report
-from ._runtime.constants import TRACE_ENV_VAR
-from ._runtime.launch_report import (PROG, exit_code_of, first_failure, read_ends,
-                                     report_failures, traceback_of)
-from ._runtime.launch_watch import Watcher
-from ._runtime.pickling import by_name as _by_name
-from ._runtime.procs import LAUNCHER_PID_ENV_VAR
-from ._runtime.rank_main import END_DIR_ENV_VAR, GUARDS_DIR
+from .._runtime import envvars as _envvars, procs as _procs
+from .._runtime import where as where_report
+from .._runtime.constants import END_DIR_ENV_VAR, TRACE_ENV_VAR
+from ._report import (GUARDS_DIR, PROG, exit_code_of, first_failure, read_ends,
+                      report_failures, traceback_of)
+from ._watch import Watcher
+from .. import tracing as _tracing
+from .._runtime.pickling import by_name as _by_name
+from .._runtime.procs import LAUNCHER_PID_ENV_VAR
 
-__all__ = [
-    "PROG",
-    "DEFAULT_GRACE_PERIOD",
-    "build_parser",
-    "launch_config",
-    "exit_code_of",
-    "first_failure",
-    "traceback_of",
-    "report_failures",
-    "where_main",
-    "trace_main",
-    "main",
-]
+__all__ = ["main"]
 
 #: Seconds ranks get between SIGTERM and SIGKILL when the launcher is interrupted.
 DEFAULT_GRACE_PERIOD = 30.0
@@ -265,7 +253,7 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
     os.environ[END_DIR_ENV_VAR] = os.path.join(args.log_dir, "ends")
     os.makedirs(os.environ[END_DIR_ENV_VAR], exist_ok=True)
     config = launch_config(args, nproc, nnodes, node_rank, port)
-    cmd_args = ["-m", "axolotl_dist._runtime.rank_main"] + (["-m"] if args.module else [])
+    cmd_args = ["-m", "axolotl_dist.launch._rank_main"] + (["-m"] if args.module else [])
     cmd_args += [args.target] + list(args.target_args)
     _quiet_torch_logs(args.verbose)
     waiting_for = None
@@ -293,8 +281,7 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
 def _merge_trace() -> None:
     """With ``AXOLOTL_DIST_TRACE`` set, merge this node's rank files once every rank ended."""
     directory = _envvars.kit_path(TRACE_ENV_VAR)
-    if directory and os.path.isdir(directory) and _trace_merge.load(directory):
-        _trace_merge.merge_at_exit(directory, 0)
+    _tracing.merge_after_run(directory)
 
 
 def trace_main(argv: Sequence[str]) -> int:
@@ -306,11 +293,11 @@ def trace_main(argv: Sequence[str]) -> int:
     parser.add_argument("--no-png", action="store_true", help="skip timeline.png")
     args = parser.parse_args(argv)
     try:
-        merged = _trace_merge.merge(args.directory, png=not args.no_png)
+        merged = _tracing.merge_trace(args.directory, png=not args.no_png)
     except (OSError, ValueError) as exc:
         print(f"{PROG} trace: {exc}", file=sys.stderr)
         return 1
-    print(_trace_merge.announce(merged), end="")
+    print(merged.report(), end="")
     return 0
 
 
@@ -390,6 +377,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 _by_name(__name__)  # pickled by name, as the rest of the kit (docs/design.md, "Installs")
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,7 +35,7 @@ from datasets.fingerprint import (
     validate_fingerprint,
 )
 
-from .shards import shard_bounds
+from ..data import shard_bounds
 
 __all__ = [
     "MapCall",

@@ -1,4 +1,4 @@
-"""What every rank started by ``axolotl-dist`` runs: ``python -m axolotl_dist._runtime.rank_main``.
+"""What every rank started by ``axolotl-dist`` runs: ``python -m axolotl_dist.launch._rank_main``.
 
 It completes the env contract (``NODE_RANK`` from torchrun's ``GROUP_RANK``), makes the rank
 die with the launcher even if the launcher is SIGKILLed (Linux ``PR_SET_PDEATHSIG``), and
@@ -25,17 +25,18 @@ import time
 from types import TracebackType
 from typing import List, Optional
 
-from . import procs
-from .envvars import TORCHRUN_NODE_ALIASES
-from .procs import LAUNCHER_PID_ENV_VAR
-from .tracebacks import format_exception, install, safe_str
+from .._runtime import procs
+from .._runtime.envvars import TORCHRUN_NODE_ALIASES
+from .._runtime.procs import LAUNCHER_PID_ENV_VAR
+from .._runtime.tracebacks import format_exception, install, safe_str
+from ._report import GUARDS_DIR
 
 __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUARDS_DIR", "main"]
 
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
 #: Where each rank records how and when its script ended (set by the launcher).
-from .constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
+from .._runtime.constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
 _PR_SET_PDEATHSIG = 1
 
 
@@ -74,11 +75,6 @@ def _start_guard() -> None:
     except BaseException:  # noqa: BLE001 - the guard must never outlive its purpose
         pass
     os._exit(0)
-
-
-#: Under the end directory: one empty file per guard pid, so the launcher does not report its
-#: own helpers among the processes the ranks left behind.
-GUARDS_DIR = "guards"
 
 
 def _note_guard(pid: int) -> None:
@@ -192,7 +188,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if module:
         args = args[1:]
     if not args:
-        raise SystemExit("usage: python -m axolotl_dist._runtime.rank_main [-m] target [args...]")
+        raise SystemExit("usage: python -m axolotl_dist.launch._rank_main [-m] target [args...]")
     _line_buffered()
     _die_with_launcher()
     _start_guard()

@@ -25,9 +25,9 @@ import threading
 import time
 from typing import Callable, Optional
 
-from . import procs, where
-from .constants import WAIT_LOG_INTERVAL_ENV_VAR
-from .envvars import kit_seconds
+from .._runtime import procs, where
+from .._runtime.constants import WAIT_LOG_INTERVAL_ENV_VAR
+from .._runtime.envvars import kit_seconds
 
 __all__ = ["Watcher", "STOP_SIGNALS"]
 

@@ -1,0 +1,490 @@
+"""How the kit's collectives run: values encoded, headers exchanged, works waited for.
+
+**Encoding** (docs/design.md, "Value encoding"). Every value becomes a 4-slot int64 *header*
+and, for non-scalars, a uint8 *payload*:
+
+========  ==================================  =======================================
+kind      header slots                        payload
+========  ==================================  =======================================
+NONE      ``[0, 0, 0, 0]``                    none
+BOOL      ``[1, value, 0, 0]``                none
+INT       ``[2, value, 0, 0]`` (int64 range)  none
+FLOAT     ``[3, float64 bits, 0, 0]``         none (exact: nan payloads, -0.0, inf)
+PICKLE    ``[4, nbytes, 0, 0]``               pickled object (ints beyond int64 too)
+TENSOR    ``[5, meta bytes, data bytes, 0]``  pickled (dtype, shape, device type) + raw bytes
+ERROR     ``[6, nbytes, 0, 0]``               pickled failure report of the sending rank
+========  ==================================  =======================================
+
+Slot 3 says which helper sent the header (:func:`helper_code`: the helper, and for the
+gathers the destination rank), so ``reduce_and_broadcast`` on one rank and
+``gather_from_all_ranks`` on another raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
+on every rank, naming both, without debug mode and without another collective. A scalar
+crosses in one small collective, anything else in exactly two (header, then payload).
+
+**The header exchange.** On CPU (gloo) with at most :data:`~.groups.A2A_MAX_RANKS` ranks it is
+one all-to-all (each rank sends its header to every other rank directly: one message per pair
+and direction, where gloo's ring all-gather spends several notifications per rank); beyond
+that many ranks the all-gather's ``O(ranks)`` messages win, and on accelerators the header goes
+through the backend's all-gather. Not point-to-point ``send``/``recv``: a gloo receive whose
+wait times out closes every connection of the group ("Application timeout caused pair
+closure"), so the kit's sliced, interruptible wait would kill the group whenever a rank
+arrives more than a slice late; a collective's timed-out wait leaves it running. The buffers
+and the group's own collectives live on the :class:`~.groups.Group`.
+
+**Running a collective** (:func:`run`): issue it, wait for it (on CPU a first blocking slice,
+then the watching wait of :mod:`.wait`), and turn a failure caused by a lost peer into a
+:class:`~axolotl_dist.errors.RankFailedError` naming that peer: the one place of the kit where
+that translation happens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+import reprlib
+import struct
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import trace, wait
+from .blocks import confirm_all
+from .callsite import call_site
+from .groups import HEADER_LEN, Group
+from .groups import learn
+from .records import diagnose_lost_peer, failure_report
+from .state import STATE
+from .tracebacks import safe_str
+from ..errors import CollectiveMismatchError, RankFailedError
+
+__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "scalar_header",
+           "decode_scalar", "tensor_bytes", "resolved", "helper_code", "describe_code", "run",
+           "broadcast_value", "all_gather_values", "SLICE"]
+
+NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR = range(7)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_PACK_D, _UNPACK_Q = struct.Struct("<d").pack, struct.Struct("<q").unpack
+_PACK_Q, _UNPACK_D = struct.Struct("<q").pack, struct.Struct("<d").unpack
+
+
+class Encoded(NamedTuple):
+    """A value ready to send: its header and optional payload bytes (1-D uint8, CPU)."""
+
+    header: List[int]
+    payload: Optional[torch.Tensor] = None
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def tensor_bytes(payload: torch.Tensor) -> bytes:
+    """The bytes of a 1-D uint8 tensor, without NumPy (the core needs torch alone).
+
+    ``Tensor.numpy()`` raises where NumPy is not installed (a plain ``pip install
+    axolotl-dist``); a copy of the CPU memory is the same bytes.
+    """
+    data = payload.detach().cpu().contiguous()
+    if data.numel() == 0:
+        return b""
+    return ctypes.string_at(data.data_ptr(), data.numel() * data.element_size())
+
+
+_REPR = reprlib.Repr()
+_REPR.maxother = _REPR.maxstring = 80
+
+
+def _pickle(value: Any, what: str) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - pickle raises many types
+        try:
+            shown = _REPR.repr(value)
+        except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+            shown = f"<{type(value).__name__} object>"
+        raise TypeError(
+            f"{what} ({shown}, of type {type(value).__name__}) cannot be pickled "
+            f"({type(exc).__name__}: {safe_str(exc)}): return or pass plain data (numbers, "
+            "strings, lists, dicts, tensors) or make the object picklable") from exc
+
+
+_NONE_HEADER = (NONE, 0, 0, 0)
+_TRUE_HEADER, _FALSE_HEADER = (BOOL, 1, 0, 0), (BOOL, 0, 0, 0)
+
+
+def scalar_header(value: Any) -> Optional[Tuple[int, int, int, int]]:
+    """The header of a payload-free value (None, bool, int64-range int, float), else None.
+
+    The hot path of every helper: no allocation beyond the tuple, never raises.
+    """
+    kind = type(value)
+    if kind is float:
+        return (FLOAT, _UNPACK_Q(_PACK_D(value))[0], 0, 0)
+    if kind is int:
+        return (INT, value, 0, 0) if _INT64_MIN <= value <= _INT64_MAX else None
+    if kind is bool:
+        return _TRUE_HEADER if value else _FALSE_HEADER
+    if value is None:
+        return _NONE_HEADER
+    return None
+
+
+def decode_scalar(kind: int, value: int) -> Any:
+    """Rebuild a payload-free value from its header's first two slots (``kind < PICKLE``)."""
+    if kind == FLOAT:
+        return _UNPACK_D(_PACK_Q(value))[0]
+    if kind == INT:
+        return value
+    if kind == BOOL:
+        return value != 0
+    return None
+
+
+def resolved(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with lazy conjugation and negation applied (a conjugate or negative view
+    cannot be viewed as bytes or sent); the same tensor when there is nothing to resolve."""
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor
+
+
+def encode(value: Any, what: str = "value") -> Encoded:
+    """Encode ``value``; raises ``TypeError`` naming ``what`` if it cannot be sent."""
+    header = scalar_header(value)
+    if header is not None:
+        return Encoded(list(header))
+    if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.layout == torch.strided:
+        flat = resolved(value.detach())
+        meta = pickle.dumps((str(flat.dtype).replace("torch.", ""), tuple(flat.shape),
+                             flat.device.type, value.requires_grad))
+        if flat.device.type == "meta":
+            return Encoded([TENSOR, len(meta), 0, 0], _bytes_tensor(meta))
+        flat = flat.reshape(-1)
+        if flat.device.type != "cpu":
+            flat = flat.cpu()
+        if flat.numel() and flat.element_size() > 0:
+            data = flat.contiguous().view(torch.uint8)
+        else:
+            data = torch.empty(0, dtype=torch.uint8)
+        payload = torch.cat([_bytes_tensor(meta), data])
+        return Encoded([TENSOR, len(meta), int(data.numel()), 0], payload)
+    data = _pickle(value, what)
+    return Encoded([PICKLE, len(data), 0, 0], _bytes_tensor(data))
+
+
+def encode_error(rank: int, exc: BaseException, where: str) -> Encoded:
+    """Encode a failure report of ``rank`` (never raises)."""
+    data = failure_report(rank, exc, where)
+    return Encoded([ERROR, len(data), 0, 0], _bytes_tensor(data))
+
+
+def payload_len(header: List[int]) -> int:
+    """Bytes of payload that follow ``header`` (0 for scalars)."""
+    kind = header[0]
+    if kind == TENSOR:
+        return header[1] + header[2]
+    if kind in (PICKLE, ERROR):
+        return header[1]
+    return 0
+
+
+def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[torch.device] = None) -> Any:
+    """Rebuild a value; an ERROR header raises :class:`RankFailedError`."""
+    kind = header[0]
+    if kind == NONE:
+        return None
+    if kind == BOOL:
+        return bool(header[1])
+    if kind == INT:
+        return int(header[1])
+    if kind == FLOAT:
+        return _UNPACK_D(_PACK_Q(header[1]))[0]
+    assert payload is not None
+    raw = tensor_bytes(payload) if kind != TENSOR else None
+    if kind == PICKLE:
+        return pickle.loads(raw)
+    if kind == ERROR:
+        raise learn(RankFailedError.from_report(raw))
+    if kind == TENSOR:
+        meta_len, data_len = header[1], header[2]
+        dtype_name, shape, device_type, requires_grad = pickle.loads(
+            tensor_bytes(payload[:meta_len]))
+        dtype = getattr(torch, dtype_name)
+        target = _target_device(device_type, device)
+        if device_type == "meta":
+            return torch.empty(shape, dtype=dtype, device="meta")
+        data = payload[meta_len:meta_len + data_len].cpu()
+        if data_len:
+            out = data.clone().view(dtype).reshape(shape)
+        else:
+            out = torch.empty(shape, dtype=dtype)
+        if target.type != "cpu":
+            out = out.to(target)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+    raise ValueError(f"corrupt header {header}: ranks are running different helpers")
+
+
+def _target_device(device_type: str, device: Optional[torch.device]) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if device_type in ("cpu", "meta"):
+        return torch.device(device_type)
+    try:
+        return torch.device(device_type)
+    except RuntimeError:  # pragma: no cover
+        return torch.device("cpu")
+
+
+# --- the helpers' codes in slot 3 ----------------------------------------------------------
+
+#: The helpers that exchange headers, by code (index + 1).
+HELPERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
+           "all_reduce_value", "all_gather_object", "compute_and_broadcast", "synchronize_value",
+           "broadcast_object")
+_CODES: Dict[str, int] = {name: i + 1 for i, name in enumerate(HELPERS)}
+_GATHERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks")
+
+
+def helper_code(name: str, dst: int = 0) -> int:
+    """What slot 3 of a header says: the helper, and a gather's destination rank."""
+    return _CODES[name] | (dst << 8 if name in _GATHERS else 0)
+
+
+def describe_code(code: int) -> str:
+    """``gather_from_all_ranks(dst=1)`` for a code made by :func:`helper_code`."""
+    index = (code & 0xFF) - 1
+    if not 0 <= index < len(HELPERS):
+        return f"an unknown helper (code {code})"
+    name = HELPERS[index]
+    return f"{name}(dst={code >> 8})" if name in _GATHERS else name
+
+
+def mismatch_error(codes: Dict[int, int], rank: int, site: Callable[[], str]
+                   ) -> CollectiveMismatchError:
+    """The error for headers from different helpers: ``codes`` maps group ranks to the code
+    each sent (or, for this ``rank``, called); ``site()`` is this rank's call site."""
+    calls = {r: describe_code(c) for r, c in sorted(codes.items())}
+    listed = ", ".join(f"rank {r}: {c}" for r, c in calls.items())
+    return CollectiveMismatchError(
+        f"the ranks called different helpers that met in one collective ({listed}): every "
+        f"rank must call the same helpers in the same order. This rank (rank {rank}) called "
+        f"{calls[rank]} at {site()}; run with AXOLOTL_DIST_DEBUG=1 to see every rank's file "
+        "and line.", calls=calls)
+
+
+# --- running a collective --------------------------------------------------------------------
+
+#: Seconds of one blocking slice of a wait: how long a signal may wait to be handled. A slice
+#: ends the moment the collective completes; each one that times out costs a few microseconds.
+SLICE = wait.SLICE
+_SLICE = timedelta(seconds=SLICE)
+_timed_out = wait.timed_out
+
+
+def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Issue a collective (``issue(*args, **kwargs)``, which returns its work) on ``g`` and
+    wait for it.
+
+    On CPU the wait is a first blocking slice, then, if the collective is not done, the
+    watching wait of :mod:`.wait` (interruptible, naming lost peers, saying where the others
+    are); before the slice the ``zero_first`` blocks left unconfirmed are confirmed, so the
+    store read overlaps the collective. A failure caused by a lost peer raises
+    :class:`~axolotl_dist.errors.RankFailedError` naming it (``what``: the helper)."""
+    work = None
+    try:
+        work = issue(*args, **kwargs)
+        if not g.cpu:
+            work.wait()
+            return
+        if STATE.unconfirmed:  # see confirm_in_wait in .calls.checked
+            confirm_all()
+        try:
+            work.wait(_SLICE)
+            return
+        except RuntimeError as exc:
+            if not _timed_out(exc):
+                raise
+        wait.collective(work, g, what)
+    except RuntimeError as exc:  # a peer is gone: name it
+        if work is not None and g.cpu:
+            wait.left(work, g, exc)
+        error = diagnose_lost_peer(exc, what, g)
+        try:
+            if error is exc:
+                raise
+            # not chained: the backend's socket error says less than the error naming the
+            # rank; its first line stays on the error
+            error.backend_error = (str(exc).splitlines() or [""])[0]  # type: ignore[union-attr]
+            raise error from None
+        finally:  # no frame <-> error cycle: the frames (and their tensors) die with the error
+            error = exc = None  # type: ignore[assignment]
+    except BaseException as exc:
+        if work is not None and g.cpu:
+            wait.left(work, g, exc)
+        raise
+
+
+def exchange(g: Group, what: str) -> List[int]:
+    """Every rank's header (this rank's is in ``g.hdr_arr``), flat, in group-rank order. CPU
+    only."""
+    if g.a2a is not None:
+        g.a2a_arr[:] = g.hdr_arr * g.size  # this rank's header for every rank
+        run(g, what, g.a2a, g.pg_ref(), g.hdr_all, g.a2a_in, _NO_SPLITS, _NO_SPLITS, g.a2a_opts)
+    else:
+        # the group's own all_gather_single: what dist.all_gather_single runs after its checks
+        run(g, what, g.allgather, g.pg_ref(), g.hdr_all, g.hdr, g.opts)
+    return g.all_arr.tolist()
+
+
+_NO_SPLITS: List[int] = []  # equal splits
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
+all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _broadcast(g: Group, buffer: torch.Tensor, src: int, what: str) -> None:
+    """Broadcast ``buffer`` (int64 or uint8, on ``g.device``) from group rank ``src``: on CPU
+    through the group's own broadcast, on accelerators through ``dist.broadcast``."""
+    if g.cpu:
+        g.bcast_opts.rootRank = src
+        run(g, what, g.bcast, g.pg_ref(), [buffer], g.bcast_opts)
+    else:
+        run(g, what, dist.broadcast, buffer, group=g.pg_ref(), group_src=src, async_op=True)
+
+
+# --- the value helpers' engine ---------------------------------------------------------------
+
+_I64, _U8 = torch.int64, torch.uint8
+
+
+def _encode_result(fn: Callable[[], Any], rank: int, where: str
+                   ) -> Tuple[Sequence[int], Optional[Encoded], Optional[BaseException]]:
+    """Run ``fn`` and encode its result: ``(header, encoded, exception)``.
+
+    ``encoded`` is None for a scalar (its header says everything; no object is built on this
+    hot path); otherwise it carries the payload, or the failure report if ``fn`` raised
+    ``exception`` (shipped to the other ranks, then re-raised here).
+    """
+    try:
+        value = fn()
+        header = scalar_header(value)
+        if header is not None:
+            return header, None, None
+        encoded = encode(value, f"the value returned by {where}'s fn on rank {rank}")
+        return encoded.header, encoded, None
+    except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
+        encoded = encode_error(rank, exc, where)
+        return encoded.header, encoded, exc
+
+
+def broadcast_value(g: Group, fn: Callable[[], Any], src: int, where: str,
+                    device: Optional[torch.device] = None) -> Any:
+    """Run ``fn`` on group rank ``src`` only and return its result on every rank.
+
+    ``where`` is the public helper's name: its code rides in the header's slot 3, and a rank
+    that receives another helper's header raises :class:`CollectiveMismatchError`."""
+    code = _CODES[where]
+    own: Optional[BaseException] = None
+    encoded: Optional[Encoded] = None
+    if g.cpu:
+        header = g.hdr
+        if g.rank == src:
+            mine, encoded, own = _encode_result(fn, g.rank, where)
+            a = g.hdr_arr
+            a[0], a[1], a[2] = mine[0], mine[1], mine[2]
+            a[3] = code
+    elif g.rank == src:
+        mine, encoded, own = _encode_result(fn, g.rank, where)
+        header = torch.tensor([mine[0], mine[1], mine[2], code], dtype=_I64, device=g.device)
+    else:
+        header = torch.empty(HEADER_LEN, dtype=_I64, device=g.device)
+    if g.cpu:  # the group's own broadcast (see _broadcast), inline: the hot path
+        g.bcast_opts.rootRank = src
+        run(g, where, g.bcast, g.pg_ref(), [header], g.bcast_opts)
+    else:
+        _broadcast(g, header, src, where)
+    values = header.tolist()
+    if values[3] != code:  # src ran another helper
+        del header  # the cached buffer: the traceback keeps this frame
+        raise mismatch_error({src: values[3], g.rank: code}, g.rank, lambda: str(call_site()))
+    payload = None
+    if values[0] >= PICKLE:
+        if encoded is not None:
+            payload = encoded.payload.to(g.device)
+        else:
+            payload = torch.empty(payload_len(values), dtype=_U8, device=g.device)
+        _broadcast(g, payload, src, where)
+    if own is not None:
+        del header  # the cached buffer: the traceback keeps this frame (see await_released)
+        raise own
+    if STATE.trace is not None and g.rank == src:
+        trace.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
+    return decode(values, payload, device)
+
+
+def all_gather_values(g: Group, fn: Callable[[], Any], where: str,
+                      device: Optional[torch.device] = None, decode_on: Optional[int] = None
+                      ) -> Optional[List[Any]]:
+    """Run ``fn`` on every rank and all-gather the results (exactly).
+
+    Failures anywhere raise on every rank. With ``decode_on`` only that group rank decodes the
+    values (others return None after the same collectives).
+
+    This is the latency-critical path of the gather/reduce helpers: when every rank's value is
+    a scalar (the usual case) it is one header exchange, one ``tolist`` and a decode of the
+    value slots, with no per-call tensor or list building beyond that.
+    """
+    code = helper_code(where, decode_on or 0)
+    header, encoded, own = _encode_result(fn, g.rank, where)
+    if STATE.trace is not None:
+        trace.add_bytes(HEADER_LEN * 8 + (
+            encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
+    if g.cpu:
+        a = g.hdr_arr
+        a[0], a[1], a[2] = header[0], header[1], header[2]
+        a[3] = code
+        flat = exchange(g, where)
+    else:
+        headers_t = torch.empty(g.size * HEADER_LEN, dtype=_I64, device=g.device)
+        mine = torch.tensor([header[0], header[1], header[2], code], dtype=_I64, device=g.device)
+        run(g, where, all_gather_into, headers_t, mine, group=g.pg_ref(), async_op=True)
+        flat = headers_t.tolist()
+    if flat[3::HEADER_LEN].count(code) != g.size:  # another helper met this one
+        raise mismatch_error(dict(enumerate(flat[3::HEADER_LEN])), g.rank, lambda: str(call_site()))
+    kinds = flat[0::HEADER_LEN]
+    if max(kinds) < PICKLE:  # every rank sent a scalar: no payload, nothing failed
+        if decode_on is not None and g.rank != decode_on:
+            return None
+        return [decode_scalar(k, v) for k, v in zip(kinds, flat[1::HEADER_LEN])]
+    return _gather_payloads(g, flat, encoded, own, device, decode_on, where)
+
+
+def _gather_payloads(g: Group, flat: List[int], encoded: Optional[Encoded],
+                     own: Optional[BaseException], device: Optional[torch.device],
+                     decode_on: Optional[int], where: str) -> Optional[List[Any]]:
+    """Second round of :func:`all_gather_values`: some rank sent a payload or an error report."""
+    n, ws, cdev = HEADER_LEN, g.size, g.device
+    headers = [flat[i:i + n] for i in range(0, ws * n, n)]
+    stride = max(payload_len(h) for h in headers)
+    mine = torch.zeros(stride, dtype=_U8, device=cdev)
+    if encoded is not None and encoded.payload is not None:
+        mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
+    flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
+    run(g, where, all_gather_into, flat_payload, mine, group=g.pg_ref(), async_op=True)
+    payloads = [flat_payload[i * stride:i * stride + payload_len(h)] if payload_len(h) else None
+                for i, h in enumerate(headers)]
+    failed = [h[0] for h in headers].index(ERROR) if any(h[0] == ERROR for h in headers) else None
+    if failed is not None:
+        if own is not None:
+            raise own
+        decode(headers[failed], payloads[failed])  # raises RankFailedError
+    if decode_on is not None and g.rank != decode_on:
+        return None
+    return [decode(h, p, device) for h, p in zip(headers, payloads)]
