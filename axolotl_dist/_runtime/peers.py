@@ -21,11 +21,12 @@ import time
 import uuid
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
 
 import torch.distributed as dist
 
 from . import procs, where
+from .where import Peer, decode_peer, encode_peer, same_machine
 from .constants import HEARTBEAT_INTERVAL, HOST
 from .groups import default_pg, learn
 from .state import STATE
@@ -53,17 +54,6 @@ __all__ = [
 ]
 
 
-class Peer(NamedTuple):
-    """What a rank recorded about itself at init."""
-
-    host: str
-    pid: int
-    launcher: str
-
-    def describe(self) -> str:
-        return f"process {self.pid} on {self.host}, started by {self.launcher}"
-
-
 def launcher_name() -> str:
     """Which launcher started this process, from its env (for messages)."""
     env = os.environ
@@ -78,17 +68,6 @@ def launcher_name() -> str:
     if env.get("OMPI_COMM_WORLD_RANK") is not None and env.get("RANK") is None:
         return "mpirun"
     return "env vars"
-
-
-def _encode(record: Peer) -> str:
-    return f"{record.host}|{record.pid}|{record.launcher}"
-
-
-def _decode(raw: bytes) -> Optional[Peer]:
-    parts = raw.decode(errors="replace").split("|", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None
-    return Peer(parts[0], int(parts[1]), parts[2])
 
 
 def peer_record(rank: int) -> Optional[Peer]:
@@ -116,7 +95,7 @@ def peer(raw: "Store", rank: int) -> Optional[Peer]:
     found = STATE.peers.get(rank)
     run = STATE.run
     if found is None and run is not None and raw.check([who_key(run, rank)]):
-        found = _decode(raw.get(who_key(run, rank)))
+        found = decode_peer(raw.get(who_key(run, rank)))
         if found is not None:
             STATE.peers[rank] = found
     return found
@@ -147,9 +126,9 @@ class _Heartbeat:
         self.interval = interval
         self.pg = default_pg()
         self.answered = 0
-        me = Peer(HOST, os.getpid(), launcher_name())
+        me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name())
         STATE.peers[rank] = me
-        raw.set(who_key(run, rank), _encode(me))
+        raw.set(who_key(run, rank), encode_peer(me))
         raw.add(where.hb_key(run, rank), 1)
         store.add(waiting_key(rank), 0)  # created now: the key count stays flat afterwards
         store.add("axd/exits", 0)
@@ -162,7 +141,7 @@ class _Heartbeat:
         keys = [who_key(self.run, r) for r in missing]
         if missing and self.raw.check(keys):
             for r, raw in zip(missing, self.raw.multi_get(keys)):
-                record = _decode(raw)
+                record = decode_peer(raw)
                 if record is not None:
                     peers[r] = record
 
@@ -303,7 +282,7 @@ def _host_gone_how() -> Optional[str]:
         return None
     record = STATE.peers.get(host)
     if record is not None:
-        gone = record.host == HOST and procs.proc_state(record.pid) == "gone"
+        gone = same_machine(record) and procs.proc_state(record.pid) == "gone"
         return f"judged by its pid {record.pid}" if gone else None
     port = os.environ.get("MASTER_PORT", "")
     if procs.is_loopback(os.environ.get("MASTER_ADDR")) and port.isdigit():

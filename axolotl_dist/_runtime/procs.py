@@ -1,7 +1,7 @@
 """Process utilities shared by the launcher, the rank bootstrap, the test harness and the
 failure watch: process state from ``/proc``, children, killing a process tree, the loopback
-interface, whether a local TCP port has a listener, and the env var naming the ``axolotl-dist``
-launcher's pid.
+interface, whether a local TCP port has a listener, the env var naming the ``axolotl-dist``
+launcher's pid, and which machine (kernel boot and PID namespace) this process runs in.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Dict, List, Optional, Tuple
 
 __all__ = [
     "LAUNCHER_PID_ENV_VAR",
+    "MACHINE",
+    "machine_id",
     "proc_state",
     "alive",
     "process_table",
@@ -31,6 +33,23 @@ _TCP_LISTEN = "0A"
 
 #: Set by ``axolotl-dist`` in every rank: the launcher's pid (ranks die with it).
 from .constants import LAUNCHER_PID_ENV_VAR  # noqa: E402 - re-exported for its readers
+
+
+def machine_id() -> str:
+    """Which pids this process can judge: the kernel's boot id and this process's PID namespace
+    (``<boot id>/<namespace inode>``). Two processes with the same id see each other in
+    ``/proc`` under the pids they recorded; a hostname proves nothing (containers and nodes
+    often share one). Without procfs (not Linux: no PID namespaces), the hostname."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # pragma: no cover - no procfs
+        return "host:" + socket.gethostname()
+
+
+#: This process's :func:`machine_id` (a pid namespace does not change under a running process).
+MACHINE = machine_id()
 
 
 def _stat(pid: int) -> Optional[Tuple[str, int]]:

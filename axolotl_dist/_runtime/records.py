@@ -16,11 +16,12 @@ import torch.distributed as dist
 
 from .envvars import kit_seconds
 from .groups import Group, default_pg, learn, learnt
-from .constants import HEARTBEAT_INTERVAL, HOST, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR
+from .constants import HEARTBEAT_INTERVAL, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR
 from .peers import exit_connection, peer_record, store_host_gone, store_lost_error
 from .store import hosts_store, is_store_error, world_store
 from .state import STATE
 from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
+from .where import same_machine
 from .tracebacks import format_exception, safe_str
 from ..errors import AxolotlDistError, RankFailedError
 
@@ -243,7 +244,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         me = dist.get_rank()
         ranks = [r for r in group.ranks if r != me]
         watcher = Watch(world_store(), me)
-        remote = any(p is None or p.host != HOST for p in (peer_record(r) for r in ranks))
+        remote = not all(same_machine(peer_record(r)) for r in ranks)
         start = time.monotonic()
         limit = start + (watcher.remote_timeout + 2.0 if remote else 3.0 * HEARTBEAT_INTERVAL)
         while True:

@@ -41,6 +41,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from . import procs
 from .groups import default_pg
 from .state import STATE
 
@@ -137,7 +138,8 @@ class Recorder:
         #: feature merges the files there: :mod:`axolotl_dist.tracing`)
         self.at_end: Optional[Callable[["Recorder"], None]] = None
         self._line({"e": "meta", "rank": rank, "world_size": world_size,
-                    "host": socket.gethostname(), "pid": os.getpid(), "offset_ns": offset_ns,
+                    "host": socket.gethostname(), "pid": os.getpid(),
+                    "machine": procs.MACHINE, "offset_ns": offset_ns,
                     "error_ns": error_ns, "clock": "monotonic", "t": now()})
 
     def _line(self, obj: Dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import procs, where
-from .constants import HOST, LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
+from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .groups import Group
 from .logs import kit as log
@@ -79,7 +79,7 @@ def where_they_are(ranks: Sequence[int]) -> str:
         return ""
     raw = where.raw_store(world_store())
     answers, silent = where.collect(raw, run, where.ask(raw, run, ranks))
-    records = {r: (p.host, p.pid) for r, p in STATE.peers.items() if r in silent}
+    records = {r: p for r, p in STATE.peers.items() if r in silent}
     return where.report(answers, silent, records)
 
 
@@ -185,7 +185,7 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
     warned[-1] = now
     host = store_host()
     record = peer_record(host) if host is not None else None
-    state = procs.proc_state(record.pid) if record is not None and record.host == HOST else None
+    state = procs.proc_state(record.pid) if where.same_machine(record) else None
     if host is None:
         who = f"the launcher's store at {store_address()}"
     else:

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch.distributed as dist
 
 from . import procs
-from .constants import HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
+from .constants import HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .logs import kit as log
 from .groups import learn
 from .peers import check_store_host, host_leaving, peer, waiting_key
 from .state import STATE
 from .store import store_host, world_store
-from .where import BEATS, hb_key, raw_store
+from .where import BEATS, hb_key, raw_store, same_machine
 from ..errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,7 +133,7 @@ class Watch:
             self.seen[rank] = last = (beat, now)
         stalled = now - last[1]
         record = peer(self.raw, rank)
-        if record is not None and record.host == HOST:
+        if same_machine(record):
             state = procs.proc_state(record.pid)
             if state == "gone":
                 return Lost(rank, "died", f"{record.describe()}, exited without reporting an "

@@ -24,7 +24,7 @@ import sysconfig
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import procs
 from .constants import HOST
@@ -33,7 +33,8 @@ from .state import STATE
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "raw_store", "hb_key",
+__all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "Peer", "encode_peer",
+           "decode_peer", "same_machine", "raw_store", "hb_key",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "note_address", "connect", "where"]
 
@@ -52,6 +53,35 @@ _TORCH_MARK = os.sep + "torch" + os.sep
 _LIBRARIES = tuple(sorted({os.path.join(p, "") for p in (
     sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib"))
     if p}, key=len, reverse=True))
+
+
+class Peer(NamedTuple):
+    """What a rank recorded about itself at init (``axolotl_dist/<run>/who/<rank>``)."""
+
+    host: str
+    pid: int
+    machine: str  # procs.machine_id(): whether this process can judge ``pid``
+    launcher: str
+
+    def describe(self) -> str:
+        return f"process {self.pid} on {self.host}, started by {self.launcher}"
+
+
+def encode_peer(record: Peer) -> str:
+    return f"{record.host}|{record.pid}|{record.machine}|{record.launcher}"
+
+
+def decode_peer(raw: bytes) -> Optional[Peer]:
+    parts = raw.decode(errors="replace").split("|", 3)
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None
+    return Peer(parts[0], int(parts[1]), parts[2], parts[3])
+
+
+def same_machine(record: Optional[Peer]) -> bool:
+    """Whether ``record``'s pid names a process this process can see in ``/proc``: same kernel
+    boot and PID namespace (:func:`.procs.machine_id`), not merely the same hostname."""
+    return record is not None and record.machine == procs.MACHINE
 
 
 def raw_store(store: "Store") -> "Store":
@@ -245,9 +275,9 @@ def _waiting(answers: List[Dict[str, Any]], ranks: List[int], now: float) -> str
 
 
 def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
-           records: Dict[int, Tuple[str, int]]) -> str:
+           records: Dict[int, Peer]) -> str:
     """One line per group of ranks in the same place; a line per rank that did not answer,
-    with its process state where this host can see it (``records``: rank -> (host, pid))."""
+    with its process state where this process can see it (``records``: their peer records)."""
     now = time.time()
     groups: Dict[str, List[int]] = {}
     for rank in sorted(answers):  # the same place: the same stack, call and kind of wait
@@ -260,8 +290,9 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
         waiting = _waiting([answers[r] for r in ranks], ranks, now)
         lines.append(f"  {who}: {_describe(answers[ranks[0]], waiting)}")
     for rank in sorted(silent):
-        host, pid = records.get(rank, ("?", 0))
-        state = procs.proc_state(pid) if pid and host == HOST else None
+        record = records.get(rank)
+        host, pid = (record.host, record.pid) if record is not None else ("?", 0)
+        state = procs.proc_state(pid) if same_machine(record) else None
         seen = ("it made no heartbeat meanwhile" if silent[rank] <= 0
                 else f"its heartbeat went on ({silent[rank]} beat(s): busy holding the GIL?)")
         where = f"process {pid} on {host}" if pid else "its process"
@@ -324,10 +355,10 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
     run, world = info["run"], int(info["world"])
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
-    records: Dict[int, Tuple[str, int]] = {}
+    records: Dict[int, Peer] = {}
     for rank in silent:
         key = f"axolotl_dist/{run}/who/{rank}"
-        if store.check([key]):
-            host, pid, _ = store.get(key).decode(errors="replace").split("|", 2)
-            records[rank] = (host, int(pid) if pid.isdigit() else 0)
+        record = decode_peer(store.get(key)) if store.check([key]) else None
+        if record is not None:
+            records[rank] = record
     return report(answers, silent, records)

@@ -393,9 +393,8 @@ def _ended(path: str) -> bool:
     except (OSError, ValueError):
         return False
     from .._runtime import procs
-    import socket
 
-    return meta.get("host") == socket.gethostname() and procs.proc_state(meta["pid"]) == "gone"
+    return meta.get("machine") == procs.MACHINE and procs.proc_state(meta["pid"]) == "gone"
 
 
 def merge_at_exit(directory: str, world_size: int) -> Optional[Merged]:

@@ -1,0 +1,89 @@
+"""Runs across host boundaries: ranks on "nodes" built from Linux namespaces (tests/hosts.py),
+each with its own PID namespace and hostname, started with bare env vars (rank 0 hosts the
+store, as under srun or mpirun)."""
+
+import os
+import re
+import signal
+import textwrap
+import time
+
+import pytest
+
+from fixtures import free_port
+import hosts
+
+pytestmark = pytest.mark.skipif(hosts.available() is not None, reason=str(hosts.available()))
+
+#: A script every rank runs: init, a zero_first block rank 0 holds for a while (the others wait
+#: and judge it), a barrier, then a line saying it ended well.
+_PREAMBLE = """
+import os, sys, time
+import axolotl_dist as ad
+rank = int(os.environ["RANK"])
+open(os.path.join(os.environ["NODE_DIR"], f"pid-{rank}"), "w").write(str(os.getpid()))
+ad.init_distributed()
+"""
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "rank.py"
+    path.write_text(_PREAMBLE + textwrap.dedent(body))
+    return str(path)
+
+
+def test_nodes_with_one_hostname_run_clean(tmp_path):
+    # Two nodes both named "node": a rank's pid means nothing in the other node's /proc (pids
+    # burnt on node 0 so that its ranks' pids are not live processes on node 1 by chance).
+    # Judged by hostname, each node would find the other's ranks "gone" and fail a healthy run.
+    script = _script(tmp_path, """
+        with ad.zero_first():
+            if rank == 0:
+                time.sleep(2.5)  # the others wait, judging rank 0 every liveness interval
+        ad.barrier()
+        value = ad.compute_and_broadcast(lambda: {"from": rank})
+        print("ok", rank, value["from"], flush=True)
+    """)
+    nodes = [hosts.Node([0, 1], "node", burn_pids=60), hosts.Node([2, 3], "node")]
+    ranks = hosts.start_nodes(nodes, script, str(tmp_path), free_port())
+    assert hosts.wait_nodes(nodes, timeout=120), ranks.describe()
+    for rank in range(4):
+        assert ranks.code(rank) == 0, ranks.describe()
+        assert f"ok {rank} 0" in ranks.output(rank), ranks.describe()
+
+
+def test_a_killed_node_is_named_by_the_survivors(tmp_path):
+    # node 1 (ranks 2, 3) is SIGKILLed while node 0's ranks wait in a barrier: its pids cannot
+    # be judged from node 0, so its heartbeats decide (AXOLOTL_DIST_HEARTBEAT_TIMEOUT, 15 s)
+    script = _script(tmp_path, """
+        ad.barrier()
+        open(os.path.join(os.environ["NODE_DIR"], f"ready-{rank}"), "w").close()
+        if rank >= 2:
+            time.sleep(60)  # node 1: killed here
+        start = time.monotonic()
+        try:
+            ad.barrier()  # ranks 2 and 3 never arrive: their node is killed
+        except ad.RankFailedError as exc:
+            print(f"named {exc.rank} after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+            sys.exit(3)
+    """)
+    nodes = [hosts.Node([0, 1], "node-a", burn_pids=60), hosts.Node([2, 3], "node-b")]
+    ranks = hosts.start_nodes(nodes, script, str(tmp_path), free_port())
+    try:
+        deadline = time.monotonic() + 90
+        while not all(os.path.exists(tmp_path / f"ready-{r}") for r in range(4)):
+            assert time.monotonic() < deadline, ranks.describe()
+            time.sleep(0.1)
+        time.sleep(0.5)  # node 0's ranks are in their second barrier
+        hosts.kill_nodes(nodes[1:])
+        assert hosts.wait_nodes(nodes[:1], timeout=60), ranks.describe()
+    finally:
+        hosts.kill_nodes(nodes)
+    for rank in (0, 1):
+        out = ranks.output(rank)
+        found = re.search(r"named (\d) after ([\d.]+) s: (.*)", out)
+        assert found, ranks.describe()
+        assert int(found.group(1)) in (2, 3), out
+        assert float(found.group(2)) < 20.0, out
+        assert "no heartbeat" in found.group(3) and "node-b" in found.group(3), out
+        assert ranks.code(rank) == 3, ranks.describe()
