@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["available", "Node", "Ranks", "start_nodes", "wait_nodes", "kill_nodes"]
+__all__ = ["available", "Node", "Ranks", "start_nodes", "wait_nodes", "kill_nodes", "outer_pid"]
 
 _UNSHARE = ["unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc"]
 
@@ -107,15 +107,18 @@ def _node_command(node: Node, script: str, env: Dict[str, str], directory: str) 
 
 
 def start_nodes(nodes: Sequence[Node], script: str, directory: str, port: int,
-                extra_env: Optional[Dict[str, str]] = None) -> Ranks:
-    """Start ``script`` on every node's ranks with bare env vars (rank 0 hosts the store at
-    127.0.0.1:``port``, as under srun or mpirun). The script should write its pid to
-    ``$NODE_DIR/pid-$RANK`` if a test needs it."""
+                extra_env: Optional[Dict[str, str]] = None, store: Any = None) -> Ranks:
+    """Start ``script`` on every node's ranks with bare env vars: rank 0 hosts the store at
+    127.0.0.1:``port``, as under srun or mpirun; or, with ``store`` (a ``TCPStore`` this
+    process hosts on ``port``), every rank is its client, as under a launcher's agent. The
+    script should write its pid to ``$NODE_DIR/pid-$RANK`` if a test needs it."""
     world = sum(len(n.ranks) for n in nodes)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
            "GLOO_SOCKET_IFNAME": "lo", "NODE_DIR": directory, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
                os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")) if p)}
+    if store is not None:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     env.update(extra_env or {})
     for node in nodes:
         node.process = subprocess.Popen(_node_command(node, script, env, directory),
@@ -147,3 +150,24 @@ def kill_nodes(nodes: Sequence[Node]) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
             node.process.wait(timeout=30)
+
+
+def outer_pid(node: Node, inner: int) -> int:
+    """The pid, as this process sees it, of the process ``inner`` inside ``node``'s PID
+    namespace (``NSpid`` in ``/proc/<pid>/status``), to signal it from here."""
+    assert node.process is not None
+    todo, seen = [node.process.pid], set()
+    while todo:
+        pid = todo.pop()
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("NSpid:") and pid != node.process.pid and \
+                            int(line.split()[-1]) == inner:
+                        return pid
+            with open(f"/proc/{pid}/task/{pid}/children") as fh:
+                todo.extend(int(c) for c in fh.read().split() if int(c) not in seen)
+        except OSError:
+            continue
+    raise LookupError(f"no process {inner} in the node of ranks {list(node.ranks)}")

@@ -87,3 +87,60 @@ def test_a_killed_node_is_named_by_the_survivors(tmp_path):
         assert float(found.group(2)) < 20.0, out
         assert "no heartbeat" in found.group(3) and "node-b" in found.group(3), out
         assert ranks.code(rank) == 3, ranks.describe()
+
+
+def _parent_store(port: int):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=120))
+
+
+def _wait_ready(tmp_path, ranks, count: int) -> None:
+    deadline = time.monotonic() + 90
+    while not all(os.path.exists(tmp_path / f"ready-{r}") for r in range(count)):
+        assert time.monotonic() < deadline, ranks.describe()
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_rank_0_lost_on_another_node_is_named(tmp_path, signal_name):
+    # The store lives in a launcher's agent (here: this process), so it outlives rank 0. Rank 0,
+    # alone on node 0, is killed or stopped while node 1's ranks wait in a barrier: rank 0's
+    # heartbeat thread was the judge of every heartbeat, so node 1's waiters, seeing its rounds
+    # stop, read the heartbeats themselves (nobody can judge rank 0 by its pid).
+    script = _script(tmp_path, """
+        ad.barrier()
+        open(os.path.join(os.environ["NODE_DIR"], f"ready-{rank}"), "w").close()
+        if rank == 0:
+            time.sleep(120)  # killed or stopped here
+        start = time.monotonic()
+        try:
+            ad.barrier()
+        except ad.RankFailedError as exc:
+            print(f"named {exc.rank} after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+            sys.exit(3)
+    """)
+    port = free_port()
+    store = _parent_store(port)
+    nodes = [hosts.Node([0], "node-a", burn_pids=60), hosts.Node([1, 2, 3], "node-b")]
+    ranks = hosts.start_nodes(nodes, script, str(tmp_path), port, store=store)
+    try:
+        _wait_ready(tmp_path, ranks, 4)
+        time.sleep(1.0)  # the others are in their second barrier
+        pid = ranks.pid_in_node(0)
+        os.kill(hosts.outer_pid(nodes[0], pid), getattr(signal, signal_name))
+        deadline = time.monotonic() + 60
+        while any(ranks.code(r) is None for r in (1, 2, 3)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        hosts.kill_nodes(nodes)
+    for rank in (1, 2, 3):
+        out = ranks.output(rank)
+        found = re.search(r"named (\d) after ([\d.]+) s: (.*)", out)
+        assert found, ranks.describe()
+        assert int(found.group(1)) == 0, out
+        assert float(found.group(2)) < 20.0, out
+        assert "no heartbeat" in found.group(3) and "node-a" in found.group(3), out

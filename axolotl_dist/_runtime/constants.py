@@ -13,6 +13,7 @@ import socket
 __all__ = [
     "HEARTBEAT_INTERVAL",
     "LIVENESS_INTERVAL",
+    "LOOK_INTERVAL",
     "SILENT_AFTER",
     "MAX_WAIT_LOG_INTERVAL",
     "HEARTBEAT_TIMEOUT_ENV_VAR",
@@ -33,10 +34,13 @@ __all__ = [
     "HOST",
 ]
 
-#: Seconds between two heartbeats of a rank.
-HEARTBEAT_INTERVAL = 1.0
-#: How often a waiting rank judges the ranks it waits for (seconds).
+#: Seconds between two heartbeats of a rank (one store call each; the judge's rounds too).
+HEARTBEAT_INTERVAL = 2.5
+#: How often a waiting rank judges the ranks it waits for (seconds): their pids where they run
+#: on this machine (no store call).
 LIVENESS_INTERVAL = 0.5
+#: How often a waiting rank reads the store about them (seconds): one store call.
+LOOK_INTERVAL = 1.0
 #: A heartbeat silent this long (seconds) is worth a warning.
 SILENT_AFTER = 3.0 * HEARTBEAT_INTERVAL
 #: The longest interval between two "still waiting" warnings (seconds).

@@ -21,13 +21,14 @@ import time
 import uuid
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
 from . import procs, where
 from .where import Peer, decode_peer, encode_peer, same_machine
-from .constants import HEARTBEAT_INTERVAL, HOST
+from .constants import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER
+from .envvars import kit_seconds
 from .groups import default_pg, learn
 from .state import STATE
 from .store import StoreHostGoneError, is_store_error, store_address, store_host, world_store
@@ -41,6 +42,12 @@ __all__ = [
     "launcher_name",
     "peer",
     "who_key",
+    "EVENTS",
+    "JUDGED",
+    "VERDICTS_KEY",
+    "EXIT_LOG_KEY",
+    "WAITERS_KEY",
+    "fetch_peers",
     "waiting_key",
     "peer_record",
     "start_heartbeat",
@@ -101,6 +108,25 @@ def peer(raw: "Store", rank: int) -> Optional[Peer]:
     return found
 
 
+def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
+    """Copy the records of ``ranks`` not known yet from the root store ``raw``: one ``check``
+    and one ``multi_get`` for all of them (one by one where some rank has not recorded itself
+    yet)."""
+    run = STATE.run
+    missing = [r for r in ranks if r not in STATE.peers]
+    if run is None or not missing:
+        return
+    keys = [who_key(run, r) for r in missing]
+    if len(keys) > 1 and raw.check(keys):
+        for r, value in zip(missing, raw.multi_get(keys)):
+            record = decode_peer(value)
+            if record is not None:
+                STATE.peers[r] = record
+        return
+    for r in missing:
+        peer(raw, r)
+
+
 def _run_id(base: "Store") -> str:
     """The id every rank of this group agrees on: the first rank to propose one wins."""
     mine = uuid.uuid4().hex[:12]
@@ -109,12 +135,27 @@ def _run_id(base: "Store") -> str:
 
 # --- the heartbeat ---------------------------------------------------------------------------
 
-#: Seconds between the heartbeat's looks at the exit records (between beats too).
-_EXITS_EVERY = 0.25
+#: The events part of the ``axd/exits`` counter (see :data:`JUDGED`).
+EVENTS = (1 << 32) - 1
+#: What the judge adds to ``axd/exits`` each round: the counter's bits above 32 count judge
+#: rounds, the bits below count events (exit records, and changes in the judge's verdicts).
+JUDGED = 1 << 32
+#: The judge's verdicts (JSON ``{"silent": {rank: seconds}}``): ranks whose heartbeat has not
+#: moved for :data:`~.constants.SILENT_AFTER` seconds or more.
+VERDICTS_KEY = "axd/judged"
+#: The ranks that left an exit record, in order (``"3,0,"``): read once per new event.
+EXIT_LOG_KEY = "axd/exit_log"
+#: How many kit waits of any rank run long now (each adds 1 while it runs): the judge judges
+#: only while it is above 0.
+WAITERS_KEY = "axd/waiters"
+
 
 class _Heartbeat:
-    """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``), copies the peers' records,
-    and answers requests for a snapshot of this rank (:mod:`.where`)."""
+    """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``) every interval, answers
+    requests for a snapshot of this rank (:mod:`.where`), copies the store host's failure
+    record when it leaves one, and, on global rank 0, judges every rank's heartbeat while some
+    rank waits (see :meth:`_judge`). Idle, that is one or two store calls per interval, however
+    many ranks there are."""
 
     def __init__(self, store: "Store", raw: "Store", run: str, rank: int, world_size: int,
                  interval: float) -> None:
@@ -122,10 +163,17 @@ class _Heartbeat:
         self.world_size = world_size
         self.stop = threading.Event()
         self.store, self.raw, self.run = store, raw, run  # the group's keys; the root's
-        self.exits_seen = 0
         self.interval = interval
         self.pg = default_pg()
         self.answered = 0
+        host = store_host()
+        #: the records copied at once: the store host's (judged by its pid once its store is
+        #: gone) and rank 0's (the rank most waits are for); others when a wait needs them
+        self.first = sorted({r for r in (0, host) if r is not None and r != rank})
+        self.host = host if host is not None and host != rank else None
+        self.beats: Dict[int, Tuple[int, float]] = {}  # the judge's: rank -> (beat, since)
+        self.silent: Dict[int, float] = {}  # the judge's last verdicts
+        self.all_beat = False  # every rank's heartbeat key exists (the judge may multi_get)
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name())
         STATE.peers[rank] = me
         raw.set(who_key(run, rank), encode_peer(me))
@@ -135,70 +183,89 @@ class _Heartbeat:
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
 
-    def _copy_peers(self) -> None:
-        peers = STATE.peers
-        missing = [r for r in range(self.world_size) if r not in peers]
-        keys = [who_key(self.run, r) for r in missing]
-        if missing and self.raw.check(keys):
-            for r, raw in zip(missing, self.raw.multi_get(keys)):
-                record = decode_peer(raw)
-                if record is not None:
-                    peers[r] = record
+    def _copy_first(self) -> bool:
+        """Copy the records of :attr:`first` that exist; whether all are here."""
+        missing = [r for r in self.first if r not in STATE.peers]
+        for r in missing:
+            peer(self.raw, r)
+        return all(r in STATE.peers for r in self.first)
 
     def _beat(self, key: str) -> None:
         requests = self.raw.add(key, 1) >> 32
         if requests > self.answered:  # someone asked where this rank is
             self.answered = requests
             where.answer(self.raw, self.run, self.rank, requests)
-        self._check_exits()
+        if self.host is not None:
+            self._copy_host_exit()
+        if self.rank == 0 and self.world_size > 1 and self.store.add(WAITERS_KEY, 0) > 0:
+            self._judge()
 
-    def _check_exits(self) -> None:
-        exits = self.store.add("axd/exits", 0)
-        if exits > self.exits_seen:  # a rank left an exit record: keep a copy, say so
-            self.exits_seen = exits
-            self._copy_exits()
-
-    def _copy_exits(self) -> None:
-        """Copy the other ranks' exit records and acknowledge them: where the store's host
-        exits on a failure it learnt, every rank then knows the root cause before the store
-        goes (the host lingers until they acknowledged), even one that was not in a kit call
-        (:func:`store_lost_error`)."""
-        for r in range(self.world_size):
-            key = f"axd/exit/{r}"
-            if r == self.rank or r in STATE.exits or not self.store.check([key]):
-                continue
-            STATE.exits[r] = pickle.loads(self.store.get(key))
-            self.store.set(f"{key}/ack/{self.rank}", b"")
+    def _copy_host_exit(self) -> None:
+        """Copy the store host's exit record once it left one, and acknowledge it: where the
+        host exits on a failure, every rank then knows the root cause before the store goes
+        (the host lingers until they acknowledged), even one that was not in a kit call
+        (:func:`store_lost_error`). One store call while there is none."""
+        key = f"axd/exit/{self.host}"
+        if self.host in STATE.exits or not self.store.check([key]):
+            return
+        STATE.exits[self.host] = pickle.loads(self.store.get(key))  # type: ignore[index]
+        self.store.set(f"{key}/ack/{self.rank}", b"")
         if host_leaving():
             raise _HostLeaving()  # the last store call of this heartbeat
 
+    def _judge(self) -> None:
+        """One round of judging, for every waiting rank at once: read every rank's heartbeat
+        (one ``multi_get``), note the ranks silent for ``SILENT_AFTER`` seconds or more, and
+        publish them (:data:`VERDICTS_KEY`) when that changes; count the round
+        (:data:`JUDGED`). A waiter then reads one counter per look instead of every peer's
+        heartbeat (docs/design.md, "Heartbeat and peer records")."""
+        keys = [where.hb_key(self.run, r) for r in range(self.world_size)]
+        if not self.all_beat:
+            self.all_beat = self.raw.check(keys)
+            if not self.all_beat:
+                return  # a rank still initializing: its waiters are not in kit waits yet
+        now = time.monotonic()
+        silent: Dict[int, float] = {}
+        for r, value in enumerate(self.raw.multi_get(keys)):
+            beat = int(value) & where.BEATS
+            last = self.beats.get(r)
+            if last is None or last[0] != beat:
+                self.beats[r] = last = (beat, now)
+            if now - last[1] >= SILENT_AFTER:
+                silent[r] = now - last[1]
+        changed = set(silent) != set(self.silent) or any(
+            (silent[r] >= self._dead_after) != (self.silent[r] >= self._dead_after) for r in silent)
+        self.silent = silent
+        if changed:
+            self.store.set(VERDICTS_KEY, json.dumps({"silent": {str(r): round(s, 1)
+                                                                for r, s in silent.items()}}))
+        self.store.add("axd/exits", JUDGED + (1 if changed else 0))
+
+    @property
+    def _dead_after(self) -> float:
+        return kit_seconds(HEARTBEAT_TIMEOUT_ENV_VAR)
+
     def _run(self) -> None:
         key = where.hb_key(self.run, self.rank)
-        # The peers' records first, at once (they record themselves at init), so that a peer
-        # that dies soon after is judged by its pid with no store call (see store_host_gone):
-        # short, doubling waits until every record is here; then a look at the exit records
-        # every _EXITS_EVERY seconds (a failing store host waits for every rank's copy before
-        # its store goes) and one beat per interval.
-        wait, last_beat = min(0.005, self.interval), 0.0
-        every = min(_EXITS_EVERY, self.interval)
+        # The first records at once, in short doubling waits (a store host that dies soon
+        # after init is then judged by its pid with no store call: see store_host_gone);
+        # then one beat per interval.
+        wait, copying = min(0.005, self.interval), bool(self.first)
+        last_beat = time.monotonic()
         while not self.stop.wait(wait):
             if default_pg() is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
-            steady = wait >= every
             try:
-                if steady:
-                    now = time.monotonic()
-                    if now - last_beat >= self.interval:
-                        last_beat = now
-                        self._beat(key)
-                    else:
-                        self._check_exits()
-                if len(STATE.peers) < self.world_size:
-                    self._copy_peers()
+                if copying:
+                    copying = not self._copy_first()
+                now = time.monotonic()
+                if now - last_beat >= self.interval:
+                    last_beat = now
+                    self._beat(key)
             except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
-            copying = not steady and len(STATE.peers) < self.world_size
-            wait = min(wait * 2, every) if copying else every
+            wait = min(wait * 2, self.interval) if copying else \
+                max(0.0, last_beat + self.interval - time.monotonic())
 
 
 class _HostLeaving(Exception):

@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from .envvars import kit_seconds
 from .groups import Group, default_pg, learn, learnt
-from .constants import HEARTBEAT_INTERVAL, LIVENESS_INTERVAL, STORE_LINGER_ENV_VAR
-from .peers import exit_connection, peer_record, store_host_gone, store_lost_error
+from .constants import HEARTBEAT_INTERVAL, LOOK_INTERVAL, STORE_LINGER_ENV_VAR
+from .peers import (EXIT_LOG_KEY, WAITERS_KEY, exit_connection, peer_record, store_host_gone,
+                    store_lost_error)
 from .store import hosts_store, is_store_error, world_store
 from .state import STATE
 from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
@@ -97,7 +98,8 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
         def left() -> List[int]:
             return [ranks[r] for r in readers if not store.check([f"{key}/ack/{r}"])]
 
-        _linger(lambda: not left(), left, Watch(world_store()), exits=True)
+        _linger(lambda: not left(), left, Watch(world_store(), look_every=_LINGER_CHECK),
+                exits=True)
     except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
         pass
 
@@ -134,9 +136,9 @@ def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "W
 
 #: Seconds a rank ending on a failure gives its peers to read its exit record before its
 #: process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
-#: the other ranks as soon as this process is gone, and a peer in a kit wait reads exit
-#: records every ``LIVENESS_INTERVAL``; the rest lets it print its error.
-FAILED_EXIT_GRACE = LIVENESS_INTERVAL + 0.25
+#: the other ranks as soon as this process is gone, and a peer in a kit wait looks at the
+#: store every ``LOOK_INTERVAL``; the rest lets it print its error.
+FAILED_EXIT_GRACE = LOOK_INTERVAL + 0.25
 
 def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, bool]]:
     """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
@@ -162,6 +164,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
         if any(g.abandoned for g in list(STATE.groups.values())):
             store.set(pending_key(rank), b"")  # first: a reader of the record sees it
         store.set(exit_key(rank), pickle.dumps((report, time.time())))
+        store.append(EXIT_LOG_KEY, f"{rank},")
         store.add("axd/exits", 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
         return None
@@ -181,7 +184,7 @@ def mark_exited(record: Tuple["Store", int, bool]) -> None:
 def await_peers_told(store: "Store", rank: int, world_size: int) -> None:
     """For a rank that does not host the store, ending on a failure: wait until no other rank
     is in a kit wait any more (each one there reads this rank's record within a
-    ``LIVENESS_INTERVAL``, raises naming it, and keeps its wait counted until its own exit:
+    ``LOOK_INTERVAL``, raises naming it, and keeps its wait counted until its own exit:
     :func:`.watch.waiting_key`) or it is gone, at most :data:`FAILED_EXIT_GRACE` seconds.
     A rank busy elsewhere is not waited for: it could not name this rank before a launcher
     stopped it anyway. Never raises."""
@@ -219,16 +222,21 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
                        for r in others)
 
         if failed:
-            _linger(copied, left, Watch(store, rank), exits=True)
+            _linger(copied, left, Watch(store, rank, _LINGER_CHECK), exits=True)
             time.sleep(_DRAIN)  # store calls already in flight finish (none start after a copy)
         else:
-            _linger(lambda: store.add("axd/gone", 0) >= world_size, left, Watch(store, rank),
-                    exits=False)
+            _linger(lambda: store.add("axd/gone", 0) >= world_size, left,
+                    Watch(store, rank, _LINGER_CHECK), exits=False)
     except Exception:  # noqa: BLE001
         pass
 
 
 # --- collectives that failed -----------------------------------------------------------------
+
+#: Seconds a failed collective waits for a peer on this machine to be found gone (its exit
+#: record or its pid: usually at once).
+_LOCAL_DIAGNOSIS = 3.0
+
 
 def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseException:
     """The error to raise for a collective of ``what`` that failed with ``exc``.
@@ -244,17 +252,29 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         me = dist.get_rank()
         ranks = [r for r in group.ranks if r != me]
         watcher = Watch(world_store(), me)
-        remote = not all(same_machine(peer_record(r)) for r in ranks)
         start = time.monotonic()
-        limit = start + (watcher.remote_timeout + 2.0 if remote else 3.0 * HEARTBEAT_INTERVAL)
-        while True:
-            now = time.monotonic()
-            lost = watcher.find_lost(ranks, now, what)
-            if lost:
-                return lost_error(lost, what)
-            if now >= limit:
-                return exc
-            time.sleep(0.05)
+        lost = watcher.find_lost(ranks, start, what)  # the store host first; records fetched
+        if lost:
+            return lost_error(lost, what)
+        remote = not all(same_machine(peer_record(r)) for r in ranks)
+        # a peer on another machine is judged by the judge's rounds (one per heartbeat
+        # interval, while some rank waits: this one counts itself as waiting meanwhile)
+        limit = start + (watcher.remote_timeout + HEARTBEAT_INTERVAL + LOOK_INTERVAL + 1.0
+                         if remote else _LOCAL_DIAGNOSIS)
+        if remote:
+            watcher.store.add(WAITERS_KEY, 1)
+        try:
+            while True:
+                now = time.monotonic()
+                lost = watcher.find_lost(ranks, now, what)
+                if lost:
+                    return lost_error(lost, what)
+                if now >= limit:
+                    return exc
+                time.sleep(0.05)
+        finally:
+            if remote:
+                watcher.store.add(WAITERS_KEY, -1)
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):
             return store_lost_error(store_exc, what)

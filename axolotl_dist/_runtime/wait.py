@@ -35,7 +35,7 @@ from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERV
 from .envvars import kit_seconds
 from .groups import Group
 from .logs import kit as log
-from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
+from .peers import WAITERS_KEY, host_leaving, peer_record, store_host_gone, store_lost_error
 from .state import STATE
 from .store import Job, StoreHostGoneError, is_store_error, store_address, store_host, submit, world_store
 from .watch import Lost, Watch, lost_error, pending_key, waiting_key
@@ -105,6 +105,7 @@ class Waiting:
         """Count this wait on this rank's waiting key (once): it runs long."""
         if not self.marked:
             self.watcher.store.add(waiting_key(self.me), 1)
+            self.watcher.store.add(WAITERS_KEY, 1)  # the judge judges while above 0
             self.marked = True
 
     def lost(self, now: float) -> List[Lost]:
@@ -129,7 +130,8 @@ class Waiting:
         exception keeps the count until the process exits (see :func:`.watch.waiting_key`)."""
         STATE.waits.pop(self.thread, None)
         if normal and self.marked:
-            unmark(lambda: self.watcher.store.add(waiting_key(self.me), -1))
+            store, key = self.watcher.store, waiting_key(self.me)
+            unmark(lambda: (store.add(key, -1), store.add(WAITERS_KEY, -1)))
 
 
 def _now(call: Callable[[], Any]) -> None:

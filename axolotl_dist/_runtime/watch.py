@@ -10,17 +10,20 @@ stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) count
 
 from __future__ import annotations
 
+import json
 import pickle
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple
+import time
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch.distributed as dist
 
 from . import procs
-from .constants import HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
+from .constants import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, LOOK_INTERVAL, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .logs import kit as log
 from .groups import learn
-from .peers import check_store_host, host_leaving, peer, waiting_key
+from .peers import (EVENTS, EXIT_LOG_KEY, VERDICTS_KEY, check_store_host, fetch_peers,
+                    host_leaving, waiting_key)
 from .state import STATE
 from .store import store_host, world_store
 from .where import BEATS, hb_key, raw_store, same_machine
@@ -55,15 +58,31 @@ def pending_key(rank: int) -> str:
 
 
 class Watch:
-    """Judges the global ranks a waiter depends on (see the module docstring)."""
+    """Judges the global ranks a waiter depends on (see the module docstring).
 
-    def __init__(self, store: Optional["Store"] = None, me: Optional[int] = None) -> None:
+    Per look, one store call, however many ranks it judges: ``axd/exits``, whose low bits
+    count events (an exit record, a change in the judge's verdicts: then this rank reads the
+    exit log and the verdicts) and whose high bits count the judge's rounds
+    (:data:`.peers.JUDGED`). Peers on this machine are judged by their pids (no store call).
+    Only where the judge has stopped judging (rank 0 gone, or stuck holding the GIL) does a
+    look read each remote peer's heartbeat itself. ``look_every``: seconds between two looks
+    (a peer found gone on this machine brings the next look forward: its exit record may say
+    why)."""
+
+    def __init__(self, store: Optional["Store"] = None, me: Optional[int] = None,
+                 look_every: float = LOOK_INTERVAL) -> None:
         self.store = store if store is not None else world_store()
         self.raw = raw_store(self.store)  # heartbeats and records live at the store's root
         self.me = dist.get_rank() if me is None and dist.is_initialized() else (me or 0)
-        self.seen: Dict[int, Tuple[int, float]] = {}
+        self.look_every = look_every
+        self.next_look = 0.0
+        self.events = 0  # the events part of axd/exits when last read
+        self.rounds, self.rounds_at = 0, time.monotonic()  # the judge's rounds; when they moved
+        self.silent: Dict[int, Tuple[float, float]] = {}  # verdicts: rank -> (seconds, read at)
+        #: without a judge: rank -> (beat, since when, first read here)
+        self.seen: Dict[int, Tuple[int, float, float]] = {}
+        self.fetched: Set[int] = set()
         self.warned: Dict[int, float] = {}
-        self.checked: Dict[int, int] = {}  # rank -> exit count when its record was looked for
         self.exited: Dict[int, Lost] = {}
         self.remote_timeout = kit_seconds(HEARTBEAT_TIMEOUT_ENV_VAR)
         self.warn_every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
@@ -79,14 +98,18 @@ class Watch:
             host = store_host()
             return [self._from_record(host, *STATE.exits[host])]
         check_store_host()
-        exited = self._exit_records(ranks) if exits else {}
+        others = [r for r in ranks if r != self.me]
+        if not self.fetched.issuperset(others):
+            fetch_peers(self.raw, others)  # once per wait, in one batch
+            self.fetched.update(others)
+        if now >= self.next_look or (exits and self._local_gone(others)):
+            self._look(now)
         lost: List[Lost] = []
-        for rank in ranks:
-            if rank == self.me:
-                continue
-            if rank in exited:
-                lost.append(exited[rank])
-                continue
+        for rank in others:
+            if rank in self.exited:
+                if exits:
+                    lost.append(self.exited[rank])
+                    continue
             verdict = self._judge(rank, now, what)
             if verdict is not None:
                 lost.append(verdict)
@@ -98,20 +121,39 @@ class Watch:
         if lost:
             raise lost_error(lost, what)
 
-    def _exit_records(self, ranks: Sequence[int]) -> Dict[int, Lost]:
-        """Exit records of ``ranks`` (one store round trip unless some rank exited since)."""
-        count = self.store.add("axd/exits", 0)
+    def _local_gone(self, ranks: Sequence[int]) -> bool:
+        """Whether a peer on this machine whose exit record was not read is gone (no store
+        call)."""
         for rank in ranks:
-            if rank == self.me or rank in self.exited or self.checked.get(rank) == count:
-                continue
-            self.checked[rank] = count
-            if count == 0 or not self.store.check([exit_key(rank)]):
-                continue
-            report, when = pickle.loads(self.store.get(exit_key(rank)))
-            self.store.set(f"{exit_key(rank)}/ack/{self.me}", b"")
-            STATE.exits.setdefault(rank, (report, when))
-            self.exited[rank] = self._from_record(rank, report, when)
-        return {r: self.exited[r] for r in ranks if r in self.exited}
+            record = STATE.peers.get(rank)
+            if rank not in self.exited and same_machine(record) and \
+                    procs.proc_state(record.pid) == "gone":  # type: ignore[union-attr]
+                return True
+        return False
+
+    def _look(self, now: float) -> None:
+        """One store call; more only when something happened (see the class docstring)."""
+        self.next_look = now + self.look_every
+        count = self.store.add("axd/exits", 0)
+        events, rounds = count & EVENTS, count >> 32
+        if rounds != self.rounds:
+            self.rounds, self.rounds_at = rounds, now
+        if events == self.events:
+            return
+        self.events = events
+        if self.store.check([EXIT_LOG_KEY]):
+            for item in self.store.get(EXIT_LOG_KEY).decode().split(","):
+                if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
+                    self._read_exit(int(item))
+        if self.store.check([VERDICTS_KEY]):
+            verdicts = json.loads(self.store.get(VERDICTS_KEY)).get("silent", {})
+            self.silent = {int(r): (float(secs), now) for r, secs in verdicts.items()}
+
+    def _read_exit(self, rank: int) -> None:
+        report, when = pickle.loads(self.store.get(exit_key(rank)))
+        self.store.set(f"{exit_key(rank)}/ack/{self.me}", b"")
+        STATE.exits.setdefault(rank, (report, when))
+        self.exited[rank] = self._from_record(rank, report, when)
 
     @staticmethod
     def _from_record(rank: int, report: Optional[bytes], when: float) -> Lost:
@@ -125,28 +167,52 @@ class Watch:
                   f"{error.exc_type}: {error.exc_message}")
         return Lost(rank, "exited", detail, error, when)
 
-    def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
+    def _silent_for(self, rank: int, now: float) -> Optional[float]:
+        """Seconds ``rank``'s heartbeat has not moved: from the judge's verdicts while it
+        judges, else read here (the judge's rounds silent for ``SILENT_AFTER``: rank 0 gone or
+        stuck; since the judge's last round, with a beat interval to see it not move); None if
+        it has not beaten yet (still initializing)."""
+        if now - self.rounds_at < SILENT_AFTER:  # the judge judges (a round per beat)
+            verdict = self.silent.get(rank)
+            return 0.0 if verdict is None else verdict[0] + (now - verdict[1])
         run = STATE.run
         beat = self.raw.add(hb_key(run, rank), 0) & BEATS if run is not None else 0
+        if beat == 0:
+            return None
         last = self.seen.get(rank)
-        if last is None or last[0] != beat:
-            self.seen[rank] = last = (beat, now)
-        stalled = now - last[1]
-        record = peer(self.raw, rank)
+        if last is None:  # it beat, at the latest, when the judge last judged it (not silent)
+            verdict = self.silent.get(rank)
+            since = self.rounds_at - (verdict[0] if verdict is not None else 0.0)
+            self.seen[rank] = (beat, since, now)
+            return 0.0
+        if last[0] != beat:
+            self.seen[rank] = (beat, now, now)
+            return 0.0
+        if now - last[2] < HEARTBEAT_INTERVAL + self.look_every:
+            return 0.0  # not read long enough here to know that it stopped beating
+        return now - last[1]
+
+    def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
+        record = STATE.peers.get(rank)
         if same_machine(record):
+            assert record is not None
             state = procs.proc_state(record.pid)
             if state == "gone":
                 return Lost(rank, "died", f"{record.describe()}, exited without reporting an "
-                            "error (judged: process gone on this host; it returned early, called "
-                            "os._exit, was killed by a signal or ran out of memory)", None)
+                            "error (judged: process gone on this machine; it returned early, "
+                            "called os._exit, was killed by a signal or ran out of memory)", None)
             if state == "stopped":
                 self._warn(rank, now, f"rank {rank} ({record.describe()}) is stopped (/proc says "
                            f"state T: SIGSTOP or a debugger); {what or 'this rank'} waits for it")
-            elif beat and stalled >= SILENT_AFTER:
+                return None
+            verdict = self.silent.get(rank)
+            if verdict is not None:
                 self._warn(rank, now, f"rank {rank} ({record.describe()}) is running but sent no "
-                           f"heartbeat for {stalled:.0f} s (busy in code that holds the GIL?)")
+                           f"heartbeat for {verdict[0] + now - verdict[1]:.0f} s (busy in code "
+                           "that holds the GIL?)")
             return None
-        if beat == 0:
+        stalled = self._silent_for(rank, now)
+        if stalled is None:
             return None  # not initialized yet
         who = record.describe() if record is not None else "its process"
         if stalled > self.remote_timeout:

@@ -1,8 +1,8 @@
 """Where every rank is: each rank describes itself when asked, and a report of all ranks.
 
 Nothing is collected while nobody asks. Each rank's heartbeat thread (:mod:`.peers`) bumps its
-counter ``axolotl_dist/<run>/hb/<rank>`` once a second; the low 32 bits count beats, the bits
-above count requests. To ask, a requester adds ``1 << 32`` to the counters of the ranks it
+counter ``axolotl_dist/<run>/hb/<rank>`` every ``HEARTBEAT_INTERVAL`` seconds; the low 32
+bits count beats, the bits above count requests. To ask, a requester adds ``1 << 32`` to the counters of the ranks it
 wants; at its next beat a rank sees the request and writes a snapshot of its main thread to
 ``axolotl_dist/<run>/where/<rank>`` (JSON). The keys sit at the root of the c10d store, under
 no process group's prefix, so a client that only knows ``MASTER_ADDR:MASTER_PORT``
@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import procs
-from .constants import HOST
+from .constants import HEARTBEAT_INTERVAL, HOST
 from .state import STATE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,8 +44,10 @@ RUN_KEY = "axolotl_dist/run"
 REQUEST = 1 << 32
 #: The beats part of a heartbeat counter.
 BEATS = REQUEST - 1
-#: Seconds a requester waits for the ranks' answers (a beat is every second).
-ANSWER_WITHIN = 2.5
+#: Seconds a requester waits for the ranks' answers (a rank sees a request at its next beat).
+ANSWER_WITHIN = HEARTBEAT_INTERVAL + 1.5
+#: Seconds between a requester's looks for answers not in yet.
+_ANSWER_POLL = 0.25
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_MARK = os.sep + "torch" + os.sep
@@ -232,7 +234,7 @@ def collect(store: "Store", run: str, wanted: Dict[int, int], within: float = AN
                 got[rank] = data
         if len(got) == len(wanted) or time.monotonic() >= deadline:
             break
-        time.sleep(0.05)
+        time.sleep(_ANSWER_POLL)
     silent = {r: (store.add(hb_key(run, r), 0) & BEATS) - beats[r] for r in wanted if r not in got}
     return got, silent
 
