@@ -445,6 +445,21 @@ def test_an_early_quitter_stopped_during_its_exit_hooks_is_still_reported_first(
     assert "exited with code 0" not in capsys.readouterr().err
 
 
+def test_a_node_reports_only_its_own_ranks_as_running(capsys) -> None:
+    # node 1 of 2 (ranks 2, 3): rank 3 ended early, rank 2 then failed. Ranks 0 and 1 run on
+    # node 0, whose state this launcher does not know: they are not "still running" here.
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    now = float(int(time.time()))
+    failures = {2: ProcessFailure(local_rank=0, pid=200, exitcode=1, error_file="")}
+    ends = {3: {"rank": 3, "code": 0, "time": now + 0.1, "pid": 201},
+            2: {"rank": 2, "code": 1, "time": now + 0.5, "pid": 200}}
+    launch.report_failures(failures, nodes=2, node_rank=1, ends=ends, world_size=4,
+                           local=range(2, 4))
+    err = capsys.readouterr().err
+    assert "rank 3 (pid 201) exited with code 0 while rank(s) [2] on this node were still running" in err, err
+
+
 # ---- who ended first, and nothing left behind ------------------------------------------------
 
 EARLY_EXIT_SCRIPT = r'''

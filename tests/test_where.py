@@ -84,8 +84,35 @@ def test_sigusr1_to_the_launcher_prints_where_every_rank_is(tmp_path):
     assert time.monotonic() - asked < 30
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "env"])
+def test_sigusr1_to_the_launcher_of_node_1_reports_every_rank(tmp_path):
+    # two launchers (--nnodes 2 on loopback): node 1's launcher has no global rank 0, whose
+    # note of the store's address it used to wait for ("no rank has joined ... yet")
+    env = subprocess_env(tmp_path)
+    script = str(_script(tmp_path))
+    port = str(free_port())
+    procs = [start([sys.executable, "-m", "axolotl_dist.launch", "-n", "1", "--nnodes", "2",
+                    "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port",
+                    port, script, "60"], env, cwd=tmp_path) for node in (0, 1)]
+    try:
+        started = {r: pid for p in procs for r, pid in _started(p, 1).items()}
+        assert len(started) == 2, started
+        time.sleep(1.0)  # both in place: rank 0 in the barrier, rank 1 in tokenize
+        os.kill(procs[1].pid, signal.SIGUSR1)
+        time.sleep(8.0)  # the report takes a beat (2.5 s) and the answers' wait (4 s)
+    finally:
+        (tmp_path / "go").write_text("")
+        results = [finish(p, 90) for p in procs]
+    assert all(code == 0 for code, _, _ in results), results
+    err = results[1][2]
+    assert "where every rank is (SIGUSR1; the run goes on)" in err, err
+    assert "rank 1: in tokenize at prep.py:6" in err, err
+    assert "rank 0: barrier at prep.py:12" in err, err
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "torchrun-rdzv", "env"])
 def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, launcher):
+    # torchrun-rdzv: asked at torchrun's --rdzv-endpoint, the address a torchrun user knows;
+    # the ranks' store is another one (the agent's), which the rendezvous store names
     port = free_port()
     env = subprocess_env(tmp_path)
     script = str(_script(tmp_path))
@@ -93,6 +120,10 @@ def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, lau
         procs = [start([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                         "--master-addr", "127.0.0.1", "--master-port", str(port), script, "60"],
                        env, cwd=tmp_path)]
+    elif launcher == "torchrun-rdzv":
+        procs = [start([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        f"127.0.0.1:{port}", script, "60"], env, cwd=tmp_path)]
     else:  # bare env vars: rank 0's own process hosts the store
         procs = [start([sys.executable, script, "60"],
                        dict(env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
@@ -100,7 +131,7 @@ def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, lau
     try:
         # every rank in place (a fixed sleep raced the start-up on a loaded machine): rank 1 in
         # tokenize for 6 s, rank 0 in the barrier
-        started = (_started(procs[0], 2) if launcher == "torchrun" else
+        started = (_started(procs[0], 2) if launcher.startswith("torchrun") else
                    {r: pid for p in procs for r, pid in _started(p, 1).items()})
         assert len(started) == 2, started
         time.sleep(1.0)
@@ -111,6 +142,9 @@ def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, lau
     assert all(code == 0 for code, _, _ in results), results
     assert "rank 1: in tokenize at prep.py:6" in out, out
     assert "rank 0: barrier at prep.py:12" in out, out
+    if launcher == "torchrun-rdzv":
+        assert re.search(rf"127\.0\.0\.1:{port} is torchrun's rendezvous; the ranks' store is at "
+                         r"\S+:\d+", out), out
 
 
 def test_a_stopped_rank_is_reported_with_its_process_state(tmp_path):

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "Peer", "encode_peer",
            "decode_peer", "same_machine", "raw_store", "hb_key",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
-           "note_address", "connect", "where"]
+           "note_address", "connect", "rendezvous_target", "where"]
 
 #: The root key naming the current run: ``{"run": id, "world": size}``.
 RUN_KEY = "axolotl_dist/run"
@@ -311,11 +311,13 @@ STORE_NOTE = "store.json"
 
 
 def note_address(run: str, rank: int) -> None:
-    """Under ``axolotl-dist``, rank 0 tells the launcher where the ranks' store is (the
-    launcher's agent picked the port), so ``SIGUSR1`` to the launcher can ask them."""
+    """Under ``axolotl-dist``, the first local rank of each node tells its node's launcher
+    where the ranks' store is (node 0's agent picked the port; another node's launcher has no
+    other way to learn it), so ``SIGUSR1`` to any node's launcher can ask them."""
     directory = os.environ.get(END_DIR_ENV_VAR)
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if rank != 0 or not directory or not addr or not port:
+    local = os.environ.get("LOCAL_RANK", str(rank))
+    if local != "0" or not directory or not addr or not port:
         return
     try:
         path = os.path.join(directory, STORE_NOTE)
@@ -346,6 +348,42 @@ def connect(addr: str, port: int, timeout: float = 10.0) -> "Store":
             time.sleep(0.1)
     return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
+
+
+#: The key a torch elastic rendezvous (torchrun's ``--rdzv-backend c10d``) leaves in its store
+#: for the ranks' own store: ``torch.rendezvous.<run id>.<round>/MASTER_PORT`` (and ``_ADDR``).
+_RDZV_PREFIX, _RDZV_PORT = "torch.rendezvous.", "/MASTER_PORT"
+
+
+def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
+    """Where the ranks' store is, if ``store`` is a torch elastic rendezvous store (the
+    ``--rdzv-endpoint`` a torchrun user knows) rather than the ranks' own store: the address
+    its last round's agent of rank 0 left there; None otherwise. Keys are listed where the
+    store can (torch 2.13 on); elsewhere torchrun's default run id ``none`` is tried."""
+    if store.check([RUN_KEY]):
+        return None
+    lister = getattr(store, "list_keys", None)
+    try:
+        keys = [k for k in lister() if k.startswith(_RDZV_PREFIX) and k.endswith(_RDZV_PORT)] \
+            if lister is not None else []
+    except Exception:  # noqa: BLE001 - a store that cannot list
+        keys = []
+    if not keys:
+        keys = [f"{_RDZV_PREFIX}none.{r}{_RDZV_PORT}" for r in range(16)]
+        keys = [k for k in keys if store.check([k])]
+    rounds = []
+    for key in keys:
+        prefix = key[: -len(_RDZV_PORT)]
+        head, _, number = prefix.rpartition(".")
+        if head and number.isdigit():
+            rounds.append((int(number), prefix))
+    if not rounds:
+        return None
+    prefix = max(rounds)[1]
+    port = store.get(prefix + _RDZV_PORT).decode(errors="replace")
+    addr_key = prefix + "/MASTER_ADDR"
+    addr = store.get(addr_key).decode(errors="replace") if store.check([addr_key]) else ""
+    return (addr, int(port)) if port.isdigit() and addr else None
 
 
 def where(store: "Store", ranks: Optional[Sequence[int]] = None,

@@ -268,7 +268,7 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
         return 0
     except ChildFailedError as exc:
         return report_failures(exc.failures, nnodes, node_rank, read_ends(os.environ.get(END_DIR_ENV_VAR)),
-                       nproc * nnodes)
+                               nproc * nnodes, range(node_rank * nproc, (node_rank + 1) * nproc))
     except SignalException as exc:
         print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
               file=sys.stderr, flush=True)
@@ -304,7 +304,7 @@ def trace_main(argv: Sequence[str]) -> int:
 def where_main(argv: Sequence[str]) -> int:
     """``axolotl-dist where --master-addr A --master-port P``: where every rank of the run
     whose c10d store is at ``A:P`` is (any launcher: torchrun, srun, accelerate launch, env
-    vars); the run is left untouched."""
+    vars; for torchrun, its ``--rdzv-endpoint`` too); the run is left untouched."""
     parser = argparse.ArgumentParser(prog=f"{PROG} where", description=where_main.__doc__)
     parser.add_argument("--master-addr", "--master_addr", dest="addr", default=None,
                         help="the run's MASTER_ADDR (default: $MASTER_ADDR, else 127.0.0.1)")
@@ -323,6 +323,17 @@ def where_main(argv: Sequence[str]) -> int:
         print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
         return 1
+    target = where_report.rendezvous_target(store)
+    if target is not None:  # torchrun's --rdzv-endpoint: the ranks' store is elsewhere
+        rdzv = f"{addr}:{port}"
+        addr, port = target
+        print(f"{rdzv} is torchrun's rendezvous; the ranks' store is at {addr}:{port}")
+        try:
+            store = where_report.connect(addr, int(port), timeout=args.timeout)
+        except Exception as exc:  # noqa: BLE001 - the agent that hosted it is gone
+            print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
+            return 1
     print(f"where every rank of the run at {addr}:{port} is:")
     print(where_report.where(store))
     return 0

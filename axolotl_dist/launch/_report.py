@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PROG", "GUARDS_DIR", "exit_code_of", "first_failure", "traceback_of", "read_ends",
            "report_failures"]
@@ -117,20 +117,28 @@ def _stopped_after_its_end(rank: int, failures: Dict[int, object]) -> bool:
 
 
 def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
-                    ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None) -> int:
+                    ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
+                    local: Optional[Sequence[int]] = None) -> int:
     """Print the launcher's account of a failed run to stderr and return its exit code:
     the rank that ended first while others ran (``ends``: how each rank's script ended), the
-    rank that failed first with its traceback, and the ranks stopped after it."""
+    rank that failed first with its traceback, and the ranks stopped after it. ``local``: the
+    global ranks this launcher started; with several nodes, only those are said to be running
+    (the other nodes' ranks are their launchers' to report)."""
     ends = ends or {}
     lines: List[str] = []
     early = _early_exit(failures, ends)
     if early is not None:
         quitter, data = early
-        ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
+        if nodes > 1 and local is not None:
+            ranks: Sequence[int] = list(local)
+        else:
+            ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
         running = [r for r in ranks if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
+        here = " on this node" if nodes > 1 else ""
         lines.append(f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
-                     f"rank(s) {running} were still running; the others needed it (a rank that "
-                     "returns or calls sys.exit early leaves its peers waiting in collectives)")
+                     f"rank(s) {running}{here} were still running; the others needed it (a rank "
+                     "that returns or calls sys.exit early leaves its peers waiting in "
+                     "collectives)")
     if early is not None and early[0] in failures:  # stopped by us after its script ended
         failures = {r: f for r, f in failures.items() if r != early[0]}
     rank, failure = first_failure(failures)

@@ -44,8 +44,8 @@ def _say(prog: str, text: str) -> None:
 
 class Watcher:
     """See the module docstring. ``waiting_for`` says what the launcher waits for while no
-    rank has started (None on a single node: nothing to wait for); ``note_dir`` is where rank
-    0 leaves the store's address (:func:`.where.note_address`)."""
+    rank has started (None on a single node: nothing to wait for); ``note_dir`` is where this
+    node's first local rank leaves the store's address (:func:`.where.note_address`)."""
 
     def __init__(self, prog: str, note_dir: str, waiting_for: Optional[Callable[[], str]]) -> None:
         self.prog, self.note_dir, self.waiting_for = prog, note_dir, waiting_for
