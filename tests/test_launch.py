@@ -180,6 +180,24 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
         assert res["all"] == [0, 1, 2, 3]
 
 
+def test_a_node_whose_ranks_ended_says_it_waits_for_the_others(tmp_path: Path) -> None:
+    # node 1's rank ends at once, node 0's after 4 s: node 1's launcher waits in torch
+    # elastic's exit barrier and says so (it used to say it waited for the rendezvous)
+    script = tmp_path / "uneven.py"
+    script.write_text("import sys, time\nimport axolotl_dist as ad\nad.init_distributed()\n"
+                      "ad.barrier()\nif ad.get_rank() == 0:\n    time.sleep(4)\n")
+    port = str(free_port())
+    env = subprocess_env(AXOLOTL_DIST_WAIT_LOG_INTERVAL="1")
+    procs = [_launcher(["-n", "1", "--nnodes", "2", "--node-rank", str(node), "--master-addr",
+                        "127.0.0.1", "--master-port", port, str(script)], env)
+             for node in (0, 1)]
+    results = [_finish(proc) for proc in procs]
+    assert all(code == 0 for code, _, _ in results), results
+    err = results[1][2]
+    assert "this node's ranks have ended; waiting for the other node(s) to finish" in err, err
+    assert "join the rendezvous" not in err.split("this node's ranks have ended")[1], err
+
+
 def test_finetune_example_through_launcher(tmp_path: Path) -> None:
     start = time.monotonic()
     code, out, err = _finish(_launcher(["-n", "2", "examples/finetune.py", "--output-dir",

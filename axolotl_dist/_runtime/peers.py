@@ -27,8 +27,7 @@ import torch.distributed as dist
 
 from . import procs, where
 from .where import Peer, decode_peer, encode_peer, same_machine
-from .constants import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, HOST, SILENT_AFTER
-from .envvars import kit_seconds
+from .constants import HEARTBEAT_INTERVAL, HOST, SILENT_AFTER
 from .groups import default_pg, learn
 from .state import STATE
 from .store import StoreHostGoneError, is_store_error, store_address, store_host, world_store
@@ -47,6 +46,7 @@ __all__ = [
     "VERDICTS_KEY",
     "EXIT_LOG_KEY",
     "WAITERS_KEY",
+    "JUDGE_INTERVAL",
     "fetch_peers",
     "waiting_key",
     "peer_record",
@@ -145,6 +145,10 @@ JUDGED = 1 << 32
 VERDICTS_KEY = "axd/judged"
 #: The ranks that left an exit record, in order (``"3,0,"``): read once per new event.
 EXIT_LOG_KEY = "axd/exit_log"
+#: Seconds between two rounds of the judge (global rank 0's heartbeat thread, while some
+#: rank waits): a dead peer on another machine is named within about
+#: ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` plus two of these plus a waiter's look.
+JUDGE_INTERVAL = 1.0
 #: How many kit waits of any rank run long now (each adds 1 while it runs): the judge judges
 #: only while it is above 0.
 WAITERS_KEY = "axd/waiters"
@@ -172,6 +176,8 @@ class _Heartbeat:
         self.first = sorted({r for r in (0, host) if r is not None and r != rank})
         self.host = host if host is not None and host != rank else None
         self.beats: Dict[int, Tuple[int, float]] = {}  # the judge's: rank -> (beat, since)
+        self.last_round: Optional[float] = None  # when the judge last read every beat
+        self.judging = False  # rank 0, while some rank waits: a round every JUDGE_INTERVAL
         self.silent: Dict[int, float] = {}  # the judge's last verdicts
         self.all_beat = False  # every rank's heartbeat key exists (the judge may multi_get)
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name())
@@ -180,6 +186,9 @@ class _Heartbeat:
         raw.add(where.hb_key(run, rank), 1)
         store.add(waiting_key(rank), 0)  # created now: the key count stays flat afterwards
         store.add("axd/exits", 0)
+        store.append(EXIT_LOG_KEY, "")  # created now, so a waiter reads both in one call
+        store.compare_set(VERDICTS_KEY, "", "{}")
+        store.add(WAITERS_KEY, 0)  # created now: long waits add no key
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
 
@@ -197,8 +206,8 @@ class _Heartbeat:
             where.answer(self.raw, self.run, self.rank, requests)
         if self.host is not None:
             self._copy_host_exit()
-        if self.rank == 0 and self.world_size > 1 and self.store.add(WAITERS_KEY, 0) > 0:
-            self._judge()
+        if self.rank == 0 and self.world_size > 1:  # the judge: on while some rank waits
+            self.judging = self.store.add(WAITERS_KEY, 0) > 0
 
     def _copy_host_exit(self) -> None:
         """Copy the store host's exit record once it left one, and acknowledge it: where the
@@ -216,7 +225,8 @@ class _Heartbeat:
     def _judge(self) -> None:
         """One round of judging, for every waiting rank at once: read every rank's heartbeat
         (one ``multi_get``), note the ranks silent for ``SILENT_AFTER`` seconds or more, and
-        publish them (:data:`VERDICTS_KEY`) when that changes; count the round
+        publish them (:data:`VERDICTS_KEY`) while there are any, and once when none are left;
+        count the round
         (:data:`JUDGED`). A waiter then reads one counter per look instead of every peer's
         heartbeat (docs/design.md, "Heartbeat and peer records")."""
         keys = [where.hb_key(self.run, r) for r in range(self.world_size)]
@@ -230,20 +240,23 @@ class _Heartbeat:
             beat = int(value) & where.BEATS
             last = self.beats.get(r)
             if last is None or last[0] != beat:
-                self.beats[r] = last = (beat, now)
+                # it beat since the last round: halfway, as best known (off by at most half
+                # a round either way); after a pause in judging, or at the first look: now
+                paused = self.last_round is None or now - self.last_round > 2 * JUDGE_INTERVAL
+                since = now if last is None or paused else (self.last_round + now) / 2  # type: ignore[operator]
+                self.beats[r] = last = (beat, since)
             if now - last[1] >= SILENT_AFTER:
                 silent[r] = now - last[1]
-        changed = set(silent) != set(self.silent) or any(
-            (silent[r] >= self._dead_after) != (self.silent[r] >= self._dead_after) for r in silent)
+        self.last_round = now
+        # republished each round while a rank is silent: a waiter then judges "dead" from
+        # what the judge measured at most a round ago, never from its own extrapolation (a
+        # rank that beats again is cleared within a round)
+        changed = bool(silent) or set(silent) != set(self.silent)
         self.silent = silent
         if changed:
             self.store.set(VERDICTS_KEY, json.dumps({"silent": {str(r): round(s, 1)
                                                                 for r, s in silent.items()}}))
         self.store.add("axd/exits", JUDGED + (1 if changed else 0))
-
-    @property
-    def _dead_after(self) -> float:
-        return kit_seconds(HEARTBEAT_TIMEOUT_ENV_VAR)
 
     def _run(self) -> None:
         key = where.hb_key(self.run, self.rank)
@@ -251,7 +264,7 @@ class _Heartbeat:
         # after init is then judged by its pid with no store call: see store_host_gone);
         # then one beat per interval.
         wait, copying = min(0.005, self.interval), bool(self.first)
-        last_beat = time.monotonic()
+        last_beat = last_round = time.monotonic()
         while not self.stop.wait(wait):
             if default_pg() is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
@@ -262,10 +275,15 @@ class _Heartbeat:
                 if now - last_beat >= self.interval:
                     last_beat = now
                     self._beat(key)
+                if self.judging and now - last_round >= JUDGE_INTERVAL:
+                    last_round = now
+                    self._judge()
             except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
-            wait = min(wait * 2, self.interval) if copying else \
-                max(0.0, last_beat + self.interval - time.monotonic())
+            due = last_beat + self.interval
+            if self.judging:
+                due = min(due, last_round + JUDGE_INTERVAL)
+            wait = min(wait * 2, self.interval) if copying else max(0.0, due - time.monotonic())
 
 
 class _HostLeaving(Exception):

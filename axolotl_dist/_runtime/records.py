@@ -259,7 +259,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         remote = not all(same_machine(peer_record(r)) for r in ranks)
         # a peer on another machine is judged by the judge's rounds (one per heartbeat
         # interval, while some rank waits: this one counts itself as waiting meanwhile)
-        limit = start + (watcher.remote_timeout + HEARTBEAT_INTERVAL + LOOK_INTERVAL + 1.0
+        limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL + LOOK_INTERVAL + 1.0
                          if remote else _LOCAL_DIAGNOSIS)
         if remote:
             watcher.store.add(WAITERS_KEY, 1)

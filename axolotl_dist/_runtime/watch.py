@@ -82,6 +82,7 @@ class Watch:
         #: without a judge: rank -> (beat, since when, first read here)
         self.seen: Dict[int, Tuple[int, float, float]] = {}
         self.fetched: Set[int] = set()
+        self.have_keys = False  # the exit log and the verdicts exist (one multi_get reads both)
         self.warned: Dict[int, float] = {}
         self.exited: Dict[int, Lost] = {}
         self.remote_timeout = kit_seconds(HEARTBEAT_TIMEOUT_ENV_VAR)
@@ -141,13 +142,16 @@ class Watch:
         if events == self.events:
             return
         self.events = events
-        if self.store.check([EXIT_LOG_KEY]):
-            for item in self.store.get(EXIT_LOG_KEY).decode().split(","):
-                if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
-                    self._read_exit(int(item))
-        if self.store.check([VERDICTS_KEY]):
-            verdicts = json.loads(self.store.get(VERDICTS_KEY)).get("silent", {})
-            self.silent = {int(r): (float(secs), now) for r, secs in verdicts.items()}
+        if not self.have_keys:  # created by every rank's heartbeat: then one call reads both
+            self.have_keys = self.store.check([EXIT_LOG_KEY, VERDICTS_KEY])
+            if not self.have_keys:
+                return
+        log, verdicts = self.store.multi_get([EXIT_LOG_KEY, VERDICTS_KEY])
+        for item in log.decode().split(","):
+            if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
+                self._read_exit(int(item))
+        silent = json.loads(verdicts or b"{}").get("silent", {})
+        self.silent = {int(r): (float(secs), now) for r, secs in silent.items()}
 
     def _read_exit(self, rank: int) -> None:
         report, when = pickle.loads(self.store.get(exit_key(rank)))
@@ -174,7 +178,7 @@ class Watch:
         it has not beaten yet (still initializing)."""
         if now - self.rounds_at < SILENT_AFTER:  # the judge judges (a round per beat)
             verdict = self.silent.get(rank)
-            return 0.0 if verdict is None else verdict[0] + (now - verdict[1])
+            return 0.0 if verdict is None else verdict[0]  # as measured, at most a round ago
         run = STATE.run
         beat = self.raw.add(hb_key(run, rank), 0) & BEATS if run is not None else 0
         if beat == 0:

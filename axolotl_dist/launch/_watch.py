@@ -72,6 +72,14 @@ class Watcher:
     def _started(self) -> bool:
         return any(state != "Z" for _, state in procs.children(os.getpid()))
 
+    def _ended(self) -> bool:
+        """Whether a rank of this node has run and ended (its end record is here)."""
+        try:
+            return any(name.endswith(".json") and name != where.STORE_NOTE
+                       for name in os.listdir(self.note_dir))
+        except OSError:
+            return False
+
     def _run(self) -> None:
         start = time.monotonic()
         every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
@@ -92,10 +100,20 @@ class Watcher:
                         stop_sig, stop_at = signum, now
             if stop_sig and now - stop_at >= _TAKE_OVER_AFTER and not self._started():
                 name = signal.Signals(stop_sig).name
-                _say(self.prog, f"got {name} before any rank started; stopping")
+                when = "after this node's ranks ended" if self._ended() else \
+                    "before any rank started"
+                _say(self.prog, f"got {name} {when}; stopping")
                 os._exit(128 + stop_sig)
             if self.waiting_for is not None and now >= next_note and not self._started():
-                _say(self.prog, f"{self.waiting_for()} ({now - start:.0f} s so far; Ctrl-C stops)")
+                if self._ended():  # torch elastic's exit barrier: every node's agent waits
+                    # for the others to finish (node 0's agent hosts the ranks' store)
+                    _say(self.prog, "this node's ranks have ended; waiting for the other "
+                         f"node(s) to finish ({now - start:.0f} s so far; torch elastic's exit "
+                         "barrier: node 0 keeps the ranks' store until every node is done; "
+                         "Ctrl-C stops this node)")
+                else:
+                    _say(self.prog, f"{self.waiting_for()} ({now - start:.0f} s so far; Ctrl-C "
+                         "stops)")
                 next_note = now + every
 
     def _report(self) -> None:
