@@ -100,6 +100,15 @@ def _parent_store(port: int):
                          timeout=timedelta(seconds=120))
 
 
+def _rank_0_alone(tmp_path, script: str):
+    """Rank 0 alone on node-a, ranks 1-3 on node-b, the store in this process (a launcher's
+    agent, outliving rank 0): ``(store, nodes, ranks)``; keep ``store`` referenced."""
+    port = free_port()
+    store = _parent_store(port)
+    nodes = [hosts.Node([0], "node-a", burn_pids=60), hosts.Node([1, 2, 3], "node-b")]
+    return store, nodes, hosts.start_nodes(nodes, script, str(tmp_path), port, store=store)
+
+
 def _wait_ready(tmp_path, ranks, count: int) -> None:
     deadline = time.monotonic() + 90
     while not all(os.path.exists(tmp_path / f"ready-{r}") for r in range(count)):
@@ -125,10 +134,7 @@ def test_rank_0_lost_on_another_node_is_named(tmp_path, signal_name):
             print(f"named {exc.rank} after {time.monotonic() - start:.1f} s: {exc}", flush=True)
             sys.exit(3)
     """)
-    port = free_port()
-    store = _parent_store(port)
-    nodes = [hosts.Node([0], "node-a", burn_pids=60), hosts.Node([1, 2, 3], "node-b")]
-    ranks = hosts.start_nodes(nodes, script, str(tmp_path), port, store=store)
+    store, nodes, ranks = _rank_0_alone(tmp_path, script)
     try:
         _wait_ready(tmp_path, ranks, 4)
         time.sleep(1.0)  # the others are in their second barrier
@@ -162,10 +168,7 @@ def test_a_remote_rank_stopped_for_a_while_is_warned_about_not_failed(tmp_path):
         ad.barrier()
         print(f"through after {time.monotonic() - start:.1f} s", flush=True)
     """)
-    port = free_port()
-    store = _parent_store(port)
-    nodes = [hosts.Node([0], "node-a", burn_pids=60), hosts.Node([1, 2, 3], "node-b")]
-    ranks = hosts.start_nodes(nodes, script, str(tmp_path), port, store=store)
+    store, nodes, ranks = _rank_0_alone(tmp_path, script)
     try:
         _wait_ready(tmp_path, ranks, 4)
         pid = hosts.outer_pid(nodes[0], ranks.pid_in_node(0))
