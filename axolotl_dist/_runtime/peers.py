@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 import torch.distributed as dist
 
 from . import procs, where
-from .where import Peer, decode_peer, encode_peer, same_machine
+from .where import Peer, decode_peer, encode_peer, same_machine, who_key
 from .constants import HEARTBEAT_INTERVAL, HOST, SILENT_AFTER
 from .groups import default_pg, learn
 from .state import STATE
@@ -89,11 +89,6 @@ def waiting_key(rank: int) -> str:
     about to report that exception (see :func:`.records.await_peers_told`). Created (at 0) when
     the rank's heartbeat starts, so the store's key count does not grow with long waits."""
     return f"axd/waiting/{rank}"
-
-
-def who_key(run: str, rank: int) -> str:
-    """The root-store key of global ``rank``'s record in run ``run``."""
-    return f"axolotl_dist/{run}/who/{rank}"
 
 
 def peer(raw: "Store", rank: int) -> Optional[Peer]:

@@ -253,27 +253,27 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         ranks = [r for r in group.ranks if r != me]
         watcher = Watch(world_store(), me)
         start = time.monotonic()
-        lost = watcher.find_lost(ranks, start, what)  # the store host first; records fetched
-        if lost:
-            return lost_error(lost, what)
-        remote = not all(same_machine(peer_record(r)) for r in ranks)
-        # a peer on another machine is judged by the judge's rounds (one per heartbeat
-        # interval, while some rank waits: this one counts itself as waiting meanwhile)
-        limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL + LOOK_INTERVAL + 1.0
-                         if remote else _LOCAL_DIAGNOSIS)
-        if remote:
-            watcher.store.add(WAITERS_KEY, 1)
+        limit: Optional[float] = None
+        waiting = False
         try:
             while True:
                 now = time.monotonic()
-                lost = watcher.find_lost(ranks, now, what)
+                lost = watcher.find_lost(ranks, now, what)  # the store host first
                 if lost:
                     return lost_error(lost, what)
+                if limit is None:  # the first look fetched the peers' records
+                    # a peer on another machine is judged by the judge's rounds, while some
+                    # rank waits: this one counts itself as waiting meanwhile
+                    waiting = not all(same_machine(peer_record(r)) for r in ranks)
+                    if waiting:
+                        watcher.store.add(WAITERS_KEY, 1)
+                    limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL +
+                                     LOOK_INTERVAL + 1.0 if waiting else _LOCAL_DIAGNOSIS)
                 if now >= limit:
                     return exc
                 time.sleep(0.05)
         finally:
-            if remote:
+            if waiting:
                 watcher.store.add(WAITERS_KEY, -1)
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Se
 import torch.distributed as dist
 
 from . import procs
-from .constants import HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, LOOK_INTERVAL, SILENT_AFTER, WAIT_LOG_INTERVAL_ENV_VAR
+from .constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, LOOK_INTERVAL, SILENT_AFTER,
+                        WAIT_LOG_INTERVAL_ENV_VAR)
 from .envvars import kit_seconds
 from .logs import kit as log
 from .groups import learn
@@ -103,15 +104,17 @@ class Watch:
         if not self.fetched.issuperset(others):
             fetch_peers(self.raw, others)  # once per wait, in one batch
             self.fetched.update(others)
-        if now >= self.next_look or (exits and self._local_gone(others)):
-            self._look(now)
+        states = self._local_states(others)
+        if now >= self.next_look or (exits and any(
+                state == "gone" and rank not in self.exited for rank, state in states.items())):
+            self._look(now)  # a peer gone here: its exit record may say why
         lost: List[Lost] = []
         for rank in others:
             if rank in self.exited:
                 if exits:
                     lost.append(self.exited[rank])
                     continue
-            verdict = self._judge(rank, now, what)
+            verdict = self._judge(rank, now, what, states.get(rank))
             if verdict is not None:
                 lost.append(verdict)
         return lost
@@ -122,15 +125,15 @@ class Watch:
         if lost:
             raise lost_error(lost, what)
 
-    def _local_gone(self, ranks: Sequence[int]) -> bool:
-        """Whether a peer on this machine whose exit record was not read is gone (no store
-        call)."""
+    @staticmethod
+    def _local_states(ranks: Sequence[int]) -> Dict[int, Optional[str]]:
+        """The ``/proc`` state of each peer among ``ranks`` on this machine (no store call)."""
+        states: Dict[int, Optional[str]] = {}
         for rank in ranks:
             record = STATE.peers.get(rank)
-            if rank not in self.exited and same_machine(record) and \
-                    procs.proc_state(record.pid) == "gone":  # type: ignore[union-attr]
-                return True
-        return False
+            if record is not None and same_machine(record):
+                states[rank] = procs.proc_state(record.pid)
+        return states
 
     def _look(self, now: float) -> None:
         """One store call; more only when something happened (see the class docstring)."""
@@ -196,11 +199,10 @@ class Watch:
             return 0.0  # not read long enough here to know that it stopped beating
         return now - last[1]
 
-    def _judge(self, rank: int, now: float, what: str) -> Optional[Lost]:
+    def _judge(self, rank: int, now: float, what: str, state: Optional[str]) -> Optional[Lost]:
+        """``state``: its ``/proc`` state where it runs on this machine (:meth:`_local_states`)."""
         record = STATE.peers.get(rank)
-        if same_machine(record):
-            assert record is not None
-            state = procs.proc_state(record.pid)
+        if record is not None and same_machine(record):
             if state == "gone":
                 return Lost(rank, "died", f"{record.describe()}, exited without reporting an "
                             "error (judged: process gone on this machine; it returned early, "

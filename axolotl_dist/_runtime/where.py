@@ -2,12 +2,12 @@
 
 Nothing is collected while nobody asks. Each rank's heartbeat thread (:mod:`.peers`) bumps its
 counter ``axolotl_dist/<run>/hb/<rank>`` every ``HEARTBEAT_INTERVAL`` seconds; the low 32
-bits count beats, the bits above count requests. To ask, a requester adds ``1 << 32`` to the counters of the ranks it
-wants; at its next beat a rank sees the request and writes a snapshot of its main thread to
-``axolotl_dist/<run>/where/<rank>`` (JSON). The keys sit at the root of the c10d store, under
-no process group's prefix, so a client that only knows ``MASTER_ADDR:MASTER_PORT``
-(``axolotl-dist where``, the launcher on ``SIGUSR1``) finds them through
-``axolotl_dist/run``, which names the run and its size. See docs/design.md, "Where every
+bits count beats, the bits above count requests. To ask, a requester adds ``1 << 32`` to the
+counters of the ranks it wants; at its next beat a rank sees the request and writes a
+snapshot of its main thread to ``axolotl_dist/<run>/where/<rank>`` (JSON). The keys sit at
+the root of the c10d store, under no process group's prefix, so a client that only knows
+``MASTER_ADDR:MASTER_PORT`` (``axolotl-dist where``, the launcher on ``SIGUSR1``) finds them
+through ``axolotl_dist/run``, which names the run and its size. See docs/design.md, "Where every
 rank is".
 
 A snapshot holds the main thread's stack, the user's frames kept and the kit's folded into the
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
 __all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "Peer", "encode_peer",
-           "decode_peer", "same_machine", "raw_store", "hb_key",
+           "decode_peer", "who_key", "same_machine", "raw_store", "hb_key",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "note_address", "connect", "rendezvous_target", "where"]
 
@@ -78,6 +78,11 @@ def decode_peer(raw: bytes) -> Optional[Peer]:
     if len(parts) != 4 or not parts[1].isdigit():
         return None
     return Peer(parts[0], int(parts[1]), parts[2], parts[3])
+
+
+def who_key(run: str, rank: int) -> str:
+    """The root-store key of global ``rank``'s record in run ``run``."""
+    return f"axolotl_dist/{run}/who/{rank}"
 
 
 def same_machine(record: Optional[Peer]) -> bool:
@@ -397,7 +402,7 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
     answers, silent = collect(store, run, wanted, within)
     records: Dict[int, Peer] = {}
     for rank in silent:
-        key = f"axolotl_dist/{run}/who/{rank}"
+        key = who_key(run, rank)
         record = decode_peer(store.get(key)) if store.check([key]) else None
         if record is not None:
             records[rank] = record

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .._runtime import envvars as _envvars, procs as _procs
 from .._runtime import where as where_report
@@ -301,6 +301,16 @@ def trace_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _store_at(addr: str, port: int, timeout: float) -> Optional[Any]:
+    """A client of the c10d store at ``addr:port``, or None after saying that none answered."""
+    try:
+        return where_report.connect(addr, port, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - no store there (or its host is gone)
+        print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
+        return None
+
+
 def where_main(argv: Sequence[str]) -> int:
     """``axolotl-dist where --master-addr A --master-port P``: where every rank of the run
     whose c10d store is at ``A:P`` is (any launcher: torchrun, srun, accelerate launch, env
@@ -317,23 +327,15 @@ def where_main(argv: Sequence[str]) -> int:
     port = args.port if args.port is not None else os.environ.get("MASTER_PORT")
     if port is None:
         parser.error("--master-port (or MASTER_PORT) is needed: the port of the run's c10d store")
-    try:
-        store = where_report.connect(addr, int(port), timeout=args.timeout)
-    except Exception as exc:  # noqa: BLE001 - no store there
-        print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
-        return 1
-    target = where_report.rendezvous_target(store)
+    store = _store_at(addr, int(port), args.timeout)
+    target = where_report.rendezvous_target(store) if store is not None else None
     if target is not None:  # torchrun's --rdzv-endpoint: the ranks' store is elsewhere
         rdzv = f"{addr}:{port}"
         addr, port = target
         print(f"{rdzv} is torchrun's rendezvous; the ranks' store is at {addr}:{port}")
-        try:
-            store = where_report.connect(addr, int(port), timeout=args.timeout)
-        except Exception as exc:  # noqa: BLE001 - the agent that hosted it is gone
-            print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
-            return 1
+        store = _store_at(addr, int(port), args.timeout)
+    if store is None:
+        return 1
     print(f"where every rank of the run at {addr}:{port} is:")
     print(where_report.where(store))
     return 0

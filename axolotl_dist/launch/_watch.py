@@ -28,6 +28,7 @@ from typing import Callable, Optional
 from .._runtime import procs, where
 from .._runtime.constants import WAIT_LOG_INTERVAL_ENV_VAR
 from .._runtime.envvars import kit_seconds
+from ._report import read_ends
 
 __all__ = ["Watcher", "STOP_SIGNALS"]
 
@@ -74,11 +75,7 @@ class Watcher:
 
     def _ended(self) -> bool:
         """Whether a rank of this node has run and ended (its end record is here)."""
-        try:
-            return any(name.endswith(".json") and name != where.STORE_NOTE
-                       for name in os.listdir(self.note_dir))
-        except OSError:
-            return False
+        return bool(read_ends(self.note_dir))
 
     def _run(self) -> None:
         start = time.monotonic()
