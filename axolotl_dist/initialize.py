@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ._runtime import backends as _backends, store as _store, teardown as _teardown
-from ._runtime import trace as _trace
+from ._runtime import filesystem as _filesystem, trace as _trace
 from . import tracing as _tracing
 from ._runtime.logs import kit as _kit_log
 from ._runtime.state import STATE as _STATE
@@ -26,7 +26,7 @@ from . import debug as _debug
 from ._runtime.wait import noted as _noted
 from . import env as _env
 from .errors import DistributedEnvError
-from .ranks import get_backend, get_rank, get_world_size, is_initialized
+from .ranks import get_backend, get_local_rank, get_rank, get_world_size, is_initialized
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -94,10 +94,36 @@ def _check_backend_usable(backend: Optional[str]) -> None:
 
 
 def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
+    """An explicit answer is exported; with none, one node shares its filesystem, and several
+    are probed once the group is up (:func:`_probe_shared_filesystem`)."""
     if shared_filesystem is not None:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared_filesystem else "0"
-    elif not _env.is_set(_env.SHARED_FS_ENV_VAR) and not _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR):
+    elif not _fs_said() and _env.env_num_nodes() <= 1:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1"
+
+
+def _fs_said() -> bool:
+    return _env.is_set(_env.SHARED_FS_ENV_VAR) or _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR)
+
+
+def _probe_shared_filesystem() -> None:
+    """On several nodes, where nobody said whether they share a filesystem: ask the datasets
+    cache's directory (:mod:`axolotl_dist._runtime.filesystem`) and export the answer as
+    ``AXOLOTL_DIST_SHARED_FS``; undecided (rank 0 could not write there): shared, as
+    OLMo-core assumes."""
+    if _fs_said() or not is_initialized() or get_world_size() == 1:
+        return
+    nodes = _env.env_num_nodes(get_world_size())
+    path = _filesystem.default_cache_dir()
+    answer = _filesystem.shares("datasets-cache", path, get_rank(), get_local_rank(),
+                                _env.env_local_world_size(get_world_size()), nodes)
+    os.environ[_env.SHARED_FS_ENV_VAR] = "0" if answer is False else "1"
+    if answer is False and get_rank() == 0:
+        _kit_log.emit(logging.INFO, "the %d nodes do not share %s (the datasets cache): "
+                      "zero_first runs "
+                      "first on each node's local rank 0, get_fs_local_rank() is the local "
+                      "rank; set AXOLOTL_DIST_SHARED_FS=1 to run it once for all nodes",
+                      nodes, _filesystem.probe_dir(path))
 
 
 def init_distributed(
@@ -123,8 +149,11 @@ def init_distributed(
     * Already initialized: nothing is re-created; a different ``backend`` raises
       :class:`DistributedEnvError`.
     * ``shared_filesystem``: whether all nodes share one filesystem (sets
-      ``AXOLOTL_DIST_SHARED_FS``, read by :func:`get_fs_local_rank`). ``None`` keeps an existing
-      setting and otherwise assumes a shared filesystem, like OLMo-core. The seed's misspelled
+      ``AXOLOTL_DIST_SHARED_FS``, read by :func:`get_fs_local_rank` and :func:`zero_first`).
+      ``None`` keeps an existing setting (``OLMO_SHARED_FS`` too); with none, one node shares
+      its filesystem, and on several the kit asks the datasets cache's directory (a probe file
+      written by rank 0, looked for by each node's first rank: a few store calls, once) and
+      exports the answer (shared where it cannot tell, like OLMo-core). The seed's misspelled
       ``shared_filesytem=`` is accepted too.
     * ``timeout``: the collective timeout (timedelta or seconds, default 30 minutes). It does
       not bound :func:`zero_first` waits, which have their own ``timeout``.
@@ -276,6 +305,7 @@ def _init_wait_message(rank: int, world_size: int, init_method: Optional[str]):
 
 def _after_init(trace_dir: Optional[str]) -> None:
     _teardown.start_services()
+    _probe_shared_filesystem()
     directory = _trace.trace_dir_requested(trace_dir)
     if directory is None or _STATE.trace is not None:
         return

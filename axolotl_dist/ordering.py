@@ -22,16 +22,17 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
                     Union, overload)
 
 
-from ._runtime import guards as _guards, trace as _trace
+from . import env as _env
+from ._runtime import filesystem as _filesystem, guards as _guards, trace as _trace
 from ._runtime.args import check_world_size
 from ._runtime.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
 from ._runtime.callsite import call_site
 from ._runtime.calls import checked, first_rank_block
-from ._runtime.groups import group_of
+from ._runtime.groups import NOT_ASKED, group_of
 from ._runtime.state import STATE as _STATE
 from ._runtime.threads import enter_block, leave_block
 from .debug import is_debug_enabled
-from .ranks import get_num_nodes, get_rank, is_main_process
+from .ranks import get_fs_local_rank, get_local_rank, get_num_nodes, get_rank, is_main_process
 
 if sys.version_info >= (3, 10):
     from typing import ParamSpec
@@ -53,21 +54,51 @@ def _goes_first(arguments: dict) -> bool:
     """Whether this rank runs a ``zero_first`` block first (debug mode: it must not wait)."""
     if arguments["is_main"] is not None:
         return bool(arguments["is_main"])
-    return get_rank(arguments["group"]) == 0
+    g = group_of(arguments["group"], "zero_first")
+    node_first = _node_first(g, arguments.get("path")) if g is not None else None
+    return get_rank(arguments["group"]) == 0 if node_first is None else node_first
+
+
+def _node_first(g: Any, path: Optional[str]) -> Optional[bool]:
+    """A default block's first rank(s): None for group rank 0 alone; else whether this rank
+    is its node's first (``get_fs_local_rank() == 0``), on the world group of several nodes
+    that do not share a filesystem: ``AXOLOTL_DIST_SHARED_FS`` (or ``OLMO_SHARED_FS``) as set
+    or as ``init_distributed`` probed it, or, for ``path=``, a probe of that path (once per
+    run; an explicit setting wins). Cached on the group, but for ``path=``."""
+    if path is None and g.node_first is not NOT_ASKED:
+        return g.node_first
+    answer: Optional[bool] = None
+    if g.default and _env.env_num_nodes(g.size) > 1:
+        if path is not None and not (_env.is_set(_env.SHARED_FS_ENV_VAR)
+                                     or _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR)):
+            shared = _filesystem.shares(path, path, get_rank(), get_local_rank(),
+                                        _env.env_local_world_size(g.size),
+                                        _env.env_num_nodes(g.size)) is not False
+        else:
+            shared = _env.env_shared_filesystem()
+        answer = None if shared else get_fs_local_rank() == 0
+    if path is None:
+        g.node_first = answer
+    return answer
 
 
 class _ZeroFirst:
     """The context manager :func:`zero_first` returns (a class, not a generator: a block is on
     the hot path of preprocessing loops, and a generator's frames cost it microseconds)."""
 
-    __slots__ = ("is_main", "group", "timeout", "desc", "block", "debug", "opened", "t0")
+    __slots__ = ("is_main", "group", "timeout", "desc", "path", "block", "debug", "opened",
+                 "t0")
 
     def __init__(self, is_main: Optional[bool], group: Optional["ProcessGroup"],
-                 timeout: Optional[float], desc: Optional[str]) -> None:
+                 timeout: Optional[float], desc: Optional[str], path: Optional[str]) -> None:
         if timeout is not None and timeout <= 0:
             raise ValueError(f"zero_first(timeout={timeout}) must be a positive number of "
                              "seconds or None")
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"zero_first(path={path!r}) must be a directory path (str or "
+                            "os.PathLike) or None")
         self.is_main, self.group, self.timeout, self.desc = is_main, group, timeout, desc
+        self.path = os.fspath(path) if path is not None else None
         self.block: Optional[ZeroFirstBlock] = None
         self.debug: Any = None
         self.opened: Any = None  # the group's state while this thread has the block open
@@ -78,6 +109,8 @@ class _ZeroFirst:
         if g is None or g.size == 1:
             return
         is_main = self.is_main
+        if is_main is None:
+            is_main = _node_first(g, self.path)
         first = g.rank == 0 if is_main is None else bool(is_main)
         site = call_site()
         opened = self.opened = enter_block(g, "zero_first", site, self.desc)  # one thread
@@ -160,12 +193,21 @@ def zero_first(
     group: Optional["ProcessGroup"] = None,
     timeout: Optional[float] = None,
     desc: Optional[str] = None,
+    path: Optional[str] = None,
 ) -> ContextManager[None]:
     """Run the block on the main rank(s) first, then on every other rank.
 
-    :param is_main: whether this rank goes first. Default: group rank 0 only. Pass e.g.
-        ``get_fs_local_rank() == 0`` for one first rank per filesystem; all of those run
-        concurrently, and every other rank waits for all of them.
+    :param is_main: whether this rank goes first. Default: group rank 0 only; but on the world
+        group of several nodes that do not share a filesystem, each node's first rank
+        (``get_fs_local_rank() == 0``: a cache built on one node's disk is not on the
+        others'). Whether they share one: ``AXOLOTL_DIST_SHARED_FS`` (or ``OLMO_SHARED_FS``,
+        or ``init_distributed(shared_filesystem=)``) where set, else what
+        ``init_distributed`` found in the datasets cache's directory, else ``path``'s. Pass
+        e.g. ``get_fs_local_rank() == 0`` for one first rank per filesystem yourself; all of
+        those run concurrently, and every other rank waits for all of them.
+    :param path: the directory the block writes its cache to, when it is not the datasets
+        cache: on several nodes, with no explicit setting, whether the nodes share it is
+        probed once per run (every rank of the world must enter the block).
     :param group: the process group (default: the world).
     :param timeout: seconds a rank waits for the others before raising
         :class:`~axolotl_dist.errors.RankTimeoutError` (default: forever). The process
@@ -187,7 +229,7 @@ def zero_first(
     whose wait (or confirmation) it breaks; a rank released by the ranks it is paired with
     learns of it at its next collective. A single process just runs the block.
     """
-    return _ZeroFirst(is_main, group, timeout, desc)
+    return _ZeroFirst(is_main, group, timeout, desc, path)
 
 
 def _relative(path: str) -> str:

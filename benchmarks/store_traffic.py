@@ -452,6 +452,11 @@ if mode == "kit":
         print("imported the wrong axolotl_dist: %s" % ad.__file__, flush=True)
         sys.exit(4)
 
+look_as = int(os.environ.get("STORE_TRAFFIC_LOOK_AS") or 0)
+if mode == "kit" and look_as:  # --look-as: wait as a rank of a world of look_as ranks would
+    from axolotl_dist._runtime import constants, watch
+    watch.look_interval = lambda _world: constants.look_interval(look_as)
+
 sync("init")
 mark("init_start")
 if mode == "kit":
@@ -505,6 +510,8 @@ class RunResult:
     gone: List[float]
     rec: Recorder
     error: Optional[str] = None
+    look_as: int = 0  # --look-as: the world size whose look interval the ranks used
+
 
 
 def _read_marks(path: str) -> Dict[str, float]:
@@ -520,12 +527,13 @@ def _read_marks(path: str) -> Dict[str, float]:
     return found
 
 
-def _rank_env(rank: int, world: int, port: int) -> Dict[str, str]:
+def _rank_env(rank: int, world: int, port: int, look_as: int = 0) -> Dict[str, str]:
     env = dict(os.environ)
     env.update({
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
         "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
         "TORCHELASTIC_USE_AGENT_STORE": "True", "GLOO_SOCKET_IFNAME": "lo",
+        "STORE_TRAFFIC_LOOK_AS": str(look_as),
         "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "STORE_TRAFFIC_REPO": REPO_ROOT,
         "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH"))
                                       if p),
@@ -581,8 +589,10 @@ def _new_store(legacy: bool) -> "TCPStore":
                          timeout=timedelta(seconds=600), use_libuv=not legacy)
 
 
-def run_world(mode: str, world: int, seconds: float, legacy: bool, verbose: bool) -> RunResult:
-    """Run the phases on ``world`` ranks (``mode``: "kit" or "torch") behind the proxy."""
+def run_world(mode: str, world: int, seconds: float, legacy: bool, verbose: bool,
+              look_as: int = 0) -> RunResult:
+    """Run the phases on ``world`` ranks (``mode``: "kit" or "torch") behind the proxy;
+    ``look_as``: the kit's ranks look at the store as in a world of that many ranks."""
     store = _new_store(legacy)
     rec = Recorder()
     proxies = [RankProxy(r, store.port, rec) for r in range(world)]
@@ -599,7 +609,7 @@ def run_world(mode: str, world: int, seconds: float, legacy: bool, verbose: bool
             log = open(os.path.join(work, f"log-{r}.txt"), "w")
             procs.append(subprocess.Popen(
                 [sys.executable, script, mode, str(seconds), work], cwd=REPO_ROOT,
-                env=_rank_env(r, world, proxies[r].port), stdout=log, stderr=subprocess.STDOUT,
+                env=_rank_env(r, world, proxies[r].port, look_as), stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True))
             log.close()
         budgets = {"init": 90 + 8 * world, "idle": 120 + 4 * world,
@@ -650,7 +660,7 @@ def run_world(mode: str, world: int, seconds: float, legacy: bool, verbose: bool
         shutil.rmtree(work, ignore_errors=True)
     elif error is None:
         print(f"  [{mode} W={world}] rank logs kept in {work}")
-    return RunResult(mode, world, seconds, marks, gone, rec, error)
+    return RunResult(mode, world, seconds, marks, gone, rec, error, look_as)
 
 
 # --------------------------------------------------------------------------------------------
@@ -989,15 +999,28 @@ PROJECTED = [
 ]
 
 
-def print_projection(fits: Fits, capacity: Optional[float]) -> None:
+def _look(world: int) -> float:
+    """The kit's look interval in a world of ``world`` ranks (this checkout's)."""
+    sys.path.insert(0, REPO_ROOT)
+    from axolotl_dist._runtime.constants import look_interval
+    return look_interval(world)
+
+
+def print_projection(fits: Fits, capacity: Optional[float], measured_as: int) -> None:
+    """``measured_as``: the world size whose look interval the measured kit runs used."""
     kit = fits.get("kit")
     if not kit or "idle" not in kit:
         print("\n(no projection: the kit's idle phase was not measured)")
         return
     idle = kit["idle"]
     print("\nProjection of the kit's total requests/s at the store, from the fits above "
-          "(waits: W-1 ranks waiting, the one not waiting at the idle rate; 'raw line': the "
-          "least-squares line extrapolated even where flat)")
+          "(waits: W-1 ranks waiting, the one not waiting at the idle rate; a waiter's "
+          "requests beyond the idle rate are its looks, one per look interval, which grows "
+          "with W: scaled by look(measured)/look(W); 'raw line': the least-squares line "
+          "extrapolated even where flat, unscaled)")
+    print("  look interval: " + ", ".join(
+        f"W={w:,}: {_look(w):g} s" for w in sorted({measured_as, 1024, 8192})) +
+        f" (the measured runs looked as W={measured_as:,})")
     cap = f"{capacity:,.0f} req/s" if capacity else "not measured"
     print(f"  store capacity measured here: {cap}")
     print(f"  {'':<9}{'phase':<31}{'model req/s':>15}{'% capacity':>12}{'raw line req/s':>16}")
@@ -1009,7 +1032,8 @@ def print_projection(fits: Fits, capacity: Optional[float]) -> None:
             if row == "idle":
                 total, raw = world * fit.at(world), world * fit.line(world)
             else:
-                total = (world - 1) * fit.at(world) + idle.at(world)
+                looks = max(0.0, fit.at(world) - idle.at(world)) * _look(measured_as) / _look(world)
+                total = (world - 1) * (idle.at(world) + looks) + idle.at(world)
                 raw = (world - 1) * fit.line(world) + idle.line(world)
             share = f"{100 * total / capacity:11,.0f}%" if capacity else "-".rjust(12)
             print(f"  W={world:<7,}{label:<31}{total:>15,.0f}{share}{raw:>16,.0f}")
@@ -1189,6 +1213,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="also write every request and mark measured to FILE (JSON)")
     parser.add_argument("--load", metavar="FILE", default=None,
                         help="measure nothing: print the report from a --save FILE")
+    parser.add_argument("--look-as", type=int, default=0, metavar="W",
+                        help="the kit's ranks look at the store as in a world of W ranks "
+                             "(axolotl_dist's look_interval(W)): measures a large world's "
+                             "waits with few ranks")
     parser.add_argument("--verbose", action="store_true",
                         help="print phase progress and keep the ranks' logs")
     return parser.parse_args(argv)
@@ -1204,7 +1232,7 @@ def save(path: str, results: Dict[str, Dict[int, RunResult]], capacity: Optional
             runs.append({
                 "mode": run.mode, "world": run.world, "seconds": run.seconds,
                 "marks": run.marks, "gone": [g if g == g else None for g in run.gone],
-                "error": run.error, "problems": rec.problems,
+                "error": run.error, "problems": rec.problems, "look_as": run.look_as,
                 "requests": [[q.t, q.rank, q.conn, q.name, q.nbytes, q.key]
                              for q in rec.requests],
                 "replies": [[r.t, r.rank, r.conn, r.nbytes] for r in rec.replies],
@@ -1229,7 +1257,7 @@ def load(path: str) -> Tuple[Dict[str, Dict[int, RunResult]], Optional[float], s
         gone = [float("nan") if g is None else g for g in item["gone"]]
         results.setdefault(item["mode"], {})[item["world"]] = RunResult(
             item["mode"], item["world"], item["seconds"], item["marks"], gone, rec,
-            item["error"])
+            item["error"], item.get("look_as", 0))
     return results, data["capacity"], data["capacity_note"]
 
 
@@ -1243,7 +1271,7 @@ def measure(args: argparse.Namespace) -> Tuple[Dict[str, Dict[int, RunResult]],
         for mode in modes:
             began = time.monotonic()
             results[mode][world] = run_world(mode, world, args.seconds, args.legacy_store,
-                                             args.verbose)
+                                             args.verbose, args.look_as)
             print(f"  ran {mode} W={world} in {time.monotonic() - began:.0f} s", flush=True)
         print_world_table(world, {m: results[m][world] for m in modes})
     capacity: Optional[float] = None
@@ -1287,7 +1315,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shown = f"{capacity:,.0f} " if capacity else ""
     print(f"\nStore capacity: {shown}{note}")
     fits = print_fits(results)
-    print_projection(fits, capacity)
+    kit_runs = list(results.get("kit", {}).values())
+    print_projection(fits, capacity, max((r.look_as or r.world for r in kit_runs), default=0))
     if args.by_type:
         print_by_type(results, args.by_type)
     problems = [p for runs in results.values() for r in runs.values() for p in r.rec.problems]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import axolotl_dist as ad
-from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from axolotl_dist.testing import count_store_calls, run_distributed, run_distributed_outcomes
 
 PG_TIMEOUT = 300.0  # the group's collective timeout: failures must surface long before it
 
@@ -504,3 +504,31 @@ def test_the_wide_block_layout_beyond_31_ranks(tmp_path):
             assert t[(r, f"default-{i}")] >= t[(0, f"default-{i}")]
         firsts = max(t[(r, f"explicit-{i}")] for r in range(WIDE) if r != 1)
         assert t[(1, f"explicit-{i}")] >= firsts
+
+
+@pytest.mark.parametrize("store", ["parent", "rank0"])
+def test_a_long_zero_first_wait_sleeps_instead_of_polling(store):
+    # a waiter polls briefly, then sleeps on the block's bell (one compare_set to ask for it):
+    # its block store calls do not grow with the wait, and rank 0's done wakes it at once
+    def body():
+        rank = ad.get_rank()
+        with ad.zero_first():
+            pass  # warm
+        ad.barrier()
+        with count_store_calls() as calls:
+            with ad.zero_first():
+                if rank == 0:
+                    time.sleep(4.0)
+                    done = time.time()
+                else:
+                    done = None
+        released = time.time()
+        return sum(calls.values()), calls, done, released
+
+    out = run_distributed(body, 3, store=store, timeout=60)
+    done = out[0][2]
+    for rank in (1, 2):
+        total, calls, _, released = out[rank]
+        assert total <= 30, calls  # polling every 50 ms for 4 s was ~100
+        assert released - done < 0.5, released - done
+

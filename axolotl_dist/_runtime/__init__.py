@@ -29,6 +29,7 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
 * :mod:`.store`: which store, who hosts it, lost-store errors, the store worker thread.
 * :mod:`.peers`: peer records, the heartbeat thread, judging the store's host gone.
 * :mod:`.watch`: judging the ranks a wait depends on (exit records, pids, heartbeats).
+* :mod:`.bells`: a long wait sleeps in one blocking ``store.wait`` instead of polling.
 * :mod:`.wait`: every kit wait, one watching wait (registered for reports, judging the
   awaited ranks, warning at intervals): store probes and collectives' slices; keeping a group
   whose collective Ctrl-C left pending alive at exit.
@@ -51,6 +52,7 @@ Protocols built on those
 * :mod:`.threads`: two threads in helpers on one group at once are an error, never crossed
   values.
 * :mod:`.cleanup`: deleting finished blocks' keys in the background.
+* :mod:`.filesystem`: whether the nodes share a filesystem, asked of it (a probe file).
 * :mod:`.debug_check`: debug mode's per-call check.
 * :mod:`.slurm`: SLURM node-list and tasks-per-node syntax (the launcher variables' reader,
   :mod:`axolotl_dist.env`, needs it).

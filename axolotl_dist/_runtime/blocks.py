@@ -25,6 +25,10 @@ the fast path, and it also reads the word back:
 * ``do_n_at_a_time``: a rank of round ``k`` (``rank % rounds``) waits for every bit of the
   rounds before it, runs ``f``, sets its bit and waits for every bit.
 
+A default block's waiter that has polled a while sleeps on the block's bell (bit 31 of word
+0: :mod:`.bells`); an ``add`` that can release it (group rank 0's done, a flag) and finds
+the bit set rings it. Without sleepers, the fast path sends nothing more.
+
 Word 0 also carries two flags, counted in bits 32-46 and 47-62 (an ``add`` cannot set a bit
 twice safely, and two ranks may flag at once): ``FAILED`` (a rank's body raised; its report is
 under ``.../error``) and ``MISMATCH`` (blocks do not pair; the report under
@@ -52,7 +56,7 @@ import pickle
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
-from . import guards, trace
+from . import bells, guards, trace
 from .callsite import CallSite
 from . import cleanup
 from .groups import Group
@@ -137,11 +141,15 @@ class _Block:
         """Set this rank's bit (arrived, or done for a first rank); remember its word."""
         word, bit = divmod(self.rank, WORD_BITS)
         try:
-            self.words[word] = self.store.add(self.keys[word], 1 << bit)
+            value = self.words[word] = self.store.add(self.keys[word], 1 << bit)
+            if value & bells.BELL and self.rank == 0 and self.releases:
+                bells.ring(self.store, self.keys[0])
         except Exception as exc:  # noqa: BLE001
             if is_store_error(exc):
                 raise store_lost_error(exc, self.what) from exc
             raise
+
+    releases = False  # group rank 0's bit releases the waiters (a default zero_first block)
 
     def read(self, which: Sequence[int] = ()) -> None:
         """Read the words ``which`` again (default: all).
@@ -191,10 +199,13 @@ class _Block:
     # -- waiting ----------------------------------------------------------------------------
 
     def wait(self, done: Callable[[], bool], which: Sequence[int], watch: Callable[[], List[int]],
-             timeout: Optional[float], doing: str = "", failed_ok: bool = False) -> None:
+             timeout: Optional[float], doing: str = "", failed_ok: bool = False,
+             sleep: bool = False) -> None:
         """Poll the words ``which`` until ``done()`` or a flag; then raise a flagged failure
         (``failed_ok``: another rank's failed body is not this rank's error, a mismatch is).
-        ``doing`` is added to :attr:`what` in the wait's messages."""
+        ``doing`` is added to :attr:`what` in the wait's messages. ``sleep``: once polls have
+        not been enough, sleep on the block's bell (only where one ``add`` releases the wait:
+        see the module docstring)."""
         if not (done() or self.flagged()):
             self.read(which)  # once more before setting up a wait: usually enough
         if not (done() or self.flagged()):
@@ -203,11 +214,16 @@ class _Block:
                 return done() or self.flagged()
 
             poll_until(ready, watch=watch, timeout=timeout, what=self.what + doing,
-                       me=self.rank, slow=self.check_pairing)
+                       me=self.rank, slow=self.check_pairing,
+                       sleep=self._sleep if sleep else None)
         mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & _FAILED_MASK
         if mismatch or (failed and not failed_ok):
             with store_errors(self.what):
                 raise self._stored("mismatch" if mismatch else "error")
+
+    def _sleep(self) -> Optional[bells.Bell]:
+        bell, self.words[0] = bells.arm(self.group, self.store, self.keys[0], self.words[0])
+        return bell
 
     # -- pairing ----------------------------------------------------------------------------
 
@@ -243,7 +259,8 @@ class _Block:
         payload = pickle.dumps((self.rank, error))
         ours = self.store.compare_set(key, "", payload) == payload  # the first report wins
         for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
-            self.store.add(word0, MISMATCH)
+            if self.store.add(word0, MISMATCH) & bells.BELL:
+                bells.ring(self.store, word0)
         if not ours:
             raise self._stored("mismatch")
         self.words[0] += MISMATCH
@@ -258,7 +275,8 @@ class _Block:
         try:
             report = failure_report(self.rank, exc, self.what)
             ours = self.store.compare_set(key, "", report) == report
-            self.store.add(self.keys[0], FAILED)
+            if self.store.add(self.keys[0], FAILED) & bells.BELL:
+                bells.ring(self.store, self.keys[0])
             readers = self._readers(exclude=(self.rank,))
         except Exception:  # noqa: BLE001 - the store is gone: nobody can be told
             publish_error(self.store, key, self.rank, exc, self.what)
@@ -310,7 +328,8 @@ class _Block:
         if old:
             done[:] = keep
             cleanup.delete(self.group, self.store, old)
-        done.append((self.seq, self.keys))
+        done.append((self.seq, self.keys + [bells.bell_key(self.keys[0])]  # someone slept
+                     if self.words[0] & bells.BELL else self.keys))
 
 
 class ZeroFirstBlock(_Block):
@@ -321,6 +340,10 @@ class ZeroFirstBlock(_Block):
 
     def _released(self) -> bool:
         return self.full() if self.explicit else self.has(0)
+
+    @property
+    def releases(self) -> bool:  # type: ignore[override]
+        return not self.explicit
 
     def await_firsts(self) -> None:
         """A waiting rank: arrive, wait until the first rank(s) are done; raise their failure."""
@@ -346,7 +369,7 @@ class ZeroFirstBlock(_Block):
             def watch() -> List[int]:
                 return self.missing((0,))
 
-        self.wait(self._released, which, watch, self.timeout)
+        self.wait(self._released, which, watch, self.timeout, sleep=not self.explicit)
         self.finish(complete=self.explicit)
 
     def confirm_later(self) -> None:

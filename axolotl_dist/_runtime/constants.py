@@ -14,6 +14,9 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "LIVENESS_INTERVAL",
     "LOOK_INTERVAL",
+    "LOOK_RANKS",
+    "MAX_LOOK_INTERVAL",
+    "look_interval",
     "SILENT_AFTER",
     "MAX_WAIT_LOG_INTERVAL",
     "HEARTBEAT_TIMEOUT_ENV_VAR",
@@ -39,8 +42,20 @@ HEARTBEAT_INTERVAL = 2.5
 #: How often a waiting rank judges the ranks it waits for (seconds): their pids where they run
 #: on this machine (no store call).
 LIVENESS_INTERVAL = 0.5
-#: How often a waiting rank reads the store about them (seconds): one store call.
+#: How often a waiting rank reads the store about them (seconds): one store call; in worlds
+#: of more than ``LOOK_RANKS`` ranks less often (:func:`look_interval`).
 LOOK_INTERVAL = 1.0
+#: World size per second of look interval beyond :data:`LOOK_INTERVAL`, and its upper bound:
+#: every waiter's look is a request at the one store, so a world of 8,192 waiting ranks looks
+#: every 4 s (keeping the kit's traffic under 10 % of a store's capacity: docs/performance.md).
+LOOK_RANKS = 2048
+MAX_LOOK_INTERVAL = 4.0
+
+
+def look_interval(world_size: int) -> float:
+    """Seconds between a waiting rank's looks at the store in a world of ``world_size``."""
+    return min(MAX_LOOK_INTERVAL, max(LOOK_INTERVAL, world_size / LOOK_RANKS))
+
 #: A heartbeat silent this long (seconds) is worth a warning.
 SILENT_AFTER = 3.0 * HEARTBEAT_INTERVAL
 #: The longest interval between two "still waiting" warnings (seconds).

@@ -14,7 +14,8 @@ threads abort the process). ``group=None`` means the default group, everywhere. 
   exchange: docs/design.md, "Value encoding");
 * ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
   ``world_mesh`` (default group); ``cleanup_store``, ``blocks_done`` (background deletion of
-  finished blocks' keys); ``abandoned`` (a collective left pending: kept at exit);
+  finished blocks' keys); ``sleep_store`` (the idle connection a long wait sleeps on:
+  :mod:`.bells`); ``abandoned`` (a collective left pending: kept at exit);
   ``open_blocks`` (thread id -> its innermost open block: :mod:`.threads`).
 
 :func:`group_of` is the one function that turns a ``group=`` argument into a :class:`Group`;
@@ -39,7 +40,7 @@ from ..ranks import get_rank, get_world_size
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["world", "Group", "group_of", "default_pg", "on_first_use", "learn", "learnt",
+__all__ = ["world", "Group", "NOT_ASKED", "group_of", "default_pg", "on_first_use", "learn", "learnt",
            "HEADER_LEN", "A2A_MAX_RANKS"]
 
 #: torch's holder of the default group; reading it has no side effects.
@@ -78,11 +79,16 @@ def _options(cls: Any, async_op: bool) -> Any:
     return opts
 
 
+#: :attr:`Group.node_first` before the first block asked.
+NOT_ASKED = object()
+
+
 class Group:
     """What the kit knows of one process group (see the module docstring)."""
 
     __slots__ = ("pg_ref", "default", "rank", "size", "device", "cpu", "env_rank", "env_ws", "seq",
-                 "store", "debug", "world_mesh", "cleanup_store", "blocks_done", "abandoned",
+                 "store", "debug", "world_mesh", "cleanup_store", "sleep_store", "blocks_done",
+                 "abandoned", "node_first",
                  "open_blocks", "_ranks", "opts", "allgather", "hdr_arr", "hdr", "all_arr",
                  "hdr_all", "a2a", "a2a_opts", "a2a_arr", "a2a_in", "bcast", "bcast_opts",
                  "__weakref__")
@@ -98,6 +104,11 @@ class Group:
         self.debug: Any = None
         self.world_mesh: Any = None
         self.cleanup_store: Any = None
+        self.sleep_store: Any = None
+        #: a default zero_first's first rank(s) on this group: None (group rank 0 alone), or
+        #: whether this rank is its node's first (several nodes, no shared filesystem); unset
+        #: until the first block asks (:mod:`axolotl_dist.ordering`)
+        self.node_first: Any = NOT_ASKED
         self.blocks_done: Dict[str, List[Any]] = {}
         self.abandoned = False
         self.open_blocks: Dict[int, Any] = {}

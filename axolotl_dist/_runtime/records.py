@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from .envvars import kit_seconds
 from .groups import Group, default_pg, learn, learnt
-from .constants import HEARTBEAT_INTERVAL, LOOK_INTERVAL, STORE_LINGER_ENV_VAR
+from .constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_interval
 from .peers import (EXIT_LOG_KEY, WAITERS_KEY, exit_connection, peer_record, store_host_gone,
                     store_lost_error)
 from .store import hosts_store, is_store_error, world_store
@@ -134,11 +134,12 @@ def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "W
 
 # --- exit records ----------------------------------------------------------------------------
 
-#: Seconds a rank ending on a failure gives its peers to read its exit record before its
-#: process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
-#: the other ranks as soon as this process is gone, and a peer in a kit wait looks at the
-#: store every ``LOOK_INTERVAL``; the rest lets it print its error.
-FAILED_EXIT_GRACE = LOOK_INTERVAL + 0.25
+def failed_exit_grace(world_size: int) -> float:
+    """Seconds a rank ending on a failure gives its peers to read its exit record before its
+    process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
+    the other ranks as soon as this process is gone, and a peer in a kit wait looks at the
+    store every :func:`~.constants.look_interval`; the rest lets it print its error."""
+    return look_interval(world_size) + 0.25
 
 def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, bool]]:
     """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
@@ -184,12 +185,12 @@ def mark_exited(record: Tuple["Store", int, bool]) -> None:
 def await_peers_told(store: "Store", rank: int, world_size: int) -> None:
     """For a rank that does not host the store, ending on a failure: wait until no other rank
     is in a kit wait any more (each one there reads this rank's record within a
-    ``LOOK_INTERVAL``, raises naming it, and keeps its wait counted until its own exit:
-    :func:`.watch.waiting_key`) or it is gone, at most :data:`FAILED_EXIT_GRACE` seconds.
+    look interval, raises naming it, and keeps its wait counted until its own exit:
+    :func:`.watch.waiting_key`) or it is gone, at most :func:`failed_exit_grace` seconds.
     A rank busy elsewhere is not waited for: it could not name this rank before a launcher
     stopped it anyway. Never raises."""
     others = [r for r in range(world_size) if r != rank]
-    deadline = time.monotonic() + FAILED_EXIT_GRACE
+    deadline = time.monotonic() + failed_exit_grace(world_size)
     try:
         watcher = Watch(store, rank)
         while time.monotonic() < deadline:
@@ -268,7 +269,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
                     if waiting:
                         watcher.store.add(WAITERS_KEY, 1)
                     limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL +
-                                     LOOK_INTERVAL + 1.0 if waiting else _LOCAL_DIAGNOSIS)
+                                     watcher.look_every + 1.0 if waiting else _LOCAL_DIAGNOSIS)
                 if now >= limit:
                     return exc
                 time.sleep(0.05)

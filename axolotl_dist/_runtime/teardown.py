@@ -17,7 +17,7 @@ registers an ``atexit`` hook that, before finalization:
    other rank has left its exit record or is gone, at most ``AXOLOTL_DIST_STORE_LINGER``
    seconds: peers read the real cause of a failure, and their own exits find a live store;
    elsewhere, a rank ending on a failure waits until the others finished their exits, at
-   most ``records.FAILED_EXIT_GRACE`` seconds: a launcher that stops every rank once one is
+   most ``records.failed_exit_grace()`` seconds: a launcher that stops every rank once one is
    gone (torchrun, ``axolotl-dist``, ``mpirun``) would stop a peer before it named the cause;
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish;
@@ -215,7 +215,7 @@ def teardown(exc: Optional[BaseException] = None) -> None:
             records.await_peers_exit(record[0], rank, world_size, failed=record[2])
         elif record[2]:  # a failure: the peers waiting for this rank name it before it is gone
             store.bounded(lambda: records.await_peers_told(record[0], rank, world_size),
-                          records.FAILED_EXIT_GRACE + _STORE_CALLS)
+                          records.failed_exit_grace(world_size) + _STORE_CALLS)
     del server
     kept = {id(ref()) for ref in STATE.kept}
     groups = [ref for ref in groups if id(ref()) not in kept]

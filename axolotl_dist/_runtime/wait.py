@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import procs, where
+from .bells import Bell
 from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .groups import Group
@@ -51,6 +52,8 @@ SLICE = 0.05
 _SLICE = timedelta(seconds=SLICE)
 #: How long a store call may take before the waiting rank looks at the store's host.
 _STORE_SILENT_AFTER = 1.0
+#: Seconds between an asleep wait's checks of its clock (timeout, warnings): no store call.
+_ASLEEP = 0.25
 
 
 class _Interval:
@@ -151,6 +154,7 @@ def poll_until(
     what: str,
     me: int,
     slow: Optional[Callable[[], None]] = None,
+    sleep: Optional[Callable[[], Optional[Bell]]] = None,
 ) -> None:
     """Return once ``ready()`` is true; raise if a watched rank dies or ``timeout`` expires.
 
@@ -159,16 +163,22 @@ def poll_until(
     :param what: a description used in log lines and errors ("zero_first block #3 at x.py:4").
     :param slow: called once, on the store worker, when the wait outlasts its first inline
         polls (a check too costly for the fast path, e.g. that blocks pair); it may raise.
+    :param sleep: called on the store worker after ``slow``, until it returns a bell: a
+        :class:`~.bells.Bell` asleep until ``ready()`` may have become true (then the wait
+        stops polling: it only looks at the watched ranks), or None (not now: polls go on).
     """
     try:
         if ready():
             return
         waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}")
         normal = False
+        box: List[Optional[Bell]] = [None]
         try:
-            _poll(ready, watch, timeout, slow, waiting)
+            _poll(ready, watch, timeout, slow, waiting, sleep, box)
             normal = True
         finally:
+            if box[0] is not None:
+                box[0].release()
             waiting.end(normal, submit)
     except (RankFailedError, RankTimeoutError, DistributedEnvError):
         raise
@@ -199,21 +209,29 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
 
 
 def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
-          slow: Optional[Callable[[], None]], w: Waiting) -> None:
+          slow: Optional[Callable[[], None]], w: Waiting,
+          sleep: Optional[Callable[[], Optional[Bell]]], box: List[Optional[Bell]]) -> None:
     what, me, watcher, start = w.what, w.me, w.watcher, w.start
     next_check = start + LIVENESS_INTERVAL / 2
     spins, delay = 0, 0.0005
     job: Optional[Job] = None
     job_since = start
     pending_slow = [slow] if slow is not None else []
+    pending_sleep = [sleep] if sleep is not None else []
 
     def probe(liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
         if host_leaving():  # no store call: the host's store is about to go
             return "lost", watcher.find_lost([], now, what)
-        if ready():
-            return "ready", None
+        bell = box[0]
+        if bell is None or bell.rung.is_set():  # asleep, the word is not read: the bell says
+            if ready():
+                return "ready", None
         if pending_slow and not inline:  # on the worker: the wait has left its inline polls
             pending_slow.pop()()
+        if pending_sleep and not inline:
+            box[0] = pending_sleep[0]()
+            if box[0] is not None:
+                pending_sleep.clear()  # a bell rings once: after a spurious ring, polls
         if liveness:
             w.mark()
             w.ranks[:] = watch()
@@ -230,17 +248,26 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
                 if verdict == "ready":
                     return
                 continue
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05 if time.monotonic() - start < 10 else 0.25)
-            now = time.monotonic()
-            liveness = now >= next_check
-            if liveness:
-                next_check = now + LIVENESS_INTERVAL
-            job = submit(lambda liveness=liveness, now=now: probe(liveness, now))
-            job_since = now
-        answered = job.done.wait(_STORE_SILENT_AFTER)
+            bell = box[0]
+            if bell is not None and not bell.rung.is_set():  # asleep: look at the peers only
+                bell.rung.wait(min(_ASLEEP, max(0.0, next_check - time.monotonic())))
+                now = time.monotonic()
+                due = now >= next_check or bell.rung.is_set()
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05 if time.monotonic() - start < 10 else 0.25)
+                now, due = time.monotonic(), True
+            if due:
+                liveness = now >= next_check
+                if liveness:
+                    next_check = now + LIVENESS_INTERVAL
+                job = submit(lambda liveness=liveness, now=now: probe(liveness, now))
+                job_since = now
+        answered = job.done.wait(_STORE_SILENT_AFTER) if job is not None else False
         now = time.monotonic()
-        if answered:
+        if job is None:
+            pass
+        elif answered:
             verdict, lost = job.result()
             job = None
             if verdict == "ready":

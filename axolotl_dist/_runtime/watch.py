@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Se
 import torch.distributed as dist
 
 from . import procs
-from .constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, LOOK_INTERVAL, SILENT_AFTER,
+from .constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER, look_interval,
                         WAIT_LOG_INTERVAL_ENV_VAR)
 from .envvars import kit_seconds
 from .logs import kit as log
@@ -71,11 +71,12 @@ class Watch:
     why)."""
 
     def __init__(self, store: Optional["Store"] = None, me: Optional[int] = None,
-                 look_every: float = LOOK_INTERVAL) -> None:
+                 look_every: Optional[float] = None) -> None:
         self.store = store if store is not None else world_store()
         self.raw = raw_store(self.store)  # heartbeats and records live at the store's root
         self.me = dist.get_rank() if me is None and dist.is_initialized() else (me or 0)
-        self.look_every = look_every
+        self.look_every = look_every if look_every is not None else look_interval(
+            dist.get_world_size() if dist.is_initialized() else 1)
         self.next_look = 0.0
         self.events = 0  # the events part of axd/exits when last read
         self.rounds, self.rounds_at = 0, time.monotonic()  # the judge's rounds; when they moved

@@ -1,0 +1,121 @@
+"""Whether the nodes of a run share a filesystem, asked of the filesystem itself.
+
+``zero_first`` builds a cache once and lets the other ranks load it: right when every node sees
+the cache directory, wrong when each node has its own disk (the other nodes find nothing, or
+every rank of theirs builds it at once). Launchers cannot say which, so on a run of several
+nodes where nobody said (``AXOLOTL_DIST_SHARED_FS``, ``OLMO_SHARED_FS``,
+``init_distributed(shared_filesystem=)``), the kit probes it, once per directory per run, with
+every rank of the world taking part (at ``init_distributed``, for the datasets cache; in a
+``zero_first(path=...)`` block on the world group, for that path):
+
+1. global rank 0 writes an empty file named for the run into the directory (the deepest one
+   that exists on its node: the cache may not be made yet) and sets ``axd/fs/<h>`` to its
+   name (``""`` if it could not write: then nothing is decided);
+2. each node's first rank (local rank 0) reads that key, looks for the file, and counts its
+   answer in ``axd/fs/<h>/seen`` (1: found; :data:`_NOT_FOUND`: not);
+3. every rank reads the count until each node answered: shared if every node found the file;
+   rank 0 then removes it.
+
+A few store calls per rank, once; a single-node run probes nothing (its ranks share a
+filesystem by definition).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Dict, List, Optional
+
+from .logs import kit as log
+from .state import STATE
+from .store import world_store
+from .wait import poll_until
+
+__all__ = ["default_cache_dir", "probe_dir", "shares"]
+
+#: ``axd/fs/<h>/seen`` counts the nodes' answers: found (bits 0-20), not found (21-41),
+#: nothing to look for (42-62: rank 0 could not write the file).
+_FOUND, _NOT_FOUND, _UNKNOWN = 1, 1 << 21, 1 << 42
+_FIELD = (1 << 21) - 1
+#: The answers this process has: (run, directory) -> shared (None: undecided).
+_ANSWERS: Dict[tuple, Optional[bool]] = {}
+
+
+def default_cache_dir() -> str:
+    """Where Hugging Face ``datasets`` caches: ``HF_DATASETS_CACHE``, else
+    ``$HF_HOME/datasets``, else ``$XDG_CACHE_HOME/huggingface/datasets`` (default
+    ``~/.cache``)."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return os.environ["HF_DATASETS_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface")
+    return os.path.join(home, "datasets")
+
+
+def probe_dir(path: str) -> str:
+    """The deepest existing directory at or above ``path`` (absolute)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def shares(label: str, path: str, rank: int, local_rank: int, local_world_size: int,
+           nodes: int) -> Optional[bool]:
+    """Whether every node sees ``path`` (see the module docstring); None if undecided (rank 0
+    could not write there). Every rank of the world must call it with the same ``label`` (what
+    names the probe across ranks: the ``path=`` argument as written, before any expansion
+    that may differ per node); rank 0's ``path`` decides where to look."""
+    if nodes <= 1:
+        return True
+    run = STATE.run or ""
+    cached = _ANSWERS.get((run, label), False)
+    if cached is not False:
+        return cached
+    store = world_store()
+    key = "axd/fs/" + hashlib.blake2b(label.encode(), digest_size=6).hexdigest()
+    made = ""
+    if rank == 0:
+        made = _write_probe(probe_dir(path), run)
+        store.set(key, made)
+    firsts = [n * local_world_size for n in range(nodes)]
+    if local_rank == 0:
+        if rank != 0:
+            poll_until(lambda: store.check([key]), watch=lambda: [0], timeout=None,
+                       what=f"the shared-filesystem probe of {path}", me=rank)
+            made = store.get(key).decode()
+        store.add(f"{key}/seen", _UNKNOWN if not made else
+                  _FOUND if os.path.exists(made) else _NOT_FOUND)
+    seen = [0]
+
+    def all_answered() -> bool:
+        seen[0] = store.add(f"{key}/seen", 0)
+        return sum(seen[0] >> shift & _FIELD for shift in (0, 21, 42)) >= nodes
+
+    poll_until(all_answered, watch=lambda: firsts, timeout=None,
+               what=f"the shared-filesystem probe of {path}", me=rank)
+    if rank == 0 and made:
+        try:
+            os.remove(made)
+        except OSError:
+            pass
+    answer = None if seen[0] >> 42 else not seen[0] >> 21 & _FIELD
+    _ANSWERS[(run, label)] = answer
+    return answer
+
+
+def _write_probe(directory: str, run: str) -> str:
+    """Write the probe file in ``directory``; its path, or "" if it could not be written."""
+    name = os.path.join(directory, f".axolotl_dist-fs-probe-{run or os.getpid()}")
+    try:
+        with open(name, "w"):
+            pass
+    except OSError as exc:
+        log.warning("rank 0 could not write a probe file in %s (%s): whether the nodes share "
+                    "it stays unknown; set AXOLOTL_DIST_SHARED_FS=1 or 0", directory, exc)
+        return ""
+    return name
