@@ -175,7 +175,7 @@ class _Heartbeat:
         self.judging = False  # rank 0, while some rank waits: a round every JUDGE_INTERVAL
         self.silent: Dict[int, float] = {}  # the judge's last verdicts
         self.all_beat = False  # every rank's heartbeat key exists (the judge may multi_get)
-        me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name())
+        me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         STATE.peers[rank] = me
         raw.set(who_key(run, rank), encode_peer(me))
         raw.add(where.hb_key(run, rank), 1)
@@ -411,6 +411,17 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
             host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
             f"it hosted at {store_address()} is gone ({type(exc).__name__}: {first}). Look at "
             f"rank {host}'s own output for why it ended", where=what))
+    me = dist.get_rank() if dist.is_initialized() else -1
+    beside = sorted(r for r, record in STATE.peers.items() if record.by_store and r != me)
+    if beside and not (me in STATE.peers and STATE.peers[me].by_store):
+        record = STATE.peers[beside[0]]
+        return learn(RankFailedError(
+            beside[0], "lost", f"the c10d store at {store_address()} is gone, and with it, "
+            f"most likely, the node it ran on: {record.host}, where rank(s) {beside} ran "
+            f"(rank {beside[0]}: {record.describe()}). That node was lost, or the launcher "
+            f"that served the store there exited or was killed ({type(exc).__name__}: "
+            f"{first}). Look at {record.host}'s output for why", where=what,
+            ranks=tuple(beside)))
     return DistributedEnvError(
         f"lost the c10d store at {store_address()} while in {what}: the launcher process that "
         f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "

@@ -169,6 +169,14 @@ def is_loopback(addr: Optional[str]) -> bool:
     return addr in ("localhost", "::1", "0:0:0:0:0:0:0:1") or addr.startswith("127.")
 
 
+def beside_store() -> bool:
+    """Whether this process runs where the world's store is served: ``MASTER_ADDR`` is
+    loopback, or something in this network namespace listens on ``MASTER_PORT``."""
+    port = os.environ.get("MASTER_PORT", "")
+    return is_loopback(os.environ.get("MASTER_ADDR")) or (
+        port.isdigit() and bool(listening(int(port))))
+
+
 def listening(port: int) -> Optional[bool]:
     """Whether some socket of this network namespace listens on TCP ``port`` (``/proc/net``);
     None where that cannot be read (not Linux)."""

@@ -24,7 +24,7 @@ import sysconfig
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import procs
 from .constants import HEARTBEAT_INTERVAL, HOST
@@ -46,8 +46,10 @@ REQUEST = 1 << 32
 BEATS = REQUEST - 1
 #: Seconds a requester waits for the ranks' answers (a rank sees a request at its next beat).
 ANSWER_WITHIN = HEARTBEAT_INTERVAL + 1.5
-#: Seconds between a requester's looks for answers not in yet.
-_ANSWER_POLL = 0.25
+#: Seconds between a requester's looks for answers not in yet (each one ``multi_get``).
+_ANSWER_POLL = 0.5
+#: (run, rank) whose answer key this process made sure exists.
+_ANSWER_KEYS: Set[Tuple[str, int]] = set()
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_MARK = os.sep + "torch" + os.sep
@@ -64,20 +66,22 @@ class Peer(NamedTuple):
     pid: int
     machine: str  # procs.machine_id(): whether this process can judge ``pid``
     launcher: str
+    by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
 
     def describe(self) -> str:
         return f"process {self.pid} on {self.host}, started by {self.launcher}"
 
 
 def encode_peer(record: Peer) -> str:
-    return f"{record.host}|{record.pid}|{record.machine}|{record.launcher}"
+    return (f"{record.host}|{record.pid}|{record.machine}|{int(record.by_store)}|"
+            f"{record.launcher}")
 
 
 def decode_peer(raw: bytes) -> Optional[Peer]:
-    parts = raw.decode(errors="replace").split("|", 3)
-    if len(parts) != 4 or not parts[1].isdigit():
+    parts = raw.decode(errors="replace").split("|", 4)
+    if len(parts) != 5 or not parts[1].isdigit():
         return None
-    return Peer(parts[0], int(parts[1]), parts[2], parts[3])
+    return Peer(parts[0], int(parts[1]), parts[2], parts[4], parts[3] == "1")
 
 
 def who_key(run: str, rank: int) -> str:
@@ -218,29 +222,41 @@ def answer(store: "Store", run: str, rank: int, request: int) -> None:
 
 # --- asking -------------------------------------------------------------------------------
 
-def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, int]:
-    """Ask ``ranks`` for their snapshot; their request numbers to wait for."""
-    return {r: store.add(hb_key(run, r), REQUEST) >> 32 for r in ranks}
+def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, int]]:
+    """Ask ``ranks`` for their snapshot: rank -> (the request number to wait for, its beats
+    now); one store call per rank, which also makes sure its answer's key exists."""
+    asked = {}
+    for r in ranks:
+        value = store.add(hb_key(run, r), REQUEST)
+        asked[r] = (value >> 32, value & BEATS)
+        if (run, r) not in _ANSWER_KEYS:  # made once, so one multi_get reads every answer
+            store.compare_set(_where_key(run, r), "", "{}")
+            _ANSWER_KEYS.add((run, r))
+    return asked
 
 
-def collect(store: "Store", run: str, wanted: Dict[int, int], within: float = ANSWER_WITHIN
-            ) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, int]]:
-    """The answers to ``wanted`` (rank -> request number) that came within ``within`` seconds,
-    and, for the ranks that did not answer, how many beats they made meanwhile."""
-    beats = {r: store.add(hb_key(run, r), 0) & BEATS for r in wanted}
+def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
+            within: float = ANSWER_WITHIN) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, int]]:
+    """The answers to ``wanted`` (:func:`ask`'s) that came within ``within`` seconds, and, for
+    the ranks that did not answer, how many beats they made meanwhile. One ``multi_get`` of
+    every answer and heartbeat per poll, however many ranks."""
+    ranks = list(wanted)
+    keys = [_where_key(run, r) for r in ranks] + [hb_key(run, r) for r in ranks]
     got: Dict[int, Dict[str, Any]] = {}
+    beats: Dict[int, int] = {}
     deadline = time.monotonic() + within
     while True:
-        for rank, number in wanted.items():
-            if rank in got or not store.check([_where_key(run, rank)]):
-                continue
-            data = json.loads(store.get(_where_key(run, rank)))
-            if data.get("request", 0) >= number:
-                got[rank] = data
+        values = store.multi_get(keys)
+        for i, rank in enumerate(ranks):
+            beats[rank] = int(values[len(ranks) + i]) & BEATS
+            if rank not in got:
+                data = json.loads(values[i] or b"{}")
+                if data.get("request", 0) >= wanted[rank][0]:
+                    got[rank] = data
         if len(got) == len(wanted) or time.monotonic() >= deadline:
             break
         time.sleep(_ANSWER_POLL)
-    silent = {r: (store.add(hb_key(run, r), 0) & BEATS) - beats[r] for r in wanted if r not in got}
+    silent = {r: beats[r] - wanted[r][1] for r in ranks if r not in got}
     return got, silent
 
 
