@@ -495,7 +495,9 @@ def test_the_wide_block_layout_beyond_31_ranks(tmp_path):
 
     out = run_distributed(body, WIDE, timeout=120)
     for r, (grown, failed) in enumerate(out):
-        assert grown <= 4, grown
+        # the last block of each kind keeps its two words (deleted one block late), the last
+        # default block its bell too if a waiter slept in it
+        assert grown <= 5, grown
         expected = {0: None, 2: ("KeyError", None)}.get(r, ("RankFailedError", 2))
         assert failed == expected, (r, failed)
     t = {(r, e): ts for ts, r, e in _events(tmp_path)}
