@@ -113,17 +113,17 @@ def _probe_shared_filesystem() -> None:
     OLMo-core assumes."""
     if _fs_said() or not is_initialized() or get_world_size() == 1:
         return
-    nodes = _env.env_num_nodes(get_world_size())
+    if _env.env_num_nodes(get_world_size()) <= 1:
+        return
     path = _filesystem.default_cache_dir()
     answer = _filesystem.shares("datasets-cache", path, get_rank(), get_local_rank(),
-                                _env.env_local_world_size(get_world_size()), nodes)
+                                get_world_size())
     os.environ[_env.SHARED_FS_ENV_VAR] = "0" if answer is False else "1"
     if answer is False and get_rank() == 0:
-        _kit_log.emit(logging.INFO, "the %d nodes do not share %s (the datasets cache): "
-                      "zero_first runs "
-                      "first on each node's local rank 0, get_fs_local_rank() is the local "
-                      "rank; set AXOLOTL_DIST_SHARED_FS=1 to run it once for all nodes",
-                      nodes, _filesystem.probe_dir(path))
+        _kit_log.emit(logging.INFO, "the nodes do not share %s (the datasets cache): "
+                      "zero_first runs first on each node's local rank 0, get_fs_local_rank() "
+                      "is the local rank; set AXOLOTL_DIST_SHARED_FS=1 to run it once for all "
+                      "nodes", _filesystem.probe_dir(path))
 
 
 def init_distributed(

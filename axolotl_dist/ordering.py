@@ -72,8 +72,7 @@ def _node_first(g: Any, path: Optional[str]) -> Optional[bool]:
         if path is not None and not (_env.is_set(_env.SHARED_FS_ENV_VAR)
                                      or _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR)):
             shared = _filesystem.shares(path, path, get_rank(), get_local_rank(),
-                                        _env.env_local_world_size(g.size),
-                                        _env.env_num_nodes(g.size)) is not False
+                                        g.size) is not False
         else:
             shared = _env.env_shared_filesystem()
         answer = None if shared else get_fs_local_rank() == 0

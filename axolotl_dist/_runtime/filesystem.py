@@ -12,9 +12,10 @@ every rank of the world taking part (at ``init_distributed``, for the datasets c
    that exists on its node: the cache may not be made yet) and sets ``axd/fs/<h>`` to its
    name (``""`` if it could not write: then nothing is decided);
 2. each node's first rank (local rank 0) reads that key, looks for the file, and counts its
-   answer in ``axd/fs/<h>/seen`` (1: found; :data:`_NOT_FOUND`: not);
-3. every rank reads the count until each node answered: shared if every node found the file;
-   rank 0 then removes it.
+   answer in ``axd/fs/<h>/seen``;
+3. every rank adds its arrival to the same count, and reads it until every rank arrived (so
+   every node's first rank answered): shared if every node found the file; rank 0 then
+   removes it.
 
 A few store calls per rank, once; a single-node run probes nothing (its ranks share a
 filesystem by definition).
@@ -33,10 +34,12 @@ from .wait import poll_until
 
 __all__ = ["default_cache_dir", "probe_dir", "shares"]
 
-#: ``axd/fs/<h>/seen`` counts the nodes' answers: found (bits 0-20), not found (21-41),
-#: nothing to look for (42-62: rank 0 could not write the file).
-_FOUND, _NOT_FOUND, _UNKNOWN = 1, 1 << 21, 1 << 42
-_FIELD = (1 << 21) - 1
+#: ``axd/fs/<h>/seen``: every rank adds one arrival (bits 0-23); each node's first rank adds its
+#: answer too, counted per kind: found (bits 24-36), not found (37-49), nothing to look for
+#: (50-62: rank 0 could not write the file).
+_ARRIVED, _FOUND, _NOT_FOUND, _UNKNOWN = 1, 1 << 24, 1 << 37, 1 << 50
+_FIELD, _NODES = (1 << 24) - 1, (1 << 13) - 1
+
 #: The answers this process has: (run, directory) -> shared (None: undecided).
 _ANSWERS: Dict[tuple, Optional[bool]] = {}
 
@@ -64,14 +67,13 @@ def probe_dir(path: str) -> str:
     return path
 
 
-def shares(label: str, path: str, rank: int, local_rank: int, local_world_size: int,
-           nodes: int) -> Optional[bool]:
+def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -> Optional[bool]:
     """Whether every node sees ``path`` (see the module docstring); None if undecided (rank 0
     could not write there). Every rank of the world must call it with the same ``label`` (what
     names the probe across ranks: the ``path=`` argument as written, before any expansion
-    that may differ per node); rank 0's ``path`` decides where to look."""
-    if nodes <= 1:
-        return True
+    that may differ per node); rank 0's ``path`` decides where to look. Nodes are counted by
+    their first ranks' answers once every rank arrived, not from ``LOCAL_WORLD_SIZE`` (nodes
+    may run different numbers of ranks)."""
     run = STATE.run or ""
     cached = _ANSWERS.get((run, label), False)
     if cached is not False:
@@ -82,30 +84,32 @@ def shares(label: str, path: str, rank: int, local_rank: int, local_world_size: 
     if rank == 0:
         made = _write_probe(probe_dir(path), run)
         store.set(key, made)
-    firsts = [n * local_world_size for n in range(nodes)]
     if local_rank == 0:
         if rank != 0:
             poll_until(lambda: store.check([key]), watch=lambda: [0], timeout=None,
                        what=f"the shared-filesystem probe of {path}", me=rank)
             made = store.get(key).decode()
-        store.add(f"{key}/seen", _UNKNOWN if not made else
-                  _FOUND if os.path.exists(made) else _NOT_FOUND)
-    seen = [0]
+        answer = _UNKNOWN if not made else _FOUND if os.path.exists(made) else _NOT_FOUND
+    else:
+        answer = 0
+    seen = [store.add(f"{key}/seen", _ARRIVED + answer)]
 
-    def all_answered() -> bool:
+    def all_arrived() -> bool:
         seen[0] = store.add(f"{key}/seen", 0)
-        return sum(seen[0] >> shift & _FIELD for shift in (0, 21, 42)) >= nodes
+        return seen[0] & _FIELD >= world_size
 
-    poll_until(all_answered, watch=lambda: firsts, timeout=None,
-               what=f"the shared-filesystem probe of {path}", me=rank)
+    if seen[0] & _FIELD < world_size:
+        poll_until(all_arrived, watch=lambda: list(range(world_size)), timeout=None,
+                   what=f"the shared-filesystem probe of {path}", me=rank)
     if rank == 0 and made:
         try:
             os.remove(made)
         except OSError:
             pass
-    answer = None if seen[0] >> 42 else not seen[0] >> 21 & _FIELD
-    _ANSWERS[(run, label)] = answer
-    return answer
+    missed, unknown = (seen[0] >> shift & _NODES for shift in (37, 50))
+    result = None if unknown else not missed
+    _ANSWERS[(run, label)] = result
+    return result
 
 
 def _write_probe(directory: str, run: str) -> str:

@@ -417,7 +417,8 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
         record = STATE.peers[beside[0]]
         return learn(RankFailedError(
             beside[0], "lost", f"the c10d store at {store_address()} is gone, and with it, "
-            f"most likely, the node it ran on: {record.host}, where rank(s) {beside} ran "
+            f"most likely, the node it ran on: {record.host}, where rank(s) {beside} (at "
+            f"least: the ranks whose records this rank read) ran "
             f"(rank {beside[0]}: {record.describe()}). That node was lost, or the launcher "
             f"that served the store there exited or was killed ({type(exc).__name__}: "
             f"{first}). Look at {record.host}'s output for why", where=what,
