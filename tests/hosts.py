@@ -217,22 +217,32 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+#: What a node must still see under a private directory: this checkout (the kit and the tests
+#: run from it: a CI clone may live under /tmp) and the Python installation.
+_ALWAYS_KEPT = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix,
+                sys.base_prefix)
+
+
 def _prologue(node: Node, keep: str) -> List[str]:
     """Shell lines a node runs first, inside its namespaces: its hostname and hosts file, a
-    tmpfs over each private directory (``keep``, the test's directory, stays visible: held
-    open across the mount and bound back from the open descriptor), burnt pids."""
+    tmpfs over each private directory (``keep``, the test's directory, this checkout and the
+    Python installation stay visible: each held open across the mount on a descriptor of its
+    own and bound back from it), burnt pids."""
     q = shlex.quote
     lines = ["set -e", f"hostname {q(node.hostname)}"]
     if node.hosts_file:
         lines.append(f"mount --bind {q(node.hosts_file)} /etc/hosts")
+    wanted = sorted({os.path.abspath(p) for p in (keep, *_ALWAYS_KEPT)})
+    kept = [p for p in wanted if not any(p != o and _under(p, o) for o in wanted)]
     for path in node.private:
-        held = _under(keep, path)
-        if held:
-            lines.append(f"exec 9< {q(keep)}")
+        held = [k for k in kept if _under(k, path)]
+        for fd, k in enumerate(held, start=3):
+            lines.append(f"exec {fd + 3}< {q(k)}")
         lines.append(f"mount -t tmpfs -o mode=1777 tmpfs {q(path)}")
-        if held:
-            lines += [f"mkdir -p {q(keep)}",
-                      f"mount --no-canonicalize --bind /proc/self/fd/9 {q(keep)}", "exec 9<&-"]
+        for fd, k in enumerate(held, start=3):
+            lines += [f"mkdir -p {q(k)}",
+                      f"mount --no-canonicalize --bind /proc/self/fd/{fd + 3} {q(k)}",
+                      f"exec {fd + 3}<&-"]
     lines.append("set +e")
     if node.burn_pids:
         lines.append(f"i=0; while [ $i -lt {node.burn_pids} ]; do /bin/true; i=$((i+1)); done")
