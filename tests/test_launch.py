@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+import torch
 
 import axolotl_dist as ad
 from axolotl_dist import launch
@@ -530,3 +531,21 @@ def test_sigkilled_launcher_leaves_no_rank_or_child_behind(tmp_path: Path) -> No
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [p for p in pids if alive(p)] == []
+
+
+def test_version_and_help_say_what_the_cli_has():
+    env = subprocess_env()
+    version = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "--version"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"axolotl-dist {ad.__version__} (torch {torch.__version__})"
+    helped = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "--help"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert "axolotl-dist where [--master-addr A] [--master-port P]" in helped.stdout
+    assert "axolotl-dist trace DIR" in helped.stdout
+    for command in ("where", "trace"):
+        sub = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", command, "--help"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert sub.returncode == 0 and "``" not in sub.stdout and ":func:" not in sub.stdout, \
+            sub.stdout

@@ -76,12 +76,33 @@ def _default_nproc() -> int:
         return 1
 
 
+#: The subcommands, as ``--help`` lists them.
+_COMMANDS = (
+    ("where [--master-addr A] [--master-port P]",
+     "where every rank of a running job is (any launcher; torchrun's --rdzv-endpoint too)"),
+    ("trace DIR", "merge a traced run's rank files into trace.json, summary.txt, timeline.png"),
+)
+
+
+def _plain(text: Optional[str]) -> str:
+    """A docstring as ``--help`` shows it: one paragraph, no reST markup."""
+    return " ".join((text or "").replace("``", "'").replace(":func:", "").split())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``axolotl-dist`` argument parser (options first, then the script and its arguments)."""
+    import torch
+
+    from .. import __version__
+
+    commands = "\n".join(f"  {PROG} {usage}\n      {what}" for usage, what in _COMMANDS)
     p = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False,
+        prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a PyTorch training script on several ranks (a thin front over torchrun).",
-        epilog="Every argument after the script or module is passed to it unchanged.")
+        epilog=f"Every argument after the script or module is passed to it unchanged.\n\n"
+               f"Other commands ({PROG} COMMAND --help for theirs):\n{commands}")
+    p.add_argument("--version", action="version",
+                   version=f"{PROG} {__version__} (torch {torch.__version__})")
     p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
                    metavar="N", default=None,
                    help="ranks on this node (default: the number of GPUs, else 1)")
@@ -288,7 +309,7 @@ def trace_main(argv: Sequence[str]) -> int:
     """``axolotl-dist trace DIR``: merge the rank files a traced run left in ``DIR`` into
     ``trace.json`` (Chrome Trace Event format), ``summary.txt`` and, with matplotlib,
     ``timeline.png``; print the summary table."""
-    parser = argparse.ArgumentParser(prog=f"{PROG} trace", description=trace_main.__doc__)
+    parser = argparse.ArgumentParser(prog=f"{PROG} trace", description=_plain(trace_main.__doc__))
     parser.add_argument("directory", help="the run's AXOLOTL_DIST_TRACE / trace_dir")
     parser.add_argument("--no-png", action="store_true", help="skip timeline.png")
     args = parser.parse_args(argv)
@@ -315,7 +336,7 @@ def where_main(argv: Sequence[str]) -> int:
     """``axolotl-dist where --master-addr A --master-port P``: where every rank of the run
     whose c10d store is at ``A:P`` is (any launcher: torchrun, srun, accelerate launch, env
     vars; for torchrun, its ``--rdzv-endpoint`` too); the run is left untouched."""
-    parser = argparse.ArgumentParser(prog=f"{PROG} where", description=where_main.__doc__)
+    parser = argparse.ArgumentParser(prog=f"{PROG} where", description=_plain(where_main.__doc__))
     parser.add_argument("--master-addr", "--master_addr", dest="addr", default=None,
                         help="the run's MASTER_ADDR (default: $MASTER_ADDR, else 127.0.0.1)")
     parser.add_argument("--master-port", "--master_port", dest="port", type=int, default=None,
