@@ -98,12 +98,8 @@ def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
     are probed once the group is up (:func:`_probe_shared_filesystem`)."""
     if shared_filesystem is not None:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared_filesystem else "0"
-    elif not _fs_said() and _env.env_num_nodes() <= 1:
+    elif not _filesystem.said() and _env.env_num_nodes() <= 1:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1"
-
-
-def _fs_said() -> bool:
-    return _env.is_set(_env.SHARED_FS_ENV_VAR) or _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR)
 
 
 def _probe_shared_filesystem() -> None:
@@ -111,14 +107,14 @@ def _probe_shared_filesystem() -> None:
     cache's directory (:mod:`axolotl_dist._runtime.filesystem`) and export the answer as
     ``AXOLOTL_DIST_SHARED_FS``; undecided (rank 0 could not write there): shared, as
     OLMo-core assumes."""
-    if _fs_said() or not is_initialized() or get_world_size() == 1:
+    if _filesystem.said() or not is_initialized() or get_world_size() == 1:
         return
     if _env.env_num_nodes(get_world_size()) <= 1:
         return
     path = _filesystem.default_cache_dir()
     answer = _filesystem.shares("datasets-cache", path, get_rank(), get_local_rank(),
                                 get_world_size())
-    os.environ[_env.SHARED_FS_ENV_VAR] = "0" if answer is False else "1"
+    _filesystem.export(answer is not False)
     if answer is False and get_rank() == 0:
         _kit_log.emit(logging.INFO, "the nodes do not share %s (the datasets cache): "
                       "zero_first runs first on each node's local rank 0, get_fs_local_rank() "

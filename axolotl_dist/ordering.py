@@ -69,13 +69,12 @@ def _node_first(g: Any, path: Optional[str]) -> Optional[bool]:
         return g.node_first
     answer: Optional[bool] = None
     if g.default and _env.env_num_nodes(g.size) > 1:
-        if path is not None and not (_env.is_set(_env.SHARED_FS_ENV_VAR)
-                                     or _env.is_set(_env.OLMO_SHARED_FS_ENV_VAR)):
+        if path is not None and not _filesystem.said():  # the init's probe is not the user's word
             shared = _filesystem.shares(path, path, get_rank(), get_local_rank(),
                                         g.size) is not False
+            answer = None if shared else get_local_rank() == 0  # path's own answer
         else:
-            shared = _env.env_shared_filesystem()
-        answer = None if shared else get_fs_local_rank() == 0
+            answer = None if _env.env_shared_filesystem() else get_fs_local_rank() == 0
     if path is None:
         g.node_first = answer
     return answer

@@ -613,3 +613,32 @@ def test_zero_first_builds_a_cache_once_per_filesystem_with_default_settings(tmp
         assert builders == [0], (builders, out)
         assert sorted(re.findall(r"ok (\d) shared=1 fs_local=(\d)", out)) == [
             ("0", "0"), ("1", "1"), ("2", "2"), ("3", "3")], out
+
+
+@needs_network
+def test_zero_first_path_probes_its_own_directory_after_init_found_the_cache_shared(tmp_path):
+    # the datasets cache is shared (under the test's directory), so init exports
+    # AXOLOTL_DIST_SHARED_FS=1; a block caching to each node's private /tmp says so with
+    # path=, and builds once per node: the init's export is not a user's setting
+    nodes = [hosts.Node(hostname="node-a", private=["/tmp"]),
+             hosts.Node(hostname="node-b", private=["/tmp"])]
+    script = _launched_script(tmp_path, """
+        cache = "/tmp/axd-own-cache"
+        with ad.zero_first(path=cache):
+            if not os.path.exists(os.path.join(cache, "built")):
+                os.makedirs(cache, exist_ok=True)
+                open(os.path.join(DIR, f"built-{rank}"), "w").write(os.uname().nodename)
+                time.sleep(0.5)
+                open(os.path.join(cache, "built"), "w").write(str(rank))
+        assert os.path.exists(os.path.join(cache, "built")), rank
+        print(f"ok {rank} shared={os.environ.get('AXOLOTL_DIST_SHARED_FS')}", flush=True)
+        mark("end")
+    """)
+    with hosts.private_network(nodes, str(tmp_path)):
+        _, launched = _launch(tmp_path, nodes, "axolotl-dist", script)
+        _finish(nodes, launched)
+    assert [node.code for node in launched] == [0, 0], [l.describe() for l in launched]
+    out = launched[0].stdout + launched[1].stdout
+    builders = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("built-*"))
+    assert builders == [0, 2], (builders, out)
+    assert sorted(re.findall(r"ok (\d) shared=1", out)) == ["0", "1", "2", "3"], out

@@ -27,12 +27,13 @@ import hashlib
 import os
 from typing import Dict, List, Optional
 
+from .. import env as _env
 from .logs import kit as log
 from .state import STATE
 from .store import world_store
 from .wait import poll_until
 
-__all__ = ["default_cache_dir", "probe_dir", "shares"]
+__all__ = ["default_cache_dir", "probe_dir", "shares", "said", "export"]
 
 #: ``axd/fs/<h>/seen``: every rank adds one arrival (bits 0-23); each node's first rank adds its
 #: answer too, counted per kind: found (bits 24-36), not found (37-49), nothing to look for
@@ -42,6 +43,24 @@ _FIELD, _NODES = (1 << 24) - 1, (1 << 13) - 1
 
 #: The answers this process has: (run, directory) -> shared (None: undecided).
 _ANSWERS: Dict[tuple, Optional[bool]] = {}
+
+
+#: The value of ``AXOLOTL_DIST_SHARED_FS`` this process exported from a probe (None: none).
+_EXPORTED: List[Optional[str]] = [None]
+
+
+def said() -> bool:
+    """Whether the user said if the nodes share a filesystem (``AXOLOTL_DIST_SHARED_FS`` or
+    ``OLMO_SHARED_FS`` set, other than by :func:`export`)."""
+    value = os.environ.get(_env.SHARED_FS_ENV_VAR)
+    return (value is not None and value != _EXPORTED[0]) or _env.is_set(
+        _env.OLMO_SHARED_FS_ENV_VAR)
+
+
+def export(shared: bool) -> None:
+    """Export a probe's answer as ``AXOLOTL_DIST_SHARED_FS`` (not a user's word: see
+    :func:`said`)."""
+    _EXPORTED[0] = os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared else "0"
 
 
 def default_cache_dir() -> str:
