@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from . import procs, where
+from . import bells, procs, where
 from .where import Peer, decode_peer, encode_peer, same_machine, who_key
 from .constants import HEARTBEAT_INTERVAL, HOST, SILENT_AFTER
 from .groups import default_pg, learn
@@ -213,6 +213,8 @@ class _Heartbeat:
         if self.host in STATE.exits or not self.store.check([key]):
             return
         STATE.exits[self.host] = pickle.loads(self.store.get(key))  # type: ignore[index]
+        if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
+            bells.release_all()
         self.store.set(f"{key}/ack/{self.rank}", b"")
         if host_leaving():
             raise _HostLeaving()  # the last store call of this heartbeat
