@@ -30,9 +30,11 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
 * :mod:`.peers`: peer records, the heartbeat thread, judging the store's host gone.
 * :mod:`.watch`: judging the ranks a wait depends on (exit records, pids, heartbeats).
 * :mod:`.bells`: a long wait sleeps in one blocking ``store.wait`` instead of polling.
+* :mod:`.deadlock`: waits that can never end: each long wait's description, the judge's
+  wait-for graph over all of them, the message naming every rank's call.
 * :mod:`.wait`: every kit wait, one watching wait (registered for reports, judging the
-  awaited ranks, warning at intervals): store probes and collectives' slices; keeping a group
-  whose collective Ctrl-C left pending alive at exit.
+  awaited ranks, described for the deadlock judge, warning at intervals): store probes and
+  collectives' slices.
 * :mod:`.where`: where every rank is: a snapshot of a rank on request, the report of all.
 * :mod:`.records`: failure reports, exit records, the store host's linger, naming the peer
   behind a failed collective.

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
 from . import bells, guards, trace
 from .callsite import CallSite
+from .deadlock import Point
 from . import cleanup
 from .groups import Group
 from .peers import store_errors, store_lost_error
@@ -100,6 +101,7 @@ class _Block:
     """The bit words, flags, failure and pairing records of one block on this rank."""
 
     kind = ""  # "zf" or "dn": the key family
+    family = ""  # its call counter (``Group.seq``): "zero_first" or "do_n_at_a_time"
     noun = ""  # how messages name a block of this kind
     __slots__ = ("group", "seq", "rank", "ws", "site", "desc", "tag", "store", "base", "keys",
                  "words", "_globals", "wrote_site", "explicit", "first", "timeout", "guard")
@@ -213,9 +215,11 @@ class _Block:
                 self.read(which)
                 return done() or self.flagged()
 
+            point = Point(self.group, self.family, self.seq, self.tag,
+                          finish=self.kind == "zf" and not self.first)
             poll_until(ready, watch=watch, timeout=timeout, what=self.what + doing,
                        me=self.rank, slow=self.check_pairing,
-                       sleep=self._sleep if sleep else None)
+                       sleep=self._sleep if sleep else None, point=point)
         mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & _FAILED_MASK
         if mismatch or (failed and not failed_ok):
             with store_errors(self.what):
@@ -335,7 +339,7 @@ class _Block:
 class ZeroFirstBlock(_Block):
     """One ``zero_first`` block on this rank (see the module docstring)."""
 
-    kind, noun = "zf", "zero_first block"
+    kind, family, noun = "zf", "zero_first", "zero_first block"
     __slots__ = ()
 
     def _released(self) -> bool:
@@ -408,7 +412,7 @@ def first_run_begin(block: ZeroFirstBlock) -> None:
     """This thread starts the body of a block it runs first."""
     STATE.first_runs.depth += 1
     block.guard = guards.enter("shared_first_run" if block.explicit else "first_run",
-                               block.group, lambda: block.what)
+                               block.group, lambda: block.what, block.seq)
 
 
 def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
@@ -460,7 +464,7 @@ def confirm_all() -> None:
 # --- do_n_at_a_time ----------------------------------------------------------------------------
 
 class _Rounds(_Block):
-    kind, noun = "dn", "do_n_at_a_time call"
+    kind, family, noun = "dn", "do_n_at_a_time", "do_n_at_a_time call"
     __slots__ = ()
     sited = False  # "do_n_at_a_time call #3": its messages have always read so
 

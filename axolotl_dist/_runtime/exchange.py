@@ -299,6 +299,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     store read overlaps the collective. A failure caused by a lost peer raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it (``what``: the helper)."""
     work = None
+    g.calls += 1  # the group's kit collectives, as every rank counts them (.deadlock)
     try:
         work = issue(*args, **kwargs)
         if not g.cpu:

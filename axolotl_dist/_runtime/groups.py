@@ -9,7 +9,8 @@ threads abort the process). ``group=None`` means the default group, everywhere. 
 * ``rank``, ``size``, ``device``, ``cpu``: this rank in the group, its size, the device its
   collectives use (:mod:`.backends`) and whether that is the CPU (gloo: sliced waits);
 * ``seq``: per-kind call counters (``zero_first`` blocks, debug checks, traced calls...),
-  which line up across ranks as long as every rank calls the same helpers in the same order;
+  and ``calls``, the kit's collectives on the group, which line up across ranks as long as
+  every rank calls the same helpers in the same order (:mod:`.deadlock` compares them);
 * the value helpers' preallocated buffers and the group's own collectives (the header
   exchange: docs/design.md, "Value encoding");
 * ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
@@ -88,7 +89,7 @@ class Group:
 
     __slots__ = ("pg_ref", "default", "rank", "size", "device", "cpu", "env_rank", "env_ws", "seq",
                  "store", "debug", "world_mesh", "cleanup_store", "sleep_store", "blocks_done",
-                 "abandoned", "node_first",
+                 "abandoned", "node_first", "calls",
                  "open_blocks", "_ranks", "opts", "allgather", "hdr_arr", "hdr", "all_arr",
                  "hdr_all", "a2a", "a2a_opts", "a2a_arr", "a2a_in", "bcast", "bcast_opts",
                  "__weakref__")
@@ -100,6 +101,7 @@ class Group:
         self.cpu = device.type == "cpu"
         self.env_rank, self.env_ws = _RANK_RAW(), _WS_RAW()
         self.seq: Dict[str, int] = {}
+        self.calls = 0  # the kit's collectives on this group so far (:mod:`.deadlock`)
         self.store: Any = None
         self.debug: Any = None
         self.world_mesh: Any = None

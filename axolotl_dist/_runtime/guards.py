@@ -29,20 +29,22 @@ __all__ = ["Guard", "enter", "leave", "check"]
 
 
 class Guard:
-    """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block),
+    """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block, number
+    ``seq`` on its group),
     ``"shared_first_run"`` (recorded only) or ``"zero_only"``; ``describe()`` says where.
     ``group`` is the block's :class:`~.groups.Group`, or the ``group=`` argument of
     ``zero_only`` (which never communicates, so never resolves it itself)."""
 
-    __slots__ = ("kind", "group", "describe")
+    __slots__ = ("kind", "group", "describe", "seq")
 
-    def __init__(self, kind: str, group: Any, describe: Callable[[], str]) -> None:
-        self.kind, self.group, self.describe = kind, group, describe
+    def __init__(self, kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> None:
+        self.kind, self.group, self.describe, self.seq = kind, group, describe, seq
 
 
-def enter(kind: str, group: Any, describe: Callable[[], str]) -> Guard:
-    """This thread enters a scope (see the module docstring); :func:`leave` it after."""
-    guard = Guard(kind, group, describe)
+def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> Guard:
+    """This thread enters a scope (see the module docstring); :func:`leave` it after.
+    ``seq``: a first-run block's number on its group (what :mod:`.deadlock` compares)."""
+    guard = Guard(kind, group, describe, seq)
     STATE.guards.setdefault(threading.get_ident(), []).append(guard)
     if kind != "shared_first_run":
         STATE.guarded += 1

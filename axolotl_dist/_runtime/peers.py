@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from . import bells, procs, where
+from . import bells, deadlock, procs, where
 from .where import Peer, decode_peer, encode_peer, same_machine, who_key
 from .constants import HEARTBEAT_INTERVAL, HOST, SILENT_AFTER
 from .groups import default_pg, learn
@@ -175,9 +175,16 @@ class _Heartbeat:
         self.judging = False  # rank 0, while some rank waits: a round every JUDGE_INTERVAL
         self.silent: Dict[int, float] = {}  # the judge's last verdicts
         self.all_beat = False  # every rank's heartbeat key exists (the judge may multi_get)
+        self.deadlocks = deadlock.Judge(world_size) if rank == 0 else None
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         STATE.peers[rank] = me
-        raw.set(who_key(run, rank), encode_peer(me))
+        # the record, and this rank's long-wait description and verdict (none yet): one call
+        keys = [who_key(run, rank), deadlock.wait_key(run, rank), deadlock.stuck_key(run, rank)]
+        try:
+            raw.multi_set(keys, [encode_peer(me), "", ""])
+        except (AttributeError, NotImplementedError, RuntimeError):  # a store without it
+            for key, value in zip(keys, [encode_peer(me), "", ""]):
+                raw.set(key, value)
         raw.add(where.hb_key(run, rank), 1)
         store.add(waiting_key(rank), 0)  # created now: the key count stays flat afterwards
         store.add("axd/exits", 0)
@@ -221,10 +228,10 @@ class _Heartbeat:
 
     def _judge(self) -> None:
         """One round of judging, for every waiting rank at once: read every rank's heartbeat
-        (one ``multi_get``), note the ranks silent for ``SILENT_AFTER`` seconds or more, and
-        publish them (:data:`VERDICTS_KEY`) while there are any, and once when none are left;
-        count the round
-        (:data:`JUDGED`). A waiter then reads one counter per look instead of every peer's
+        and long-wait description (one ``multi_get``), note the ranks silent for
+        ``SILENT_AFTER`` seconds or more and the waits that can never end (:mod:`.deadlock`),
+        and publish them (:data:`VERDICTS_KEY`) while there are silent ranks, and whenever the
+        deadlocks change; count the round (:data:`JUDGED`). A waiter then reads one counter per look instead of every peer's
         heartbeat (docs/design.md, "Heartbeat and peer records")."""
         keys = [where.hb_key(self.run, r) for r in range(self.world_size)]
         if not self.all_beat:
@@ -233,7 +240,14 @@ class _Heartbeat:
                 return  # a rank still initializing: its waiters are not in kit waits yet
         now = time.monotonic()
         silent: Dict[int, float] = {}
-        for r, value in enumerate(self.raw.multi_get(keys)):
+        world = self.world_size  # the waits' descriptions come in the same call
+        values = self.raw.multi_get(keys + [deadlock.wait_key(self.run, r) for r in range(world)])
+        found = self.deadlocks.round(values[world:]) if self.deadlocks is not None else None
+        if found is not None and found[0]:  # the marks first: a waiter reads one on the event
+            marks = sorted(found[0].items())
+            self.raw.multi_set([deadlock.stuck_key(self.run, r) for r, _ in marks],
+                               [m for _, m in marks])
+        for r, value in enumerate(values[:world]):
             beat = int(value) & where.BEATS
             last = self.beats.get(r)
             if last is None or last[0] != beat:
@@ -248,11 +262,12 @@ class _Heartbeat:
         # republished each round while a rank is silent: a waiter then judges "dead" from
         # what the judge measured at most a round ago, never from its own extrapolation (a
         # rank that beats again is cleared within a round)
-        changed = bool(silent) or set(silent) != set(self.silent)
+        changed = bool(silent) or set(silent) != set(self.silent) or found is not None
         self.silent = silent
         if changed:
-            self.store.set(VERDICTS_KEY, json.dumps({"silent": {str(r): round(s, 1)
-                                                                for r, s in silent.items()}}))
+            texts = self.deadlocks.texts if self.deadlocks is not None else []
+            self.store.set(VERDICTS_KEY, json.dumps({
+                "silent": {str(r): round(s, 1) for r, s in silent.items()}, "deadlocks": texts}))
         self.store.add("axd/exits", JUDGED + (1 if changed else 0))
 
     def _run(self) -> None:

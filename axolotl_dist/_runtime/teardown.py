@@ -22,7 +22,7 @@ registers an ``atexit`` hook that, before finalization:
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish;
 5. a process ending on Ctrl-C with a collective left pending (its group kept: see
-   :func:`.wait.keep_abandoned`) runs the other exit handlers and then ends by SIGINT at once,
+   :func:`keep_abandoned`) runs the other exit handlers and then ends by SIGINT at once,
    as Python would after finalizing (same exit status), without the finalization: tearing down
    torch's modules is ~0.45 s of CPU on an idle 2-core VM and seconds on a loaded one, and a
    Ctrl-C must stop a rank within 2 s.
@@ -34,6 +34,7 @@ host's linger".
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import os
 import signal
@@ -46,13 +47,12 @@ import torch
 import torch.distributed as dist
 
 from . import backends, blocks, groups, peers, records, store, trace, tracebacks
-from . import wait
 from .groups import Group
 from . import cleanup as cleanup_keys
 from .logs import kit as log
 from .state import STATE
 
-__all__ = ["start_services", "cleanup", "teardown"]
+__all__ = ["start_services", "cleanup", "teardown", "keep_abandoned"]
 
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
@@ -60,6 +60,27 @@ _DRAIN = 0.05
 _CLEANUP_FLUSH = 0.5
 #: Seconds an exit waits for the store to take this rank's exit record.
 _STORE_CALLS = 3.0
+
+
+def keep_abandoned() -> List[Any]:
+    """Keep every group with a collective left pending, and that work, alive until the process
+    ends; return those groups.
+
+    Destroying a gloo group joins its worker threads, and a worker inside a pending collective
+    stays there until every peer arrives or the group's timeout passes (30 minutes by default):
+    the exit of a rank interrupted in a barrier would wait for the straggler. The backend's
+    ``abort()`` does not wake it (torch 2.13). So such a group gets one reference more than
+    anything will ever release: ``destroy_process_group()`` still unregisters it, its destructor
+    never runs, and the process exits with the worker still waiting (the OS ends it)."""
+    kept = []
+    for pg, g in list(STATE.groups.items()):
+        if g.abandoned:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+            kept.append(pg)
+    for work in STATE.abandoned:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
+    STATE.abandoned.clear()
+    return kept
 
 
 def start_services() -> None:
@@ -99,7 +120,7 @@ def cleanup() -> None:
         time.sleep(_DRAIN)
         if torch.cuda.is_available() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
-        STATE.kept.extend(weakref.ref(pg) for pg in wait.keep_abandoned())  # Ctrl-C in a collective
+        STATE.kept.extend(weakref.ref(pg) for pg in keep_abandoned())  # Ctrl-C in a collective
         dist.destroy_process_group()
     if recorder is not None and recorder.at_end is not None:
         recorder.at_end(recorder)  # the tracing feature's end: rank 0 merges the files

@@ -17,14 +17,14 @@ where they are). What it waits on comes in two kinds:
   collective completes; between them Python handles signals (Ctrl-C acts within a slice). A
   peer found gone first gets a grace for the collective to complete (it may have left after
   its part). A wait that ends on an exception with its collective still pending marks the
-  group (:func:`left`), which the exit keeps (:func:`keep_abandoned`).
+  group (:func:`left`), which the exit keeps (:func:`.teardown.keep_abandoned`).
 
 :class:`noted` logs the same way around a call that blocks in C++ (a rendezvous).
 """
 
 from __future__ import annotations
 
-import ctypes
+import hashlib
 import threading
 import time
 from datetime import timedelta
@@ -32,18 +32,22 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import procs, where
 from .bells import Bell
+from .callsite import call_site
+from .deadlock import Point, describe, new_serial, wait_key
 from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .groups import Group
 from .logs import kit as log
 from .peers import WAITERS_KEY, host_leaving, peer_record, store_host_gone, store_lost_error
 from .state import STATE
-from .store import Job, StoreHostGoneError, is_store_error, store_address, store_host, submit, world_store
+from .records import await_readers
+from .store import (Job, StoreHostGoneError, bounded, is_store_error, store_address, store_host,
+                    submit, world_store)
 from .watch import Lost, Watch, lost_error, pending_key, waiting_key
-from ..errors import DistributedEnvError, RankFailedError, RankTimeoutError
+from ..errors import CollectiveMismatchError, DistributedEnvError, RankFailedError, RankTimeoutError
 
 __all__ = ["Waiting", "poll_until", "collective", "where_they_are", "noted", "left",
-           "timed_out", "keep_abandoned", "SLICE", "LOST_GRACE"]
+           "timed_out", "SLICE", "LOST_GRACE"]
 
 #: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
 #: handled. A slice ends the moment the collective completes; one that times out costs
@@ -89,12 +93,15 @@ def where_they_are(ranks: Sequence[int]) -> str:
 class Waiting:
     """One kit wait on this thread (see the module docstring): ``ranks`` is the list of global
     ranks it waits for (kept up to date by the wait, read by :mod:`.where`); ``says`` is how
-    its warning reads after "rank R has waited N s ", with ``{what}`` and ``{ranks}``."""
+    its warning reads after "rank R has waited N s ", with ``{what}`` and ``{ranks}``;
+    ``point``: where it is in terms every rank counts alike (None: a wait :mod:`.deadlock`
+    does not judge); ``shown``: how a deadlock's report names it (default ``what``)."""
 
     __slots__ = ("what", "me", "ranks", "says", "watcher", "start", "interval", "told",
-                 "marked", "thread")
+                 "marked", "thread", "point", "serial", "published", "shown")
 
-    def __init__(self, what: str, me: int, ranks: List[int], says: str) -> None:
+    def __init__(self, what: str, me: int, ranks: List[int], says: str,
+                 point: Optional[Point] = None, shown: Optional[str] = None) -> None:
         self.what, self.me, self.ranks, self.says = what, me, ranks, says
         self.watcher = Watch(world_store(), me)
         self.start = time.monotonic()
@@ -102,18 +109,59 @@ class Waiting:
         self.told = False
         self.marked = False
         self.thread = threading.get_ident()
+        self.point, self.serial, self.published = point, 0, ""
+        self.shown = shown or what
         STATE.waits[self.thread] = where.Registered(what, ranks)  # what a snapshot says
 
     def mark(self) -> None:
-        """Count this wait on this rank's waiting key (once): it runs long."""
+        """Count this wait on this rank's waiting key (once): it runs long; and say where it
+        is, for the deadlock judge."""
         if not self.marked:
             self.watcher.store.add(waiting_key(self.me), 1)
             self.watcher.store.add(WAITERS_KEY, 1)  # the judge judges while above 0
             self.marked = True
+            run = STATE.run
+            if self.point is not None and run is not None:
+                self.serial = new_serial()
+                awaits = None if self.point.kind == "collective" else list(self.ranks)
+                self.published = describe(self.point, self.serial, self.shown, self.thread,
+                                          awaits)
+                self.watcher.raw.set(wait_key(run, self.me), self.published)
 
     def lost(self, now: float) -> List[Lost]:
         """The awaited ranks that are gone (see :meth:`.watch.Watch.find_lost`)."""
         return self.watcher.find_lost(self.ranks, now, self.what)
+
+    def stuck(self) -> Optional[CollectiveMismatchError]:
+        """The deadlock this wait is in, as the judge found it at this rank's last look (no
+        store call); None if none."""
+        entry = self.watcher.stuck
+        if entry is None or entry[0] != self.serial or not self.serial:
+            return None
+        text, calls = entry[1]
+        return CollectiveMismatchError(f"rank {self.me}'s {self.shown} can never complete: {text}",
+                                       calls={int(r): c for r, c in calls.items()})
+
+    def deadlock(self, error: CollectiveMismatchError) -> None:
+        """Raise ``error`` (from :meth:`stuck`), first acknowledging it: a rank that hosts the
+        store keeps it up until every other rank of the deadlock has read its own verdict (it
+        would otherwise learn of this rank's exit instead)."""
+        ranks = sorted(error.calls) if len(error.calls) <= 64 else []
+        same = repr(sorted(error.calls.items())).encode()  # alike on every rank of the deadlock
+        key = f"axd/deadlock/{hashlib.blake2b(same, digest_size=6).hexdigest()}"
+        try:
+            self.watcher.store.set(f"{key}/ack/{self.me}", b"")
+            self._unpublish()
+            await_readers(self.watcher.store, key, [r for r in ranks if r != self.me])
+        except Exception:  # noqa: BLE001 - the store is going: the error is still this rank's
+            pass
+        raise error
+
+    def _unpublish(self) -> None:
+        run = STATE.run
+        if self.published and run is not None:
+            self.watcher.raw.compare_set(wait_key(run, self.me), self.published, "")
+            self.published = ""
 
     def warn(self, now: float, ranks: Sequence[int]) -> None:
         """Log whom the wait waits for, if a warning is due; the first says where they are."""
@@ -130,11 +178,21 @@ class Waiting:
     def end(self, normal: bool, unmark: Callable[[Callable[[], Any]], Any]) -> None:
         """The wait is over; ``normal``: it ended without an exception, so its count on the
         waiting key is taken back (by ``unmark(call)``: at once, or on the store worker). An
-        exception keeps the count until the process exits (see :func:`.watch.waiting_key`)."""
+        exception keeps the count until the process exits (see :func:`.watch.waiting_key`).
+        Either way its description goes (only if still this wait's: compare-and-set), on an
+        exception within a second at most (the store may be going)."""
         STATE.waits.pop(self.thread, None)
         if normal and self.marked:
             store, key = self.watcher.store, waiting_key(self.me)
-            unmark(lambda: (store.add(key, -1), store.add(WAITERS_KEY, -1)))
+
+            def call() -> None:
+                store.add(key, -1)
+                store.add(WAITERS_KEY, -1)
+                self._unpublish()
+
+            unmark(call)
+        elif self.published and not host_leaving() and not store_host_gone():
+            bounded(self._unpublish, 1.0)
 
 
 def _now(call: Callable[[], Any]) -> None:
@@ -155,6 +213,7 @@ def poll_until(
     me: int,
     slow: Optional[Callable[[], None]] = None,
     sleep: Optional[Callable[[], Optional[Bell]]] = None,
+    point: Optional[Point] = None,
 ) -> None:
     """Return once ``ready()`` is true; raise if a watched rank dies or ``timeout`` expires.
 
@@ -166,11 +225,12 @@ def poll_until(
     :param sleep: called on the store worker after ``slow``, until it returns a bell: a
         :class:`~.bells.Bell` asleep until ``ready()`` may have become true (then the wait
         stops polling: it only looks at the watched ranks), or None (not now: polls go on).
+    :param point: where the wait is, for the deadlock judge (:mod:`.deadlock`).
     """
     try:
         if ready():
             return
-        waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}")
+        waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}", point)
         normal = False
         box: List[Optional[Bell]] = [None]
         try:
@@ -180,7 +240,7 @@ def poll_until(
             if box[0] is not None:
                 box[0].release()
             waiting.end(normal, submit)
-    except (RankFailedError, RankTimeoutError, DistributedEnvError):
+    except (RankFailedError, RankTimeoutError, DistributedEnvError, CollectiveMismatchError):
         raise
     except Exception as exc:  # noqa: BLE001 - the store's host is gone
         if is_store_error(exc):
@@ -233,9 +293,12 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
             if box[0] is not None:
                 pending_sleep.clear()  # a bell rings once: after a spurious ring, polls
         if liveness:
-            w.mark()
             w.ranks[:] = watch()
+            w.mark()
             lost = w.lost(now)
+            stuck = w.stuck()  # read by the same look: this wait's own verdict comes first
+            if stuck is not None:
+                return ("ready", None) if ready() else ("stuck", stuck)
             if lost:
                 return ("ready", None) if ready() else ("lost", lost)
         return "waiting", None
@@ -274,6 +337,8 @@ def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout
                 return
             if verdict == "lost":
                 raise lost_error(lost, what)
+            if verdict == "stuck":
+                w.deadlock(lost)
         elif now - job_since >= _STORE_SILENT_AFTER:
             if store_host_gone():  # the call waits in torch's reconnect: stop waiting for it
                 gone = StoreHostGoneError(f"no answer for {now - job_since:.1f} s")
@@ -302,7 +367,8 @@ def collective(work: Any, g: Group, what: str) -> None:
     group's peers (see the module docstring)."""
     me = g.ranks[g.rank]
     peers = [r for r in g.ranks if r != me]
-    w = Waiting(what, me, peers, "in {what} for rank(s) {ranks}")
+    w = Waiting(what, me, peers, "in {what} for rank(s) {ranks}",
+                Point(g, "collective", g.calls, what), shown=f"{what} at {call_site()}")
     normal = False
     try:
         w.mark()
@@ -312,6 +378,9 @@ def collective(work: Any, g: Group, what: str) -> None:
             if now >= next_look:
                 next_look = now + LIVENESS_INTERVAL
                 lost = w.lost(now)
+                stuck = w.stuck()
+                if stuck is not None and not _completes(work, 0.0):
+                    w.deadlock(stuck)
                 if lost and not _completes(work, _grace(w.watcher, lost)):
                     raise lost_error(lost, what)
                 w.warn(now, peers)
@@ -371,9 +440,9 @@ def _completes(work: Any, grace: float) -> bool:
 
 def left(work: Any, g: Group, exc: BaseException) -> None:
     """A collective's wait ends on ``exc`` (Ctrl-C, a signal handler's ``SystemExit``, a lost
-    peer) with the collective maybe still pending: see :func:`keep_abandoned`. An exception
-    raised while a slice's timeout was being handled does not show that timeout as its
-    context."""
+    peer) with the collective maybe still pending: see :func:`.teardown.keep_abandoned`. An
+    exception raised while a slice's timeout was being handled does not show that timeout as
+    its context."""
     try:
         if not work.is_completed():
             g.abandoned = True  # publish_exit then sets .watch.pending_key
@@ -382,27 +451,6 @@ def left(work: Any, g: Group, exc: BaseException) -> None:
         pass
     if isinstance(exc.__context__, RuntimeError) and timed_out(exc.__context__):
         exc.__suppress_context__ = True
-
-
-def keep_abandoned() -> List[Any]:
-    """Keep every group with a collective left pending, and that work, alive until the process
-    ends; return those groups.
-
-    Destroying a gloo group joins its worker threads, and a worker inside a pending collective
-    stays there until every peer arrives or the group's timeout passes (30 minutes by default):
-    the exit of a rank interrupted in a barrier would wait for the straggler. The backend's
-    ``abort()`` does not wake it (torch 2.13). So such a group gets one reference more than
-    anything will ever release: ``destroy_process_group()`` still unregisters it, its destructor
-    never runs, and the process exits with the worker still waiting (the OS ends it)."""
-    kept = []
-    for pg, g in list(STATE.groups.items()):
-        if g.abandoned:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
-            kept.append(pg)
-    for work in STATE.abandoned:
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
-    STATE.abandoned.clear()
-    return kept
 
 
 # --- around a call that blocks in C++ --------------------------------------------------------

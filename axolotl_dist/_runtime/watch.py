@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch.distributed as dist
 
@@ -25,6 +25,7 @@ from .logs import kit as log
 from .groups import learn
 from .peers import (EVENTS, EXIT_LOG_KEY, VERDICTS_KEY, check_store_host, fetch_peers,
                     host_leaving, waiting_key)
+from .deadlock import stuck_key
 from .state import STATE
 from .store import store_host, world_store
 from .where import BEATS, hb_key, raw_store, same_machine
@@ -81,6 +82,9 @@ class Watch:
         self.events = 0  # the events part of axd/exits when last read
         self.rounds, self.rounds_at = 0, time.monotonic()  # the judge's rounds; when they moved
         self.silent: Dict[int, Tuple[float, float]] = {}  # verdicts: rank -> (seconds, read at)
+        #: the judge's verdict on this rank's long wait (:mod:`.deadlock`): (its serial, the
+        #: deadlock's ``[message, {rank: call}]``), or None
+        self.stuck: Optional[Tuple[int, List[Any]]] = None
         #: without a judge: rank -> (beat, since when, first read here)
         self.seen: Dict[int, Tuple[int, float, float]] = {}
         self.fetched: Set[int] = set()
@@ -150,12 +154,22 @@ class Watch:
             self.have_keys = self.store.check([EXIT_LOG_KEY, VERDICTS_KEY])
             if not self.have_keys:
                 return
-        log, verdicts = self.store.multi_get([EXIT_LOG_KEY, VERDICTS_KEY])
+        run = STATE.run if STATE.heartbeat is not None else None  # then its keys exist
+        keys = [EXIT_LOG_KEY, VERDICTS_KEY]
+        if run is not None and self.raw is self.store:  # the verdict on this rank's wait too
+            keys.append(stuck_key(run, self.me))
+        log, verdicts, *mine = self.store.multi_get(keys)
         for item in log.decode().split(","):
             if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
                 self._read_exit(int(item))
-        silent = json.loads(verdicts or b"{}").get("silent", {})
-        self.silent = {int(r): (float(secs), now) for r, secs in silent.items()}
+        judged = json.loads(verdicts or b"{}")
+        self.silent = {int(r): (float(secs), now) for r, secs in judged.get("silent", {}).items()}
+        if run is not None and self.raw is not self.store:  # the world's keys under a prefix
+            mine = [self.raw.get(stuck_key(run, self.me))]
+        serial, _, index = (mine[0] if mine else b"").decode().partition("|")
+        deadlocks = judged.get("deadlocks", [])
+        self.stuck = ((int(serial), deadlocks[int(index)])
+                      if serial and int(index) < len(deadlocks) else None)
 
     def _read_exit(self, rank: int) -> None:
         report, when = pickle.loads(self.store.get(exit_key(rank)))

@@ -43,6 +43,7 @@ from .._runtime.groups import Group, group_of
 from .._runtime.records import await_readers, publish_error, read_error
 from .._runtime.state import STATE as _STATE
 from .._runtime.store import group_store
+from .._runtime.deadlock import Point
 from .._runtime.wait import poll_until
 from ..env import env_shared_filesystem
 from ..errors import DistributedConfigError, DistributedEnvError, RankFailedError
@@ -321,7 +322,7 @@ class _SharedMap:
 
         try:
             poll_until(ready, watch=lambda: self.others, timeout=self.timeout, what=self.what,
-                       me=self.rank)
+                       me=self.rank, point=Point(self.group, "shared_map", self.seq, "shared_map"))
         except RankFailedError as exc:
             self.not_mine = exc
             raise
