@@ -291,8 +291,9 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
         return report_failures(exc.failures, nnodes, node_rank, read_ends(os.environ.get(END_DIR_ENV_VAR)),
                                nproc * nnodes, range(node_rank * nproc, (node_rank + 1) * nproc))
     except SignalException as exc:
-        print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
-              file=sys.stderr, flush=True)
+        if watcher.claim():  # else the watcher is saying why it stops the launcher
+            print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
+                  file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     finally:
         watcher.close()
