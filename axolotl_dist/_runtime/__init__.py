@@ -34,6 +34,8 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
   awaited ranks, warning at intervals): store probes and collectives' slices; keeping a group
   whose collective Ctrl-C left pending alive at exit.
 * :mod:`.where`: where every rank is: a snapshot of a rank on request, the report of all.
+* :mod:`.runs`: this host's run directory: where each run's store is, one file per run, so
+  ``axolotl-dist where`` needs no address.
 * :mod:`.records`: failure reports, exit records, the store host's linger, naming the peer
   behind a failed collective.
 
