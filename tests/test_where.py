@@ -157,9 +157,11 @@ def _bare_where(env, timeout: float = 120):
 
 
 def test_bare_where_reports_the_run_this_host_recorded(tmp_path):
-    # no address: the launcher recorded its run in the run directory
+    # no address: the launcher recorded its run in the run directory; the rank's first wait
+    # warning says the command that shows every rank
     runs = tmp_path / "runs"
-    env = subprocess_env(tmp_path, AXOLOTL_DIST_RUN_DIR=str(runs))
+    env = subprocess_env(tmp_path, AXOLOTL_DIST_RUN_DIR=str(runs),
+                         AXOLOTL_DIST_WAIT_LOG_INTERVAL="1")
     proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", str(_script(tmp_path)),
                   "60"], env, cwd=tmp_path)
     try:
@@ -172,10 +174,15 @@ def test_bare_where_reports_the_run_this_host_recorded(tmp_path):
     assert code == 0, (out, err)
     assert re.match(r"where every rank of the run at 127\.0\.0\.1:(\d+) \(prep\.py, 2 rank\(s\)\) "
                     r"is:\n", out), out
+    port = re.match(r".*:(\d+) ", out).group(1)
     assert "rank 1: in tokenize at prep.py:6" in out, out
     assert "rank 0: barrier at prep.py:12" in out, out
     assert "runs are recorded" not in out, out
     assert result[0] == 0, result
+    first = result[2][result[2].index("rank 0 has waited"):]
+    assert re.match(r"rank 0 has waited \d+ s in barrier for rank\(s\) \[1\]; where they are:\n"
+                    r"  rank 1: in tokenize at prep\.py:6 .*\n"
+                    rf"  \(every rank: axolotl-dist where --master-port {port}\)\n", first), first
     assert list(runs.iterdir()) == []  # the launcher took its entry back
 
 
@@ -290,6 +297,9 @@ def test_the_first_wait_warning_says_where_the_awaited_ranks_are(store):
                      r"tests/test_where\.py:\d+; inside zero_first block #1 at tests/test_where.py:"
                      r"\d+ in body, which it runs first", first), first
     assert all("where they are" not in m for m in warnings[1:]), warnings
+    # its last line: the command that shows every rank (the harness's store is on loopback)
+    assert re.search(r"\n  \(every rank: axolotl-dist where --master-port \d+\)$", first), first
+    assert all("every rank:" not in m for m in warnings[1:]), warnings
 
 
 # ---------------------------------------------------------------- deadlocks the kit can see

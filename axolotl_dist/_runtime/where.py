@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import sysconfig
 import threading
@@ -36,7 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "Peer", "encode_peer",
            "decode_peer", "who_key", "same_machine", "raw_store", "hb_key",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
-           "note_address", "Refused", "connect", "rendezvous_target", "where"]
+           "note_address", "where_command", "Refused", "connect", "rendezvous_target",
+           "where"]
 
 #: The root key naming the current run: ``{"run": id, "world": size}``.
 RUN_KEY = "axolotl_dist/run"
@@ -353,6 +355,17 @@ def note_address(run: str, rank: int, world: int = 0, launcher: str = "env vars"
         os.replace(path + ".tmp", path)
     except (OSError, ValueError):  # pragma: no cover - the launcher then cannot ask
         pass
+
+
+def where_command() -> Optional[str]:
+    """The command that shows where every rank of this process's run is, from its
+    ``MASTER_ADDR`` / ``MASTER_PORT`` (None without them): ``axolotl-dist where --master-port
+    P``, with ``--master-addr A`` unless ``A`` is loopback (where's default)."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not port.isdigit() or not addr:
+        return None
+    at = "" if procs.is_loopback(addr) else f"--master-addr {shlex.quote(addr)} "
+    return f"axolotl-dist where {at}--master-port {port}"
 
 
 class Refused(OSError):
