@@ -17,6 +17,20 @@ for _name in (*LAUNCHER_ENV_VARS, "AXOLOTL_DIST_DEBUG"):
     os.environ.pop(_name, None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_run_dir(tmp_path_factory):
+    """The runs the tests start record themselves in this session's own run directory, not
+    in the user's (``axolotl-dist where`` without an address reads it); a test that lists
+    runs points ``AXOLOTL_DIST_RUN_DIR`` at a directory of its own."""
+    before = os.environ.get("AXOLOTL_DIST_RUN_DIR")
+    os.environ["AXOLOTL_DIST_RUN_DIR"] = str(tmp_path_factory.mktemp("runs"))
+    yield
+    if before is None:
+        os.environ.pop("AXOLOTL_DIST_RUN_DIR", None)
+    else:
+        os.environ["AXOLOTL_DIST_RUN_DIR"] = before
+
+
 @pytest.fixture(params=["parent", "rank0"], ids=lambda s: f"store-{s}")
 def store(request):
     """Where the c10d store lives: the test process (like torchrun's agent) or rank 0's own

@@ -549,3 +549,36 @@ def test_version_and_help_say_what_the_cli_has():
                              capture_output=True, text=True, env=env, timeout=60)
         assert sub.returncode == 0 and "``" not in sub.stdout and ":func:" not in sub.stdout, \
             sub.stdout
+
+
+SLEEPER_SCRIPT = r'''
+import os, sys, time
+import axolotl_dist as ad
+ad.init_distributed()
+sys.stdout.write(f"started {ad.get_rank()} {os.getpid()}\n"); sys.stdout.flush()  # one write
+time.sleep(120)
+'''
+
+
+def test_ctrl_c_to_a_running_launcher_is_accounted_for_once(tmp_path: Path) -> None:
+    # The ranks stop within a second of the forwarded SIGINT. The watcher thread, which takes
+    # a signal over when the main thread cannot (in torch's rendezvous, in C++), then found no
+    # rank running and said a second, false account ("got SIGINT after this node's ranks
+    # ended" / "before any rank started"), racing the main thread's true one.
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER_SCRIPT)
+    proc = _launcher(["-n", "2", str(script)], subprocess_env(tmp_path), cwd=tmp_path)
+    started = 0
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while started < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline() if proc.stdout is not None else ""
+        if not line:
+            break
+        started += line.startswith("started")
+    assert started == 2, _finish(proc, 30)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    code, _, err = _finish(proc, timeout=60)
+    assert code == 128 + signal.SIGINT, err
+    accounts = [line for line in err.splitlines() if "SIGINT" in line]
+    assert accounts == ["axolotl-dist: got SIGINT, stopped every rank"], err

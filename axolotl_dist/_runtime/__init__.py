@@ -36,6 +36,8 @@ Signalling through the c10d store, one floor on the other (store <- peers <- wat
   awaited ranks, described for the deadlock judge, warning at intervals): store probes and
   collectives' slices.
 * :mod:`.where`: where every rank is: a snapshot of a rank on request, the report of all.
+* :mod:`.runs`: this host's run directory: where each run's store is, one file per run, so
+  ``axolotl-dist where`` needs no address.
 * :mod:`.records`: failure reports, exit records, the store host's linger, naming the peer
   behind a failed collective.
 

@@ -31,6 +31,7 @@ __all__ = [
     "LAUNCHER_PID_ENV_VAR",
     "END_DIR_ENV_VAR",
     "TRACE_ENV_VAR",
+    "RUN_DIR_ENV_VAR",
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_WAIT_LOG_INTERVAL",
     "DEFAULT_STORE_LINGER",
@@ -83,6 +84,9 @@ LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
 END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
 #: A directory: every rank records its kit calls there for the timeline (off when unset).
 TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
+#: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default
+#: ``$XDG_RUNTIME_DIR/axolotl_dist/runs``, else ``<tmp>/axolotl_dist-<uid>/runs``).
+RUN_DIR_ENV_VAR = "AXOLOTL_DIST_RUN_DIR"
 #: torch elastic's switch: ``True`` when the launcher's agent hosts the store.
 AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 

@@ -163,6 +163,7 @@ KIT_VARS: Dict[str, KitVar] = {
     c.WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", c.DEFAULT_WAIT_LOG_INTERVAL, ""),
     c.STORE_LINGER_ENV_VAR: KitVar("seconds", c.DEFAULT_STORE_LINGER, ""),
     c.TRACE_ENV_VAR: KitVar("path", None, ""),
+    c.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
     c.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
     c.END_DIR_ENV_VAR: KitVar("launcher", None, ""),
 }

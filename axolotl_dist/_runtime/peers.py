@@ -328,7 +328,7 @@ def start_heartbeat() -> None:
         run = STATE.run = _run_id(base)
         raw = where.raw_store(store)
         raw.set(where.RUN_KEY, json.dumps({"run": run, "world": world}))
-        where.note_address(run, rank)
+        where.note_address(run, rank, world, launcher_name())
         STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         STATE.exit_store = (store, rank, weakref.ref(pg))
 

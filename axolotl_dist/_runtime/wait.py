@@ -172,6 +172,8 @@ class Waiting:
             self.told = True
             text = where_they_are(ranks)
             place = f"; where they are:\n{text}" if text else ""
+            command = where.where_command()  # what shows every rank, from a shell
+            place += f"\n  (every rank: {command})" if command else ""
         log.warning("rank %d has waited %.0f s %s%s", self.me, now - self.start,
                     self.says.format(what=self.what, ranks=list(ranks)), place)
 

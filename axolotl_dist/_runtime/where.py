@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import sysconfig
 import threading
@@ -26,7 +27,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from . import procs
+from . import procs, runs
 from .constants import HEARTBEAT_INTERVAL, HOST
 from .state import STATE
 
@@ -36,7 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "Peer", "encode_peer",
            "decode_peer", "who_key", "same_machine", "raw_store", "hb_key",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
-           "note_address", "connect", "rendezvous_target", "where"]
+           "note_address", "where_command", "Refused", "connect", "rendezvous_target",
+           "where"]
 
 #: The root key naming the current run: ``{"run": id, "world": size}``.
 RUN_KEY = "axolotl_dist/run"
@@ -331,28 +333,51 @@ from .constants import END_DIR_ENV_VAR  # noqa: E402 - one name, two readers
 STORE_NOTE = "store.json"
 
 
-def note_address(run: str, rank: int) -> None:
-    """Under ``axolotl-dist``, the first local rank of each node tells its node's launcher
-    where the ranks' store is (node 0's agent picked the port; another node's launcher has no
-    other way to learn it), so ``SIGUSR1`` to any node's launcher can ask them."""
+def note_address(run: str, rank: int, world: int = 0, launcher: str = "env vars") -> None:
+    """Say where the ranks' store is, for a requester that is not told (no store request;
+    never raises). Under ``axolotl-dist``, the first local rank of each node tells its node's
+    launcher (node 0's agent picked the port; another node's launcher has no other way to
+    learn it), so ``SIGUSR1`` to any node's launcher can ask them, and the launcher records
+    the run for ``axolotl-dist where`` (:mod:`.runs`). Under other launchers, local rank 0
+    (where no local rank is known, the first rank of this host) records the run itself."""
     directory = os.environ.get(END_DIR_ENV_VAR)
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    local = os.environ.get("LOCAL_RANK", str(rank))
-    if local != "0" or not directory or not addr or not port:
+    local = os.environ.get("LOCAL_RANK")
+    if not addr or not port or not port.isdigit() or local not in (None, "0"):
+        return
+    if not directory:
+        runs.record(run, addr, int(port), world, launcher)
         return
     try:
         path = os.path.join(directory, STORE_NOTE)
         with open(path + ".tmp", "w") as fh:
-            json.dump({"addr": addr, "port": int(port), "run": run}, fh)
+            json.dump({"addr": addr, "port": int(port), "run": run, "world": world}, fh)
         os.replace(path + ".tmp", path)
     except (OSError, ValueError):  # pragma: no cover - the launcher then cannot ask
         pass
 
 
-def connect(addr: str, port: int, timeout: float = 10.0) -> "Store":
+def where_command() -> Optional[str]:
+    """The command that shows where every rank of this process's run is, from its
+    ``MASTER_ADDR`` / ``MASTER_PORT`` (None without them): ``axolotl-dist where --master-port
+    P``, with ``--master-addr A`` unless ``A`` is loopback (where's default)."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not port.isdigit() or not addr:
+        return None
+    at = "" if procs.is_loopback(addr) else f"--master-addr {shlex.quote(addr)} "
+    return f"axolotl-dist where {at}--master-port {port}"
+
+
+class Refused(OSError):
+    """Nothing listens at the address :func:`connect` was given (connection refused)."""
+
+
+def connect(addr: str, port: int, timeout: float = 10.0, retry_refused: bool = True) -> "Store":
     """A client of the c10d store at ``addr:port`` (no prefix). A plain TCP connection comes
     first, retried until ``timeout``: where nothing listens, that is one ``OSError`` naming
-    the address, not torch's retry warnings with C++ stack traces."""
+    the address, not torch's retry warnings with C++ stack traces. With ``retry_refused``
+    False, a refused connection (nothing listens there now) raises :class:`Refused` at once;
+    an address that does not answer at all is still waited for until ``timeout``."""
     import socket
 
     import torch.distributed as dist
@@ -363,6 +388,8 @@ def connect(addr: str, port: int, timeout: float = 10.0) -> "Store":
             socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic())).close()
             break
         except OSError as exc:
+            if isinstance(exc, ConnectionRefusedError) and not retry_refused:
+                raise Refused(f"nothing listens at {addr}:{port} (connection refused)") from None
             if time.monotonic() >= deadline:
                 raise OSError(f"nothing accepted a connection at {addr}:{port} within "
                               f"{timeout:g} s ({exc})") from None

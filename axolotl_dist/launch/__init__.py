@@ -42,14 +42,14 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .._runtime import envvars as _envvars, procs as _procs
-from .._runtime import where as where_report
 from .._runtime.constants import END_DIR_ENV_VAR, TRACE_ENV_VAR
 from ._report import (GUARDS_DIR, PROG, exit_code_of, first_failure, read_ends,
                       report_failures, traceback_of)
 from ._watch import Watcher
+from ._where import LOOPBACK as _LOOPBACK, plain as _plain, where_main
 from .. import tracing as _tracing
 from .._runtime.pickling import by_name as _by_name
 from .._runtime.procs import LAUNCHER_PID_ENV_VAR
@@ -62,7 +62,6 @@ DEFAULT_GRACE_PERIOD = 30.0
 _SWEEP_GRACE = 3.0
 _PR_SET_CHILD_SUBREAPER = 36
 _OMP_NUM_THREADS_ENV_VAR = "OMP_NUM_THREADS"
-_LOOPBACK = "127.0.0.1"
 _GLOO_IFNAME_ENV_VAR = "GLOO_SOCKET_IFNAME"
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
@@ -79,14 +78,10 @@ def _default_nproc() -> int:
 #: The subcommands, as ``--help`` lists them.
 _COMMANDS = (
     ("where [--master-addr A] [--master-port P]",
-     "where every rank of a running job is (any launcher; torchrun's --rdzv-endpoint too)"),
+     "where every rank of a running job is (any launcher; torchrun's --rdzv-endpoint too); "
+     "without a port, the runs recorded on this host"),
     ("trace DIR", "merge a traced run's rank files into trace.json, summary.txt, timeline.png"),
 )
-
-
-def _plain(text: Optional[str]) -> str:
-    """A docstring as ``--help`` shows it: one paragraph, no reST markup."""
-    return " ".join((text or "").replace("``", "'").replace(":func:", "").split())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,7 +278,8 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
         waiting_for = (lambda: f"node {node_rank} of {nnodes} is waiting for the other node(s) to "
                        f"join the rendezvous at {endpoint}" + (" (node 0 hosts it)" if node_rank
                                                                else ""))
-    watcher = Watcher(PROG, os.environ[END_DIR_ENV_VAR], waiting_for)
+    watcher = Watcher(PROG, os.environ[END_DIR_ENV_VAR], waiting_for,
+                      script=args.target, world=nproc * nnodes)
     try:
         elastic_launch(config, sys.executable)(*cmd_args)
         return 0
@@ -291,8 +287,9 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
         return report_failures(exc.failures, nnodes, node_rank, read_ends(os.environ.get(END_DIR_ENV_VAR)),
                                nproc * nnodes, range(node_rank * nproc, (node_rank + 1) * nproc))
     except SignalException as exc:
-        print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
-              file=sys.stderr, flush=True)
+        if watcher.claim():  # else the watcher is saying why it stops the launcher
+            print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
+                  file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     finally:
         watcher.close()
@@ -319,46 +316,6 @@ def trace_main(argv: Sequence[str]) -> int:
         print(f"{PROG} trace: {exc}", file=sys.stderr)
         return 1
     print(merged.report(), end="")
-    return 0
-
-
-def _store_at(addr: str, port: int, timeout: float) -> Optional[Any]:
-    """A client of the c10d store at ``addr:port``, or None after saying that none answered."""
-    try:
-        return where_report.connect(addr, port, timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - no store there (or its host is gone)
-        print(f"{PROG} where: no c10d store answered at {addr}:{port} ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
-        return None
-
-
-def where_main(argv: Sequence[str]) -> int:
-    """``axolotl-dist where --master-addr A --master-port P``: where every rank of the run
-    whose c10d store is at ``A:P`` is (any launcher: torchrun, srun, accelerate launch, env
-    vars; for torchrun, its ``--rdzv-endpoint`` too); the run is left untouched."""
-    parser = argparse.ArgumentParser(prog=f"{PROG} where", description=_plain(where_main.__doc__))
-    parser.add_argument("--master-addr", "--master_addr", dest="addr", default=None,
-                        help="the run's MASTER_ADDR (default: $MASTER_ADDR, else 127.0.0.1)")
-    parser.add_argument("--master-port", "--master_port", dest="port", type=int, default=None,
-                        help="the run's MASTER_PORT (default: $MASTER_PORT)")
-    parser.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds to wait for the store (default 10)")
-    args = parser.parse_args(argv)
-    addr = args.addr or os.environ.get("MASTER_ADDR") or _LOOPBACK
-    port = args.port if args.port is not None else os.environ.get("MASTER_PORT")
-    if port is None:
-        parser.error("--master-port (or MASTER_PORT) is needed: the port of the run's c10d store")
-    store = _store_at(addr, int(port), args.timeout)
-    target = where_report.rendezvous_target(store) if store is not None else None
-    if target is not None:  # torchrun's --rdzv-endpoint: the ranks' store is elsewhere
-        rdzv = f"{addr}:{port}"
-        addr, port = target
-        print(f"{rdzv} is torchrun's rendezvous; the ranks' store is at {addr}:{port}")
-        store = _store_at(addr, int(port), args.timeout)
-    if store is None:
-        return 1
-    print(f"where every rank of the run at {addr}:{port} is:")
-    print(where_report.where(store))
     return 0
 
 

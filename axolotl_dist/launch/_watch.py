@@ -5,9 +5,13 @@ in C++, where Python's signal handlers do not run: Ctrl-C and SIGTERM would wait
 rendezvous timeout (15 minutes by default). Python's C-level handler still writes each signal
 to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it, so:
 
-* Ctrl-C / SIGTERM / SIGHUP before any rank started: the launcher says so and exits with
-  ``128 + signal`` within a second (after the ranks started, the main thread is back in
-  Python and stops them as usual);
+* Ctrl-C / SIGTERM / SIGHUP before any rank started, or after this node's ranks ended (torch
+  elastic's exit barrier): the launcher says so and exits with ``128 + signal`` within a
+  second. A signal that finds ranks running is the main thread's: it is back in Python, stops
+  them and says so; the watcher then says nothing (it used to, once the stopped ranks were
+  gone: a second, false account). :meth:`Watcher.claim` makes the two accounts exclusive;
+* the run's entry in this host's run directory (:mod:`.runs`), for ``axolotl-dist where``:
+  recorded once the first local rank has noted the store's address, removed at the end;
 * ``SIGUSR1``: a report of where every rank is (:mod:`.where`), printed to the launcher's
   stderr; the run goes on;
 * while no rank has started on a multi-node run, a note every ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
@@ -25,10 +29,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .._runtime import procs, where
+from .._runtime import procs, runs, where
 from .._runtime.constants import WAIT_LOG_INTERVAL_ENV_VAR
 from .._runtime.envvars import kit_seconds
-from ._report import read_ends
+from ._report import GUARDS_DIR, read_ends
 
 __all__ = ["Watcher", "STOP_SIGNALS"]
 
@@ -46,10 +50,16 @@ def _say(prog: str, text: str) -> None:
 class Watcher:
     """See the module docstring. ``waiting_for`` says what the launcher waits for while no
     rank has started (None on a single node: nothing to wait for); ``note_dir`` is where this
-    node's first local rank leaves the store's address (:func:`.where.note_address`)."""
+    node's first local rank leaves the store's address (:func:`.where.note_address`);
+    ``script`` and ``world`` describe the run in its entry in the run directory."""
 
-    def __init__(self, prog: str, note_dir: str, waiting_for: Optional[Callable[[], str]]) -> None:
+    def __init__(self, prog: str, note_dir: str, waiting_for: Optional[Callable[[], str]],
+                 script: str = "?", world: int = 0) -> None:
         self.prog, self.note_dir, self.waiting_for = prog, note_dir, waiting_for
+        self.script, self.world = script, world
+        self._entry: Optional[str] = None  # the run's entry in the run directory, once noted
+        self._claim = threading.Lock()
+        self._claimed = False
         self._read, write = os.pipe()
         os.set_blocking(write, False)
         self._write = write
@@ -69,6 +79,38 @@ class Watcher:
                 os.close(fd)
             except OSError:
                 pass
+        runs.forget(self._entry)
+
+    def claim(self) -> bool:
+        """Whether the caller is the first to account for a stop signal (the main thread's
+        "stopped every rank", or this thread's own): one account, never two."""
+        with self._claim:
+            first, self._claimed = not self._claimed, True
+            return first
+
+    def _record(self) -> None:
+        """Once this node's first local rank noted the store's address, record the run."""
+        try:
+            with open(os.path.join(self.note_dir, where.STORE_NOTE)) as fh:
+                note = json.load(fh)
+            run, addr, port = str(note["run"]), str(note["addr"]), int(note["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not yet
+        self._entry = runs.record(run, addr, port, int(note.get("world") or self.world),
+                                  self.prog, self.script) or ""
+
+    def _why_alone(self, since: float) -> Optional[str]:
+        """Why this thread, not the main one, must stop the launcher on a signal sent at
+        ``since`` (wall clock) that found no rank running: no rank had started, or this
+        node's ranks had all ended before it (the main thread is in torch's rendezvous or its
+        exit barrier, in C++). None where ranks ended after the signal: they were starting
+        and the main thread, in Python, stopped them and says so."""
+        ends = read_ends(self.note_dir)
+        if ends:
+            return "after this node's ranks ended" if all(
+                float(e.get("time", 0.0)) < since for e in ends.values()) else None
+        guards = os.path.join(self.note_dir, GUARDS_DIR)
+        return None if os.path.isdir(guards) and os.listdir(guards) else "before any rank started"
 
     def _started(self) -> bool:
         return any(state != "Z" for _, state in procs.children(os.getpid()))
@@ -81,8 +123,10 @@ class Watcher:
         start = time.monotonic()
         every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
         next_note = start + every
-        stop_sig, stop_at = 0, 0.0
+        stop_sig, stop_at, stop_wall, running = 0, 0.0, 0.0, False
         while not self._stop.is_set():
+            if self._entry is None:
+                self._record()
             ready, _, _ = select.select([self._read], [], [], 0.2)
             now = time.monotonic()
             if ready:
@@ -94,14 +138,18 @@ class Watcher:
                     if signum == signal.SIGUSR1:
                         self._report()
                     elif signum in STOP_SIGNALS and not stop_sig:
-                        stop_sig, stop_at = signum, now
-            if stop_sig and now - stop_at >= _TAKE_OVER_AFTER and not self._started():
-                name = signal.Signals(stop_sig).name
-                when = "after this node's ranks ended" if self._ended() else \
-                    "before any rank started"
-                _say(self.prog, f"got {name} {when}; stopping")
-                os._exit(128 + stop_sig)
-            if self.waiting_for is not None and now >= next_note and not self._started():
+                        stop_sig, stop_at, stop_wall = signum, now, time.time()
+                        running = self._started()  # then the main thread stops them
+            if stop_sig and not running and now - stop_at >= _TAKE_OVER_AFTER \
+                    and not self._started():
+                when = self._why_alone(stop_wall)
+                if when is not None and self.claim():
+                    _say(self.prog, f"got {signal.Signals(stop_sig).name} {when}; stopping")
+                    runs.forget(self._entry)
+                    os._exit(128 + stop_sig)
+                running = True  # the main thread's to account for
+            if self.waiting_for is not None and now >= next_note and not stop_sig \
+                    and not self._started():  # after a stop signal: only its account
                 if self._ended():  # torch elastic's exit barrier: every node's agent waits
                     # for the others to finish (node 0's agent hosts the ranks' store)
                     _say(self.prog, "this node's ranks have ended; waiting for the other "
