@@ -22,6 +22,7 @@ from .peers import (EXIT_LOG_KEY, WAITERS_KEY, exit_connection, peer_record, sto
 from .store import hosts_store, is_store_error, world_store
 from .state import STATE
 from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
+from .procs import MACHINE
 from .where import same_machine
 from .tracebacks import format_exception, safe_str
 from ..errors import AxolotlDistError, RankFailedError
@@ -48,10 +49,13 @@ def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
     """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
     ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
     block that caught ``exc``; never raises. The traceback shows the user's frames, not the
-    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``."""
+    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``.
+    It names this machine: a reader on the same machine leaves the traceback to this rank's
+    own output (docs/faults.md, "One account of a failure")."""
     try:
         tb = format_exception(type(exc), exc, exc.__traceback__)
-        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where).to_report()
+        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where,
+                               machine=MACHINE).to_report()
     except Exception:  # noqa: BLE001 - a report must never hide the failure itself
         return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
                                where=where).to_report()
