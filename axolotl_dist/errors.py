@@ -47,12 +47,19 @@ class MeshUsageError(DistributedConfigError, RuntimeError):
 class RankFailedError(AxolotlDistError, RuntimeError):
     """Another rank failed while this rank was waiting for it.
 
+    ``str(exc)`` is the account: ``rank 0 failed in barrier: ValueError: bad shard 17``. The
+    failing rank's traceback follows it only where that rank ran on another machine, or it is
+    not known where: a rank on this machine printed its own traceback to this machine's
+    output (docs/faults.md, "One account of a failure"). It is always in
+    :attr:`remote_traceback`.
+
     :ivar rank: the (group) rank that failed.
     :ivar exc_type: the name of the exception type raised there (``"died"`` if it vanished).
     :ivar exc_message: that exception's message.
     :ivar remote_traceback: the formatted traceback from the failing rank, if known.
     :ivar where: the helper or block this rank was in when it learnt of the failure.
     :ivar ranks: every rank known to have failed, the root cause first (``(rank,)`` usually).
+    :ivar machine: the failing rank's machine (kernel boot and PID namespace), where known.
     :ivar backend_error: where a collective failed because of the lost rank, the first line of
         the backend's own error (``Connection reset by peer``); None otherwise.
     """
@@ -68,6 +75,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         *,
         where: str = "",
         ranks: Sequence[int] = (),
+        machine: Optional[str] = None,
     ) -> None:
         self.rank = rank
         self.exc_type = exc_type
@@ -75,18 +83,23 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         self.remote_traceback = remote_traceback
         self.where = where
         self.ranks = tuple(dict.fromkeys((rank, *ranks)))
+        self.machine = machine
         place = f" in {where}" if where else ""
         # an empty message shows no ": " (KeyboardInterrupt); notes appended to one start
         # with " (" or "; " and follow the type directly
         sep = "" if not exc_message or exc_message[0] in " ;" else ": "
-        text = f"rank {rank} failed{place}: {exc_type}{sep}{exc_message}"
-        if remote_traceback:
-            text += "\n--- traceback from rank %d ---\n%s" % (rank, remote_traceback.rstrip())
-        super().__init__(text)
+        super().__init__(f"rank {rank} failed{place}: {exc_type}{sep}{exc_message}")
+
+    def __str__(self) -> str:
+        account = str(self.args[0]) if self.args else ""
+        if not self.remote_traceback or _this_machine(self.machine):
+            return account
+        return "%s\n--- traceback from rank %d ---\n%s" % (account, self.rank,
+                                                          self.remote_traceback.rstrip())
 
     def _fields(self) -> tuple:
         return (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where,
-                self.ranks)
+                self.ranks, self.machine)
 
     def __reduce__(self):  # keep the structured fields across pickling
         return (_rebuild_rank_failed, self._fields())
@@ -101,8 +114,17 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         return _rebuild_rank_failed(*pickle.loads(data))
 
 
-def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where, ranks=()):
-    return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where, ranks=ranks)
+def _this_machine(machine: Optional[str]) -> bool:
+    """Whether ``machine`` is this process's (kernel boot and PID namespace)."""
+    from ._runtime.procs import MACHINE
+
+    return machine is not None and machine == MACHINE
+
+
+def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where, ranks=(),
+                         machine=None):
+    return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where, ranks=ranks,
+                           machine=machine)
 
 
 class RankTimeoutError(AxolotlDistError, TimeoutError):

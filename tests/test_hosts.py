@@ -573,6 +573,42 @@ def test_a_whole_node_killed_is_named_by_the_other_nodes_ranks_and_launcher(tmp_
 
 
 @needs_network
+def test_a_failure_on_another_node_is_told_there_with_its_traceback(tmp_path, two_nodes):
+    # rank 0 (node 0) raises in compute_and_broadcast: node 0's output holds its traceback once
+    # and rank 1's one-line account pointing to it; node 1's output, which never showed rank
+    # 0's, holds each rank's account followed by rank 0's traceback, and no traceback of its own
+    message = "bad row 17 in data.jsonl"
+    script = _launched_script(tmp_path, f"""
+        def tokenize():
+            if rank == 0:
+                raise ValueError({message!r})
+            return 0
+        ad.compute_and_broadcast(tokenize)
+    """)
+    _, launched = _launch(tmp_path, two_nodes, "axolotl-dist", script)
+    _finish(two_nodes, launched)
+    here, there = launched[0].stderr, launched[1].stderr
+    both = "\n".join(l.describe() for l in launched)
+    assert here.count("[rank0]: Traceback (most recent call last)") == 1, both
+    assert here.count(message) == 3, both  # rank 0's raise line and last line, rank 1's account
+    assert re.search(r"^\[rank1\]: axolotl_dist\.errors\.RankFailedError at rank\.py:\d+ in "
+                     rf"<module>: rank 0 failed in compute_and_broadcast: ValueError: {message} "
+                     r"\(its traceback is in rank 0's output\)$", here, re.M), both
+    assert re.search(r"^axolotl-dist: rank 0 .* failed first: it raised ValueError.*; its "
+                     r"traceback is above$", here, re.M), both
+    for rank in (2, 3):
+        lines = [l for l in there.splitlines() if l.startswith(f"[rank{rank}]: ")]
+        assert re.fullmatch(rf"\[rank{rank}\]: axolotl_dist\.errors\.RankFailedError at "
+                            rf"rank\.py:\d+ in <module>: rank 0 failed in compute_and_broadcast: "
+                            rf"ValueError: {message}", lines[0]), both
+        assert lines[1] == f"[rank{rank}]: --- traceback from rank 0 ---", both
+        assert lines[2] == f"[rank{rank}]: Traceback (most recent call last):", both
+        assert lines[-1] == f"[rank{rank}]: ValueError: {message}", both
+        assert sum("Traceback (most recent call last)" in l for l in lines) == 1, both
+    assert "its traceback is in rank 0's output" not in there, both
+
+
+@needs_network
 @pytest.mark.parametrize("private", [True, False], ids=["private-disks", "shared-disk"])
 def test_zero_first_builds_a_cache_once_per_filesystem_with_default_settings(tmp_path, private):
     # nodes with their own /tmp (each its own disk) or one /tmp (one shared disk), the datasets

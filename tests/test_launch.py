@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -129,9 +130,12 @@ def test_three_ranks_env_and_a_raising_rank(rank_script: Path, tmp_path: Path) -
     _check_contract(_results(out, 3), 3)
     assert code == 1, err
     assert elapsed < 30 + 15, elapsed  # 30 s once launched, plus interpreter start-up
+    # rank 1's traceback, once, above the summary, which points to it instead of copying it
     summary = err[err.index("axolotl-dist: rank 1"):]
-    assert "failed first" in summary and "ValueError: boom from rank 1" in summary
-    assert "in fail_here" in summary and "_rank_main" not in summary
+    assert err.count("ValueError: boom from rank 1") == 1 and err.count("in fail_here") == 1, err
+    assert err.index("in fail_here") < err.index(summary) and "_rank_main" not in err, err
+    assert "failed first: it raised ValueError and exited with code 1; its traceback is " \
+        "above" in summary, err
     assert "exit code 1" in summary
 
 
@@ -430,8 +434,11 @@ def test_rank_stopped_while_exiting_after_raising_reports_its_exception(tmp_path
     }
     assert launch.report_failures(failures, nodes=1, node_rank=0) == 1
     err = capsys.readouterr().err
-    assert "rank 0 (local rank 0, pid 100) failed first: it raised an exception" in err
-    assert "ValueError: first" in err and "exit code 1" in err
+    assert "rank 0 (local rank 0, pid 100) failed first: it raised ValueError (and was stopped " \
+        "by the launcher while exiting)\n" in err, err
+    # its error file does not say it printed to this launcher's stderr: the traceback is shown
+    assert "--- traceback of rank 0 ---\nTraceback ...\nValueError: first" in err
+    assert "exit code 1" in err
 
 
 def test_an_early_quitter_stopped_during_its_exit_hooks_is_still_reported_first(
@@ -456,7 +463,8 @@ def test_an_early_quitter_stopped_during_its_exit_hooks_is_still_reported_first(
     assert launch.report_failures(failures, nodes=1, node_rank=0, ends=ends, world_size=3) == 1
     err = capsys.readouterr().err
     assert "axolotl-dist: rank 0 (pid 100) exited with code 0 while rank(s) [1, 2] were still running" in err
-    assert "then rank 1 (local rank 1, pid 101) failed: it exited with code 1" in err
+    assert "then rank 1 (local rank 1, pid 101) failed: it raised RankFailedError and exited " \
+        "with code 1" in err
     assert "RankFailedError: rank 0 failed in barrier" in err
     # a rank killed by a signal *before* its script ended is a failure, not an early quitter
     del ends[0]
@@ -500,7 +508,13 @@ def test_a_rank_that_exits_early_with_code_0_is_reported_first(tmp_path: Path) -
     summary = err[err.index("axolotl-dist: rank 0"):]
     assert "axolotl-dist: rank 0 (pid " in summary
     assert "exited with code 0 while rank(s) [1, 2] were still running" in summary
-    assert "then rank" in summary and "RankFailedError: rank 0 failed in barrier" in summary
+    then = re.search(r"then rank ([12]) \(local rank [12], pid \d+\) failed: it raised "
+                     r"RankFailedError .*; its traceback is above$", summary, re.M)
+    assert then, err
+    # above: that rank's account, one line (the other may be stopped before it says one)
+    assert re.search(rf"^\[rank{then.group(1)}\]: axolotl_dist\.errors\.RankFailedError at "
+                     r"\S*early\.py:8 in <module>: rank 0 failed in barrier: exited", err, re.M), err
+    assert "Traceback" not in err, err
 
 
 GUARDED_SCRIPT = r'''

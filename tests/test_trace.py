@@ -155,7 +155,8 @@ def test_a_killed_rank_keeps_its_events_and_is_marked_lost(tmp_path):
              for r in range(3)]
     results = [finish(p, 120) for p in procs]
     assert results[1][0] == -signal.SIGKILL, results[1]
-    assert results[0][0] == 1 and "RankFailedError: rank 1 failed in barrier" in results[0][2]
+    assert results[0][0] == 1 and re.search(r"RankFailedError at \S+ in \S+: rank 1 failed in "
+                                            r"barrier", results[0][2]), results[0]
     doc = _check_timeline(tmp_path / "trace")
     names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
     assert names[1].endswith("lost: no exit record"), names

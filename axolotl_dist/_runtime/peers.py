@@ -417,10 +417,10 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
                     f"{store_address()} went away)")
             return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + note,
                                          error.remote_traceback, where=what,
-                                         ranks=(error.rank, host)))
+                                         ranks=(error.rank, host), machine=error.machine))
         note = f" (then its store at {store_address()} went away with it)"
         return learn(RankFailedError(host, error.exc_type, error.exc_message + note,
-                                     error.remote_traceback, where=what))
+                                     error.remote_traceback, where=what, machine=error.machine))
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""

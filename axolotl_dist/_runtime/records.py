@@ -22,6 +22,7 @@ from .peers import (EXIT_LOG_KEY, WAITERS_KEY, exit_connection, peer_record, sto
 from .store import hosts_store, is_store_error, world_store
 from .state import STATE
 from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
+from .procs import MACHINE
 from .where import same_machine
 from .tracebacks import format_exception, safe_str
 from ..errors import AxolotlDistError, RankFailedError
@@ -48,10 +49,13 @@ def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
     """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
     ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
     block that caught ``exc``; never raises. The traceback shows the user's frames, not the
-    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``."""
+    kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``.
+    It names this machine: a reader on the same machine leaves the traceback to this rank's
+    own output (docs/faults.md, "One account of a failure")."""
     try:
         tb = format_exception(type(exc), exc, exc.__traceback__)
-        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where).to_report()
+        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where,
+                               machine=MACHINE).to_report()
     except Exception:  # noqa: BLE001 - a report must never hide the failure itself
         return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
                                where=where).to_report()
@@ -173,29 +177,34 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
 
 
 def mark_exited(record: Tuple["Store", int, bool]) -> None:
-    """After this process's groups are destroyed: it will not touch the store again."""
+    """After this process's groups are destroyed: it will not touch the store again. One
+    store call, this process's last: the store's host may end as soon as it is made."""
     store, rank, _ = record
     try:
         store.set(f"axd/gone/{rank}", b"")
-        store.add("axd/gone", 1)
     except Exception:  # noqa: BLE001
         pass
 
 
-def await_peers_told(store: "Store", rank: int, world_size: int) -> None:
-    """For a rank that does not host the store, ending on a failure: wait until no other rank
-    is in a kit wait any more (each one there reads this rank's record within a
-    look interval, raises naming it, and keeps its wait counted until its own exit:
-    :func:`.watch.waiting_key`) or it is gone, at most :func:`failed_exit_grace` seconds.
-    A rank busy elsewhere is not waited for: it could not name this rank before a launcher
-    stopped it anyway. Never raises."""
+def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool = False) -> None:
+    """For a rank that does not host the store, ending on a failure, before its last store call
+    (:func:`mark_exited`): wait until no other rank is in a kit wait any more (each one there
+    reads this rank's record within a look interval, raises naming it, and keeps its wait
+    counted until its own exit: :func:`.watch.waiting_key`) or it is gone, at most
+    :func:`failed_exit_grace` seconds. A rank busy elsewhere is not waited for: it could not
+    name this rank before a launcher stopped it anyway. ``relayed``: this rank ends on another
+    rank's failure; it does not wait for a rank that has left its own exit record (that one
+    told its account and is in its exit too: two such ranks would wait for each other until
+    the bound, then both make their last store calls as the rank that failed first, which
+    waits for them, ends, perhaps taking the store with it). Never raises."""
     others = [r for r in range(world_size) if r != rank]
     deadline = time.monotonic() + failed_exit_grace(world_size)
     try:
         watcher = Watch(store, rank)
         while time.monotonic() < deadline:
             waiting = [r for r in others if store.add(waiting_key(r), 0) > 0
-                       and not store.check([f"axd/gone/{r}"])]
+                       and not store.check([f"axd/gone/{r}"])
+                       and not (relayed and store.check([exit_key(r)]))]
             if not waiting or len(watcher.find_lost(waiting, time.monotonic(),
                                                     exits=False)) == len(waiting):
                 return
@@ -206,13 +215,16 @@ def await_peers_told(store: "Store", rank: int, world_size: int) -> None:
 
 def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = False) -> None:
     """For the store host at exit: keep the store up until every other rank has finished its
-    own exit teardown (:func:`mark_exited`; it reads exit records and destroys its groups
-    through the store) or is gone, at most :func:`linger_timeout` seconds. A rank that comes
-    later still names the root cause: its heartbeat copied this rank's exit record. If this
-    rank's record is a failure (``failed``: it is ending on an exception, Ctrl-C included),
-    it waits only until every other rank has that copy (its heartbeat acknowledges it, within
-    a heartbeat interval): a rank told to stop does not wait for a peer busy elsewhere. Never
-    raises."""
+    own exit teardown (:func:`mark_exited`, its last store call: it writes its exit record,
+    reads others' and destroys its groups through the store) or is gone, at most
+    :func:`linger_timeout` seconds. A rank that comes later still names the root cause: its
+    heartbeat copied this rank's exit record. If this rank's record is a failure (``failed``:
+    it is ending on an exception, Ctrl-C included), it waits only until every other rank has
+    that copy (its heartbeat acknowledges it, within a heartbeat interval, and the rank makes
+    no store call after that) or has marked itself gone: a rank told to stop does not wait for
+    a peer busy elsewhere. A rank's exit record is not the end of its store calls, so it
+    does not count as gone here (a call after the host ended makes torch print a C++ trace).
+    Never raises."""
     others = [r for r in range(world_size) if r != rank]
     try:
         def left() -> List[int]:
@@ -223,10 +235,11 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
                        for r in others)
 
         if failed:
-            _linger(copied, left, Watch(store, rank, _LINGER_CHECK), exits=True)
+            _linger(copied, left, Watch(store, rank, _LINGER_CHECK), exits=False)
             time.sleep(_DRAIN)  # store calls already in flight finish (none start after a copy)
         else:
-            _linger(lambda: store.add("axd/gone", 0) >= world_size, left,
+            gone = [f"axd/gone/{r}" for r in others]
+            _linger(lambda: not gone or store.check(gone), left,
                     Watch(store, rank, _LINGER_CHECK), exits=False)
     except Exception:  # noqa: BLE001
         pass

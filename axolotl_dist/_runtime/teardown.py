@@ -13,12 +13,15 @@ registers an ``atexit`` hook that, before finalization:
 2. destroys every process group (a destroyed group joins its worker threads, and its peers'
    pending collectives fail at once instead of waiting for this process to end), resetting
    forgetting the world mesh and waiting for the value helpers' buffers to be released;
-3. if this process hosts the store (rank 0 under a plain env launch), keeps it up until every
-   other rank has left its exit record or is gone, at most ``AXOLOTL_DIST_STORE_LINGER``
-   seconds: peers read the real cause of a failure, and their own exits find a live store;
-   elsewhere, a rank ending on a failure waits until the others finished their exits, at
-   most ``records.failed_exit_grace()`` seconds: a launcher that stops every rank once one is
-   gone (torchrun, ``axolotl-dist``, ``mpirun``) would stop a peer before it named the cause;
+3. elsewhere, a rank ending on a failure waits until the others in kit waits have read it,
+   at most ``records.failed_exit_grace()`` seconds: a launcher that stops every rank once one
+   is gone (torchrun, ``axolotl-dist``, ``mpirun``) would stop a peer before it named the
+   cause; then it marks itself gone, its last store call. If this process hosts the store
+   (rank 0 under a plain env launch), it keeps the store up until every other rank has marked
+   itself gone (or, ending on a failure, copied its record) or is gone, at most
+   ``AXOLOTL_DIST_STORE_LINGER`` seconds: peers read the real cause of a failure, and their
+   own exits find a live store (a store call to a host that ended makes torch print a C++
+   trace);
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish;
 5. a process ending on Ctrl-C with a collective left pending (its group kept: see
@@ -51,6 +54,7 @@ from .groups import Group
 from . import cleanup as cleanup_keys
 from .logs import kit as log
 from .state import STATE
+from ..errors import RankFailedError
 
 __all__ = ["start_services", "cleanup", "teardown", "keep_abandoned"]
 
@@ -207,6 +211,28 @@ def _end_now() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def _release_kit_frames(exc: Optional[BaseException]) -> None:
+    """Clear the locals of the kit's frames in the traceback(s) of ``exc``, the exception this
+    process is ending on (already printed and reported): a helper's frame there holds its
+    group's buffers, which :func:`_await_released` would otherwise wait a second for, taking
+    them for a gloo worker's. The user's frames are left alone, and every frame where a
+    collective was left pending (Ctrl-C in one: its work stays referenced)."""
+    if any(g.abandoned for g in list(STATE.groups.values())):
+        return
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            if tracebacks.kit_frame(tb.tb_frame.f_code.co_filename):
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # still executing (not for an exception being exited on)
+                    pass
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+
+
 def teardown(exc: Optional[BaseException] = None) -> None:
     """Steps 1-4 of the module docstring; ``exc``: the exception this process is ending on."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -225,18 +251,21 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     # about to go: a call in flight then makes torch print a C++ trace)
     record = store.bounded(lambda: records.publish_exit(exc), _STORE_CALLS) \
         if world_size > 1 and not peers.host_leaving() else None
+    _release_kit_frames(exc)
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
     try:
         cleanup()
     except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
         pass
     if record is not None:
+        if not hosts and record[2]:  # a failure: the peers waiting for this rank name it
+            relayed = exc is None or isinstance(exc, RankFailedError)  # another rank's failure
+            store.bounded(lambda: records.await_peers_told(record[0], rank, world_size, relayed),
+                          records.failed_exit_grace(world_size) + _STORE_CALLS)
+        # the last store call: a store host (rank 0) may end as soon as every rank made it
         store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
         if hosts:
             records.await_peers_exit(record[0], rank, world_size, failed=record[2])
-        elif record[2]:  # a failure: the peers waiting for this rank name it before it is gone
-            store.bounded(lambda: records.await_peers_told(record[0], rank, world_size),
-                          records.failed_exit_grace(world_size) + _STORE_CALLS)
     del server
     kept = {id(ref()) for ref in STATE.kept}
     groups = [ref for ref in groups if id(ref()) not in kept]

@@ -6,7 +6,9 @@ every exception of a chain: the last user frame still shows the line that called
 (``n = ad.reduce_and_broadcast(...)``), and the error says the rest. It formats the kit's
 failure reports, the launcher's error file, and (:func:`install`) uncaught exceptions, when no
 other hook was installed. It never raises: an exception whose ``__str__`` or ``__repr__``
-raises is shown with ``<exception str() failed>``.
+raises is shown with ``<exception str() failed>``. An uncaught failure of another rank is not
+a traceback but this rank's one-line account of it (:func:`format_account`; docs/faults.md,
+"One account of a failure").
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import traceback
 from types import TracebackType
 from typing import Any, List, Optional, Type
 
-__all__ = ["kit_frame", "format_exception", "safe_str", "install"]
+from ..errors import RankFailedError
+from .procs import MACHINE
+
+__all__ = ["kit_frame", "format_exception", "format_account", "format_uncaught", "safe_str",
+           "install"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -68,15 +74,59 @@ def format_exception(exc_type: Optional[Type[BaseException]], exc: BaseException
             return f"{type(exc).__name__}: <exception str() failed>\n"
 
 
+def _site(tb: Optional[TracebackType]) -> str:
+    """``path:line in function`` of the innermost frame of ``tb`` outside the kit ("" if none)."""
+    frames = [f for f in traceback.extract_tb(tb) if not kit_frame(f.filename)]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    path = frame.filename
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except ValueError:  # pragma: no cover - another drive on Windows
+        pass
+    return f"{path}:{frame.lineno} in {frame.name}"
+
+
+def format_account(exc: RankFailedError, tb: Optional[TracebackType]) -> str:
+    """An uncaught failure of another rank as this rank's account: one line naming this rank's
+    own line, the failing rank, where it failed and its exception, and where its traceback is:
+    that rank's output on this machine (which shows it), else here, after the line."""
+    name = type(exc).__qualname__
+    module = type(exc).__module__
+    if module not in ("__main__", "builtins"):
+        name = f"{module}.{name}"
+    site = _site(tb)
+    text = safe_str(exc)
+    if exc.remote_traceback and exc.machine is not None and exc.machine == MACHINE:
+        text += f" (its traceback is in rank {exc.rank}'s output)"
+    return f"{name}{f' at {site}' if site else ''}: {text}\n"
+
+
+def format_uncaught(exc_type: Type[BaseException], exc: BaseException,
+                    tb: Optional[TracebackType]) -> str:
+    """What the kit's hook prints for an uncaught exception: :func:`format_account` for a
+    failure relayed from another rank (not chained to another exception), else
+    :func:`format_exception`. Never raises."""
+    try:
+        if isinstance(exc, RankFailedError) and exc.__cause__ is None and (
+                exc.__context__ is None or exc.__suppress_context__):
+            return format_account(exc, tb)
+    except Exception:  # noqa: BLE001 - fall back to the whole traceback
+        pass
+    return format_exception(exc_type, exc, tb)
+
+
 class _Hook:
-    """``sys.excepthook`` printing :func:`format_exception`, each line after ``prefix``."""
+    """``sys.excepthook`` printing :func:`format_uncaught`, each line after ``prefix``."""
 
     def __init__(self, prefix: str = "") -> None:
         self.prefix = prefix
 
     def __call__(self, exc_type: Type[BaseException], exc: BaseException,
                  tb: Optional[TracebackType]) -> None:
-        text = format_exception(exc_type, exc, tb)
+        text = format_uncaught(exc_type, exc, tb)
         if self.prefix:
             text = "".join(f"{self.prefix}: {line}" if line.strip() else line
                            for line in text.splitlines(keepends=True))

@@ -277,11 +277,12 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
     if root.report is not None and not secondary(root):
         error = root.report
         return learn(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
-                                     error.remote_traceback, where=what, ranks=ranks))
+                                     error.remote_traceback, where=what, ranks=ranks,
+                                     machine=error.machine))
     if root.report is not None:  # every lost rank only relayed another rank's failure
         error = root.report
         relay = f" (rank {root.rank} exited on this failure)"
         return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
                                      error.remote_traceback, where=what,
-                                     ranks=(error.rank,) + ranks))
+                                     ranks=(error.rank,) + ranks, machine=error.machine))
     return learn(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))

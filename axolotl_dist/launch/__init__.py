@@ -22,8 +22,8 @@ reports failures:
   ``--master-addr:--master-port`` hosted by node 0.
 * **Failure**: when a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL
   after a grace period (torch elastic signals each rank's whole process group). The launcher
-  prints which rank failed first, with that rank's traceback, and exits with its exit code
-  (128 + signal for a rank killed by a signal).
+  prints which rank failed first, pointing to that rank's traceback above, and exits with its
+  exit code (128 + signal for a rank killed by a signal).
 * **Ctrl-C / SIGTERM** to the launcher: every rank gets the same signal, then SIGKILL after
   ``--grace-period`` seconds; the launcher exits with 128 + signal.
 * **No process left behind**: on Linux the launcher is a child subreaper, so anything a rank

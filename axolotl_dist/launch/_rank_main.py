@@ -7,7 +7,8 @@ whatever the rank left running in its process group (a SIGKILLed launcher leaves
 behind). It runs the user's script or module as ``__main__`` (like ``python script.py`` /
 ``python -m module``) and, if it raises, writes the exception to torch elastic's error file
 (``TORCHELASTIC_ERROR_FILE``) so the launcher can show the traceback of the rank that failed
-first. ``SystemExit`` passes through unchanged (exit code kept); ``KeyboardInterrupt`` (the
+first (or, where the traceback went to the launcher's own output, point to it there).
+``SystemExit`` passes through unchanged (exit code kept); ``KeyboardInterrupt`` (the
 launcher forwards Ctrl-C) exits with 130 without a traceback. Output is line-buffered (each
 line one write, so the ranks' lines never interleave mid-line). Every way the script ends is
 recorded (exit code and time) in ``AXOLOTL_DIST_END_DIR``, so the launcher can name the first
@@ -117,11 +118,21 @@ def _user_traceback(tb: Optional[TracebackType]) -> Optional[TracebackType]:
     return tb
 
 
-def _write_error_file(exc: BaseException, formatted: str) -> None:
+def _stream_id(stream) -> Optional[List[int]]:
+    """``[device, inode]`` of the file behind ``stream`` (None if it has none): the launcher
+    compares it with its own stderr's to tell whether this rank's traceback went to its output."""
+    try:
+        st = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # replaced by a StringIO, closed
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def _write_error_file(exc: BaseException, formatted: str, now: float,
+                      printed_to: Optional[List[int]]) -> None:
     path = os.environ.get(ERROR_FILE_ENV_VAR)
     if not path:
         return
-    now = time.time()
     data = {
         # The layout torch elastic's ProcessFailure reads ...
         "message": {
@@ -129,8 +140,10 @@ def _write_error_file(exc: BaseException, formatted: str) -> None:
             "extraInfo": {"py_callstack": formatted, "timestamp": str(int(now))},
         },
         # ... plus a sub-second time, so the launcher can tell which rank failed first.
+        # ... and where the excepthook printed the traceback: the launcher's own output
+        # already shows it if that is the launcher's stderr.
         "axolotl_dist": {"time": now, "rank": os.environ.get("RANK"),
-                         "exc_type": type(exc).__name__},
+                         "exc_type": type(exc).__name__, "printed_to": printed_to},
     }
     try:  # whole or absent: torch's agent json-loads the file the moment this process is gone
         with open(path + ".tmp", "w") as fh:
@@ -209,11 +222,17 @@ def main(argv: Optional[List[str]] = None) -> None:
         code = 128 + int(signal.SIGINT)
         raise SystemExit(code) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, shown, then exit code 1 like python
+        now = time.time()
         tb = _user_traceback(exc.__traceback__)
         formatted = format_exception(type(exc), exc, tb)
-        _write_error_file(exc, formatted)
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        sys.stderr.flush()
+        printed_to = _stream_id(sys.stderr)
+        try:
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - a user's hook that raised: the launcher shows it
+            printed_to = None
+        # after printing: a file that says "printed" is never written before the traceback is
+        _write_error_file(exc, formatted, now, printed_to)
         # what python sets for an uncaught exception: the kit's exit hook reports it to peers
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         if sys.version_info >= (3, 12):  # pragma: no cover - 3.12 reads sys.last_exc

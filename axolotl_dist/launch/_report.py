@@ -1,6 +1,9 @@
 """The launcher's account of a failed run: which rank failed first (a rank that ended early,
-even with exit code 0, before a rank that failed because of it), its traceback from torch
-elastic's error file, and the exit code the launcher returns."""
+even with exit code 0, before a rank that failed because of it), and the exit code the
+launcher returns. One line per rank: a rank whose traceback went to the launcher's own stderr
+(the usual case: ranks inherit it) is pointed to, "its traceback is above"; only a traceback
+that went elsewhere (a script that replaced ``sys.stderr``, a user's excepthook that raised)
+is shown from torch elastic's error file (docs/faults.md, "One account of a failure")."""
 
 from __future__ import annotations
 
@@ -116,14 +119,38 @@ def _stopped_after_its_end(rank: int, failures: Dict[int, object]) -> bool:
     return failure is None or getattr(failure, "exitcode", 0) < 0
 
 
+def _exc_type(failure) -> str:
+    """The name of the exception a failed rank raised, from its error file ("" if unknown)."""
+    data = _error_data(failure)
+    name = (data.get("axolotl_dist") or {}).get("exc_type")
+    if isinstance(name, str) and name:
+        return name
+    message = data.get("message")
+    text = message.get("message") if isinstance(message, dict) else message
+    head = text.split(":", 1)[0].strip() if isinstance(text, str) else ""
+    return head if head.isidentifier() else ""
+
+
+def _shown_above(failure) -> bool:
+    """Whether the rank printed its traceback to this launcher's own stderr (its error file
+    names the file it printed to: :mod:`._rank_main`), so the output above already holds it."""
+    printed = (_error_data(failure).get("axolotl_dist") or {}).get("printed_to")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return isinstance(printed, list) and printed == [st.st_dev, st.st_ino]
+
+
 def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                     ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
                     local: Optional[Sequence[int]] = None) -> int:
     """Print the launcher's account of a failed run to stderr and return its exit code:
     the rank that ended first while others ran (``ends``: how each rank's script ended), the
-    rank that failed first with its traceback, and the ranks stopped after it. ``local``: the
-    global ranks this launcher started; with several nodes, only those are said to be running
-    (the other nodes' ranks are their launchers' to report)."""
+    rank that failed first (its traceback only where its output did not show it), and the
+    ranks stopped after it. ``local``: the global ranks this launcher started; with several
+    nodes, only those are said to be running (the other nodes' ranks are their launchers' to
+    report)."""
     ends = ends or {}
     lines: List[str] = []
     early = _early_exit(failures, ends)
@@ -143,12 +170,17 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
         failures = {r: f for r, f in failures.items() if r != early[0]}
     rank, failure = first_failure(failures)
     code = exit_code_of(failure.exitcode)
+    raised = f"raised {_exc_type(failure) or 'an exception'}"
+    tb = traceback_of(failure)
+    above = bool(tb) and _shown_above(failure)
     if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
         # It raised (its error file is there) and was stopped by the launcher while exiting,
         # because another rank failed at about the same time: report the exception, exit 1
         # as the rank itself would have.
         code = 1
-        how = "raised an exception (and was stopped by the launcher while exiting)"
+        how = f"{raised} (and was stopped by the launcher while exiting)"
+    elif _error_data(failure) and failure.exitcode > 0:
+        how = f"{raised} and exited with code {failure.exitcode}"
     elif failure.exitcode < 0:
         try:
             how = f"was killed by signal {-failure.exitcode} ({signal.Signals(-failure.exitcode).name})"
@@ -157,12 +189,13 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     else:
         how = f"exited with code {failure.exitcode}"
     where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
+    if above:  # its own output, above, holds the traceback: no second copy
+        how += "; its traceback is above"
     if early is None:
         lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
     else:
         lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
-    tb = traceback_of(failure)
-    if tb:
+    if tb and not above:
         lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
     others = sorted(r for r in failures if r != rank)
     if others:
