@@ -26,7 +26,7 @@ from . import env as _env
 from ._runtime import filesystem as _filesystem, guards as _guards, trace as _trace
 from ._runtime.args import check_world_size
 from ._runtime.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
-from ._runtime.callsite import call_site
+from ._runtime.callsite import call_site, short_path
 from ._runtime.calls import checked, first_rank_block
 from ._runtime.groups import NOT_ASKED, group_of
 from ._runtime.state import STATE as _STATE
@@ -230,11 +230,6 @@ def zero_first(
     return _ZeroFirst(is_main, group, timeout, desc, path)
 
 
-def _relative(path: str) -> str:
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else path
-
-
 class _SkipBlock(BaseException):
     """Raised by the trace hook at the first line of a skipped ``with zero_only():`` body."""
 
@@ -252,7 +247,7 @@ class _ZeroOnly(Generic[D]):
 
         code = getattr(fn, "__code__", None)
         where = (f"the @zero_only function {getattr(fn, '__qualname__', fn)}"
-                 + (f" (defined at {_relative(code.co_filename)}:{code.co_firstlineno})"
+                 + (f" (defined at {short_path(code.co_filename)}:{code.co_firstlineno})"
                     if code is not None else ""))
 
         @functools.wraps(fn)

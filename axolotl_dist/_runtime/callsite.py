@@ -14,7 +14,7 @@ import sys
 from types import CodeType, FrameType
 from typing import Dict, NamedTuple, Optional, Tuple
 
-__all__ = ["CallSite", "call_site", "frame_site", "is_ours"]
+__all__ = ["CallSite", "call_site", "frame_site", "is_ours", "short_path"]
 
 #: the whole package (this module lives in its ``_runtime`` folder)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -102,12 +102,16 @@ def frame_site(frame: Optional[FrameType]) -> Optional[CallSite]:
     return None if frame is None else _build(frame.f_code, frame.f_lineno)
 
 
-def _build(code: CodeType, line: int) -> CallSite:
-    path = code.co_filename
+def short_path(path: str) -> str:
+    """``path`` relative to the working directory where it lies under it, else as given: how
+    the kit's messages name the user's files."""
     try:
         rel = os.path.relpath(path)
-        path = rel if not rel.startswith("..") else path
+        return rel if not rel.startswith("..") else path
     except ValueError:  # pragma: no cover - another drive on Windows
-        pass
+        return path
+
+
+def _build(code: CodeType, line: int) -> CallSite:
     text = linecache.getline(code.co_filename, line).strip()
-    return CallSite(path, line, code.co_name, text)
+    return CallSite(short_path(code.co_filename), line, code.co_name, text)

@@ -29,6 +29,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import procs
+from .callsite import short_path
 from .constants import RUN_DIR_ENV_VAR
 from .envvars import kit_path
 
@@ -198,11 +199,6 @@ def describe(entry: Dict[str, Any], now: Optional[float] = None) -> str:
     age = max(0.0, (time.time() if now is None else now) - float(entry.get("started", 0.0)))
     ago = f"{age:.0f} s" if age < 120 else (f"{age / 60:.0f} min" if age < 7200 else
                                              f"{age / 3600:.1f} h")
-    script = str(entry.get("script", "?"))
-    try:
-        rel = os.path.relpath(script)
-        script = rel if not rel.startswith("..") else script
-    except ValueError:  # pragma: no cover
-        pass
+    script = short_path(str(entry.get("script", "?")))
     return (f"port {entry.get('port')} on {entry.get('addr')}: {entry.get('world')} rank(s), "
             f"{script}, pid {entry.get('pid')} ({entry.get('launcher')}), started {ago} ago")

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, List, Optional, Type
 
 from ..errors import RankFailedError
+from .callsite import short_path
 from .procs import MACHINE
 
 __all__ = ["kit_frame", "format_exception", "format_account", "format_uncaught", "safe_str",
@@ -80,13 +81,7 @@ def _site(tb: Optional[TracebackType]) -> str:
     if not frames:
         return ""
     frame = frames[-1]
-    path = frame.filename
-    try:
-        rel = os.path.relpath(path)
-        path = rel if not rel.startswith("..") else path
-    except ValueError:  # pragma: no cover - another drive on Windows
-        pass
-    return f"{path}:{frame.lineno} in {frame.name}"
+    return f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
 def format_account(exc: RankFailedError, tb: Optional[TracebackType]) -> str:

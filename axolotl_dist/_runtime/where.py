@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import procs, runs
+from .callsite import short_path
 from .constants import HEARTBEAT_INTERVAL, HOST
 from .state import STATE
 
@@ -168,14 +169,6 @@ def _frames(frame: Any) -> List[Tuple[str, int, str, str]]:
     return out
 
 
-def _short(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-        return rel if not rel.startswith("..") else path
-    except ValueError:  # pragma: no cover
-        return path
-
-
 def snapshot(rank: int) -> Dict[str, Any]:
     """This rank's main thread, as :func:`report` prints it (JSON-ready). From the innermost
     frame out: the library frames on top fold into the call they serve (``call``: ``barrier``,
@@ -196,7 +189,7 @@ def snapshot(rank: int) -> Dict[str, Any]:
         filename, line, name, _ = frames[j - 1]
         kind = _kind(filename)
         if kind == "user":
-            user.append([_short(filename), line, name, callee])
+            user.append([short_path(filename), line, name, callee])
             callee = name
         elif kind == "kit" and user:
             break  # the bootstrap or test harness that runs the user's code
