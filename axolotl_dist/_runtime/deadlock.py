@@ -33,7 +33,7 @@ from .groups import Group
 from .state import STATE
 
 __all__ = ["Point", "Stuck", "wait_key", "stuck_key", "describe", "new_serial", "find_stuck",
-           "explain", "ranks_text", "Judge", "KINDS"]
+           "explain", "ranks_text", "Judge", "KINDS", "CALLS_PER_RANK"]
 
 #: The kinds of meeting, in the order of a rank's progress counters: the group's kit
 #: collectives (counted by :func:`.exchange.run`), then the per-kind call counters
@@ -252,7 +252,7 @@ def _advice(part: List[Stuck]) -> str:
 
 
 #: Up to this many stuck ranks, an error's ``calls`` names each; beyond, the first of each wait.
-_CALLS_PER_RANK = 64
+CALLS_PER_RANK = 64
 
 
 def explain(stuck: List[Stuck]) -> List[Tuple[List[int], str, Dict[int, str]]]:
@@ -265,7 +265,7 @@ def explain(stuck: List[Stuck]) -> List[Tuple[List[int], str, Dict[int, str]]]:
         text = (f"ranks {who} wait for each other in kit calls that can never meet:\n"
                 + "\n".join(_line(s) for s in part) + "\n" + _advice(part))
         calls = {r: s.desc["w"] for s in part
-                 for r in (s.ranks if len(ranks) <= _CALLS_PER_RANK else s.ranks[:1])}
+                 for r in (s.ranks if len(ranks) <= CALLS_PER_RANK else s.ranks[:1])}
         out.append((ranks, text, calls))
     return out
 
@@ -279,7 +279,7 @@ class Judge:
         self.raw: Dict[int, bytes] = {}
         self.descs: Dict[int, Dict[str, Any]] = {}
         self.last: Dict[int, int] = {}  # rank -> serial, stuck in the last round
-        self.marks: Dict[int, str] = {}  # rank -> its verdict mark as published ("" none)
+        self.marks: Dict[int, str] = {}  # rank -> its verdict mark as published
         self.texts: List[List[Any]] = []  # per deadlock: [message, {rank: call}]
 
     def round(self, values: Sequence[bytes]) -> Optional[Tuple[Dict[int, str], List[List[Any]]]]:
@@ -306,7 +306,7 @@ class Judge:
         for i, (ranks, text, calls) in enumerate(explain(confirmed)):
             texts.append([text, {str(r): c for r, c in calls.items()}])
             marks.update({r: f"{steady[r]['s']}|{i}" for r in ranks})
-        if marks == {r: m for r, m in self.marks.items() if m} and texts == self.texts:
+        if marks == self.marks and texts == self.texts:
             return None
         changes = {r: "" for r in self.marks if r not in marks}
         changes.update({r: m for r, m in marks.items() if self.marks.get(r) != m})

@@ -21,7 +21,7 @@ import time
 import uuid
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
@@ -176,6 +176,7 @@ class _Heartbeat:
         self.silent: Dict[int, float] = {}  # the judge's last verdicts
         self.all_beat = False  # every rank's heartbeat key exists (the judge may multi_get)
         self.deadlocks = deadlock.Judge(world_size) if rank == 0 else None
+        self.keys: Optional[List[str]] = None  # what the judge reads each round
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         STATE.peers[rank] = me
         # the record, and this rank's long-wait description and verdict (none yet): one call
@@ -231,17 +232,20 @@ class _Heartbeat:
         and long-wait description (one ``multi_get``), note the ranks silent for
         ``SILENT_AFTER`` seconds or more and the waits that can never end (:mod:`.deadlock`),
         and publish them (:data:`VERDICTS_KEY`) while there are silent ranks, and whenever the
-        deadlocks change; count the round (:data:`JUDGED`). A waiter then reads one counter per look instead of every peer's
-        heartbeat (docs/design.md, "Heartbeat and peer records")."""
-        keys = [where.hb_key(self.run, r) for r in range(self.world_size)]
+        deadlocks change; count the round (:data:`JUDGED`). A waiter then reads one counter
+        per look instead of every peer's heartbeat (docs/design.md, "Heartbeat and peer
+        records")."""
+        world = self.world_size
+        if self.keys is None:  # every beat's key, then every wait's description: made once
+            self.keys = ([where.hb_key(self.run, r) for r in range(world)] +
+                         [deadlock.wait_key(self.run, r) for r in range(world)])
         if not self.all_beat:
-            self.all_beat = self.raw.check(keys)
+            self.all_beat = self.raw.check(self.keys[:world])
             if not self.all_beat:
                 return  # a rank still initializing: its waiters are not in kit waits yet
         now = time.monotonic()
         silent: Dict[int, float] = {}
-        world = self.world_size  # the waits' descriptions come in the same call
-        values = self.raw.multi_get(keys + [deadlock.wait_key(self.run, r) for r in range(world)])
+        values = self.raw.multi_get(self.keys)  # the waits' descriptions in the same call
         found = self.deadlocks.round(values[world:]) if self.deadlocks is not None else None
         if found is not None and found[0]:  # the marks first: a waiter reads one on the event
             marks = sorted(found[0].items())

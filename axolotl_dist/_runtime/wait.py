@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import procs, where
 from .bells import Bell
 from .callsite import call_site
-from .deadlock import Point, describe, new_serial, wait_key
+from .deadlock import CALLS_PER_RANK, Point, describe, new_serial, wait_key
 from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from .envvars import kit_seconds
 from .groups import Group
@@ -146,7 +146,8 @@ class Waiting:
         """Raise ``error`` (from :meth:`stuck`), first acknowledging it: a rank that hosts the
         store keeps it up until every other rank of the deadlock has read its own verdict (it
         would otherwise learn of this rank's exit instead)."""
-        ranks = sorted(error.calls) if len(error.calls) <= 64 else []
+        # the ranks the error names (every rank of a deadlock of up to CALLS_PER_RANK ranks)
+        ranks = sorted(error.calls) if len(error.calls) <= CALLS_PER_RANK else []
         same = repr(sorted(error.calls.items())).encode()  # alike on every rank of the deadlock
         key = f"axd/deadlock/{hashlib.blake2b(same, digest_size=6).hexdigest()}"
         try:
