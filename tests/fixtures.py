@@ -12,8 +12,9 @@ import os
 import socket
 import signal
 import subprocess
+import sys
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -21,7 +22,7 @@ from axolotl_dist import testing as _testing
 from axolotl_dist.env import LAUNCHER_ENV_VARS
 
 __all__ = ["ROOT", "NO_ENV", "LAUNCHER_PREFIXES", "subprocess_env", "start", "finish", "run",
-           "fake_group", "free_port", "alive"]
+           "launch_script", "run_bare_env", "fake_group", "free_port", "alive"]
 
 #: The checkout under test.
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,6 +86,29 @@ def run(cmd: Sequence[str], env: Dict[str, str], timeout: float,
         cwd: Union[Path, str, None] = None) -> Tuple[int, str, str]:
     """:func:`start` then :func:`finish`."""
     return finish(start(cmd, env, cwd), timeout)
+
+
+def launch_script(tmp_path: Path, name: str, script: str, ranks: int,
+                  timeout: float) -> Tuple[int, str, str]:
+    """Write ``script`` to ``tmp_path/name`` and run it under ``axolotl-dist -n ranks`` there:
+    the launcher's ``(exit code, stdout, stderr)``."""
+    (tmp_path / name).write_text(script)
+    return run([sys.executable, "-m", "axolotl_dist.launch", "-n", str(ranks), name],
+               subprocess_env(tmp_path), timeout, cwd=tmp_path)
+
+
+def run_bare_env(tmp_path: Path, name: str, script: str, ranks: int,
+                 timeout: float) -> List[Tuple[int, str, str]]:
+    """Write ``script`` to ``tmp_path/name`` and start it once per rank with bare env vars
+    (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, a free ``MASTER_PORT`` on 127.0.0.1): rank 0's
+    process hosts the store, as under mpirun. Each rank's ``(exit code, stdout, stderr)``."""
+    (tmp_path / name).write_text(script)
+    env, port = subprocess_env(tmp_path), free_port()
+    procs = [start([sys.executable, name],
+                   dict(env, RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
+             for r in range(ranks)]
+    return [finish(p, timeout) for p in procs]
 
 
 def fake_group(rank: int, world_size: int) -> None:

@@ -10,7 +10,7 @@ tests/test_hosts.py."""
 import re
 import sys
 
-from fixtures import finish, free_port, run, start, subprocess_env
+from fixtures import launch_script, run, run_bare_env, subprocess_env
 
 MESSAGE = "bad row 17 in data.jsonl"
 SCRIPT = """
@@ -40,9 +40,7 @@ def _check_accounts(output: str) -> None:
 
 
 def test_one_account_under_axolotl_dist(tmp_path):
-    (tmp_path / "e.py").write_text(SCRIPT)
-    code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", "e.py"],
-                         subprocess_env(tmp_path), TIMEOUT, cwd=tmp_path)
+    code, out, err = launch_script(tmp_path, "e.py", SCRIPT, 2, TIMEOUT)
     assert code == 1, err
     _check_accounts(out + err)
     assert err.count("Traceback (most recent call last)") == 1, err
@@ -54,13 +52,7 @@ def test_one_account_under_axolotl_dist(tmp_path):
 
 
 def test_one_account_with_bare_env_vars(tmp_path):
-    (tmp_path / "e.py").write_text(SCRIPT)
-    env, port = subprocess_env(tmp_path), free_port()
-    procs = [start([sys.executable, "e.py"],
-                   dict(env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
-             for r in range(2)]
-    results = [finish(p, TIMEOUT) for p in procs]
+    results = run_bare_env(tmp_path, "e.py", SCRIPT, 2, TIMEOUT)
     assert [code for code, _, _ in results] == [1, 1], results
     output = "".join(out + err for _, out, err in results)
     _check_accounts(output)
@@ -88,9 +80,7 @@ ad.barrier()
 
 def test_a_collective_in_a_first_run_block_is_told_twice_with_no_warning(tmp_path):
     # rank 0 raises CollectiveMismatchError; rank 1 names it once; nothing is logged
-    (tmp_path / "c.py").write_text(COLLECTIVE_IN_BLOCK)
-    code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", "c.py"],
-                         subprocess_env(tmp_path), TIMEOUT, cwd=tmp_path)
+    code, out, err = launch_script(tmp_path, "c.py", COLLECTIVE_IN_BLOCK, 2, TIMEOUT)
     assert code == 1, err
     assert err.count("can never complete") == 2, err  # rank 0's error, rank 1's account
     assert err.count("Traceback (most recent call last)") == 1, err
@@ -113,9 +103,7 @@ ad.barrier()
 
 
 def test_a_traceback_that_went_elsewhere_is_in_the_launchers_summary(tmp_path):
-    (tmp_path / "e.py").write_text(ELSEWHERE)
-    code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", "e.py"],
-                         subprocess_env(tmp_path), TIMEOUT, cwd=tmp_path)
+    code, out, err = launch_script(tmp_path, "e.py", ELSEWHERE, 2, TIMEOUT)
     assert code == 1, err
     assert MESSAGE in (tmp_path / "rank0.log").read_text()
     summary = err.split("--- traceback of rank 0 ---\n", 1)

@@ -12,12 +12,11 @@ end, not a slow one.
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 
 import pytest
 
-from fixtures import finish, free_port, start, subprocess_env
+from fixtures import launch_script, run_bare_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,19 +73,11 @@ def _line_of(script: str, mark: str) -> int:
 def _launch(tmp_path, script: str, ws: int, how: str):
     """Run ``script`` on ``ws`` ranks: ``[(exit code, output)]`` per process (one for the
     launcher, one per rank under bare env vars)."""
-    (tmp_path / "prog.py").write_text(script)
-    env = subprocess_env(tmp_path)
     if how == "axolotl-dist":
-        proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", str(ws), "prog.py"], env,
-                     cwd=tmp_path)
-        code, out, err = finish(proc, 90)
+        code, out, err = launch_script(tmp_path, "prog.py", script, ws, 90)
         return [(code, out + err)]
-    port = free_port()
-    procs = [start([sys.executable, "prog.py"],
-                   dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
-             for r in range(ws)]
-    return [(code, out + err) for code, out, err in (finish(p, 90) for p in procs)]
+    return [(code, out + err) for code, out, err in run_bare_env(tmp_path, "prog.py", script,
+                                                                  ws, 90)]
 
 
 @pytest.mark.parametrize("how", ["axolotl-dist", "env"])

@@ -9,11 +9,10 @@ and no torch C++ frames may show.
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
-from fixtures import finish, free_port, start, subprocess_env
+from fixtures import run_bare_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,14 +29,8 @@ ad.compute_and_broadcast(lambda: 1)
 
 
 def test_a_dead_rank_is_named_first_past_the_store_host_that_exits_after_it(tmp_path):
-    (tmp_path / "chain.py").write_text(SCRIPT)
-    port, ws = free_port(), 3
-    env = subprocess_env(tmp_path)
-    procs = [start([sys.executable, "chain.py"],
-                   dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
-             for r in range(ws)]
-    (code0, _, err0), (code1, _, _), (code2, _, err2) = [finish(p, 90) for p in procs]
+    (code0, _, err0), (code1, _, _), (code2, _, err2) = run_bare_env(tmp_path, "chain.py", SCRIPT,
+                                                                     3, 90)
     assert code1 == -9 and code0 == 1 and code2 == 1, (err0, err2)
     for err in (err0, err2):
         assert re.search(r"RankFailedError( at chain\.py:8 in <module>)?: rank 1 failed in "
