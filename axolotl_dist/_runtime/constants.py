@@ -28,6 +28,9 @@ __all__ = [
     "DEFAULT_DEBUG_TIMEOUT",
     "DEFAULT_LOGGING_ENV_VAR",
     "SHARED_FS_ENV_VAR",
+    "FOLD_ENV_VAR",
+    "LOG_DIR_ENV_VAR",
+    "LAUNCHER_FOLDS_ENV_VAR",
     "LAUNCHER_PID_ENV_VAR",
     "END_DIR_ENV_VAR",
     "TRACE_ENV_VAR",
@@ -82,6 +85,14 @@ SHARED_FS_ENV_VAR = "AXOLOTL_DIST_SHARED_FS"
 #: Set by ``axolotl-dist`` for its ranks: the launcher's pid, and where a rank records its end.
 LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
 END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
+#: ``0`` turns off folding of what several ranks print alike: ``axolotl-dist``'s (like
+#: ``--no-fold``) and, under other launchers, the kit's folding of Python warnings.
+FOLD_ENV_VAR = "AXOLOTL_DIST_FOLD"
+#: A directory: ``axolotl-dist`` writes each rank's whole, unfolded output there (``--log-dir``).
+LOG_DIR_ENV_VAR = "AXOLOTL_DIST_LOG_DIR"
+#: Set by ``axolotl-dist`` for its ranks while it folds their output itself (``1``): the
+#: ranks then leave their warnings to it.
+LAUNCHER_FOLDS_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_FOLDS"
 #: A directory: every rank records its kit calls there for the timeline (off when unset).
 TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
 #: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default

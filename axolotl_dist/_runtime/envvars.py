@@ -162,6 +162,11 @@ KIT_VARS: Dict[str, KitVar] = {
     c.HEARTBEAT_TIMEOUT_ENV_VAR: KitVar("seconds", c.DEFAULT_HEARTBEAT_TIMEOUT, ""),
     c.WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", c.DEFAULT_WAIT_LOG_INTERVAL, ""),
     c.STORE_LINGER_ENV_VAR: KitVar("seconds", c.DEFAULT_STORE_LINGER, ""),
+    c.FOLD_ENV_VAR: KitVar("switch", True, f"set {c.FOLD_ENV_VAR}=0 to print every rank's "
+                           f"lines as they come or {c.FOLD_ENV_VAR}=1 (or unset it) to fold "
+                           "lines that several ranks print alike"),
+    c.LOG_DIR_ENV_VAR: KitVar("path", None, ""),
+    c.LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
     c.TRACE_ENV_VAR: KitVar("path", None, ""),
     c.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
     c.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
