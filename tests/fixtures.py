@@ -9,6 +9,7 @@ the kit learns to read is cleared here too.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import signal
 import subprocess
@@ -58,11 +59,12 @@ def _default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def start(cmd: Sequence[str], env: Dict[str, str], cwd: Union[Path, str, None] = None
-          ) -> subprocess.Popen:
-    """Start ``cmd`` (a launcher) in its own session, output captured as text."""
+def start(cmd: Sequence[str], env: Dict[str, str], cwd: Union[Path, str, None] = None,
+          keep_cr: bool = False) -> subprocess.Popen:
+    """Start ``cmd`` (a launcher) in its own session, output captured as text (``keep_cr``:
+    with its carriage returns, as a terminal gets them, instead of turned into newlines)."""
     return subprocess.Popen(list(cmd), cwd=str(cwd or ROOT), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            stderr=subprocess.PIPE, text=not keep_cr, start_new_session=True,
                             preexec_fn=_default_signals)
 
 
@@ -70,10 +72,10 @@ def finish(proc: subprocess.Popen, timeout: float) -> Tuple[int, str, str]:
     """Wait for ``proc``: ``(exit code, stdout, stderr)``. Past ``timeout`` (or interrupted) its
     whole tree is killed, and a timeout fails the test with the output so far."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = _text(*proc.communicate(timeout=timeout))
     except subprocess.TimeoutExpired:
         _testing.kill_tree(proc.pid)
-        out, err = proc.communicate()
+        out, err = _text(*proc.communicate())
         pytest.fail(f"{proc.args} did not finish in {timeout}s:\n{out}\n{err[-3000:]}")
     finally:
         if proc.poll() is None:  # interrupted (Ctrl-C, pytest-timeout): leave nothing behind
@@ -82,10 +84,16 @@ def finish(proc: subprocess.Popen, timeout: float) -> Tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+def _text(*outputs: Union[str, bytes, None]) -> Tuple[str, ...]:
+    """Captured output as text (bytes where :func:`start` kept carriage returns)."""
+    return tuple(o.decode(errors="replace") if isinstance(o, bytes) else (o or "")
+                 for o in outputs)
+
+
 def run(cmd: Sequence[str], env: Dict[str, str], timeout: float,
-        cwd: Union[Path, str, None] = None) -> Tuple[int, str, str]:
+        cwd: Union[Path, str, None] = None, keep_cr: bool = False) -> Tuple[int, str, str]:
     """:func:`start` then :func:`finish`."""
-    return finish(start(cmd, env, cwd), timeout)
+    return finish(start(cmd, env, cwd, keep_cr), timeout)
 
 
 def launch_script(tmp_path: Path, name: str, script: str, ranks: int,
@@ -109,6 +117,35 @@ def run_bare_env(tmp_path: Path, name: str, script: str, ranks: int,
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), cwd=tmp_path)
              for r in range(ranks)]
     return [finish(p, timeout) for p in procs]
+
+
+_LABEL = re.compile(r"^(\r?\x1b\[2K)?\[(ranks? [\d, -]+)\](:?) ?")
+
+
+def label_ranks(label: str) -> List[int]:
+    """The ranks ``axolotl-dist`` names in a label: ``rank 3``, ``ranks 0-2, 5``."""
+    found: List[int] = []
+    for part in label.split(" ", 1)[1].split(", "):
+        a, _, b = part.partition("-")
+        found.extend(range(int(a), int(b or a) + 1))
+    return found
+
+
+def unfold(text: str) -> str:
+    """``axolotl-dist``'s folded output as every rank printed it: a line labelled with its
+    ranks (``[ranks 0-2] x``) once per rank without the label, torch's tag folded
+    (``[ranks 1, 2]: x``) back into one ``[rankN]: x`` per rank; other lines as they are.
+    For tests of other things than folding (tests/test_output.py checks the folding)."""
+    lines: List[str] = []
+    for line in text.split("\n"):
+        m = _LABEL.match(line)
+        if m is None or (m.group(2).startswith("rank ") and m.group(3)):
+            lines.append(line)
+            continue
+        rest = line[m.end():]
+        for r in label_ranks(m.group(2)):
+            lines.append(f"[rank{r}]: {rest}" if m.group(3) else rest)
+    return "\n".join(lines)
 
 
 def fake_group(rank: int, world_size: int) -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fixtures import finish, free_port, start, subprocess_env
+from fixtures import finish, free_port, start, subprocess_env, unfold
 
 INIT = "import axolotl_dist as ad\nad.init_distributed()\nprint('init done', ad.get_rank())\n"
 
@@ -107,6 +107,7 @@ def _pids(procs, count, deadline=60.0):
             line = proc.stdout.readline()
             if not line:
                 break
+            line = unfold(line)
             if line.startswith("started"):
                 _, rank, pid = line.split()
                 pids[int(rank)] = int(pid)

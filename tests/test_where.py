@@ -15,7 +15,7 @@ import pytest
 import axolotl_dist as ad
 from axolotl_dist import launch
 from axolotl_dist.testing import run_distributed
-from fixtures import ROOT, finish, free_port, start, subprocess_env
+from fixtures import ROOT, finish, free_port, start, subprocess_env, unfold
 
 #: Rank 1 sleeps in a function of its own while rank 0 waits for it in a barrier.
 SLOW_RANK = """
@@ -53,6 +53,7 @@ def _started(proc, count, deadline=60.0):
         line = proc.stdout.readline()
         if not line:
             break
+        line = unfold(line)
         if line.startswith("started"):
             _, rank, pid = line.split()
             pids[int(rank)] = int(pid)
@@ -398,6 +399,7 @@ def test_a_failure_reads_once_per_rank_with_the_users_frames_only(tmp_path, faul
     script.write_text(FAILS)
     code, out, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "3",
                                    str(script), fault], subprocess_env(tmp_path), cwd=tmp_path), 90)
+    err = unfold(err)  # each rank's line, folded or not
     assert code != 0, err
     assert "axolotl_dist/" not in err and "axolotl_dist" + os.sep not in err, err  # no kit frames
     assert "The above exception was the direct cause" not in err, err  # no socket error chained
@@ -431,7 +433,7 @@ def test_a_run_that_succeeds_says_nothing_about_stopping_processes(tmp_path):
     code, out, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2",
                                    str(script)], subprocess_env(tmp_path), cwd=tmp_path), 90)
     assert code == 0, err
-    lines = out.splitlines()  # each line whole: the ranks' output never interleaves mid-line
+    lines = unfold(out).splitlines()  # each line whole: the ranks' output never interleaves mid-line
     assert sorted(lines) == sorted(["2", "2"] + [f"rank {r} line {i} of 300" for r in (0, 1)
                                                  for i in range(300)]), out
     assert "stopped" not in err, err

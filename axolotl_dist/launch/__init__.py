@@ -45,9 +45,11 @@ import uuid
 from typing import List, Optional, Sequence, Tuple
 
 from .._runtime import envvars as _envvars, procs as _procs
-from .._runtime.constants import END_DIR_ENV_VAR, TRACE_ENV_VAR
+from .._runtime.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
+                                  LOG_DIR_ENV_VAR, TRACE_ENV_VAR)
 from ._report import (GUARDS_DIR, PROG, exit_code_of, first_failure, read_ends,
                       report_failures, traceback_of)
+from ._output import Output, log_name
 from ._watch import Watcher
 from ._where import LOOPBACK as _LOOPBACK, plain as _plain, where_main
 from .. import tracing as _tracing
@@ -117,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after Ctrl-C or SIGTERM, seconds ranks get before SIGKILL (default 30)")
     p.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=int, default=900,
                    metavar="SECONDS", help="how long nodes wait for each other (default 900)")
+    p.add_argument("--log-dir", dest="output_dir", default=_envvars.kit_path(LOG_DIR_ENV_VAR),
+                   metavar="DIR", help="write each rank's whole output, unfolded, to "
+                   f"DIR/rank<r>.log, each line with its time and stream (env {LOG_DIR_ENV_VAR})")
+    p.add_argument("--no-fold", dest="fold", action="store_false",
+                   default=_envvars.kit_switch(FOLD_ENV_VAR),
+                   help="print every rank's lines as they come, instead of once for all the "
+                   f"ranks that print them alike (env {FOLD_ENV_VAR}=0)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show torch elastic's own log messages")
     p.add_argument("target", metavar="script", help="the training script (or module with -m)")
@@ -280,12 +289,18 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
                                                                else ""))
     watcher = Watcher(PROG, os.environ[END_DIR_ENV_VAR], waiting_for,
                       script=args.target, world=nproc * nnodes)
+    output = _start_output(args, nproc)
     try:
-        elastic_launch(config, sys.executable)(*cmd_args)
+        try:
+            elastic_launch(config, sys.executable)(*cmd_args)
+        finally:
+            if output is not None:
+                output.close()  # every rank's output is out before the launcher's account
         return 0
     except ChildFailedError as exc:
         return report_failures(exc.failures, nnodes, node_rank, read_ends(os.environ.get(END_DIR_ENV_VAR)),
-                               nproc * nnodes, range(node_rank * nproc, (node_rank + 1) * nproc))
+                               nproc * nnodes, range(node_rank * nproc, (node_rank + 1) * nproc),
+                               output=_output_note(args, output))
     except SignalException as exc:
         if watcher.claim():  # else the watcher is saying why it stops the launcher
             print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",
@@ -294,6 +309,33 @@ def run(args: argparse.Namespace, nproc: int, nnodes: int, node_rank: int,
     finally:
         watcher.close()
         _merge_trace()
+
+
+def _start_output(args: argparse.Namespace, nproc: int) -> Optional[Output]:
+    """Take the ranks' output (docs/launching.md, "Output from N ranks"): folded where
+    several ranks print, kept in ``--log-dir``; None where neither applies (one rank, or
+    ``--no-fold`` without a log directory): the ranks then write to the launcher's own
+    stdout and stderr, as under torchrun."""
+    if not args.fold:
+        os.environ[FOLD_ENV_VAR] = "0"  # no folding anywhere: the ranks' warnings neither
+    if args.output_dir is None and (nproc < 2 or not args.fold):
+        return None
+    output = Output(nproc, args.fold and nproc > 1, args.output_dir)
+    os.environ[LAUNCHER_FOLDS_ENV_VAR] = output.address
+    return output
+
+
+def _output_note(args: argparse.Namespace, output: Optional[Output]):  # type: ignore[no-untyped-def]
+    """For the failure report: where a rank's own lines are (their mark, their file)."""
+    if output is None:
+        return None
+
+    def note(rank: int) -> str:
+        parts = [f"marked rank {rank}"] if output.folder.fold else []
+        if args.output_dir is not None:
+            parts.append(os.path.join(args.output_dir, log_name(rank)))
+        return ", ".join(parts)
+    return note
 
 
 def _merge_trace() -> None:

@@ -30,6 +30,7 @@ from .._runtime import procs
 from .._runtime.envvars import TORCHRUN_NODE_ALIASES
 from .._runtime.procs import LAUNCHER_PID_ENV_VAR
 from .._runtime.tracebacks import format_exception, install, safe_str
+from ._output import connect as _connect_output
 from ._report import GUARDS_DIR
 
 __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUARDS_DIR", "main"]
@@ -39,6 +40,8 @@ ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: Where each rank records how and when its script ended (set by the launcher).
 from .._runtime.constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
 _PR_SET_PDEATHSIG = 1
+#: ``[device, inode]`` of the launcher's output socket once stderr goes there (:mod:`._output`).
+_TO_LAUNCHER: Optional[List[int]] = None
 
 
 def _prctl_pdeathsig(sig: int) -> bool:
@@ -128,8 +131,7 @@ def _stream_id(stream) -> Optional[List[int]]:
     return [st.st_dev, st.st_ino]
 
 
-def _write_error_file(exc: BaseException, formatted: str, now: float,
-                      printed_to: Optional[List[int]]) -> None:
+def _write_error_file(exc: BaseException, formatted: str, now: float, printed_to: object) -> None:
     path = os.environ.get(ERROR_FILE_ENV_VAR)
     if not path:
         return
@@ -202,6 +204,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         args = args[1:]
     if not args:
         raise SystemExit("usage: python -m axolotl_dist.launch._rank_main [-m] target [args...]")
+    global _TO_LAUNCHER
+    if _connect_output():  # the launcher folds and keeps this rank's output (._output)
+        _TO_LAUNCHER = _stream_id(sys.stderr)
     _line_buffered()
     _die_with_launcher()
     _start_guard()
@@ -225,7 +230,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         now = time.time()
         tb = _user_traceback(exc.__traceback__)
         formatted = format_exception(type(exc), exc, tb)
-        printed_to = _stream_id(sys.stderr)
+        printed_to: object = _stream_id(sys.stderr)
+        if printed_to is not None and printed_to == _TO_LAUNCHER:
+            printed_to = "launcher"  # the launcher's socket: it shows it on its own stderr
         try:
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)
             sys.stderr.flush()

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["PROG", "GUARDS_DIR", "exit_code_of", "first_failure", "traceback_of", "read_ends",
            "report_failures"]
@@ -133,24 +133,27 @@ def _exc_type(failure) -> str:
 
 def _shown_above(failure) -> bool:
     """Whether the rank printed its traceback to this launcher's own stderr (its error file
-    names the file it printed to: :mod:`._rank_main`), so the output above already holds it."""
+    names the file it printed to: :mod:`._rank_main`; ``"launcher"`` where that was the
+    launcher's output socket, :mod:`._output`), so the output above already holds it."""
     printed = (_error_data(failure).get("axolotl_dist") or {}).get("printed_to")
     try:
         st = os.fstat(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError):
         return False
-    return isinstance(printed, list) and printed == [st.st_dev, st.st_ino]
+    return printed == "launcher" or (isinstance(printed, list) and printed == [st.st_dev, st.st_ino])
 
 
 def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                     ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
-                    local: Optional[Sequence[int]] = None) -> int:
+                    local: Optional[Sequence[int]] = None,
+                    output: Optional[Callable[[int], str]] = None) -> int:
     """Print the launcher's account of a failed run to stderr and return its exit code:
     the rank that ended first while others ran (``ends``: how each rank's script ended), the
     rank that failed first (its traceback only where its output did not show it), and the
     ranks stopped after it. ``local``: the global ranks this launcher started; with several
     nodes, only those are said to be running (the other nodes' ranks are their launchers' to
-    report)."""
+    report). ``output``: where a rank's own lines are, when the launcher took them
+    (:mod:`._output`)."""
     ends = ends or {}
     lines: List[str] = []
     early = _early_exit(failures, ends)
@@ -190,7 +193,7 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
         how = f"exited with code {failure.exitcode}"
     where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
     if above:  # its own output, above, holds the traceback: no second copy
-        how += "; its traceback is above"
+        how += "; its traceback is above" + (f" ({output(rank)})" if output else "")
     if early is None:
         lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
     else:

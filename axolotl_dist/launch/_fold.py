@@ -1,0 +1,355 @@
+"""Folding what several ranks print alike into one line that names them (``axolotl-dist``).
+
+:class:`Folder` takes each local rank's output as it arrives (bytes, per rank and stream) and
+gives back what the launcher writes, in order:
+
+* a complete line (with the indented lines that came with it in one write: a log record's or
+  a warning's continuation) that other ranks print alike within :data:`WINDOW` seconds is
+  written once, with the set of ranks: ``[ranks 0-3] UserWarning: ...``. "Alike" ignores a leading time of
+  day (``12:00:01``, ``2026-01-01 12:00:01,123``) and the rank's own tag (the kit's
+  ``[rank 1/4]``, torch's ``[rank1]:``), which becomes the set (``[ranks 0-3/4]``);
+* a line no other rank printed alike is written after the window with its rank (``[rank 2]``,
+  or as it is where it carries its tag); one every local rank printed, as soon as the last did;
+* no line waits longer than :data:`WINDOW`, and one rank's lines are never reordered: a group
+  is written only after every earlier group holding one of its ranks;
+* a traceback (``Traceback (most recent call last):`` and what follows within
+  :data:`BLOCK_QUIET` of each line) is written whole, in one piece, each line with its rank,
+  never folded with another rank's;
+* progress bars (output with ``\\r`` and no newline yet) and a partial line left waiting pass
+  through at once; a line written while a bar is open goes above it (on a terminal the bar is
+  cleared and redrawn, elsewhere the bar's line is ended first).
+
+It keeps no file or socket: :mod:`._output` feeds it and writes what it returns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+from .._runtime.deadlock import ranks_text
+
+__all__ = ["WINDOW", "BLOCK_QUIET", "Folder", "label"]
+
+#: Seconds a line waits for other ranks' alike lines (the longest any line is held).
+WINDOW = 0.25
+#: A traceback ends after this many seconds without a new line from its rank.
+BLOCK_QUIET = 0.1
+#: A traceback is written once it is this old (seconds) or this long (lines), even mid-flow.
+_BLOCK_MAX_AGE, _BLOCK_MAX_LINES = 1.0, 2000
+_TB_HEAD = b"Traceback (most recent call last):"
+#: A leading time of day: ``12:00:01``, ``12:00:01.123``, ``2026-01-01 12:00:01,123``.
+_TIME = re.compile(rb"(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)? ")
+#: A rank's own tag near the start of a line: the kit's ``[rank 1/4]``, torch's ``[rank1]:``.
+_TAG = re.compile(rb"\[rank ?(\d+)(/\d+)?\](:? ?)")
+_TAG_WITHIN = 160  # a tag further in is part of the message
+_INDENT = (b" ", b"\t")
+
+
+_LABELS: Dict[Tuple[int, ...], bytes] = {}
+
+
+def label(ranks: Sequence[int]) -> bytes:
+    """``[rank 2]`` / ``[ranks 0-3]``."""
+    key = tuple(ranks)
+    text = _LABELS.get(key)
+    if text is None:
+        if len(_LABELS) > 4096:
+            _LABELS.clear()
+        text = _LABELS[key] = b"[" + ranks_text(key).encode() + b"]"
+    return text
+
+
+class _Group:
+    """One line, and the ranks that printed it alike so far."""
+
+    __slots__ = ("key", "fd", "line", "tag", "owner", "ranks", "deadline", "done", "busy")
+
+    def __init__(self, key: bytes, fd: int, line: bytes, tag: Optional[Tuple[int, int, bytes]],
+                 owner: int, deadline: float) -> None:
+        self.key, self.fd, self.line, self.tag = key, fd, line, tag
+        self.owner = owner  # whose line ``line`` is
+        self.ranks: Dict[int, int] = {}  # rank -> the group's place among that rank's lines
+        self.deadline = deadline
+        self.done = self.busy = False
+
+
+class _Block:
+    """A rank's traceback, collected until it is whole."""
+
+    __slots__ = ("fd", "lines", "start", "last")
+
+    def __init__(self, fd: int, now: float) -> None:
+        self.fd, self.lines, self.start, self.last = fd, [], now, now
+
+
+def _parse(line: bytes) -> Tuple[bytes, Optional[Tuple[int, int, bytes]]]:
+    """``(key, tag)``: the line as compared across ranks (no leading time, no rank tag), and
+    where its tag was (start, end, what follows the rank in it: ``b"/4]"``, ``b"]:"``)."""
+    key, tag = line, None
+    if line[:1].isdigit():
+        m = _TIME.match(line)
+        if m is not None:
+            key = line[m.end():]
+    first = line.find(b"\n")
+    within = _TAG_WITHIN if first < 0 else min(first, _TAG_WITHIN)
+    if b"[rank" in line[:within]:
+        m = _TAG.search(line, 0, within)
+        if m is not None:
+            tag = (m.start(), m.end(), (m.group(2) or b"") + b"]" + m.group(3))
+            start = m.start() - (len(line) - len(key))
+            if start >= 0:
+                key = key[:start] + key[start + (m.end() - m.start()):]
+    return key, tag
+
+
+class Folder:
+    """See the module docstring. ``local``: how many ranks this launcher runs (a line every
+    one of them printed is written at once); ``tty``: per output fd, whether it is a
+    terminal (bars are then redrawn under a line, not ended by it); ``screens``: fd -> the
+    screen it shows on (stdout and stderr on one terminal share one); ``fold=False``: every
+    line passes through as it comes, unlabelled (``--no-fold``)."""
+
+    def __init__(self, local: int, tty: Dict[int, bool], fold: bool = True,
+                 window: float = WINDOW, screens: Optional[Dict[int, int]] = None) -> None:
+        self.all = local
+        self.tty, self.fold, self.window = tty, fold, window
+        self.open: Dict[Tuple[int, bytes], _Group] = {}  # (fd, key) -> the group still joinable
+        self.order: Deque[_Group] = deque()  # groups not yet written, oldest first
+        self.queues: Dict[int, Deque[_Group]] = {}  # rank -> its groups not yet written
+        self.count: Dict[int, int] = {}  # rank -> how many groups it joined
+        #: rank r -> rank m -> m's place of the last group r holds with m in it (a join that
+        #: would put r's lines in another order than m's is refused: see :meth:`_join`)
+        self.latest: Dict[int, Dict[int, int]] = {}
+        self.partial: Dict[Tuple[int, int], bytes] = {}  # (rank, fd) -> bytes after the last \n
+        self.partial_at: Dict[Tuple[int, int], float] = {}
+        self.blocks: Dict[int, _Block] = {}  # rank -> its traceback being collected
+        self.midline: Dict[Tuple[int, int], bool] = {}  # (rank, fd) shown without its newline
+        #: per screen (an output fd, or the one both go to), the rank whose unfinished line
+        #: (a progress bar) is on it, and the text that redraws it
+        self.bar: Dict[int, Tuple[int, bytes]] = {}
+        self.screens = screens or {}
+        self.out: List[Tuple[int, bytes]] = []
+
+    # --- input ---------------------------------------------------------------------------
+
+    def feed(self, rank: int, fd: int, data: bytes, now: float) -> None:
+        """``data`` arrived from ``rank`` on stream ``fd`` (1 stdout, 2 stderr)."""
+        key = (rank, fd)
+        buf = self.partial.pop(key, b"") + data
+        self.partial_at.pop(key, None)
+        lines = buf.split(b"\n")
+        rest = lines.pop()
+        unit = None  # a line and the indented lines after it in one read: one record
+        for line in lines:
+            if unit is not None and line[:1] in _INDENT:
+                unit += b"\n" + line
+                continue
+            if unit is not None:
+                self._line(rank, fd, unit, now)
+            unit = line
+        if unit is not None:
+            self._line(rank, fd, unit, now)
+        if rest:
+            if b"\r" in rest:  # a progress bar's update: at once
+                self._raw(rank, fd, rest)
+            else:
+                self.partial[key] = rest
+                self.partial_at[key] = now
+
+    def end(self, rank: int, fd: int, now: float) -> None:
+        """``rank``'s stream ``fd`` ended: what it left without a newline is a line."""
+        rest = self.partial.pop((rank, fd), b"")
+        self.partial_at.pop((rank, fd), None)
+        if rest:
+            self._line(rank, fd, rest, now)
+        block = self.blocks.get(rank)
+        if block is not None and block.fd == fd:
+            self._write_block(rank)
+
+    def _line(self, rank: int, fd: int, line: bytes, now: float) -> None:
+        if (rank, fd) in self.midline:  # the end of a bar or of a partial line shown already
+            self._raw(rank, fd, line + b"\n")
+            return
+        block = self.blocks.get(rank)
+        if block is not None:
+            if block.fd == fd:
+                block.lines.extend(line.split(b"\n"))
+                block.last = now
+                if len(block.lines) >= _BLOCK_MAX_LINES:
+                    self._write_block(rank)
+                return
+            self._write_block(rank)
+        if not self.fold:
+            self._raw(rank, fd, line + b"\n")
+            return
+        if b"\r" in line:  # the end of a progress bar, or a line written over one
+            self._raw(rank, fd, line + b"\n")
+            return
+        key, tag = _parse(line)
+        if key.startswith(_TB_HEAD):
+            self._release(rank)
+            self.blocks[rank] = blk = _Block(fd, now)
+            blk.lines.extend(line.split(b"\n"))
+            return
+        group = self.open.get((fd, key))
+        if group is None or rank in group.ranks or not self._may_join(rank, group):
+            group = _Group(key, fd, line, tag, rank, now + self.window)
+            self.open[(fd, key)] = group
+            self.order.append(group)
+        self._join(rank, group)
+        if len(group.ranks) >= self.all:
+            self._write(group)
+
+    def _may_join(self, rank: int, group: _Group) -> bool:
+        """Whether ``rank`` may add its line to ``group``: its lines held now (written before
+        this one) come before the group in every other member's lines too, so no rank's
+        lines would be reordered to fold them."""
+        latest = self.latest.get(rank)
+        return latest is None or all(latest.get(m, -1) < place for m, place in group.ranks.items())
+
+    def _join(self, rank: int, group: _Group) -> None:
+        place = self.count[rank] = self.count.get(rank, 0) + 1
+        group.ranks[rank] = place
+        queue = self.queues.get(rank)
+        if queue is None:
+            queue = self.queues[rank] = deque()
+        queue.append(group)
+        mine = self.latest.get(rank)
+        if mine is None:
+            mine = self.latest[rank] = {}
+        for m, at in group.ranks.items():
+            mine[m] = at
+            if m != rank:
+                self.latest[m][rank] = place
+
+    def _release(self, rank: int) -> None:
+        """Write every held line of ``rank`` (it is about to write something at once)."""
+        queue = self.queues.get(rank)
+        while queue:
+            self._write(queue[0])
+
+    # --- time ----------------------------------------------------------------------------
+
+    def due(self) -> Optional[float]:
+        """When :meth:`tick` next has something to write (None: nothing waits)."""
+        while self.order and self.order[0].done:
+            self.order.popleft()
+        times = [self.order[0].deadline] if self.order else []
+        times += [b.last + BLOCK_QUIET for b in self.blocks.values()]
+        times += [b.start + _BLOCK_MAX_AGE for b in self.blocks.values()]
+        times += [t + self.window for t in self.partial_at.values()]
+        return min(times) if times else None
+
+    def tick(self, now: float) -> None:
+        """Write what is due at ``now``: expired groups, whole tracebacks, stale partial lines."""
+        while self.order and (self.order[0].done or self.order[0].deadline <= now):
+            self._write(self.order.popleft())
+        for rank, block in list(self.blocks.items()):
+            if now - block.last >= BLOCK_QUIET or now - block.start >= _BLOCK_MAX_AGE:
+                self._write_block(rank)
+        for key, since in list(self.partial_at.items()):
+            if now - since >= self.window:  # a prompt, or print(end=""): shown as it is
+                del self.partial_at[key]
+                self._raw(key[0], key[1], self.partial.pop(key))
+
+    def flush(self) -> None:
+        """Write everything held (the run ended)."""
+        for rank, fd in list(self.partial):
+            self.end(rank, fd, float("inf"))
+        for rank in list(self.blocks):
+            self._write_block(rank)
+        while self.order:
+            self._write(self.order.popleft())
+        for rank, fd in list(self.midline):  # a bar left open: its line ends here
+            self._raw(rank, fd, b"\n")
+
+    def take(self) -> List[Tuple[int, bytes]]:
+        """What to write since the last call: ``(fd, bytes)`` in order, runs on one fd merged."""
+        out, self.out = self.out, []
+        merged: List[Tuple[int, List[bytes]]] = []
+        for fd, data in out:
+            if merged and merged[-1][0] == fd:
+                merged[-1][1].append(data)
+            else:
+                merged.append((fd, [data]))
+        return [(fd, b"".join(parts)) for fd, parts in merged]
+
+    # --- output --------------------------------------------------------------------------
+
+    def _write(self, group: _Group) -> None:
+        """Write ``group``, after every line its ranks held before it."""
+        if group.done:
+            return
+        group.busy = True
+        for m in list(group.ranks):
+            queue = self.queues[m]
+            while queue[0] is not group:
+                if queue[0].busy:  # lines in crossed orders: m's line leaves the group
+                    self._split(group, m)
+                    break
+                self._write(queue[0])
+        group.busy, group.done = False, True
+        if self.open.get((group.fd, group.key)) is group:
+            del self.open[(group.fd, group.key)]
+        for m in group.ranks:
+            self.queues[m].popleft()
+        if not group.ranks:
+            return
+        line, tag = group.line, group.tag
+        if not line.strip():  # an empty line needs no rank
+            text = line
+        elif tag is not None:
+            start, end, after = tag
+            text = line if list(group.ranks) == [group.owner] else (
+                line[:start] + label(group.ranks)[:-1] + after + line[end:])
+        else:
+            text = label(group.ranks) + b" " + line
+        self._emit(group.fd, text + b"\n")
+
+    def _split(self, group: _Group, rank: int) -> None:
+        """Take ``rank`` out of ``group``: its line becomes a group of its own, in its place."""
+        queue = self.queues[rank]
+        alone = _Group(group.key, group.fd, group.line, group.tag, group.owner, group.deadline)
+        alone.ranks[rank] = group.ranks.pop(rank)
+        queue[queue.index(group)] = alone
+        self.order.append(alone)
+
+    def _write_block(self, rank: int) -> None:
+        block = self.blocks.pop(rank)
+        prefix = label([rank]) + b" "
+        lines = [line if _parse(line)[1] is not None else prefix + line for line in block.lines]
+        self._emit(block.fd, b"\n".join(lines) + b"\n")
+
+    def _raw(self, rank: int, fd: int, data: bytes) -> None:
+        """``rank``'s output as it is, now (after its own held lines)."""
+        self._release(rank)
+        if rank in self.blocks:
+            self._write_block(rank)
+        if data.endswith(b"\n"):
+            self.midline.pop((rank, fd), None)
+        else:
+            self.midline[(rank, fd)] = True
+        self._emit(fd, data, rank)
+
+    def _emit(self, fd: int, data: bytes, rank: int = -1) -> None:
+        """Queue ``data`` for ``fd``: a rank's own unfinished line (``rank``) goes on, anything
+        else goes above an open bar on that screen (cleared and redrawn on a terminal, its
+        line ended elsewhere)."""
+        screen = self.screens.get(fd, fd)
+        bar = self.bar.get(screen)
+        if bar is not None and bar[0] != rank:
+            if self.tty.get(fd, False):
+                data = b"\r\x1b[2K" + data + bar[1]
+            else:
+                del self.bar[screen]
+                data = b"\n" + data
+                bar = None
+        self.out.append((fd, data))
+        if rank >= 0:
+            if data.endswith(b"\n"):
+                self.bar.pop(screen, None)
+            else:
+                cut = data.rfind(b"\r")
+                self.bar[screen] = (rank, data[cut:] if cut >= 0 else data)
