@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence
 
 import pytest
 
-from fixtures import free_port, subprocess_env
+from fixtures import free_port, subprocess_env, unfold
 import hosts
 
 pytestmark = pytest.mark.skipif(hosts.available() is not None, reason=str(hosts.available()))
@@ -561,7 +561,8 @@ def test_a_whole_node_killed_is_named_by_the_other_nodes_ranks_and_launcher(tmp_
         assert not running & set(killed_ranks), report.stderr
     named = {}
     for rank in sorted(set(range(4)) - set(killed_ranks)):
-        found = re.search(rf"^rank {rank} named (\w+) at ([\d.]+): (.*)", report.stdout, re.M)
+        found = re.search(rf"^rank {rank} named (\w+) at ([\d.]+): (.*)", unfold(report.stdout),
+                          re.M)
         assert found, report.describe()
         delay = float(found.group(2)) - killed
         print(f"{wait}: rank {rank} raised {delay:.1f} s after the kill: {found.group(3)[:300]}")

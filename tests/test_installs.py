@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import axolotl_dist as ad
-from fixtures import ROOT, run, subprocess_env
+from fixtures import ROOT, run, subprocess_env, unfold
 
 #: A map function that mentions the kit (its rank, its logger), as preprocessing code does.
 MAP_SCRIPT = textwrap.dedent('''
@@ -115,7 +115,7 @@ def test_zero_first_map_twice_the_second_launch_maps_nothing(tmp_path):
         assert code == 0, err[-3000:]
         assert RANDOM_HASH not in err, err[-3000:]
         rows = dict((int(r), (int(c), fp, int(n))) for r, c, fp, n in
-                    re.findall(r"^rank (\d) calls=(\d+) fingerprint=(\w+) rows=(\d+)$", out,
+                    re.findall(r"^rank (\d) calls=(\d+) fingerprint=(\w+) rows=(\d+)$", unfold(out),
                                re.MULTILINE))
         assert set(rows) == {0, 1}, out
         seen.append(rows)
@@ -179,7 +179,7 @@ def test_the_value_codec_needs_no_numpy(tmp_path):
     code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", str(script)],
                          env, 150)
     assert code == 0, err[-3000:]
-    assert sorted(re.findall(r"^rank (\d) ok$", out, re.MULTILINE)) == ["0", "1"], out
+    assert sorted(re.findall(r"^rank (\d) ok$", unfold(out), re.MULTILINE)) == ["0", "1"], out
     assert "NumPy" not in out + err, err[-3000:]
 
 

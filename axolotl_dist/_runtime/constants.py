@@ -90,8 +90,8 @@ END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
 FOLD_ENV_VAR = "AXOLOTL_DIST_FOLD"
 #: A directory: ``axolotl-dist`` writes each rank's whole, unfolded output there (``--log-dir``).
 LOG_DIR_ENV_VAR = "AXOLOTL_DIST_LOG_DIR"
-#: Set by ``axolotl-dist`` for its ranks while it folds their output itself (``1``): the
-#: ranks then leave their warnings to it.
+#: Set by ``axolotl-dist`` for its ranks while it takes their output (folded, or kept with
+#: ``--log-dir``): the address of its socket; the ranks then leave their warnings to it.
 LAUNCHER_FOLDS_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_FOLDS"
 #: A directory: every rank records its kit calls there for the timeline (off when unset).
 TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"

@@ -24,6 +24,10 @@ reports failures:
   after a grace period (torch elastic signals each rank's whole process group). The launcher
   prints which rank failed first, pointing to that rank's traceback above, and exits with its
   exit code (128 + signal for a rank killed by a signal).
+* **Output**: with several local ranks, what they print alike is printed once with the ranks
+  that printed it (``[ranks 0-3] ...``), other lines with their rank, tracebacks whole
+  (:mod:`._output`, :mod:`._fold`); ``--log-dir DIR`` keeps each rank's every line;
+  ``--no-fold`` prints them as they come.
 * **Ctrl-C / SIGTERM** to the launcher: every rank gets the same signal, then SIGKILL after
   ``--grace-period`` seconds; the launcher exits with 128 + signal.
 * **No process left behind**: on Linux the launcher is a child subreaper, so anything a rank

@@ -9,7 +9,9 @@ behind). It runs the user's script or module as ``__main__`` (like ``python scri
 (``TORCHELASTIC_ERROR_FILE``) so the launcher can show the traceback of the rank that failed
 first (or, where the traceback went to the launcher's own output, point to it there).
 ``SystemExit`` passes through unchanged (exit code kept); ``KeyboardInterrupt`` (the
-launcher forwards Ctrl-C) exits with 130 without a traceback. Output is line-buffered (each
+launcher forwards Ctrl-C) exits with 130 without a traceback. Where the launcher takes the
+ranks' output (folding it, keeping it in ``--log-dir``: :mod:`._output`), file descriptors 1
+and 2 become connections to it before anything else runs. Output is line-buffered (each
 line one write, so the ranks' lines never interleave mid-line). Every way the script ends is
 recorded (exit code and time) in ``AXOLOTL_DIST_END_DIR``, so the launcher can name the first
 rank that ended while the others still ran, even with exit code 0.
