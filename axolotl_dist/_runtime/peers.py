@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from . import bells, deadlock, procs, where
 from .where import Peer, decode_peer, encode_peer, same_machine, who_key
-from .constants import HEARTBEAT_INTERVAL, HOST, SILENT_AFTER
+from .constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS, SILENT_AFTER, WAITERS_KEY
 from .groups import default_pg, learn
 from .state import STATE
 from .store import StoreHostGoneError, is_store_error, store_address, store_host, world_store
@@ -144,9 +144,6 @@ EXIT_LOG_KEY = "axd/exit_log"
 #: rank waits): a dead peer on another machine is named within about
 #: ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` plus two of these plus a waiter's look.
 JUDGE_INTERVAL = 1.0
-#: How many kit waits of any rank run long now (each adds 1 while it runs): the judge judges
-#: only while it is above 0.
-WAITERS_KEY = "axd/waiters"
 
 
 class _Heartbeat:
@@ -210,7 +207,7 @@ class _Heartbeat:
         if self.host is not None:
             self._copy_host_exit()
         if self.rank == 0 and self.world_size > 1:  # the judge: on while some rank waits
-            self.judging = self.store.add(WAITERS_KEY, 0) > 0
+            self.judging = self.store.add(WAITERS_KEY, 0) & LONG_WAITS > 0
 
     def _copy_host_exit(self) -> None:
         """Copy the store host's exit record once it left one, and acknowledge it: where the
