@@ -178,5 +178,6 @@ ad.compute_and_broadcast(lambda: 42)
     assert code != 0, output
     for r in range(2):
         assert re.search(rf"^\[rank{r}\]: axolotl_dist\.errors\.CollectiveMismatchError: "
-                         rf"rank {r}'s \w+ at w\.py:\d+ .* can never complete", output, re.M), output
+                         rf"rank {r}'s \w+ at w\.py:\d+ .* can never complete", output,
+                         re.M), output
     _folded(output, "ranks 0, 1", "same everywhere", 'warnings.warn("same everywhere")')

@@ -19,10 +19,9 @@ every warning this module does not fold. What is folded is ``warnings.formatwarn
   reads them (:data:`UNREAD`: it ended; the rank then prints the warning itself).
 * Rank 0 puts its own warnings in the pending table; its heartbeat, which reads
   ``WAITERS_KEY`` every beat anyway, reads the log when the count of published warnings
-  rose (:func:`read`), and looks again every :data:`LOOK` seconds while any is pending. A
-  pending warning is printed (:func:`tick`) once every rank raised it, or :data:`WINDOW`
-  seconds after rank 0 learnt of it, naming the ranks so far (a later copy is a new one);
-  at rank 0's exit whatever is pending, after one last read (:func:`close`).
+  rose (:func:`read`; again every :data:`LOOK` s while one is pending), and prints one
+  (:func:`tick`) once every rank raised it, or :data:`WINDOW` s after rank 0 learnt of it,
+  naming the ranks so far; at rank 0's exit, after a last read, what is pending (:func:`close`).
 
 The store's side is in docs/design.md, "Warnings folded across ranks".
 """
@@ -48,8 +47,7 @@ from .. import env
 from ..errors import DistributedEnvError
 
 __all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARN_LOG_KEY", "WARNED", "UNREAD", "Folding",
-           "install", "installed", "show", "entries", "started", "read", "pending", "tick",
-           "close"]
+           "install", "installed", "show", "started", "read", "pending", "tick", "close"]
 
 #: Seconds a warning is held, without a heartbeat, before this process prints it itself.
 HOLD_FOR = 10.0
@@ -64,15 +62,13 @@ END = "\x1e"  # ends each entry; a text never holds one
 WARNED = 1 << 32
 #: What rank 0 adds to ``WAITERS_KEY`` at its exit: it reads no more warnings.
 UNREAD = 1 << 62
-#: Seconds rank 0's exit waits for its last read of the warnings (what comes later is printed
-#: by the exit's last hook).
+#: Seconds rank 0's exit waits for its last read (what comes later, the last exit hook prints).
 CLOSE_BOUND = 1.0
 
 #: What a warning looks like to ``warnings.showwarning``: message, category, file, line, source.
 Shown = Tuple[Any, Any, str, int, Optional[str]]
 
-#: Where rank 0 prints: the ``py.warnings`` logger, as ``logging.captureWarnings`` logs.
-_LOG = KitLog("py.warnings")
+_LOG = KitLog("py.warnings")  # where rank 0 prints, as logging.captureWarnings would log
 _MADE = threading.Lock()
 _INSIDE = threading.local()  # a warning raised while this thread folds one is not folded
 
@@ -132,11 +128,10 @@ def installed() -> bool:
     return STATE.warn_hook is not None
 
 
-def _local(shown: Shown) -> None:
+def _local(shown: Shown, file: Any = None) -> None:
     """Print a warning as the replaced ``showwarning`` would."""
     previous: Callable[..., Any] = STATE.warn_hook or warnings.showwarning
-    message, category, filename, lineno, line = shown
-    previous(message, category, filename, lineno, None, line)
+    previous(*shown[:4], file, shown[4])
 
 
 def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
@@ -144,8 +139,7 @@ def show(message: Any, category: Any, filename: str, lineno: int, file: Any = No
     """``warnings.showwarning`` while folding is installed."""
     shown: Shown = (message, category, filename, lineno, line)
     if (file is not None and file is not sys.stderr) or getattr(_INSIDE, "on", False):
-        previous: Callable[..., Any] = STATE.warn_hook or warnings.showwarning
-        previous(message, category, filename, lineno, file, line)
+        _local(shown, file)
         return
     _INSIDE.on = True
     try:
@@ -175,18 +169,14 @@ def _fold(shown: Shown) -> None:
         _local(shown)
 
 
-def entries(rank: int, texts: List[str]) -> str:
-    """What rank ``rank`` appends to the store's log for ``texts``."""
-    return "".join(f"{rank}\t{text.replace(END, ' ')}{END}" for text in texts)
-
-
 def _publish(beat: Any, texts: List[str]) -> bool:
     """Publish ``texts`` for rank 0; False where they were not, or rank 0 reads them no more
     (it ended) or the store is going: the caller prints them."""
     try:
         if not beat.store_usable():
             return False
-        beat.store.append(WARN_LOG_KEY, entries(beat.rank, texts))
+        beat.store.append(WARN_LOG_KEY, "".join(f"{beat.rank}\t{text.replace(END, ' ')}{END}"
+                                                for text in texts))
         return not beat.store.add(WAITERS_KEY, len(texts) * WARNED) & UNREAD
     except Exception:  # noqa: BLE001 - the store is going: printed here instead
         return False
