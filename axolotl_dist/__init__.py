@@ -64,3 +64,10 @@ for _hidden in _KEPT_IN_SUBPACKAGES:
 from ._runtime.pickling import by_name as _by_name  # noqa: E402
 
 _by_name(__name__)
+
+# --- Python warnings folded across ranks ------------------------------------------------------
+# Under torchrun, srun or env vars, rank 0 prints a warning several ranks raised once, naming
+# them (docs/launching.md, "Under other launchers"); one process, or AXOLOTL_DIST_FOLD=0: off.
+from ._runtime.warnfold import install as _fold_warnings  # noqa: E402
+
+_fold_warnings()

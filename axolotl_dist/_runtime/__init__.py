@@ -60,6 +60,9 @@ Protocols built on those
 * :mod:`.debug_check`: debug mode's per-call check.
 * :mod:`.slurm`: SLURM node-list and tasks-per-node syntax (the launcher variables' reader,
   :mod:`axolotl_dist.env`, needs it).
+* :mod:`.warnfold`: Python warnings raised alike on several ranks printed once, by rank 0,
+  naming the ranks (under launchers that do not fold output): the hook, what is held before
+  the heartbeat, rank 0's pending table, the warnings' store log.
 * :mod:`.trace`: recording this rank's kit calls for the timeline (``AXOLOTL_DIST_TRACE``):
   every helper records, so the recorder lives here; merging the files is the tracing
   feature's own (:mod:`axolotl_dist.tracing`).

@@ -1,6 +1,7 @@
-"""What the signalling modules share: timing constants, this host's name, and the names and
+"""What the signalling modules share: timing constants, this host's name, the names and
 defaults of every ``AXOLOTL_DIST_*`` variable the kit reads (their table, with how each is
-parsed, is :data:`.envvars.KIT_VARS`).
+parsed, is :data:`.envvars.KIT_VARS`), and the store counter of long waits and published
+warnings (:data:`WAITERS_KEY`).
 
 A leaf: it imports nothing from the package, so :mod:`.store`, :mod:`.peers`, :mod:`.watch`
 and :mod:`.wait` can all read it without importing each other.
@@ -39,6 +40,8 @@ __all__ = [
     "DEFAULT_WAIT_LOG_INTERVAL",
     "DEFAULT_STORE_LINGER",
     "HOST",
+    "WAITERS_KEY",
+    "LONG_WAITS",
 ]
 
 #: Seconds between two heartbeats of a rank (one store call each; the judge's rounds too).
@@ -103,3 +106,11 @@ AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 
 #: This host's name, as peers record it.
 HOST = socket.gethostname()
+
+#: A store counter (under the group's prefix). Its low 32 bits (:data:`LONG_WAITS`): how many
+#: kit waits of any rank run long now (each adds 1 while it runs; rank 0's heartbeat judges
+#: while they are above 0). The bits above: the Python warnings ranks published for rank 0 to
+#: fold, and whether rank 0 still reads them (:mod:`.warnfold`). Rank 0's heartbeat reads it
+#: every beat, so it learns of both in one call.
+WAITERS_KEY = "axd/waiters"
+LONG_WAITS = (1 << 32) - 1

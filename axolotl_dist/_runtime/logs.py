@@ -124,13 +124,17 @@ class KitLog:
         self.logger = logging.getLogger(name)
 
     def emit(self, level: int, msg: str, *args: Any) -> None:
-        text = f"{rank_prefix()} {msg}"
+        self.log(level, f"{rank_prefix()} {msg}", *args)
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """``msg % args`` at ``level``, as is (no rank prefix): through the logger once logging
+        is set up, else through :data:`FALLBACK`."""
         fallback = fallback_level(self.logger)
         if fallback is None:
-            self.logger.log(level, text, *args)
+            self.logger.log(level, msg, *args)
         elif level >= fallback and self.logger.manager.disable < level:
             FALLBACK.handle(self.logger.makeRecord(self.logger.name, level, "(unknown file)", 0,
-                                                   text, args, None))
+                                                   msg, args, None))
 
     def warning(self, msg: str, *args: Any) -> None:
         self.emit(logging.WARNING, msg, *args)

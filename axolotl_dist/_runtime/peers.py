@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 
 import torch.distributed as dist
 
-from . import bells, deadlock, procs, where
+from . import bells, deadlock, procs, warnfold, where
 from .where import Peer, decode_peer, encode_peer, same_machine, who_key
-from .constants import HEARTBEAT_INTERVAL, HOST, SILENT_AFTER
+from .constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS, SILENT_AFTER, WAITERS_KEY
 from .groups import default_pg, learn
 from .state import STATE
 from .store import StoreHostGoneError, is_store_error, store_address, store_host, world_store
@@ -144,9 +144,6 @@ EXIT_LOG_KEY = "axd/exit_log"
 #: rank waits): a dead peer on another machine is named within about
 #: ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` plus two of these plus a waiter's look.
 JUDGE_INTERVAL = 1.0
-#: How many kit waits of any rank run long now (each adds 1 while it runs): the judge judges
-#: only while it is above 0.
-WAITERS_KEY = "axd/waiters"
 
 
 class _Heartbeat:
@@ -161,6 +158,8 @@ class _Heartbeat:
         self.rank = rank
         self.world_size = world_size
         self.stop = threading.Event()
+        self.wake = threading.Event()  # halt(); on rank 0 also a warning to fold (.warnfold)
+        self.warned = self.warn_read = 0  # rank 0: warnings read, and the log's bytes read
         self.store, self.raw, self.run = store, raw, run  # the group's keys; the root's
         self.interval = interval
         self.pg = default_pg()
@@ -210,7 +209,22 @@ class _Heartbeat:
         if self.host is not None:
             self._copy_host_exit()
         if self.rank == 0 and self.world_size > 1:  # the judge: on while some rank waits
-            self.judging = self.store.add(WAITERS_KEY, 0) > 0
+            self._waiters()
+
+    def _waiters(self) -> None:
+        """Rank 0: judge while some rank's wait runs long; read new warnings (.warnfold)."""
+        value = self.store.add(WAITERS_KEY, 0)
+        self.judging = value & LONG_WAITS > 0
+        warnfold.read(self, value)
+
+    def store_usable(self) -> bool:
+        """Whether a store call may be made (see :func:`host_leaving`)."""
+        return not host_leaving() and not store_host_gone()
+
+    def halt(self) -> None:
+        """Stop the thread, at once even where it sleeps."""
+        self.stop.set()
+        self.wake.set()
 
     def _copy_host_exit(self) -> None:
         """Copy the store host's exit record once it left one, and acknowledge it: where the
@@ -280,8 +294,13 @@ class _Heartbeat:
         # after init is then judged by its pid with no store call: see store_host_gone);
         # then one beat per interval.
         wait, copying = min(0.005, self.interval), bool(self.first)
-        last_beat = last_round = time.monotonic()
-        while not self.stop.wait(wait):
+        last_beat = last_round = last_look = time.monotonic()
+        folds = self.rank == 0  # prints the warnings ranks raised alike (see .warnfold)
+        while True:
+            self.wake.wait(wait)
+            self.wake.clear()
+            if self.stop.is_set():
+                return
             if default_pg() is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
             try:
@@ -289,16 +308,23 @@ class _Heartbeat:
                     copying = not self._copy_first()
                 now = time.monotonic()
                 if now - last_beat >= self.interval:
-                    last_beat = now
+                    last_beat = last_look = now
                     self._beat(key)
+                elif folds and warnfold.pending() and now - last_look >= warnfold.LOOK:
+                    last_look = now
+                    self._waiters()
                 if self.judging and now - last_round >= JUDGE_INTERVAL:
                     last_round = now
                     self._judge()
+                if folds:
+                    warnfold.tick()
             except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
             due = last_beat + self.interval
             if self.judging:
                 due = min(due, last_round + JUDGE_INTERVAL)
+            if folds and warnfold.pending():
+                due = min(due, last_look + warnfold.LOOK)
             wait = min(wait * 2, self.interval) if copying else max(0.0, due - time.monotonic())
 
 
@@ -320,7 +346,7 @@ def start_heartbeat() -> None:
         if beat is not None and beat.pg is pg:
             return  # running, or ended on purpose: its store's host is gone
         if beat is not None:
-            beat.stop.set()
+            beat.halt()
         if beat is None or beat.pg is not pg:
             STATE.peers.clear()
         base = world_store()
@@ -335,6 +361,7 @@ def start_heartbeat() -> None:
         where.note_address(run, rank, world, launcher_name())
         STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         STATE.exit_store = (store, rank, weakref.ref(pg))
+        warnfold.started(STATE.heartbeat)  # the warnings held until now
 
 
 def exit_connection() -> Optional[Tuple["Store", int, Any]]:
@@ -348,11 +375,12 @@ def stop_heartbeat() -> None:
     with _LOCK:
         beat, STATE.heartbeat = STATE.heartbeat, None
     if beat is not None:
-        beat.stop.set()
+        beat.halt()
         if beat.thread is not threading.current_thread():
             # Wait for the thread to let go of its store connection: a TCPStore still in use
             # by a daemon thread when the interpreter exits aborts the process (SIGABRT).
             beat.thread.join(timeout=5.0)
+        warnfold.close(beat)  # rank 0: the warnings published before it stopped reading
 
 
 # --- a store host that is gone ---------------------------------------------------------------

@@ -48,6 +48,11 @@ field              what it is, who writes it
                    :func:`axolotl_dist.testing.count_store_calls`
 ``trace``          the recorder of this rank's kit calls while tracing is on, else None
                    (:mod:`.trace`)
+``folding``        the Python warnings this process holds for folding (before its heartbeat
+                   starts) and, on rank 0, the ones it waits to print (:mod:`.warnfold`),
+                   made at the first use
+``warn_hook``      the ``warnings.showwarning`` the folding hook replaced (None: no hook); a
+                   fact of the process, like ``exit_hook``: :func:`reset` leaves it
 =================  ==========================================================================
 
 :func:`reset` forgets all of it (or the named parts). The test harness calls it in every
@@ -86,7 +91,7 @@ class ProcessState:
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
                  "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
-                 "ending", "store_spy", "trace")
+                 "ending", "store_spy", "trace", "folding", "warn_hook")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -119,6 +124,8 @@ class ProcessState:
         self.ending = False
         self.store_spy: Optional[Callable[[Any], Any]] = None
         self.trace: Any = None
+        self.folding: Any = None
+        self.warn_hook: Optional[Callable[..., Any]] = None
 
 
 STATE = ProcessState()
@@ -136,6 +143,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "collectives": ("abandoned",),
     "lifecycle": ("cleanup", "closed_trace", "kept", "ending"),
     "trace": ("trace",),
+    "warnings": ("folding",),
 }
 
 
