@@ -65,7 +65,7 @@ core_check() {  # core_check VENV LOGDIR LABEL: under axolotl-dist, then bare en
   log="$logs/$label-launcher.log"
   (cd "$logs" && PATH="$venv/bin:$PATH" timeout 180 axolotl-dist -n 2 "$REPO/scripts/core_check.py") \
     >"$log" 2>&1 || fail "$label: core_check under axolotl-dist -n 2" "$log"
-  [ "$(grep -c '^core check passed' "$log")" -eq 2 ] || fail "$label: not every rank passed" "$log"
+  [ "$(grep -cE '^(\[rank [01]\] )?core check passed' "$log")" -eq 2 ] || fail "$label: not every rank passed" "$log"
   ! grep -q NumPy "$log" || fail "$label: a NumPy warning was printed" "$log"
   port=$(free_port)
   local pids=()
