@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 from typing import Dict, List, Optional, Tuple
 
 __all__ = [
     "LAUNCHER_PID_ENV_VAR",
+    "flush_standard_streams",
     "MACHINE",
     "machine_id",
     "proc_state",
@@ -33,6 +35,16 @@ _TCP_LISTEN = "0A"
 
 #: Set by ``axolotl-dist`` in every rank: the launcher's pid (ranks die with it).
 from .constants import LAUNCHER_PID_ENV_VAR  # noqa: E402 - re-exported for its readers
+
+
+def flush_standard_streams() -> None:
+    """Flush ``sys.stdout`` and ``sys.stderr``, whatever they are now (a stream a user
+    replaced or closed is left as it is)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - replaced, closed, or gone
+            pass
 
 
 def machine_id() -> str:

@@ -49,7 +49,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import backends, blocks, groups, peers, records, store, trace, tracebacks
+from . import backends, blocks, groups, peers, procs, records, store, trace, tracebacks
 from .groups import Group
 from . import cleanup as cleanup_keys
 from .logs import kit as log
@@ -202,11 +202,7 @@ def _end_now() -> None:
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 - ending anyway
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
+    procs.flush_standard_streams()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
 

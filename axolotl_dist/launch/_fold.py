@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._runtime.deadlock import ranks_text
 
@@ -125,7 +125,7 @@ class Folder:
         self.partial: Dict[Tuple[int, int], bytes] = {}  # (rank, fd) -> bytes after the last \n
         self.partial_at: Dict[Tuple[int, int], float] = {}
         self.blocks: Dict[int, _Block] = {}  # rank -> its traceback being collected
-        self.midline: Dict[Tuple[int, int], bool] = {}  # (rank, fd) shown without its newline
+        self.midline: Set[Tuple[int, int]] = set()  # (rank, fd) shown without its newline
         #: per screen (an output fd, or the one both go to), the rank whose unfinished line
         #: (a progress bar) is on it, and the text that redraws it
         self.bar: Dict[int, Tuple[int, bytes]] = {}
@@ -141,16 +141,16 @@ class Folder:
         self.partial_at.pop(key, None)
         lines = buf.split(b"\n")
         rest = lines.pop()
-        unit = None  # a line and the indented lines after it in one read: one record
+        unit: List[bytes] = []  # a line and the indented lines after it in one read: one record
         for line in lines:
-            if unit is not None and line[:1] in _INDENT:
-                unit += b"\n" + line
+            if unit and line[:1] in _INDENT:
+                unit.append(line)
                 continue
-            if unit is not None:
-                self._line(rank, fd, unit, now)
-            unit = line
-        if unit is not None:
-            self._line(rank, fd, unit, now)
+            if unit:
+                self._line(rank, fd, b"\n".join(unit), now)
+            unit = [line]
+        if unit:
+            self._line(rank, fd, b"\n".join(unit), now)
         if rest:
             if b"\r" in rest:  # a progress bar's update: at once
                 self._raw(rank, fd, rest)
@@ -328,9 +328,9 @@ class Folder:
         if rank in self.blocks:
             self._write_block(rank)
         if data.endswith(b"\n"):
-            self.midline.pop((rank, fd), None)
+            self.midline.discard((rank, fd))
         else:
-            self.midline[(rank, fd)] = True
+            self.midline.add((rank, fd))
         self._emit(fd, data, rank)
 
     def _emit(self, fd: int, data: bytes, rank: int = -1) -> None:
@@ -345,7 +345,6 @@ class Folder:
             else:
                 del self.bar[screen]
                 data = b"\n" + data
-                bar = None
         self.out.append((fd, data))
         if rank >= 0:
             if data.endswith(b"\n"):

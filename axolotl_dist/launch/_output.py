@@ -24,9 +24,10 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .._runtime.constants import LAUNCHER_FOLDS_ENV_VAR
+from .._runtime.procs import flush_standard_streams
 from ._fold import Folder
 
 __all__ = ["Output", "connect", "log_name"]
@@ -74,11 +75,7 @@ def connect() -> bool:
         for sock in socks:
             sock.close()
         return False
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
+    flush_standard_streams()
     for fd, sock in zip((1, 2), socks):
         os.dup2(sock.fileno(), fd)
         sock.close()
@@ -134,7 +131,6 @@ class Output:
         self.folder = Folder(local, {fd: _isatty(fd) for fd in (1, 2)}, fold=fold,
                              screens=screens)
         self.logs: Dict[int, _Log] = {}
-        self.lines = 0  # lines read, for the benchmark
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.server, selectors.EVENT_READ, None)
         self.stopping = threading.Event()
@@ -215,7 +211,6 @@ class Output:
             conn.rank, conn.fd = rank, fd if fd in (1, 2) else 2
             if not data:
                 return True
-        self.lines += data.count(b"\n")
         if self.log_dir is not None:
             self._log(conn.rank, conn.fd, data, wall)
         if self.broken:
@@ -286,11 +281,7 @@ class Output:
 
     def close(self) -> None:
         """Read what the ranks' processes left (they have ended), write everything held, close."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (AttributeError, OSError, ValueError):
-                pass
+        flush_standard_streams()
         self.stopping.set()
         self.thread.join(timeout=_DRAIN + 2.0)
         try:
@@ -302,10 +293,6 @@ class Output:
                 os.unlink(self.address)
             except OSError:
                 pass
-
-    def files(self) -> Sequence[str]:
-        """The log files written, one per rank."""
-        return [os.path.join(self.log_dir or ".", log_name(r)) for r in sorted(self.logs)]
 
 
 def _isatty(fd: int) -> bool:
