@@ -227,6 +227,8 @@ def test_finetune_example_through_launcher(tmp_path: Path) -> None:
      "--node-rank 2 must be smaller than --nnodes 2"),
     (["--nnodes", "2", "x.py"], "--nnodes 2 needs --master-addr and a non-zero --master-port"),
     (["--master-port", "70000", "x.py"], "--master-port must be a TCP port in [0, 65535]"),
+    (["--log-dir", "setup.cfg", "x.py"],
+     "--log-dir 'setup.cfg' is a file, not a directory: pass a directory (created if missing)"),
 ])
 def test_bad_launcher_input(argv: List[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit) as info:

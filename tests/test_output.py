@@ -128,3 +128,15 @@ def test_no_fold_prints_every_rank_as_it_comes(tmp_path):
         assert out.split("\n").count("hello") == 3, (options, env, out)
     code, out, err = _launch(tmp_path, script, 3)
     assert code == 0 and out == "[ranks 0-2] hello\n", (out, err)
+
+
+def test_a_log_file_that_cannot_be_written_is_said_once_and_the_rest_kept(tmp_path):
+    (tmp_path / "logs" / "rank0.log").mkdir(parents=True)  # rank 0's file cannot be opened
+    code, out, err = _launch(tmp_path, "import axolotl_dist as ad\nad.init_distributed()\n"
+                             "print('hello')\nad.barrier()\n", 2, "--log-dir", "logs")
+    assert code == 0, err
+    assert out == "[ranks 0, 1] hello\n", (out, err)
+    said = [line for line in err.splitlines() if "--log-dir is off" in line]
+    assert len(said) == 1 and re.fullmatch(
+        r"axolotl-dist: cannot write logs/rank0\.log \(.+\); --log-dir is off for the rest "
+        r"of the run", said[0]), err

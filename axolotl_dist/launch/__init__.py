@@ -167,6 +167,10 @@ def _validate(args: argparse.Namespace) -> Tuple[int, int, int, Optional[int]]:
                          "the host and port of node 0, the same on every node")
     if args.grace_period < 0:
         raise ValueError(f"--grace-period must be >= 0 seconds, got {args.grace_period}")
+    if args.output_dir is not None and os.path.exists(args.output_dir) \
+            and not os.path.isdir(args.output_dir):
+        raise ValueError(f"--log-dir {args.output_dir!r} is a file, not a directory: pass a "
+                         "directory (created if missing)")
     if not args.module and not os.path.isfile(args.target):
         raise ValueError(f"script {args.target!r} not found (cwd {os.getcwd()}); pass a path to "
                          "a Python file, or -m for a module")
@@ -336,8 +340,8 @@ def _output_note(args: argparse.Namespace, output: Optional[Output]):  # type: i
 
     def note(rank: int) -> str:
         parts = [f"marked rank {rank}"] if output.folder.fold else []
-        if args.output_dir is not None:
-            parts.append(os.path.join(args.output_dir, log_name(rank)))
+        if output.log_dir is not None:  # None where it could not be written
+            parts.append(os.path.join(output.log_dir, log_name(rank)))
         return ", ".join(parts)
     return note
 

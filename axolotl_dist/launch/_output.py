@@ -270,10 +270,14 @@ class Output:
     def _log(self, rank: int, fd: int, data: bytes, wall: float) -> None:
         log = self.logs.get(rank)
         if log is None:
+            path = os.path.join(self.log_dir or ".", log_name(rank))
             try:
-                log = self.logs[rank] = _Log(os.path.join(self.log_dir or ".", log_name(rank)))
-            except OSError:
-                self.log_dir = None  # unwritable: said once at close
+                log = self.logs[rank] = _Log(path)
+            except OSError as exc:  # said once; the launcher's report then names no file
+                self.log_dir = None
+                self.folder.out.append((2, f"axolotl-dist: cannot write {path} "
+                                           f"({exc.strerror or exc}); --log-dir is off for "
+                                           "the rest of the run\n".encode()))
                 return
         log.write(fd, data, self._stamp_of(wall) + b"[rank %d] " % rank)
 
