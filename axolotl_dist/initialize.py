@@ -82,8 +82,8 @@ def _check_backend_usable(backend: Optional[str]) -> None:
     """
     if backend is None or not _backends.only(backend, "nccl"):
         return
-    if not torch.cuda.is_available():
-        why = "this machine has no usable CUDA GPU (torch.cuda.is_available() is False)"
+    if not _backends.cuda_usable():
+        why = "this machine has no usable CUDA GPU (torch.cuda.device_count() is 0)"
     elif not dist.is_nccl_available():
         why = "this torch build has no NCCL (torch.distributed.is_nccl_available() is False)"
     else:
@@ -91,6 +91,34 @@ def _check_backend_usable(backend: Optional[str]) -> None:
     raise DistributedEnvError(
         f"init_distributed(backend={backend!r}): NCCL needs CUDA GPUs, but {why}: drop "
         "backend= (init_distributed() then picks gloo on CPU) or pass backend='gloo'")
+
+
+def _set_cuda_device(backend: str, asked: Optional[str]) -> None:
+    """On a backend that serves CUDA, on a machine with a GPU, make ``LOCAL_RANK``'s GPU this
+    rank's current device (shared round-robin where the backend allows it).
+
+    NCCL refuses two ranks of a group on one GPU, with "Duplicate GPU detected" at the first
+    collective, or a hang: with more ranks on this node than visible GPUs, raise
+    :class:`DistributedEnvError` here instead, on every rank of the node, naming the numbers
+    and the ways out. ``asked``: the backend the caller passed (None: the default)."""
+    if not _backends.supports(backend, "cuda") or not _backends.cuda_usable():
+        return
+    count = torch.cuda.device_count()
+    local_rank, local_world_size = _env.env_local_rank(), _env.env_local_world_size()
+    if _backends.served(backend)["cuda"] == "nccl" and local_world_size > count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = "unset" if visible is None else repr(visible)
+        call = (f"init_distributed(backend={asked!r})" if asked is not None else
+                f"init_distributed() (backend {backend!r}, the default where a GPU is)")
+        raise DistributedEnvError(
+            f"{call}: this node runs {local_world_size} rank(s) "
+            f"(LOCAL_WORLD_SIZE={local_world_size}; this is LOCAL_RANK={local_rank}) but sees "
+            f"{count} CUDA GPU(s) (CUDA_VISIBLE_DEVICES {shown}), and NCCL needs a GPU of its "
+            f"own for each rank: start at most {count} rank(s) per node (axolotl-dist -n "
+            f"{count}, torchrun --nproc-per-node {count}), make more GPUs visible "
+            "(CUDA_VISIBLE_DEVICES), or pass backend='gloo' (CPU communication; the kit's "
+            "helpers move CUDA tensors through the CPU)")
+    torch.cuda.set_device(local_rank % count)
 
 
 def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
@@ -141,7 +169,8 @@ def init_distributed(
       ``NUM_NODES``. ``MASTER_ADDR``/``MASTER_PORT`` must be set unless ``init_method=`` or
       ``store=`` is passed, or the launcher implies them: SLURM's first host of the step's
       node list and a port from the job id, Open MPI on one node 127.0.0.1. On CUDA backends
-      the device is set to ``LOCAL_RANK`` first.
+      the device is set to ``LOCAL_RANK`` first; with NCCL, more ranks on a node than visible
+      GPUs raise :class:`DistributedEnvError` (NCCL cannot share a GPU between ranks).
     * Already initialized: nothing is re-created; a different ``backend`` raises
       :class:`DistributedEnvError`.
     * ``shared_filesystem``: whether all nodes share one filesystem (sets
@@ -182,6 +211,7 @@ def init_distributed(
 
     _check_backend_usable(backend)
     validate_env_vars()
+    asked = backend
     if backend is None:
         backend = default_backend()
     world_size = _env.env_world_size()
@@ -202,8 +232,7 @@ def init_distributed(
             os.environ.setdefault(_env.MASTER_ADDR_ENV_VAR, master[0])
             os.environ.setdefault(_env.MASTER_PORT_ENV_VAR, str(master[1]))
     _apply_shared_filesystem(shared_filesystem)
-    if _backends.supports(backend, "cuda") and torch.cuda.is_available():
-        torch.cuda.set_device(_env.env_local_rank() % max(1, torch.cuda.device_count()))
+    _set_cuda_device(backend, asked)
     if world_size > 1 and "store" not in kwargs:
         with _noted(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
             try:

@@ -240,9 +240,7 @@ def backend_supports_cuda(backend: Optional[str] = None) -> bool:
     if backend is None:
         backend = get_backend()
         if backend is None:
-            import torch
-
-            return torch.cuda.is_available()
+            return _backends.cuda_usable()  # asked without initializing CUDA here
     return _backends.supports(backend, "cuda")
 
 

@@ -9,6 +9,11 @@ import pytest
 # rendezvous stalls. Bound the wait before the resolver is first used.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
+# The ranks are forked from this process, and a process forked after CUDA was initialized
+# cannot use it: ``torch.cuda.is_available()`` initializes it unless asked to use NVML (the
+# kit's own checks do; a library imported by a test might not).
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
 # Tests must not inherit a launcher environment (the library's own list) or debug mode from
 # whatever started pytest.
 from axolotl_dist.env import LAUNCHER_ENV_VARS  # noqa: E402

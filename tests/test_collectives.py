@@ -115,6 +115,9 @@ def test_a_mixed_backend_gets_one_device_answer_everywhere(backend, monkeypatch)
     from axolotl_dist.parallel import default_device_type
 
     for has_cuda, expected in ((False, "cpu"), (True, "cuda")):
+        # a machine with or without a GPU: the kit counts devices (NVML first, so the question
+        # does not initialize CUDA); is_available answers the same
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: int(has_cuda))
         monkeypatch.setattr(torch.cuda, "is_available", lambda: has_cuda)
         assert default_device_type(backend) == expected
     assert ad.backend_supports_cuda(backend) and ad.backend_supports_cpu(backend)

@@ -14,8 +14,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-__all__ = ["served", "supports", "usable", "usable_accelerator", "device_type", "comm_device",
-           "only", "matches"]
+__all__ = ["served", "supports", "usable", "cuda_usable", "usable_accelerator", "device_type",
+           "comm_device", "only", "matches"]
 
 #: The device type each single backend name serves (unknown names: the CPU).
 _NAME_DEVICE = {"nccl": "cuda", "xccl": "xpu", "hccl": "hpu", "gloo": "cpu", "mpi": "cpu",
@@ -43,12 +43,31 @@ def supports(backend: str, device: str) -> bool:
 
 def usable(device: str) -> bool:
     """Whether this machine can run tensors on ``device`` now (not: whether torch was built
-    for it: PyPI's CUDA build on a machine without a GPU answers False for ``"cuda"``)."""
+    for it: PyPI's CUDA build on a machine without a GPU answers False for ``"cuda"``).
+
+    For CUDA the answer leaves this process fit to fork (:func:`cuda_usable`)."""
     if device == "cpu":
         return True
+    if device == "cuda":
+        return cuda_usable()
     module = getattr(torch, device, None)
     check: Optional[Callable[[], bool]] = getattr(module, "is_available", None)
     return bool(check()) if check is not None else False
+
+
+def cuda_usable() -> bool:
+    """Whether a CUDA GPU is usable here, asked without initializing CUDA in this process.
+
+    ``torch.cuda.is_available()`` initializes the CUDA driver (unless
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and a process forked after that cannot use CUDA:
+    the ranks of :func:`axolotl_dist.testing.run_distributed`, forked data loader workers. So
+    the kit counts devices the way torch does under that variable (NVML first, the CUDA
+    runtime only where NVML cannot answer), unless CUDA is initialized here already.
+    """
+    cuda = torch.cuda
+    if cuda.is_initialized():
+        return bool(cuda.is_available())
+    return cuda.device_count() > 0
 
 
 def usable_accelerator() -> Optional[str]:
@@ -57,7 +76,11 @@ def usable_accelerator() -> Optional[str]:
     ``torch.accelerator.current_accelerator()`` names the accelerator torch was *built* for:
     ``cuda`` for PyPI's default Linux wheel on any machine (docs/design.md, decision 17), and
     torch 2.6 raises there instead. Only an accelerator that :func:`usable` confirms counts.
+    CUDA is asked first, through :func:`cuda_usable`: torch's accelerator query may count the
+    devices through the CUDA runtime, which initializes it.
     """
+    if torch.backends.cuda.is_built() and cuda_usable():
+        return "cuda"
     current = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
     try:
         accel = current() if current is not None else None

@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 import torch.distributed as dist
 
-from . import trace, wait
+from . import backends, trace, wait
 from .blocks import confirm_all
 from .callsite import call_site
 from .groups import HEADER_LEN, Group
@@ -233,7 +233,7 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
 def _target_device(device_type: str, device: Optional[torch.device]) -> torch.device:
     if device is not None:
         return torch.device(device)
-    if device_type == "cuda" and torch.cuda.is_available():
+    if device_type == "cuda" and backends.cuda_usable():
         return torch.device("cuda", torch.cuda.current_device())
     if device_type in ("cpu", "meta"):
         return torch.device(device_type)

@@ -122,7 +122,8 @@ def cleanup() -> None:
     _await_released(known)
     if dist.is_available() and dist.is_initialized():
         time.sleep(_DRAIN)
-        if torch.cuda.is_available() and backends.supports(str(dist.get_backend()), "cuda"):
+        # CUDA work this rank queued finishes first (nothing to wait for if CUDA never started)
+        if torch.cuda.is_initialized() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
         STATE.kept.extend(weakref.ref(pg) for pg in keep_abandoned())  # Ctrl-C in a collective
         dist.destroy_process_group()

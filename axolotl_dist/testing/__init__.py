@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .._runtime import backends as _backends
 from .._runtime.pickling import by_name as _by_name
 from .._runtime.procs import loopback_interface
 from ..env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
@@ -86,7 +87,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import pytest
 
-    has_cuda = torch.cuda.is_available()
+    # asked without initializing CUDA in the test process: its forked ranks could not use it
+    has_cuda = _backends.cuda_usable()
     markers = {
         "requires_gpu": pytest.mark.skipif(not has_cuda, reason="requires a CUDA GPU"),
         "requires_multi_gpu": pytest.mark.skipif(
