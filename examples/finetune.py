@@ -1,14 +1,18 @@
-"""Fine-tune a tiny causal language model data-parallel on CPU, with the axolotl_dist helpers.
+"""Fine-tune a tiny causal language model data-parallel, with the axolotl_dist helpers.
 
 Run it on 2 ranks through the launcher (about 15 s on 2 CPU cores), or any other way::
 
     axolotl-dist -n 2 examples/finetune.py
     torchrun --standalone --nproc-per-node 2 examples/finetune.py
     python examples/finetune.py                    # one process, same code
+    axolotl-dist -n 2 examples/finetune.py --backend gloo   # 2 ranks sharing one GPU
+
+On a machine with GPUs each rank trains on its own GPU (``--device auto``) over NCCL; more
+ranks than GPUs need ``--backend gloo`` (NCCL cannot share a GPU between ranks).
 
 Everything is made here, nothing is downloaded: a character-level corpus, its tokenization
 (done once, by rank 0, under ``zero_first``; the other ranks reuse the cache), a 2-layer
-causal transformer trained with ``DistributedDataParallel`` over gloo, a ``get_sampler`` data
+causal transformer trained with ``DistributedDataParallel``, a ``get_sampler`` data
 loader, token counts agreed with ``reduce_and_broadcast``, a progress bar and logs on the main
 process only, and a checkpoint written by rank 0. Rank 0 prints ``step N loss=X`` lines.
 """
@@ -80,8 +84,22 @@ class TinyCausalLM(nn.Module):
         return self.head(self.norm(x))
 
 
+def pick_device(choice: str) -> torch.device:
+    """``--device``: ``auto`` is this rank's GPU (``LOCAL_RANK``'s, shared round-robin when
+    there are fewer GPUs than ranks) where CUDA is usable, else the CPU."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        return torch.device("cuda", ad.get_local_rank() % torch.cuda.device_count())
+    return torch.device(choice)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model trains (auto: this rank's GPU if any, else the CPU)")
+    p.add_argument("--backend", default=None,
+                   help="process group backend (default: nccl on GPUs, else gloo)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
     p.add_argument("--seq-len", type=int, default=32)
@@ -110,7 +128,8 @@ def load_dataset(args: argparse.Namespace) -> TensorDataset:
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    ad.init_distributed()  # gloo on CPU; plain `python` needs no env vars and no port
+    ad.init_distributed(backend=args.backend)  # gloo on CPU; `python` needs no env vars
+    device = pick_device(args.device)
     # A fresh directory per run unless one is given: rank 0 makes it, every rank gets its name.
     args.output_dir = args.output_dir or ad.compute_and_broadcast(
         lambda: tempfile.mkdtemp(prefix="axolotl_dist_finetune_"))
@@ -120,8 +139,8 @@ def main() -> None:
     sampler = ad.get_sampler(dataset, shuffle=True, drop_last=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     vocab = int(dataset.tensors[0].max()) + 1
-    model = TinyCausalLM(vocab, args.seq_len)
-    ddp = DDP(model)
+    model = TinyCausalLM(vocab, args.seq_len).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     log.info("%d rank(s), %d windows, %d parameters", world, len(dataset),
              sum(p.numel() for p in model.parameters()))
@@ -133,6 +152,7 @@ def main() -> None:
     while step < args.steps:
         sampler.set_epoch(epoch)
         for (batch,) in loader:
+            batch = batch.to(device, non_blocking=True)
             inputs, targets = batch[:, :-1], batch[:, 1:]
             loss = F.cross_entropy(ddp(inputs).reshape(-1, vocab), targets.reshape(-1))
             opt.zero_grad(set_to_none=True)
@@ -160,7 +180,7 @@ def main() -> None:
     if main_process:
         torch.save({"model": model.state_dict(), "step": step, "tokens": tokens}, checkpoint)
         elapsed = time.monotonic() - start
-        print(f"done: ranks={world} steps={step} tokens={tokens} "
+        print(f"done: ranks={world} steps={step} tokens={tokens} device={device.type} "
               f"loss {mean_first:.3f} -> {mean_last:.3f} (ln vocab {math.log(vocab):.3f}) "
               f"in {elapsed:.1f}s; checkpoint {checkpoint}", flush=True)
     ad.barrier()  # nobody exits (and tears the group down) before the checkpoint is written

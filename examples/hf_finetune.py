@@ -6,6 +6,10 @@ Needs the ``hf`` extra (``pip install -e ".[hf]"``). Every launcher runs it unch
     axolotl-dist -n 2 examples/hf_finetune.py
     torchrun --standalone --nproc-per-node 2 examples/hf_finetune.py
     accelerate launch --multi_gpu --num_processes 2 examples/hf_finetune.py   # 2 CPU processes
+    axolotl-dist -n 2 examples/hf_finetune.py --backend gloo   # 2 ranks sharing one GPU
+
+On a machine with GPUs each rank trains on its own GPU (``--device auto``) over NCCL; more
+ranks than GPUs need ``--backend gloo`` (NCCL cannot share a GPU between ranks).
 
 Everything is made here, nothing is downloaded (the hub is never contacted): a generated text
 corpus saved as a ``datasets`` dataset on disk; a byte-level BPE tokenizer trained with
@@ -13,7 +17,7 @@ corpus saved as a ``datasets`` dataset on disk; a byte-level BPE tokenizer train
 ``Dataset.map`` inside ``ad.zero_first()``, so rank 0 runs the map and writes ``datasets``'
 cache file and the other ranks then load that file instead of calling the map function (each
 rank prints ``map calls=N`` and the cache file it uses); a 2-layer GPT-2 built from a config
-and trained with ``DistributedDataParallel`` over gloo and an ``ad.get_sampler`` loader; a
+and trained with ``DistributedDataParallel`` and an ``ad.get_sampler`` loader; a
 progress bar and logs on the main process only; the token count agreed with
 ``ad.reduce_and_broadcast``; and a checkpoint written by the main process alone with
 ``save_pretrained``. The main process prints ``step N loss=X`` lines and a ``done:`` line.
@@ -112,8 +116,22 @@ def prepare_data(args: argparse.Namespace) -> Tuple[PreTrainedTokenizerFast, Any
     return tokenizer, blocks.with_format("torch")
 
 
+def pick_device(choice: str) -> torch.device:
+    """``--device``: ``auto`` is this rank's GPU (``LOCAL_RANK``'s, shared round-robin when
+    there are fewer GPUs than ranks) where CUDA is usable, else the CPU."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        return torch.device("cuda", ad.get_local_rank() % torch.cuda.device_count())
+    return torch.device(choice)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model trains (auto: this rank's GPU if any, else the CPU)")
+    p.add_argument("--backend", default=None,
+                   help="process group backend (default: nccl on GPUs, else gloo)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8, help="per rank")
     p.add_argument("--seq-len", type=int, default=32)
@@ -137,7 +155,8 @@ def save_checkpoint(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, 
 
 def main() -> None:
     args = parse_args()
-    ad.init_distributed()  # gloo on CPU; plain `python` needs no env vars and no port
+    ad.init_distributed(backend=args.backend)  # gloo on CPU; `python` needs no env vars
+    device = pick_device(args.device)
     # A fresh directory per run unless one is given (a second run then maps again, as the
     # first): rank 0 makes it, every rank gets its name.
     args.output_dir = args.output_dir or ad.compute_and_broadcast(
@@ -151,9 +170,9 @@ def main() -> None:
                         n_layer=2, n_head=4, n_inner=128, resid_pdrop=0.0, embd_pdrop=0.0,
                         attn_pdrop=0.0, bos_token_id=tokenizer.eos_token_id,
                         eos_token_id=tokenizer.eos_token_id)
-    model = GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config).to(device)
     model.loss_type = "ForCausalLM"  # what GPT-2 computes anyway; silences transformers' warning
-    ddp = DDP(model)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     sampler = ad.get_sampler(blocks, shuffle=True, drop_last=True, seed=args.seed)
     loader = DataLoader(blocks, batch_size=args.batch_size, sampler=sampler, drop_last=True)
@@ -166,7 +185,7 @@ def main() -> None:
     while step < args.steps:
         sampler.set_epoch(epoch)
         for batch in loader:
-            ids = batch["input_ids"]
+            ids = batch["input_ids"].to(device, non_blocking=True)
             loss = ddp(input_ids=ids, labels=ids).loss  # the model shifts the labels
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -188,7 +207,7 @@ def main() -> None:
     last = ad.reduce_and_broadcast(lambda: sum(losses[-5:]) / len(losses[-5:]),
                                    lambda xs: sum(xs) / len(xs))
     saved = save_checkpoint(model, tokenizer, os.path.join(args.output_dir, "checkpoint"))
-    ad.print(f"done: ranks={ad.get_world_size()} steps={step} tokens={tokens} "
+    ad.print(f"done: ranks={ad.get_world_size()} steps={step} tokens={tokens} device={device.type} "
              f"loss {first:.3f} -> {last:.3f} in {time.monotonic() - start:.1f}s; "
              f"checkpoint {saved}", flush=True)
     ad.barrier()  # nobody tears the group down before the checkpoint is written
