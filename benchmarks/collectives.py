@@ -9,6 +9,9 @@ or under a real launcher::
 
     torchrun --standalone --nproc-per-node 2 benchmarks/collectives.py
 
+On a machine with a GPU, ``--device cuda`` measures the helpers on CUDA tensors instead (NCCL
+at world size 1, gloo at 2 ranks sharing the GPU): ``benchmarks/collectives_cuda.py``.
+
 It prints one table: for each helper, its median latency, the median of what it is compared
 with (the raw torch collective it needs, or accelerate's equivalent helper on
 ``PartialState(cpu=True)``: ``main_process_first``, ``broadcast_object_list``, ``gather_object``),
@@ -350,7 +353,14 @@ def _report(runs: List[Tuple[Dict[str, float], Dict[str, float], Dict[str, float
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    known, rest = device.parse_known_args(argv)
+    if known.device == "cuda":
+        import collectives_cuda  # beside this file
+
+        return collectives_cuda.main(rest)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[device])
     parser.add_argument("--iters", type=int, default=3000, help="measured rounds (default 3000)")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured rounds first")
     parser.add_argument("--block", type=int, default=1, help="calls timed together per round (1: per-call latency)")
