@@ -61,13 +61,13 @@ for _hidden in _KEPT_IN_SUBPACKAGES:
 # --- pickled by name ------------------------------------------------------------------------
 # A map function that mentions the kit hashes the same in every process and install mode, so
 # `datasets` reuses zero_first's cache (docs/design.md, "Installs").
-from ._runtime.pickling import by_name as _by_name  # noqa: E402
+from ._runtime.base.pickling import by_name as _by_name  # noqa: E402
 
 _by_name(__name__)
 
 # --- Python warnings folded across ranks ------------------------------------------------------
 # Under torchrun, srun or env vars, rank 0 prints a warning several ranks raised once, naming
 # them (docs/launching.md, "Under other launchers"); one process, or AXOLOTL_DIST_FOLD=0: off.
-from ._runtime.warnfold import install as _fold_warnings  # noqa: E402
+from ._runtime.lifecycle.warnfold import install as _fold_warnings  # noqa: E402
 
 _fold_warnings()

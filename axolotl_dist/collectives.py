@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, List, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime import backends as _backends, trace as _trace
-from ._runtime.calls import checked, tensor_signature
-from ._runtime.exchange import all_gather_into, resolved, run
-from ._runtime.groups import Group, group_of
-from ._runtime.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
-from ._runtime.state import STATE as _STATE
+from ._runtime.base import backends as _backends, recorder as _trace
+from ._runtime.protocols.helpers import checked, tensor_signature
+from ._runtime.protocols.exchange import all_gather_into, resolved, run
+from ._runtime.base.groups import Group, group_of
+from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
+from ._runtime.base.state import STATE as _STATE
 from .ranks import get_backend
 
 if TYPE_CHECKING:  # pragma: no cover

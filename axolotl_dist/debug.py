@@ -22,8 +22,8 @@ global lookup per helper call, about 0.1-0.2 us (``benchmarks/debug.py``).
 Calls made by a helper inside another (``synchronize_flag`` uses ``synchronize_value``) are
 checked once, under the outer name. The ranks that go first in ``zero_first`` do not wait at
 the check (the others wait for them, and blocks nest): they compare when their outermost block
-ends. The store protocol is in :mod:`axolotl_dist._runtime.debug_check`; the wrapper every
-helper wears, which runs the check, in :mod:`axolotl_dist._runtime.calls`.
+ends. The store protocol is in :mod:`axolotl_dist._runtime.protocols.crosscheck`; the wrapper every
+helper wears, which runs the check, in :mod:`axolotl_dist._runtime.protocols.helpers`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from ._runtime import constants as _constants, debug_check as _debug_check
-from ._runtime import envvars as _envvars
-from ._runtime.calls import debug_timeout
-from ._runtime.groups import group_of as _group_of
-from ._runtime.state import STATE as _STATE
+from ._runtime.base import constants as _constants
+from ._runtime.protocols import crosscheck as _debug_check
+from ._runtime.base import envvars as _envvars
+from ._runtime.protocols.helpers import debug_timeout
+from ._runtime.base.groups import group_of as _group_of
+from ._runtime.base.state import STATE as _STATE
 from .errors import DistributedConfigError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +62,7 @@ DEFAULT_DEBUG_TIMEOUT = _constants.DEFAULT_DEBUG_TIMEOUT
 
 # --- switching it on and off ------------------------------------------------------------------
 
-# debug mode's switches live in the process state (:mod:`axolotl_dist._runtime.state`)
+# debug mode's switches live in the process state (:mod:`axolotl_dist._runtime.base.state`)
 
 
 def _parse_env() -> None:

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ._runtime import envvars as _envvars, slurm as _slurm
-from ._runtime.procs import LAUNCHER_PID_ENV_VAR
-from ._runtime.slurm import expand_nodelist, expand_tasks_per_node
+from ._runtime.base import envvars as _envvars, slurm as _slurm
+from ._runtime.base.procs import LAUNCHER_PID_ENV_VAR
+from ._runtime.base.slurm import expand_nodelist, expand_tasks_per_node
 from .errors import DistributedEnvError
 
 __all__ = [

@@ -116,7 +116,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
 
 def _this_machine(machine: Optional[str]) -> bool:
     """Whether ``machine`` is this process's (kernel boot and PID namespace)."""
-    from ._runtime.procs import MACHINE
+    from ._runtime.base.procs import MACHINE
 
     return machine is not None and machine == MACHINE
 

@@ -17,13 +17,16 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime import backends as _backends, store as _store, teardown as _teardown
-from ._runtime import filesystem as _filesystem, trace as _trace
+from ._runtime.base import backends as _backends
+from ._runtime.store import access as _store
+from ._runtime.lifecycle import teardown as _teardown
+from ._runtime.protocols import shared_fs as _filesystem
+from ._runtime.base import recorder as _trace
 from . import tracing as _tracing
-from ._runtime.logs import kit as _kit_log
-from ._runtime.state import STATE as _STATE
+from ._runtime.base.kitlog import kit as _kit_log
+from ._runtime.base.state import STATE as _STATE
 from . import debug as _debug
-from ._runtime.wait import noted as _noted
+from ._runtime.liveness.waits import noted as _noted
 from . import env as _env
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_local_rank, get_rank, get_world_size, is_initialized
@@ -132,7 +135,7 @@ def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
 
 def _probe_shared_filesystem() -> None:
     """On several nodes, where nobody said whether they share a filesystem: ask the datasets
-    cache's directory (:mod:`axolotl_dist._runtime.filesystem`) and export the answer as
+    cache's directory (:mod:`axolotl_dist._runtime.protocols.shared_fs`) and export the answer as
     ``AXOLOTL_DIST_SHARED_FS``; undecided (rank 0 could not write there): shared, as
     OLMo-core assumes."""
     if _filesystem.said() or not is_initialized() or get_world_size() == 1:
@@ -355,6 +358,6 @@ def cleanup_distributed() -> None:
     """Destroy the default process group (if any) and forget the world mesh.
 
     Safe to call twice, or never: :func:`init_distributed` also arranges the same teardown at
-    interpreter exit (see :mod:`axolotl_dist._runtime.teardown`).
+    interpreter exit (see :mod:`axolotl_dist._runtime.lifecycle.teardown`).
     """
     _teardown.cleanup()

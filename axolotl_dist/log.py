@@ -18,7 +18,7 @@ import logging
 import sys
 from typing import Any, MutableMapping, Tuple
 
-from ._runtime import logs as _logs
+from ._runtime.base import kitlog as _logs
 from .ranks import get_rank, get_world_size
 
 __all__ = ["RankLoggerAdapter", "get_logger", "DEFAULT_LOGGING_ENV_VAR"]

@@ -4,7 +4,7 @@
 * :func:`zero_only`: run a block or a function on rank 0 only, and really skip it elsewhere.
 * :func:`do_n_at_a_time`: call ``f`` on at most ``n`` ranks at a time.
 
-They signal through the process group's store (see :mod:`axolotl_dist._runtime.wait`), not through
+They signal through the process group's store (see :mod:`axolotl_dist._runtime.liveness.waits`), not through
 collectives: a waiting rank is bounded only by its own ``timeout`` (rank 0 may tokenize for
 hours), learns within a fraction of a second that a rank it waits for raised
 (:class:`~axolotl_dist.errors.RankFailedError` naming it), notices within seconds that it died,
@@ -23,14 +23,15 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
 
 
 from . import env as _env
-from ._runtime import filesystem as _filesystem, guards as _guards, trace as _trace
-from ._runtime.args import check_world_size
-from ._runtime.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
-from ._runtime.callsite import call_site, short_path
-from ._runtime.calls import checked, first_rank_block
-from ._runtime.groups import NOT_ASKED, group_of
-from ._runtime.state import STATE as _STATE
-from ._runtime.threads import enter_block, leave_block
+from ._runtime.protocols import shared_fs as _filesystem, guards as _guards
+from ._runtime.base import recorder as _trace
+from ._runtime.base.args import check_world_size
+from ._runtime.protocols.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
+from ._runtime.base.callsite import call_site, short_path
+from ._runtime.protocols.helpers import checked, first_rank_block
+from ._runtime.base.groups import NOT_ASKED, group_of
+from ._runtime.base.state import STATE as _STATE
+from ._runtime.protocols.threads import enter_block, leave_block
 from .debug import is_debug_enabled
 from .ranks import get_fs_local_rank, get_local_rank, get_num_nodes, get_rank, is_main_process
 

@@ -37,7 +37,7 @@ from typing import (
     overload,
 )
 
-from ._runtime import logs as _logs
+from ._runtime.base import kitlog as _logs
 from .ordering import zero_first, zero_only
 from .ranks import get_local_rank, get_local_world_size, get_rank, get_world_size, is_main_process
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import torch.distributed as dist
 
-from ._runtime import backends as _backends
+from ._runtime.base import backends as _backends
 from . import env as _env
 from .errors import DistributedEnvError
 

@@ -9,8 +9,8 @@ instead of hanging.
 
 Each helper is two functions: the public one, whose body is the single-process behaviour (no
 process group), and the body on a group (``_on_group``), which the wrapper
-(:func:`axolotl_dist._runtime.calls.checked`) calls with the group it resolved. The engine is
-:mod:`axolotl_dist._runtime.exchange`.
+(:func:`axolotl_dist._runtime.protocols.helpers.checked`) calls with the group it resolved. The engine is
+:mod:`axolotl_dist._runtime.protocols.exchange`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar, Union
 
 import torch
 
-from ._runtime.args import (as_reduce_op, check_src, check_world_size, not_callable,
-                            reduce_name)
-from ._runtime.calls import checked, tensor_signature
-from ._runtime.exchange import all_gather_values, broadcast_value, encode
-from ._runtime.groups import Group
+from ._runtime.base.args import as_reduce_op, check_src, check_world_size, not_callable, reduce_name
+from ._runtime.protocols.helpers import checked, tensor_signature
+from ._runtime.protocols.exchange import all_gather_values, broadcast_value, encode
+from ._runtime.base.groups import Group
 from .collectives import all_reduce
 
 if TYPE_CHECKING:  # pragma: no cover

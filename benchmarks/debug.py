@@ -121,9 +121,10 @@ def _trace_cost_ns(number: int = 20_000, rounds: int = 25) -> Dict[str, float]:
     import timeit
 
     import axolotl_dist as ad
-    from axolotl_dist._runtime import trace  # the span the wrapper records, timed alone
-    from axolotl_dist._runtime.callsite import call_site
-    from axolotl_dist._runtime.state import STATE  # the benchmark toggles the recorder
+    # the span the wrapper records, timed alone
+    from axolotl_dist._runtime.base import recorder as trace
+    from axolotl_dist._runtime.base.callsite import call_site
+    from axolotl_dist._runtime.base.state import STATE  # the benchmark toggles the recorder
 
     def nothing() -> None:
         return None

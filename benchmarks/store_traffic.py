@@ -454,7 +454,8 @@ if mode == "kit":
 
 look_as = int(os.environ.get("STORE_TRAFFIC_LOOK_AS") or 0)
 if mode == "kit" and look_as:  # --look-as: wait as a rank of a world of look_as ranks would
-    from axolotl_dist._runtime import constants, watch
+    from axolotl_dist._runtime.base import constants
+    from axolotl_dist._runtime.liveness import judge as watch
     watch.look_interval = lambda _world: constants.look_interval(look_as)
 
 sync("init")
@@ -1002,7 +1003,7 @@ PROJECTED = [
 def _look(world: int) -> float:
     """The kit's look interval in a world of ``world`` ranks (this checkout's)."""
     sys.path.insert(0, REPO_ROOT)
-    from axolotl_dist._runtime.constants import look_interval
+    from axolotl_dist._runtime.base.constants import look_interval
     return look_interval(world)
 
 

@@ -175,11 +175,44 @@ def test_the_top_level_holds_only_public_modules():
     assert packages == ["_runtime"]
 
 
-def test_the_runtime_docstring_maps_every_module():
-    doc = ast.get_docstring(ast.parse((ROOT / PACKAGE / "_runtime" / "__init__.py").read_text()))
-    names = sorted(p.stem for p in (ROOT / PACKAGE / "_runtime").glob("*.py") if p.stem != "__init__")
-    unmapped = [n for n in names if f":mod:`.{n}`" not in (doc or "")]
-    assert len(names) > 15 and unmapped == []
+#: The runtime's rooms, lowest first: a room imports itself and the rooms before it only.
+ROOMS = ("base", "store", "liveness", "protocols", "lifecycle")
+
+
+def _room(module: str) -> str:
+    return module[len(RUNTIME) + 1:].split(".")[0]
+
+
+def test_the_runtime_is_a_few_rooms_that_import_one_way():
+    top = ROOT / PACKAGE / "_runtime"
+    files = sorted(p.name for p in top.iterdir() if p.name != "__pycache__")
+    assert len([f for f in files if f.endswith(".py")]) <= 8, files
+    assert sorted(p.name for p in top.iterdir() if p.is_dir() and p.name != "__pycache__") \
+        == sorted(ROOMS)
+    graph, _ = _scan()
+    wrong = sorted(f"{m} imports {t}" for m, targets in graph.items()
+                   if _runtime(m) and m != RUNTIME for t in targets
+                   if _runtime(t) and t != RUNTIME
+                   and ROOMS.index(_room(t)) > ROOMS.index(_room(m)))
+    assert wrong == []
+
+
+def test_each_room_docstring_maps_its_modules():
+    for room in ROOMS:
+        folder = ROOT / PACKAGE / "_runtime" / room
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        unmapped = [p.stem for p in folder.glob("*.py")
+                    if p.stem != "__init__" and f":mod:`.{p.stem}`" not in doc]
+        assert unmapped == [], (room, unmapped)
+
+
+def test_no_two_modules_share_a_name():
+    # a reader finds a module by its name: no _runtime/x.py beside launch/_x.py
+    stems: Dict[str, List[str]] = {}
+    for path in (ROOT / PACKAGE).rglob("*.py"):
+        if path.stem not in ("__init__", "__main__"):
+            stems.setdefault(path.stem.lstrip("_"), []).append(str(path.relative_to(ROOT)))
+    assert {s: p for s, p in stems.items() if len(p) > 1} == {}
 
 
 def test_no_module_is_longer_than_the_limit():
@@ -191,17 +224,19 @@ def test_no_module_is_longer_than_the_limit():
 def test_the_scan_sees_what_it_should():
     # guard against a scanner that finds nothing: these edges exist by design
     graph, _ = _scan()
-    assert f"{RUNTIME}.blocks" in graph[f"{PACKAGE}.ordering"]
-    assert f"{RUNTIME}.wait" in graph[f"{RUNTIME}.blocks"]
-    assert f"{PACKAGE}.errors" in graph[f"{RUNTIME}.peers"]
-    assert {f"{RUNTIME}.store", f"{RUNTIME}.peers"} <= graph[f"{RUNTIME}.watch"]
+    assert f"{RUNTIME}.protocols.blocks" in graph[f"{PACKAGE}.ordering"]
+    assert f"{RUNTIME}.liveness.waits" in graph[f"{RUNTIME}.protocols.blocks"]
+    assert f"{PACKAGE}.errors" in graph[f"{RUNTIME}.liveness.peers"]
+    assert {f"{RUNTIME}.store.access", f"{RUNTIME}.liveness.peers"} \
+        <= graph[f"{RUNTIME}.liveness.judge"]
     assert len(graph) > 40
 
 
 def test_the_signalling_floors_depend_one_way():
-    # store <- peers <- watch <- wait: no floor imports one above it
+    # store access <- peers <- judge <- heartbeat, judge <- waits: no floor imports one above
     graph, _ = _scan()
-    floors = [f"{RUNTIME}.{n}" for n in ("store", "peers", "watch", "wait")]
+    floors = [f"{RUNTIME}.{n}" for n in ("store.access", "liveness.peers", "liveness.judge",
+                                         "liveness.heartbeat", "liveness.waits")]
     for i, floor in enumerate(floors):
         assert not graph[floor] & set(floors[i + 1:]), (floor, graph[floor])
 
@@ -342,7 +377,7 @@ def test_constructing_a_public_exception_changes_no_state():
 
 
 def test_one_function_resolves_a_group():
-    # group=... becomes the kit's Group in _runtime/groups.py alone (group_of): nothing else
+    # group=... becomes the kit's Group in _runtime/base/groups.py alone (group_of): nothing else
     # builds one, looks one up, or reads torch's default group itself
     patterns = {"builds a Group": r"\bGroup\(", "looks up STATE.groups": r"STATE\.groups(\[|\.get\()",
                 "reads torch's default group":
@@ -350,7 +385,7 @@ def test_one_function_resolves_a_group():
                 "an old resolver": r"\b(state_of|group_cache|require_group|resolve)\("}
     found = []
     for module, path in MODULES.items():
-        if module == f"{RUNTIME}.groups":
+        if module == f"{RUNTIME}.base.groups":
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             for what, pattern in patterns.items():

@@ -36,15 +36,15 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
-from .._runtime import logs as _logs, trace as _trace
-from .._runtime.callsite import call_site
-from .._runtime.calls import checked
-from .._runtime.groups import Group, group_of
-from .._runtime.records import await_readers, publish_error, read_error
-from .._runtime.state import STATE as _STATE
-from .._runtime.store import group_store
-from .._runtime.deadlock import Point
-from .._runtime.wait import poll_until
+from .._runtime.base import kitlog as _logs, recorder as _trace
+from .._runtime.base.callsite import call_site
+from .._runtime.protocols.helpers import checked
+from .._runtime.base.groups import Group, group_of
+from .._runtime.liveness.failures import await_readers, publish_error, read_error
+from .._runtime.base.state import STATE as _STATE
+from .._runtime.store.access import group_store
+from .._runtime.liveness.deadlock import Point
+from .._runtime.liveness.waits import poll_until
 from ..env import env_shared_filesystem
 from ..errors import DistributedConfigError, DistributedEnvError, RankFailedError
 from ..ranks import get_global_rank, get_node_rank, get_rank, get_world_size

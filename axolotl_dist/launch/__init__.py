@@ -48,17 +48,17 @@ import time
 import uuid
 from typing import List, Optional, Sequence, Tuple
 
-from .._runtime import envvars as _envvars, procs as _procs
-from .._runtime.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
-                                  LOG_DIR_ENV_VAR, TRACE_ENV_VAR)
+from .._runtime.base import envvars as _envvars, procs as _procs
+from .._runtime.base.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
+                                       LOG_DIR_ENV_VAR, TRACE_ENV_VAR)
 from ._report import (GUARDS_DIR, PROG, exit_code_of, first_failure, read_ends,
                       report_failures, traceback_of)
 from ._output import Output, log_name
 from ._watch import Watcher
 from ._where import LOOPBACK as _LOOPBACK, plain as _plain, where_main
 from .. import tracing as _tracing
-from .._runtime.pickling import by_name as _by_name
-from .._runtime.procs import LAUNCHER_PID_ENV_VAR
+from .._runtime.base.pickling import by_name as _by_name
+from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
 
 __all__ = ["main"]
 

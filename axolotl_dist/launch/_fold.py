@@ -28,7 +28,7 @@ import re
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from .._runtime.deadlock import ranks_text
+from .._runtime.base.text import ranks_text
 
 __all__ = ["WINDOW", "BLOCK_QUIET", "Folder", "label"]
 

@@ -26,8 +26,8 @@ import time
 import uuid
 from typing import Dict, List, Optional, Tuple
 
-from .._runtime.constants import LAUNCHER_FOLDS_ENV_VAR
-from .._runtime.procs import flush_standard_streams
+from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR
+from .._runtime.base.procs import flush_standard_streams
 from ._fold import Folder
 
 __all__ = ["Output", "connect", "log_name"]

@@ -28,10 +28,10 @@ import time
 from types import TracebackType
 from typing import List, Optional
 
-from .._runtime import procs
-from .._runtime.envvars import TORCHRUN_NODE_ALIASES
-from .._runtime.procs import LAUNCHER_PID_ENV_VAR
-from .._runtime.tracebacks import format_exception, install, safe_str
+from .._runtime.base import procs
+from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
+from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
+from .._runtime.base.tracebacks import format_exception, install, safe_str
 from ._output import connect as _connect_output
 from ._report import GUARDS_DIR
 
@@ -40,7 +40,7 @@ __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUA
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
 #: Where each rank records how and when its script ended (set by the launcher).
-from .._runtime.constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
+from .._runtime.base.constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
 _PR_SET_PDEATHSIG = 1
 #: ``[device, inode]`` of the launcher's output socket once stderr goes there (:mod:`._output`).
 _TO_LAUNCHER: Optional[List[int]] = None

@@ -29,9 +29,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .._runtime import procs, runs, where
-from .._runtime.constants import WAIT_LOG_INTERVAL_ENV_VAR
-from .._runtime.envvars import kit_seconds
+from .._runtime.base import procs
+from .._runtime.liveness import runs, whereabouts as where
+from .._runtime.base.constants import WAIT_LOG_INTERVAL_ENV_VAR
+from .._runtime.base.envvars import kit_seconds
 from ._report import GUARDS_DIR, read_ends
 
 __all__ = ["Watcher", "STOP_SIGNALS"]

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from .._runtime import runs, where as where_report
+from .._runtime.liveness import runs, whereabouts as where_report
 from ._report import PROG
 
 __all__ = ["where_main", "plain", "LOOPBACK"]

@@ -19,9 +19,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .._runtime import backends as _backends
-from .._runtime.groups import group_of
-from .._runtime.calls import checked
+from .._runtime.base import backends as _backends
+from .._runtime.base.groups import group_of
+from .._runtime.protocols.helpers import checked
 from ..errors import DistributedConfigError, DistributedEnvError, MeshUsageError
 from ..ranks import get_backend, is_initialized
 from .config import (
@@ -60,7 +60,7 @@ _EP_DIMS = (MeshDimName.ep_replicate, MeshDimName.ep_shard)
 
 def get_world_mesh() -> Optional[DeviceMesh]:
     """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed:
-    it lives in the default group's state, see :mod:`axolotl_dist._runtime.groups`)."""
+    it lives in the default group's state, see :mod:`axolotl_dist._runtime.base.groups`)."""
     g = group_of(None, "get_world_mesh", create=False)
     return None if g is None else g.world_mesh
 
@@ -84,7 +84,7 @@ def default_device_type(backend: Optional[str] = None) -> str:
     ``gloo``, ``mpi`` and ``fake`` give ``"cpu"``; ``nccl`` gives ``"cuda"``; a per-device
     backend such as ``"cuda:nccl,cpu:gloo"`` gives its accelerator when this machine has it,
     else ``"cpu"``: the same answer as every other part of the kit
-    (:mod:`axolotl_dist._runtime.backends`).
+    (:mod:`axolotl_dist._runtime.base.backends`).
     """
     return _backends.device_type(backend or get_backend() or "gloo")
 

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 import torch.distributed as dist
 
-from .._runtime import backends as _backends
-from .._runtime.calls import checked
-from .._runtime.exchange import all_gather_into
-from .._runtime.groups import group_of
+from .._runtime.base import backends as _backends
+from .._runtime.protocols.helpers import checked
+from .._runtime.protocols.exchange import all_gather_into
+from .._runtime.base.groups import group_of
 from .sharding_spec import ShardingSpec
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -41,14 +41,14 @@ from typing import Any, Sequence
 
 import torch
 
-from .._runtime import backends as _backends
-from .._runtime.pickling import by_name as _by_name
-from .._runtime.procs import loopback_interface
+from .._runtime.base import backends as _backends
+from .._runtime.base.pickling import by_name as _by_name
+from .._runtime.base.procs import loopback_interface
 from ..env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
 from ._harness import run_distributed, run_distributed_outcomes
 from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
-from ._state import (StoreCalls, count_store_calls, kill_tree, known_peers, learnt_failure,
-                    process_state, reset_process_state, store_of)
+from ._probes import (StoreCalls, count_store_calls, kill_tree, known_peers, learnt_failure,
+                     process_state, reset_process_state, store_of)
 
 __all__ = [
     "RankOutcome",

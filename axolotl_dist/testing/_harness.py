@@ -12,8 +12,8 @@ from datetime import timedelta
 from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from .._runtime.procs import kill_tree, signal_tree
-from .._runtime.tracebacks import safe_str
+from .._runtime.base.procs import kill_tree, signal_tree
+from .._runtime.base.tracebacks import safe_str
 from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
 from ._rank import child_main
 

@@ -11,10 +11,10 @@ import traceback
 from datetime import timedelta
 from typing import Any, Mapping, Optional
 
-from .._runtime.procs import loopback_interface
-from .._runtime.tracebacks import safe_str
+from .._runtime.base.procs import loopback_interface
+from .._runtime.base.tracebacks import safe_str
 from ..env import LAUNCHER_ENV_VARS
-from ._state import reset_process_state
+from ._probes import reset_process_state
 
 __all__ = ["rank_env", "wait_for_siblings", "host_store", "child_main"]
 
@@ -123,7 +123,7 @@ def child_main(rank, world_size, port, fn, args, kwargs, env, init, backend, pg_
         conn.close()
     finally:
         try:  # what the kit does at a script's exit (an uncaught exception, or a normal end)
-            from .._runtime.teardown import teardown
+            from .._runtime.lifecycle.teardown import teardown
 
             teardown(failure)
         except Exception:  # noqa: BLE001

@@ -17,11 +17,11 @@ import functools
 import os
 from typing import Any, Callable, Optional, TypeVar
 
-from .._runtime import envvars as _envvars, trace as _trace
+from .._runtime.base import envvars as _envvars, recorder as _trace
 from . import _merge
-from .._runtime.callsite import call_site
-from .._runtime.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
-from .._runtime.state import STATE as _STATE
+from .._runtime.base.callsite import call_site
+from .._runtime.base.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
+from .._runtime.base.state import STATE as _STATE
 
 __all__ = ["trace_span", "is_tracing", "merge_trace", "TRACE_ENV_VAR", "Merged"]
 

@@ -26,7 +26,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .._runtime.trace import FILE_PREFIX
+from .._runtime.base.recorder import FILE_PREFIX
 
 __all__ = ["RankTrace", "load", "merge", "merge_at_exit", "announce", "Merged", "MIN_WAIT_US",
            "EXIT_WAIT"]
@@ -392,7 +392,7 @@ def _ended(path: str) -> bool:
             meta = json.loads(fh.readline())
     except (OSError, ValueError):
         return False
-    from .._runtime import procs
+    from .._runtime.base import procs
 
     return meta.get("machine") == procs.MACHINE and procs.proc_state(meta["pid"]) == "gone"
 

@@ -10,14 +10,14 @@ threads abort the process). ``group=None`` means the default group, everywhere. 
   collectives use (:mod:`.backends`) and whether that is the CPU (gloo: sliced waits);
 * ``seq``: per-kind call counters (``zero_first`` blocks, debug checks, traced calls...),
   and ``calls``, the kit's collectives on the group, which line up across ranks as long as
-  every rank calls the same helpers in the same order (:mod:`.deadlock` compares them);
+  every rank calls the same helpers in the same order (:mod:`..liveness.deadlock` compares them);
 * the value helpers' preallocated buffers and the group's own collectives (the header
   exchange: docs/design.md, "Value encoding");
 * ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
   ``world_mesh`` (default group); ``cleanup_store``, ``blocks_done`` (background deletion of
   finished blocks' keys); ``sleep_store`` (the idle connection a long wait sleeps on:
-  :mod:`.bells`); ``abandoned`` (a collective left pending: kept at exit);
-  ``open_blocks`` (thread id -> its innermost open block: :mod:`.threads`).
+  :mod:`..store.sleep`); ``abandoned`` (a collective left pending: kept at exit);
+  ``open_blocks`` (thread id -> its innermost open block: :mod:`..protocols.threads`).
 
 :func:`group_of` is the one function that turns a ``group=`` argument into a :class:`Group`;
 its fast path (the default group, used last) is an identity test and two env reads.
@@ -34,9 +34,9 @@ import torch.distributed as dist
 
 from . import backends
 from .state import STATE
-from .. import env as _env
-from ..errors import DistributedEnvError, RankFailedError
-from ..ranks import get_rank, get_world_size
+from ... import env as _env
+from ...errors import DistributedEnvError, RankFailedError
+from ...ranks import get_rank, get_world_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -48,7 +48,7 @@ __all__ = ["world", "Group", "NOT_ASKED", "group_of", "default_pg", "on_first_us
 world: Any = dist.distributed_c10d._world if dist.is_available() else None
 #: Slots of a value header (docs/design.md, "Value encoding").
 HEADER_LEN = 4
-#: Up to this many ranks, the CPU header exchange is an all-to-all (:mod:`.exchange`).
+#: Up to this many ranks, the CPU header exchange is an all-to-all (:mod:`..protocols.exchange`).
 A2A_MAX_RANKS = 8
 _I64 = torch.int64
 _RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
@@ -60,7 +60,7 @@ _FIRST_USE: List[Callable[[], None]] = []
 
 def on_first_use(hook: Callable[[], None]) -> None:
     """Run ``hook`` whenever :func:`group_of` builds a :class:`Group` (the first use of a
-    process group; ``init_distributed`` runs it too). :mod:`.teardown` registers the kit's
+    process group; ``init_distributed`` runs it too). :mod:`..lifecycle.teardown` registers the kit's
     services (exit hook, heartbeat) here: the floors below it cannot import it."""
     if hook not in _FIRST_USE:
         _FIRST_USE.append(hook)
@@ -101,7 +101,7 @@ class Group:
         self.cpu = device.type == "cpu"
         self.env_rank, self.env_ws = _RANK_RAW(), _WS_RAW()
         self.seq: Dict[str, int] = {}
-        self.calls = 0  # the kit's collectives on this group so far (:mod:`.deadlock`)
+        self.calls = 0  # the kit's collectives on this group so far (:mod:`..liveness.deadlock`)
         self.store: Any = None
         self.debug: Any = None
         self.world_mesh: Any = None
@@ -115,7 +115,7 @@ class Group:
         self.abandoned = False
         self.open_blocks: Dict[int, Any] = {}
         self._ranks: Optional[List[int]] = None
-        # The value helpers' header exchange (:mod:`.exchange`): a scalar is a 32-byte
+        # The value helpers' header exchange (:mod:`..protocols.exchange`): a scalar is a 32-byte
         # header, so per-call Python work shows directly in their latency. On CPU the header
         # goes through preallocated buffers backed by an ``array`` (a Python store into it
         # costs nanoseconds, a fresh tensor microseconds), and through the group's own

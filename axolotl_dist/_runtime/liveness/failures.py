@@ -2,7 +2,7 @@
 collective: what a rank that fails (or ends) leaves for the others, and how the store's host
 keeps it readable for them (bounded by ``AXOLOTL_DIST_STORE_LINGER``) before its process exits.
 
-Built on the signalling floors: :mod:`.store`, :mod:`.peers` and :mod:`.watch`. The protocol
+Built on the signalling floors: :mod:`..store.access`, :mod:`.peers` and :mod:`.judge`. The protocol
 is in docs/design.md, "Failure relay".
 """
 
@@ -14,18 +14,19 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from .envvars import kit_seconds
-from .groups import Group, default_pg, learn, learnt
-from .constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_interval
-from .peers import (EXIT_LOG_KEY, WAITERS_KEY, exit_connection, peer_record, store_host_gone,
-                    store_lost_error)
-from .store import hosts_store, is_store_error, world_store
-from .state import STATE
-from .watch import Watch, exit_key, lost_error, pending_key, waiting_key
-from .procs import MACHINE
-from .where import same_machine
-from .tracebacks import format_exception, safe_str
-from ..errors import AxolotlDistError, RankFailedError
+from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_interval
+from ..base.constants import WAITERS_KEY
+from ..base.envvars import kit_seconds
+from ..base.groups import Group, default_pg, learn, learnt
+from ..base.procs import MACHINE
+from ..base.state import STATE
+from ..base.tracebacks import format_exception, safe_str
+from ..store.access import hosts_store, is_store_error, world_store
+from .heartbeat import exit_connection
+from .judge import Watch, exit_key, lost_error, pending_key, waiting_key
+from .peers import EXIT_LOG_KEY, peer_record, store_host_gone, store_lost_error
+from .whereabouts import same_machine
+from ...errors import AxolotlDistError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -142,7 +143,7 @@ def failed_exit_grace(world_size: int) -> float:
     """Seconds a rank ending on a failure gives its peers to read its exit record before its
     process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
     the other ranks as soon as this process is gone, and a peer in a kit wait looks at the
-    store every :func:`~.constants.look_interval`; the rest lets it print its error."""
+    store every :func:`~..base.constants.look_interval`; the rest lets it print its error."""
     return look_interval(world_size) + 0.25
 
 def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, bool]]:
@@ -190,7 +191,7 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     """For a rank that does not host the store, ending on a failure, before its last store call
     (:func:`mark_exited`): wait until no other rank is in a kit wait any more (each one there
     reads this rank's record within a look interval, raises naming it, and keeps its wait
-    counted until its own exit: :func:`.watch.waiting_key`) or it is gone, at most
+    counted until its own exit: :func:`.judge.waiting_key`) or it is gone, at most
     :func:`failed_exit_grace` seconds. A rank busy elsewhere is not waited for: it could not
     name this rank before a launcher stopped it anyway. ``relayed``: this rank ends on another
     rank's failure; it does not wait for a rank that has left its own exit record (that one

@@ -34,22 +34,22 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .constants import HEARTBEAT_INTERVAL, HOST
-from .store import group_store, store_host
-from .watch import Watch
-from .records import await_readers
-from .groups import Group
-from ..errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
+from ..base.constants import HEARTBEAT_INTERVAL, HOST
+from ..base.groups import Group
+from ..store.access import group_store, store_host
+from ..liveness.failures import await_readers
+from ..liveness.judge import Watch
+from ...errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
 __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "check", "first_rank_block"]
 
-#: The per-group call counter (see :mod:`axolotl_dist._runtime.groups`) debug checks are numbered by.
+#: The per-group call counter (see :mod:`axolotl_dist._runtime.base.groups`) debug checks are numbered by.
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
-from .constants import DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported for its readers
+from ..base.constants import DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported for its readers
 
 #: Added to a call's arrival counter when a rank gave up on it.
 ABORT = 1 << 40

@@ -3,8 +3,8 @@ defaults of every ``AXOLOTL_DIST_*`` variable the kit reads (their table, with h
 parsed, is :data:`.envvars.KIT_VARS`), and the store counter of long waits and published
 warnings (:data:`WAITERS_KEY`).
 
-A leaf: it imports nothing from the package, so :mod:`.store`, :mod:`.peers`, :mod:`.watch`
-and :mod:`.wait` can all read it without importing each other.
+A leaf: it imports nothing from the package, so :mod:`..store.access`, :mod:`..liveness.peers`, :mod:`..liveness.judge`
+and :mod:`..liveness.waits` can all read it without importing each other.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ HOST = socket.gethostname()
 #: A store counter (under the group's prefix). Its low 32 bits (:data:`LONG_WAITS`): how many
 #: kit waits of any rank run long now (each adds 1 while it runs; rank 0's heartbeat judges
 #: while they are above 0). The bits above: the Python warnings ranks published for rank 0 to
-#: fold, and whether rank 0 still reads them (:mod:`.warnfold`). Rank 0's heartbeat reads it
+#: fold, and whether rank 0 still reads them (:mod:`..lifecycle.warnfold`). Rank 0's heartbeat reads it
 #: every beat, so it learns of both in one call.
 WAITERS_KEY = "axd/waiters"
 LONG_WAITS = (1 << 32) - 1

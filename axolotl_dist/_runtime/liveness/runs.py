@@ -8,10 +8,10 @@ and one under the shared temporary directory is used only if it is this user's a
 link. Each file, ``<run id>.json``, holds the store's address and port, the run id, the world
 size, the pid of the process that recorded it (the ``axolotl-dist`` launcher, or under other
 launchers the rank that recorded it at init), that process's machine
-(:func:`.procs.machine_id`), the script, the launcher's name and the start time.
+(:func:`..base.procs.machine_id`), the script, the launcher's name and the start time.
 
 Who records: the ``axolotl-dist`` launcher once its first local rank told it the ranks' store
-(:func:`.where.note_address`); under other launchers, at the heartbeat's start, local rank 0,
+(:func:`.whereabouts.note_address`); under other launchers, at the heartbeat's start, local rank 0,
 or where no local rank is known, the first rank of this host to create the file. Recording
 costs no store request and never fails a run (every error is swallowed). A file whose
 recording process is gone is stale: :func:`live_runs` skips and removes it.
@@ -28,10 +28,10 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from . import procs
-from .callsite import short_path
-from .constants import RUN_DIR_ENV_VAR
-from .envvars import kit_path
+from ..base import procs
+from ..base.callsite import short_path
+from ..base.constants import RUN_DIR_ENV_VAR
+from ..base.envvars import kit_path
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe"]
 

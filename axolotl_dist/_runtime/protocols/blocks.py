@@ -26,7 +26,7 @@ the fast path, and it also reads the word back:
   rounds before it, runs ``f``, sets its bit and waits for every bit.
 
 A default block's waiter that has polled a while sleeps on the block's bell (bit 31 of word
-0: :mod:`.bells`); an ``add`` that can release it (group rank 0's done, a flag) and finds
+0: :mod:`..store.sleep`); an ``add`` that can release it (group rank 0's done, a flag) and finds
 the bit set rings it. Without sleepers, the fast path sends nothing more.
 
 Word 0 also carries two flags, counted in bits 32-46 and 47-62 (an ``add`` cannot set a bit
@@ -41,7 +41,7 @@ rank that still reads one (a first rank at the end of an enclosing block) reads 
 block as complete. So a loop of blocks keeps the store's key count flat, at no store call on
 the fast path.
 
-Pairing is checked only when a wait outlasts its first polls (:func:`~.wait.poll_until`'s
+Pairing is checked only when a wait outlasts its first polls (:func:`~..liveness.waits.poll_until`'s
 ``slow``): the rank writes ``rank|tag|desc|site`` to ``axd/<kind>/<seq>/site`` by
 ``compare_set``; if another rank's record with another tag is there, the blocks do not pair,
 and it publishes a :class:`~axolotl_dist.errors.CollectiveMismatchError` naming both sites and
@@ -56,17 +56,18 @@ import pickle
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
-from . import bells, guards, trace
-from .callsite import CallSite
-from .deadlock import Point
-from . import cleanup
-from .groups import Group
-from .peers import store_errors, store_lost_error
-from .records import await_readers, failure_report, publish_error, read_error
-from .state import STATE
-from .store import group_store, is_store_error
-from .wait import poll_until
-from ..errors import CollectiveMismatchError
+from ..base import recorder as trace
+from ..base.callsite import CallSite
+from ..base.groups import Group
+from ..base.state import STATE
+from ..store import sleep as bells, sweep as cleanup
+from ..store.access import group_store, is_store_error
+from ..liveness.deadlock import Point
+from ..liveness.failures import await_readers, failure_report, publish_error, read_error
+from ..liveness.peers import store_errors, store_lost_error
+from ..liveness.waits import poll_until
+from . import guards
+from ...errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store

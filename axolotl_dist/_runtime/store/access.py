@@ -1,8 +1,8 @@
 """Store access: which c10d store, who hosts it, what a lost store looks like, and a worker
 thread for store calls that must not block the caller.
 
-The first floor of the signalling stack (store <- :mod:`.peers` <- :mod:`.watch` <-
-:mod:`.wait`): it knows nothing about peers. The store's host is torch's choice, not ours
+The first floor of the signalling stack (store <- :mod:`..liveness.peers` <- :mod:`..liveness.judge` <-
+:mod:`..liveness.waits`): it knows nothing about peers. The store's host is torch's choice, not ours
 (docs/design.md, decision 11): torchrun's agent, a test parent, or rank 0's own process.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch.distributed as dist
 
-from .constants import AGENT_STORE_ENV_VAR
+from ..base.constants import AGENT_STORE_ENV_VAR
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store

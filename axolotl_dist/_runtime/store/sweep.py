@@ -10,8 +10,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from .groups import Group
-from .state import STATE
+from ..base.groups import Group
+from ..base.state import STATE
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store

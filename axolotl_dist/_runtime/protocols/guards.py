@@ -13,7 +13,7 @@ block (or its process) on an error, so the ranks waiting for it are told too.
 code is named by the pairing check.
 
 Shared first runs (several first ranks, explicit ``is_main``) are recorded for
-:mod:`.where` only: the first ranks may well join each other's collectives.
+:mod:`..liveness.whereabouts` only: the first ranks may well join each other's collectives.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-from .groups import Group, group_of
-from .state import STATE
-from ..errors import CollectiveMismatchError
+from ..base.groups import Group, group_of
+from ..base.state import STATE
+from ...errors import CollectiveMismatchError
 
 __all__ = ["Guard", "enter", "leave", "check"]
 
@@ -32,7 +32,7 @@ class Guard:
     """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block, number
     ``seq`` on its group),
     ``"shared_first_run"`` (recorded only) or ``"zero_only"``; ``describe()`` says where.
-    ``group`` is the block's :class:`~.groups.Group`, or the ``group=`` argument of
+    ``group`` is the block's :class:`~..base.groups.Group`, or the ``group=`` argument of
     ``zero_only`` (which never communicates, so never resolves it itself)."""
 
     __slots__ = ("kind", "group", "describe", "seq")
@@ -43,7 +43,7 @@ class Guard:
 
 def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> Guard:
     """This thread enters a scope (see the module docstring); :func:`leave` it after.
-    ``seq``: a first-run block's number on its group (what :mod:`.deadlock` compares)."""
+    ``seq``: a first-run block's number on its group (what :mod:`..liveness.deadlock` compares)."""
     guard = Guard(kind, group, describe, seq)
     STATE.guards.setdefault(threading.get_ident(), []).append(guard)
     if kind != "shared_first_run":

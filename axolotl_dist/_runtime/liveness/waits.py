@@ -1,8 +1,8 @@
-"""Every kit wait, one watching wait (the top floor of the signalling stack: on :mod:`.watch`).
+"""Every kit wait, one watching wait (the top floor of the signalling stack: on :mod:`.judge`).
 
-A kit wait is a :class:`Waiting`: registered for :mod:`.where` (what, since when, for whom),
-counted on this rank's waiting key once it runs long (:func:`.watch.waiting_key`: a failing
-peer's exit grace reads it), judging the awaited ranks (:class:`~.watch.Watch`: exit records,
+A kit wait is a :class:`Waiting`: registered for :mod:`.whereabouts` (what, since when, for whom),
+counted on this rank's waiting key once it runs long (:func:`.judge.waiting_key`: a failing
+peer's exit grace reads it), judging the awaited ranks (:class:`~.judge.Watch`: exit records,
 pids, heartbeats) every ``LIVENESS_INTERVAL``, and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
 seconds (default 30), then at doubling intervals, logging whom it waits for (the first time,
 where they are). What it waits on comes in two kinds:
@@ -12,12 +12,12 @@ where they are). What it waits on comes in two kinds:
   then from the store worker with a backoff to at most 0.25 s, so a store that stops answering
   (its host is stopped) does not stop the wait's clock (docs/design.md, decision 13); an
   optional ``timeout``.
-* :func:`collective`: a collective's work past its first slice (:func:`.exchange.run` waits
+* :func:`collective`: a collective's work past its first slice (:func:`..protocols.exchange.run` waits
   the first), in blocking slices of :data:`SLICE` seconds, each returning the moment the
   collective completes; between them Python handles signals (Ctrl-C acts within a slice). A
   peer found gone first gets a grace for the collective to complete (it may have left after
   its part). A wait that ends on an exception with its collective still pending marks the
-  group (:func:`left`), which the exit keeps (:func:`.teardown.keep_abandoned`).
+  group (:func:`left`), which the exit keeps (:func:`..lifecycle.teardown.keep_abandoned`).
 
 :class:`noted` logs the same way around a call that blocks in C++ (a rendezvous).
 """
@@ -30,21 +30,24 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import procs, where
-from .bells import Bell
-from .callsite import call_site
+from ..base import procs
+from ..base.callsite import call_site
+from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
+from ..base.constants import WAITERS_KEY
+from ..base.envvars import kit_seconds
+from ..base.groups import Group
+from ..base.kitlog import kit as log
+from ..base.state import STATE
+from ..store.access import (Job, StoreHostGoneError, bounded, is_store_error, store_address,
+                            store_host, submit, world_store)
+from ..store.sleep import Bell
+from . import whereabouts as where
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial, wait_key
-from .constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
-from .envvars import kit_seconds
-from .groups import Group
-from .logs import kit as log
-from .peers import WAITERS_KEY, host_leaving, peer_record, store_host_gone, store_lost_error
-from .state import STATE
-from .records import await_readers
-from .store import (Job, StoreHostGoneError, bounded, is_store_error, store_address, store_host,
-                    submit, world_store)
-from .watch import Lost, Watch, lost_error, pending_key, waiting_key
-from ..errors import CollectiveMismatchError, DistributedEnvError, RankFailedError, RankTimeoutError
+from .failures import await_readers
+from .judge import Lost, Watch, lost_error, pending_key, waiting_key
+from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
+from ...errors import (CollectiveMismatchError, DistributedEnvError, RankFailedError,
+                       RankTimeoutError)
 
 __all__ = ["Waiting", "poll_until", "collective", "where_they_are", "noted", "left",
            "timed_out", "SLICE", "LOST_GRACE"]
@@ -80,7 +83,7 @@ class _Interval:
 
 
 def where_they_are(ranks: Sequence[int]) -> str:
-    """Where ``ranks`` are, one line per place (:mod:`.where`); asked through the store."""
+    """Where ``ranks`` are, one line per place (:mod:`.whereabouts`); asked through the store."""
     run = STATE.run
     if run is None or not ranks:
         return ""
@@ -92,7 +95,7 @@ def where_they_are(ranks: Sequence[int]) -> str:
 
 class Waiting:
     """One kit wait on this thread (see the module docstring): ``ranks`` is the list of global
-    ranks it waits for (kept up to date by the wait, read by :mod:`.where`); ``says`` is how
+    ranks it waits for (kept up to date by the wait, read by :mod:`.whereabouts`); ``says`` is how
     its warning reads after "rank R has waited N s ", with ``{what}`` and ``{ranks}``;
     ``point``: where it is in terms every rank counts alike (None: a wait :mod:`.deadlock`
     does not judge); ``shown``: how a deadlock's report names it (default ``what``)."""
@@ -129,7 +132,7 @@ class Waiting:
                 self.watcher.raw.set(wait_key(run, self.me), self.published)
 
     def lost(self, now: float) -> List[Lost]:
-        """The awaited ranks that are gone (see :meth:`.watch.Watch.find_lost`)."""
+        """The awaited ranks that are gone (see :meth:`.judge.Watch.find_lost`)."""
         return self.watcher.find_lost(self.ranks, now, self.what)
 
     def stuck(self) -> Optional[CollectiveMismatchError]:
@@ -181,7 +184,7 @@ class Waiting:
     def end(self, normal: bool, unmark: Callable[[Callable[[], Any]], Any]) -> None:
         """The wait is over; ``normal``: it ended without an exception, so its count on the
         waiting key is taken back (by ``unmark(call)``: at once, or on the store worker). An
-        exception keeps the count until the process exits (see :func:`.watch.waiting_key`).
+        exception keeps the count until the process exits (see :func:`.judge.waiting_key`).
         Either way its description goes (only if still this wait's: compare-and-set), on an
         exception within a second at most (the store may be going)."""
         STATE.waits.pop(self.thread, None)
@@ -226,7 +229,7 @@ def poll_until(
     :param slow: called once, on the store worker, when the wait outlasts its first inline
         polls (a check too costly for the fast path, e.g. that blocks pair); it may raise.
     :param sleep: called on the store worker after ``slow``, until it returns a bell: a
-        :class:`~.bells.Bell` asleep until ``ready()`` may have become true (then the wait
+        :class:`~..store.sleep.Bell` asleep until ``ready()`` may have become true (then the wait
         stops polling: it only looks at the watched ranks), or None (not now: polls go on).
     :param point: where the wait is, for the deadlock judge (:mod:`.deadlock`).
     """
@@ -443,7 +446,7 @@ def _completes(work: Any, grace: float) -> bool:
 
 def left(work: Any, g: Group, exc: BaseException) -> None:
     """A collective's wait ends on ``exc`` (Ctrl-C, a signal handler's ``SystemExit``, a lost
-    peer) with the collective maybe still pending: see :func:`.teardown.keep_abandoned`. An
+    peer) with the collective maybe still pending: see :func:`..lifecycle.teardown.keep_abandoned`. An
     exception raised while a slice's timeout was being handled does not show that timeout as
     its context."""
     try:

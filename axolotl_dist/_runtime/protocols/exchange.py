@@ -29,10 +29,10 @@ through the backend's all-gather. Not point-to-point ``send``/``recv``: a gloo r
 wait times out closes every connection of the group ("Application timeout caused pair
 closure"), so the kit's sliced, interruptible wait would kill the group whenever a rank
 arrives more than a slice late; a collective's timed-out wait leaves it running. The buffers
-and the group's own collectives live on the :class:`~.groups.Group`.
+and the group's own collectives live on the :class:`~..base.groups.Group`.
 
 **Running a collective** (:func:`run`): issue it, wait for it (on CPU a first blocking slice,
-then the watching wait of :mod:`.wait`), and turn a failure caused by a lost peer into a
+then the watching wait of :mod:`..liveness.waits`), and turn a failure caused by a lost peer into a
 :class:`~axolotl_dist.errors.RankFailedError` naming that peer: the one place of the kit where
 that translation happens.
 """
@@ -49,15 +49,16 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 import torch.distributed as dist
 
-from . import backends, trace, wait
+from ..base import backends, recorder as trace
+from ..base.callsite import call_site
+from ..base.groups import HEADER_LEN, Group
+from ..base.groups import learn
+from ..base.state import STATE
+from ..base.tracebacks import safe_str
+from ..liveness import waits as wait
+from ..liveness.failures import diagnose_lost_peer, failure_report
 from .blocks import confirm_all
-from .callsite import call_site
-from .groups import HEADER_LEN, Group
-from .groups import learn
-from .records import diagnose_lost_peer, failure_report
-from .state import STATE
-from .tracebacks import safe_str
-from ..errors import CollectiveMismatchError, RankFailedError
+from ...errors import CollectiveMismatchError, RankFailedError
 
 __all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "scalar_header",
            "decode_scalar", "tensor_bytes", "resolved", "helper_code", "describe_code", "run",
@@ -294,7 +295,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     wait for it.
 
     On CPU the wait is a first blocking slice, then, if the collective is not done, the
-    watching wait of :mod:`.wait` (interruptible, naming lost peers, saying where the others
+    watching wait of :mod:`..liveness.waits` (interruptible, naming lost peers, saying where the others
     are); before the slice the ``zero_first`` blocks left unconfirmed are confirmed, so the
     store read overlaps the collective. A failure caused by a lost peer raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it (``what``: the helper)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional
 
-from ..errors import DistributedEnvError
+from ...errors import DistributedEnvError
 
 __all__ = [
     "SLURM_BASE_PORT",

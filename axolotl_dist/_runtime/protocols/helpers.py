@@ -9,13 +9,13 @@ Before a helper's body runs, the wrapper (cheap unless something is on):
 * records the call in flight on this thread and raises
   :class:`~axolotl_dist.errors.ThreadConflictError` when another thread is in a helper on the
   same group (:mod:`.threads`);
-* while tracing, records the call as a span (:mod:`.trace`);
+* while tracing, records the call as a span (:mod:`..base.recorder`);
 * in debug mode, checks through the store that every rank is in the same helper with
-  compatible arguments (:mod:`.debug_check`).
+  compatible arguments (:mod:`.crosscheck`).
 
 The fast path (debug and tracing off, one thread) is a ``get_ident()``, a dict read, a tuple
 and a dict write and delete (``benchmarks/debug.py`` measures it). Debug mode's switches live
-on :data:`.state.STATE`; :mod:`axolotl_dist.debug` is their public face.
+on :data:`..base.state.STATE`; :mod:`axolotl_dist.debug` is their public face.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
-from . import debug_check, envvars, guards, threads, trace
+from ..base import envvars, recorder as trace
+from ..base.callsite import call_site
+from ..base.constants import DEBUG_TIMEOUT_ENV_VAR
+from ..base.groups import Group, group_of
+from ..base.state import STATE
+from . import crosscheck as debug_check, guards, threads
 from .blocks import confirm_all
-from .callsite import call_site
-from .constants import DEBUG_TIMEOUT_ENV_VAR
-from .groups import Group, group_of
-from .state import STATE
-from ..errors import CollectiveMismatchError, DistributedEnvError
+from ...errors import CollectiveMismatchError, DistributedEnvError
 
 __all__ = ["checked", "debug_timeout", "first_rank_block", "tensor_signature"]
 
@@ -60,8 +61,8 @@ def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, A
     :param describe: maps the bound arguments (defaults applied) to the values that must agree
         across ranks, e.g. ``{"src": 0, "tensor": "float32[4, 2]"}``; it must not raise.
     :param on_group: the helper's body on a process group: given, the wrapper resolves the
-        call's group once (:func:`.groups.group_of`) and calls ``on_group(g, *args,
-        **kwargs)`` with its :class:`~.groups.Group`, or, when there is none (one process
+        call's group once (:func:`..base.groups.group_of`) and calls ``on_group(g, *args,
+        **kwargs)`` with its :class:`~..base.groups.Group`, or, when there is none (one process
         without a process group), ``fn`` itself, which is then the helper's single-process
         behaviour: the one place where the kit takes that shortcut. Without it ``fn``
         resolves its own group.

@@ -7,7 +7,7 @@ the block's bell key: a daemon thread blocked in ``store.wait`` on its
 own connection (a ``clone`` of the group's store, reused by the group's next sleep), so the
 waiting rank sends no request until the rank it waits for rings (``set`` of the bell key,
 made only by an ``add`` that finds the bell bit set). The wait itself keeps its liveness looks
-(:mod:`.wait`).
+(:mod:`..liveness.waits`).
 
 A ``store.wait`` cannot be interrupted, and one that times out makes torch print two C++
 warnings, so a bell's wait has no timeout of its own: a wait that ends before the bell rang
@@ -22,8 +22,8 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from .groups import Group
-from .store import bounded
+from ..base.groups import Group
+from .access import bounded
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store

@@ -25,18 +25,19 @@ import sysconfig
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import procs, runs
-from .callsite import short_path
-from .constants import HEARTBEAT_INTERVAL, HOST
-from .state import STATE
+from ..base import procs
+from ..base.callsite import short_path
+from ..base.constants import HEARTBEAT_INTERVAL, HOST
+from ..base.state import STATE
+from . import runs
+from .peers import Peer, decode_peer, same_machine, who_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "Peer", "encode_peer",
-           "decode_peer", "who_key", "same_machine", "raw_store", "hb_key",
+__all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "raw_store", "hb_key",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "note_address", "where_command", "Refused", "connect", "rendezvous_target",
            "where"]
@@ -60,42 +61,6 @@ _TORCH_MARK = os.sep + "torch" + os.sep
 _LIBRARIES = tuple(sorted({os.path.join(p, "") for p in (
     sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib"))
     if p}, key=len, reverse=True))
-
-
-class Peer(NamedTuple):
-    """What a rank recorded about itself at init (``axolotl_dist/<run>/who/<rank>``)."""
-
-    host: str
-    pid: int
-    machine: str  # procs.machine_id(): whether this process can judge ``pid``
-    launcher: str
-    by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
-
-    def describe(self) -> str:
-        return f"process {self.pid} on {self.host}, started by {self.launcher}"
-
-
-def encode_peer(record: Peer) -> str:
-    return (f"{record.host}|{record.pid}|{record.machine}|{int(record.by_store)}|"
-            f"{record.launcher}")
-
-
-def decode_peer(raw: bytes) -> Optional[Peer]:
-    parts = raw.decode(errors="replace").split("|", 4)
-    if len(parts) != 5 or not parts[1].isdigit():
-        return None
-    return Peer(parts[0], int(parts[1]), parts[2], parts[4], parts[3] == "1")
-
-
-def who_key(run: str, rank: int) -> str:
-    """The root-store key of global ``rank``'s record in run ``run``."""
-    return f"axolotl_dist/{run}/who/{rank}"
-
-
-def same_machine(record: Optional[Peer]) -> bool:
-    """Whether ``record``'s pid names a process this process can see in ``/proc``: same kernel
-    boot and PID namespace (:func:`.procs.machine_id`), not merely the same hostname."""
-    return record is not None and record.machine == procs.MACHINE
 
 
 def raw_store(store: "Store") -> "Store":
@@ -322,7 +287,7 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
 
 
 #: Set by ``axolotl-dist`` in every rank: where a rank leaves notes for the launcher.
-from .constants import END_DIR_ENV_VAR  # noqa: E402 - one name, two readers
+from ..base.constants import END_DIR_ENV_VAR  # noqa: E402 - one name, two readers
 STORE_NOTE = "store.json"
 
 

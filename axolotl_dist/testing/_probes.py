@@ -7,10 +7,10 @@ import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
-from .._runtime import state as _state
-from .._runtime.groups import learnt as _learnt
-from .._runtime.procs import kill_tree, proc_state
-from .._runtime.store import group_store
+from .._runtime.base import state as _state
+from .._runtime.base.groups import learnt as _learnt
+from .._runtime.base.procs import kill_tree, proc_state
+from .._runtime.store.access import group_store
 from ..debug import refresh_from_env as _refresh_debug
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -49,12 +49,15 @@ from typing import Any, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import backends, blocks, groups, peers, procs, records, store, trace, tracebacks
-from .groups import Group
-from . import cleanup as cleanup_keys
-from .logs import kit as log
-from .state import STATE
-from ..errors import RankFailedError
+from ..base import backends, groups, procs, recorder as trace, tracebacks
+from ..base.groups import Group
+from ..base.kitlog import kit as log
+from ..base.state import STATE
+from ..store import access as store
+from ..store import sweep as cleanup_keys
+from ..liveness import failures as records, heartbeat, peers
+from ..protocols import blocks
+from ...errors import RankFailedError
 
 __all__ = ["start_services", "cleanup", "teardown", "keep_abandoned"]
 
@@ -95,7 +98,7 @@ def start_services() -> None:
         atexit.register(_at_exit)
         tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
     if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
-        peers.start_heartbeat()  # torch's fake group (layouts in one process): no peers
+        heartbeat.start_heartbeat()  # torch's fake group (layouts in one process): no peers
 
 
 def cleanup() -> None:
@@ -111,7 +114,7 @@ def cleanup() -> None:
     recorder = trace.finish()  # None if the exit's teardown closed it (with its exception)
     if recorder is None and STATE.closed_trace is not None:
         recorder, STATE.closed_trace = STATE.closed_trace, None
-    peers.stop_heartbeat()
+    heartbeat.stop_heartbeat()
     if not peers.store_host_gone() and not peers.host_leaving():
         _confirm_blocks()
         cleanup_keys.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
@@ -233,7 +236,7 @@ def _release_kit_frames(exc: Optional[BaseException]) -> None:
 def teardown(exc: Optional[BaseException] = None) -> None:
     """Steps 1-4 of the module docstring; ``exc``: the exception this process is ending on."""
     if not (dist.is_available() and dist.is_initialized()):
-        peers.stop_heartbeat()
+        heartbeat.stop_heartbeat()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
     recorder = trace.finish(exc)  # the trace's last line says how this process ended
@@ -242,7 +245,7 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     hosts = store.hosts_store()
     # the group owns the store's server: keep it past destroy_process_group() while we linger
     server = store.world_store() if hosts else None
-    peers.stop_heartbeat()
+    heartbeat.stop_heartbeat()
     # store calls go through the bounded worker: a stopped store host must not hang the exit;
     # none at all once the host is ending on a failure this rank has a copy of (its store is
     # about to go: a call in flight then makes torch print a C++ trace)

@@ -14,42 +14,42 @@ field              what it is, who writes it
 ``learnt``         the last failure of another rank this process raised or received, as its
                    report, with the group it was learnt under (:func:`.groups.learn`);
                    a rank that exits after it relays it in its exit record
-``peers``          global rank -> :class:`~.peers.Peer` record (host, pid, launcher), copied
-                   from the store by the heartbeat (:mod:`.peers`)
+``peers``          global rank -> :class:`~..liveness.peers.Peer` record (host, pid, launcher), copied
+                   from the store by the heartbeat (:mod:`..liveness.peers`)
 ``exits``          global rank -> ``(failure report or None, time)``: the exit records the
-                   heartbeat copied, so a root cause outlives the store (:mod:`.peers`)
-``heartbeat``      this rank's heartbeat thread, if running (:mod:`.peers`)
-``run``            the id the ranks of the current group agreed on (:mod:`.peers`)
-``exit_store``     the heartbeat's store connection, kept for the exit record (:mod:`.peers`)
+                   heartbeat copied, so a root cause outlives the store (:mod:`..liveness.peers`)
+``heartbeat``      this rank's heartbeat thread, if running (:mod:`..liveness.peers`)
+``run``            the id the ranks of the current group agreed on (:mod:`..liveness.peers`)
+``exit_store``     the heartbeat's store connection, kept for the exit record (:mod:`..liveness.peers`)
 ``debug_*``        debug mode's switches (:mod:`axolotl_dist.debug`)
 ``first_runs``     per thread: the ``zero_first`` blocks this thread is running first, nested,
-                   and those finished inside them (:mod:`.blocks`)
+                   and those finished inside them (:mod:`..protocols.blocks`)
 ``inside_helper``  per thread: a checked helper is running, so helpers it calls are not
                    checked again (:mod:`axolotl_dist.debug`)
 ``unconfirmed``    ``zero_first`` blocks this rank ran first (as the sole first rank) whose
-                   other ranks' arrival it has not confirmed yet (:mod:`.blocks`)
-``waits``          thread id -> the kit wait it is in (:mod:`.where`)
+                   other ranks' arrival it has not confirmed yet (:mod:`..protocols.blocks`)
+``waits``          thread id -> the kit wait it is in (:mod:`..liveness.whereabouts`)
 ``guards``         thread id -> the scopes other ranks cannot join a collective in: the
-                   ``zero_first`` blocks it runs first, ``zero_only`` code (:mod:`.guards`)
+                   ``zero_first`` blocks it runs first, ``zero_only`` code (:mod:`..protocols.guards`)
 ``guarded``        how many such scopes are open (0: helpers skip the check)
 ``calls``          thread id -> the innermost kit helper call in flight on that thread, and
-``crossed``        thread id -> why its call in flight must not return (:mod:`.threads`)
+``crossed``        thread id -> why its call in flight must not return (:mod:`..protocols.threads`)
 ``abandoned``      collectives whose wait ended on an exception (Ctrl-C) while they were still
-                   pending: kept, never released, with their groups at exit (:mod:`.wait`)
-``cleanup``        the background deletion of finished blocks' keys (:mod:`.cleanup`), made at
+                   pending: kept, never released, with their groups at exit (:mod:`..liveness.waits`)
+``cleanup``        the background deletion of finished blocks' keys (:mod:`..store.sweep`), made at
                    its first use
-``exit_hook``      the exit hook is registered (:mod:`.teardown`); a fact of the process that
+``exit_hook``      the exit hook is registered (:mod:`..lifecycle.teardown`); a fact of the process that
                    a fork keeps (the hook is in the child's ``atexit`` list too), so
                    :func:`reset` leaves it
 ``closed_trace``   a recording the exit's teardown closed, for its cleanup to end
 ``kept``           groups kept alive at exit because a collective was left pending on them
-``ending``         the exit handlers run again for a Ctrl-C exit (:mod:`.teardown`)
+``ending``         the exit handlers run again for a Ctrl-C exit (:mod:`..lifecycle.teardown`)
 ``store_spy``      a test's wrapper around the store a block uses (None: none), see
                    :func:`axolotl_dist.testing.count_store_calls`
 ``trace``          the recorder of this rank's kit calls while tracing is on, else None
-                   (:mod:`.trace`)
+                   (:mod:`.recorder`)
 ``folding``        the Python warnings this process holds for folding (before its heartbeat
-                   starts) and, on rank 0, the ones it waits to print (:mod:`.warnfold`),
+                   starts) and, on rank 0, the ones it waits to print (:mod:`..lifecycle.warnfold`),
                    made at the first use
 ``warn_hook``      the ``warnings.showwarning`` the folding hook replaced (None: no hook); a
                    fact of the process, like ``exit_hook``: :func:`reset` leaves it

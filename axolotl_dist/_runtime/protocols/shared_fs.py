@@ -27,11 +27,11 @@ import hashlib
 import os
 from typing import Dict, List, Optional
 
-from .. import env as _env
-from .logs import kit as log
-from .state import STATE
-from .store import world_store
-from .wait import poll_until
+from ..base.kitlog import kit as log
+from ..base.state import STATE
+from ..store.access import world_store
+from ..liveness.waits import poll_until
+from ... import env as _env
 
 __all__ = ["default_cache_dir", "probe_dir", "shares", "said", "export"]
 

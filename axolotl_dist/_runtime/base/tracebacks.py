@@ -19,9 +19,9 @@ import traceback
 from types import TracebackType
 from typing import Any, List, Optional, Type
 
-from ..errors import RankFailedError
 from .callsite import short_path
 from .procs import MACHINE
+from ...errors import RankFailedError
 
 __all__ = ["kit_frame", "format_exception", "format_account", "format_uncaught", "safe_str",
            "install"]

@@ -29,15 +29,16 @@ import itertools
 import json
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from .groups import Group
-from .state import STATE
+from ..base.groups import Group
+from ..base.state import STATE
+from ..base.text import ranks_text
 
 __all__ = ["Point", "Stuck", "wait_key", "stuck_key", "describe", "new_serial", "find_stuck",
-           "explain", "ranks_text", "Judge", "KINDS", "CALLS_PER_RANK"]
+           "explain", "Judge", "KINDS", "CALLS_PER_RANK"]
 
 #: The kinds of meeting, in the order of a rank's progress counters: the group's kit
-#: collectives (counted by :func:`.exchange.run`), then the per-kind call counters
-#: (:attr:`.groups.Group.seq`).
+#: collectives (counted by :func:`..protocols.exchange.run`), then the per-kind call counters
+#: (:attr:`..base.groups.Group.seq`).
 KINDS = ("collective", "zero_first", "do_n_at_a_time", "shared_map")
 _SERIALS = itertools.count(1)
 
@@ -187,19 +188,6 @@ def _components(stuck: List[Stuck]) -> List[List[Stuck]]:
     for i, s in enumerate(stuck):
         parts.setdefault(root(i), []).append(s)
     return sorted(parts.values(), key=lambda part: part[0].ranks[0])
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """``rank 3`` / ``ranks 0-3, 8``: runs of consecutive ranks folded."""
-    runs: List[List[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    body = ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
-                     for a, b in runs)
-    return f"rank {body}" if len(ranks) == 1 else f"ranks {body}"
 
 
 def _ordinal(n: int) -> str:

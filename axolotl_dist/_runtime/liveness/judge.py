@@ -1,7 +1,12 @@
-"""Judging the ranks a waiter depends on (the third floor: built on :mod:`.peers`).
+"""Judging whether peers are alive: rank 0's judge, and a waiter's own look beside it.
 
-:class:`Watch` looks at each rank a wait depends on: a rank whose process left an exit record
-(:func:`.records.publish_exit`) or is gone from this host is dead at once; one that is stopped
+:class:`RankZeroJudge` runs on global rank 0's heartbeat thread while some rank waits: each
+round reads every rank's heartbeat and long-wait description in one call, and publishes the
+ranks silent too long and the waits that can never end (:mod:`.deadlock`), so a waiter reads
+one counter per look instead of every peer's heartbeat.
+
+:class:`Watch` is the waiter's side: it looks at each rank a wait depends on: a rank whose process left an exit record
+(:func:`.failures.publish_exit`) or is gone from this host is dead at once; one that is stopped
 (``SIGSTOP``) or silent is reported at WARNING level; a rank on another host whose heartbeat
 stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as dead.
 :func:`lost_error` turns the lost ranks into one
@@ -17,24 +22,88 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequenc
 
 import torch.distributed as dist
 
-from . import procs
-from .constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER, look_interval,
-                        WAIT_LOG_INTERVAL_ENV_VAR)
-from .envvars import kit_seconds
-from .logs import kit as log
-from .groups import learn
-from .peers import (EVENTS, EXIT_LOG_KEY, VERDICTS_KEY, check_store_host, fetch_peers,
-                    host_leaving, waiting_key)
+from ..base import procs
+from ..base.constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER,
+                              look_interval, WAIT_LOG_INTERVAL_ENV_VAR)
+from ..base.envvars import kit_seconds
+from ..base.groups import learn
+from ..base.kitlog import kit as log
+from ..base.state import STATE
+from ..store.access import store_host, world_store
+from . import deadlock
 from .deadlock import stuck_key
-from .state import STATE
-from .store import store_host, world_store
-from .where import BEATS, hb_key, raw_store, same_machine
-from ..errors import RankFailedError
+from .peers import (EVENTS, EXIT_LOG_KEY, JUDGE_INTERVAL, JUDGED, VERDICTS_KEY,
+                    check_store_host, fetch_peers, host_leaving, same_machine, waiting_key)
+from .whereabouts import BEATS, hb_key, raw_store
+from ...errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["Lost", "exit_key", "pending_key", "waiting_key", "Watch", "lost_error"]
+__all__ = ["RankZeroJudge", "Lost", "exit_key", "pending_key", "waiting_key", "Watch",
+           "lost_error"]
+
+
+class RankZeroJudge:
+    """Global rank 0's judge of every rank's heartbeat and long waits (one per heartbeat)."""
+
+    def __init__(self, run: str, world_size: int) -> None:
+        self.run, self.world_size = run, world_size
+        self.beats: Dict[int, Tuple[int, float]] = {}  # rank -> (beat, since)
+        self.last_round: Optional[float] = None  # when it last read every beat
+        self.silent: Dict[int, float] = {}  # its last verdicts
+        self.all_beat = False  # every rank's heartbeat key exists (it may multi_get)
+        self.deadlocks = deadlock.Judge(world_size)
+        #: what it reads each round: every beat's key, then every wait's description
+        self.keys = ([hb_key(run, r) for r in range(world_size)] +
+                     [deadlock.wait_key(run, r) for r in range(world_size)])
+
+    def round(self, store: "Store", raw: "Store") -> None:
+        """One round, for every waiting rank at once: read every rank's heartbeat and long-wait
+        description (one ``multi_get`` on the root store ``raw``), note the ranks silent for
+        ``SILENT_AFTER`` seconds or more and the waits that can never end, and publish them
+        (:data:`~.peers.VERDICTS_KEY` in the group's ``store``) while there are silent ranks,
+        and whenever the deadlocks change; count the round (:data:`~.peers.JUDGED`)
+        (docs/design.md, "Heartbeat and peer records")."""
+        world = self.world_size
+        if not self.all_beat:
+            self.all_beat = raw.check(self.keys[:world])
+            if not self.all_beat:
+                return  # a rank still initializing: its waiters are not in kit waits yet
+        now = time.monotonic()
+        values = raw.multi_get(self.keys)  # the waits' descriptions in the same call
+        found = self.deadlocks.round(values[world:])
+        if found is not None and found[0]:  # the marks first: a waiter reads one on the event
+            marks = sorted(found[0].items())
+            raw.multi_set([stuck_key(self.run, r) for r, _ in marks], [m for _, m in marks])
+        silent = self._silent(values[:world], now)
+        # republished each round while a rank is silent: a waiter then judges "dead" from
+        # what the judge measured at most a round ago, never from its own extrapolation (a
+        # rank that beats again is cleared within a round)
+        changed = bool(silent) or set(silent) != set(self.silent) or found is not None
+        self.silent = silent
+        if changed:
+            store.set(VERDICTS_KEY, json.dumps({
+                "silent": {str(r): round(s, 1) for r, s in silent.items()},
+                "deadlocks": self.deadlocks.texts}))
+        store.add("axd/exits", JUDGED + (1 if changed else 0))
+
+    def _silent(self, beats: List[bytes], now: float) -> Dict[int, float]:
+        """The ranks whose beat has not moved for ``SILENT_AFTER`` seconds, and for how long."""
+        silent: Dict[int, float] = {}
+        for r, value in enumerate(beats):
+            beat = int(value) & BEATS
+            last = self.beats.get(r)
+            if last is None or last[0] != beat:
+                # it beat since the last round: halfway, as best known (off by at most half
+                # a round either way); after a pause in judging, or at the first look: now
+                paused = self.last_round is None or now - self.last_round > 2 * JUDGE_INTERVAL
+                since = now if last is None or paused else (self.last_round + now) / 2  # type: ignore[operator]
+                self.beats[r] = last = (beat, since)
+            if now - last[1] >= SILENT_AFTER:
+                silent[r] = now - last[1]
+        self.last_round = now
+        return silent
 
 
 class Lost(NamedTuple):
@@ -98,7 +167,7 @@ class Watch:
                   exits: bool = True) -> List[Lost]:
         """The ranks among ``ranks`` that are gone; warns about stopped or silent ones.
         ``exits``: a rank that left an exit record counts as gone (else only a gone process).
-        Raises :class:`~.store.StoreHostGoneError` if the store's host is known gone. The
+        Raises :class:`~..store.access.StoreHostGoneError` if the store's host is known gone. The
         store's host ending on a failure (its record copied: :func:`.peers.host_leaving`) is
         the one lost rank, judged without a store call."""
         if host_leaving():

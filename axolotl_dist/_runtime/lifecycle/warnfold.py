@@ -10,12 +10,12 @@ A warning written to a file other than stderr goes to the function it replaced, 
 every warning this module does not fold. What is folded is ``warnings.formatwarning``'s text
 (file and line, category, message, source line): two warnings are alike when it is.
 
-* Until this rank's heartbeat (:mod:`.peers`) runs, warnings are held; its start publishes
+* Until this rank's heartbeat (:mod:`..liveness.peers`) runs, warnings are held; its start publishes
   them (:func:`started`). A process that ends, or holds one for :data:`HOLD_FOR` seconds,
   without a heartbeat prints them itself, as Python would.
 * With a heartbeat, a rank above 0 publishes each warning on the heartbeat's store
   connection and prints nothing: two calls, ``append`` to :data:`WARN_LOG_KEY` and ``add``
-  :data:`WARNED` to :data:`~.constants.WAITERS_KEY`, whose answer says whether rank 0 still
+  :data:`WARNED` to :data:`~..base.constants.WAITERS_KEY`, whose answer says whether rank 0 still
   reads them (:data:`UNREAD`: it ended; the rank then prints the warning itself).
 * Rank 0 puts its own warnings in the pending table; its heartbeat, which reads
   ``WAITERS_KEY`` every beat anyway, reads the log when the count of published warnings
@@ -37,14 +37,15 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import envvars
-from .constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR, WAITERS_KEY
-from .deadlock import ranks_text
-from .logs import KitLog
-from .state import STATE
-from .store import bounded
-from .. import env
-from ..errors import DistributedEnvError
+from ..base import envvars
+from ..base.constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR, WAITERS_KEY
+from ..base.kitlog import KitLog
+from ..base.state import STATE
+from ..base.text import ranks_text
+from ..store.access import bounded
+from ..liveness import heartbeat
+from ... import env
+from ...errors import DistributedEnvError
 
 __all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARN_LOG_KEY", "WARNED", "UNREAD", "Folding",
            "install", "installed", "show", "started", "read", "pending", "tick", "close"]
@@ -191,7 +192,7 @@ def _expire(folding: Folding) -> None:
 
 
 def started(beat: Any) -> None:
-    """A heartbeat started (``beat``: its :class:`~.peers._Heartbeat`): publish what this
+    """A heartbeat started (``beat``: its :class:`~..liveness.heartbeat._Heartbeat`): publish what this
     process held (rank 0: pending)."""
     folding = _folding()
     with folding.lock:
@@ -296,3 +297,17 @@ def _at_exit() -> None:
     for shown, _ in held:
         _local(shown)
     _flush()
+
+
+class _OnHeartbeat:
+    """This module's part on rank 0's heartbeat thread (``liveness/heartbeat.Rider``)."""
+
+    look = LOOK
+    started = staticmethod(started)
+    read = staticmethod(read)
+    pending = staticmethod(pending)
+    tick = staticmethod(tick)
+    close = staticmethod(close)
+
+
+heartbeat.ride(_OnHeartbeat())

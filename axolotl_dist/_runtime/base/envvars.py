@@ -25,7 +25,7 @@ import os
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 from . import constants as c
-from ..errors import DistributedEnvError
+from ...errors import DistributedEnvError
 
 __all__ = [
     "TRUE_WORDS",

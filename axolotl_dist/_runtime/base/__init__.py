@@ -1,0 +1,17 @@
+"""The base room: what every other room stands on; it imports no other room.
+
+* :mod:`.state`: what this process has learnt, in one object with one ``reset()``.
+* :mod:`.groups`: the kit's object for a process group (``Group``), resolved by ``group_of``.
+* :mod:`.backends`: what a backend string says about devices; the accelerator usable here.
+* :mod:`.constants`: timings and the names of the kit's env vars; :mod:`.envvars`: reading
+  env vars (ints with bounds, seconds, switches) and the table of the kit's own.
+* :mod:`.callsite`: the user's file and line behind a helper call.
+* :mod:`.text`: words messages share (``ranks 0-3``).
+* :mod:`.kitlog`: log lines with time, level and ``[rank r/n]``.
+* :mod:`.tracebacks`: tracebacks without the kit's frames.
+* :mod:`.procs`: processes (``/proc``, children, killing a tree, loopback, listeners).
+* :mod:`.pickling`: the kit's modules pickle by name.
+* :mod:`.slurm`: SLURM's host lists and task counts.
+* :mod:`.args`: checks of the helpers' arguments, with messages that say what to pass.
+* :mod:`.recorder`: recording this rank's kit calls for the timeline.
+"""

@@ -1,0 +1,289 @@
+"""The heartbeat: each rank's daemon thread on its own store connection.
+
+At init the ranks of a multi-rank group agree on a run id (the first to propose one wins);
+every rank records itself (:mod:`.peers`) and starts a thread that bumps
+``axolotl_dist/<run>/hb/<rank>`` every :data:`~..base.constants.HEARTBEAT_INTERVAL` seconds.
+The thread first copies the other ranks' records (at once, in short doubling waits), so a
+rank can still be named, and the store's host judged gone by its pid, after the store is
+gone; it answers requests for a snapshot of this rank (:mod:`.whereabouts`), copies the store
+host's failure record, and on global rank 0 runs the judge (:class:`~.judge.RankZeroJudge`)
+while some rank waits, and the riders (:class:`Rider`). The sequence is in docs/design.md,
+"Heartbeat and peer records".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+import time
+import uuid
+import weakref
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Tuple
+
+import torch.distributed as dist
+
+from ..base import procs
+from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS, WAITERS_KEY
+from ..base.groups import default_pg
+from ..base.state import STATE
+from ..store import sleep as bells
+from ..store.access import store_host, world_store
+from . import deadlock, whereabouts as where
+from .judge import RankZeroJudge
+from .peers import (EXIT_LOG_KEY, JUDGE_INTERVAL, VERDICTS_KEY, Peer, encode_peer,
+                    host_leaving, launcher_name, peer, store_host_gone, waiting_key, who_key)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import Store
+
+__all__ = ["Rider", "ride", "start_heartbeat", "stop_heartbeat", "exit_connection"]
+
+
+def _run_id(base: "Store") -> str:
+    """The id every rank of this group agrees on: the first rank to propose one wins."""
+    mine = uuid.uuid4().hex[:12]
+    return base.compare_set("axd/run", "", mine).decode()
+
+
+# --- what rides on rank 0's heartbeat ---------------------------------------------------------
+
+class Rider(Protocol):
+    """Work that runs on global rank 0's heartbeat thread beside the judge, registered by a
+    room above this one (:func:`ride`): the Python warnings folded across ranks
+    (``lifecycle/warnfold``). It learns of its work from the counter the heartbeat reads
+    anyway (:data:`WAITERS_KEY`), so riding costs no store call of its own."""
+
+    #: seconds between two reads of the counter while :meth:`pending`
+    look: float
+
+    def started(self, beat: Any) -> None:
+        """The heartbeat ``beat`` of this process started (any rank)."""
+
+    def read(self, beat: Any, waiters: int) -> None:
+        """Rank 0: the counter's value, read this beat."""
+
+    def pending(self) -> bool:
+        """Rank 0: whether it waits for something (the heartbeat then reads every look)."""
+
+    def tick(self) -> None:
+        """Rank 0: a turn of the heartbeat's loop."""
+
+    def close(self, beat: Any) -> None:
+        """The heartbeat ``beat`` stopped."""
+
+
+#: The riders, registered when their module is imported: a fact of the process, which
+#: ``STATE.reset()`` keeps.
+_RIDERS: List[Rider] = []
+
+
+def ride(rider: Rider) -> None:
+    """Run ``rider`` on every heartbeat of this process from now on."""
+    if rider not in _RIDERS:
+        _RIDERS.append(rider)
+
+
+def _pending() -> bool:
+    return any(r.pending() for r in _RIDERS)
+
+
+# --- the heartbeat ---------------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``) every interval, answers
+    requests for a snapshot of this rank (:mod:`.whereabouts`), copies the store host's failure
+    record when it leaves one, and, on global rank 0, judges every rank's heartbeat while some
+    rank waits (see :meth:`_judge`). Idle, that is one or two store calls per interval, however
+    many ranks there are."""
+
+    def __init__(self, store: "Store", raw: "Store", run: str, rank: int, world_size: int,
+                 interval: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.stop = threading.Event()
+        self.wake = threading.Event()  # halt(); on rank 0 also a rider's work (see Rider)
+        self.warned = self.warn_read = 0  # rank 0: warnings read, and the log's bytes read
+        self.store, self.raw, self.run = store, raw, run  # the group's keys; the root's
+        self.interval = interval
+        self.pg = default_pg()
+        self.answered = 0
+        host = store_host()
+        #: the records copied at once: the store host's (judged by its pid once its store is
+        #: gone) and rank 0's (the rank most waits are for); others when a wait needs them
+        self.first = sorted({r for r in (0, host) if r is not None and r != rank})
+        self.host = host if host is not None and host != rank else None
+        self.judging = False  # rank 0, while some rank waits: a round every JUDGE_INTERVAL
+        self.judge = RankZeroJudge(run, world_size) if rank == 0 else None
+        me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
+        STATE.peers[rank] = me
+        # the record, and this rank's long-wait description and verdict (none yet): one call
+        keys = [who_key(run, rank), deadlock.wait_key(run, rank), deadlock.stuck_key(run, rank)]
+        try:
+            raw.multi_set(keys, [encode_peer(me), "", ""])
+        except (AttributeError, NotImplementedError, RuntimeError):  # a store without it
+            for key, value in zip(keys, [encode_peer(me), "", ""]):
+                raw.set(key, value)
+        raw.add(where.hb_key(run, rank), 1)
+        store.add(waiting_key(rank), 0)  # created now: the key count stays flat afterwards
+        store.add("axd/exits", 0)
+        store.append(EXIT_LOG_KEY, "")  # created now, so a waiter reads both in one call
+        store.compare_set(VERDICTS_KEY, "", "{}")
+        store.add(WAITERS_KEY, 0)  # created now: long waits add no key
+        self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _copy_first(self) -> bool:
+        """Copy the records of :attr:`first` that exist; whether all are here."""
+        missing = [r for r in self.first if r not in STATE.peers]
+        for r in missing:
+            peer(self.raw, r)
+        return all(r in STATE.peers for r in self.first)
+
+    def _beat(self, key: str) -> None:
+        requests = self.raw.add(key, 1) >> 32
+        if requests > self.answered:  # someone asked where this rank is
+            self.answered = requests
+            where.answer(self.raw, self.run, self.rank, requests)
+        if self.host is not None:
+            self._copy_host_exit()
+        if self.rank == 0 and self.world_size > 1:  # the judge: on while some rank waits
+            self._waiters()
+
+    def _waiters(self) -> None:
+        """Rank 0: judge while some rank's wait runs long; tell the riders (see Rider)."""
+        value = self.store.add(WAITERS_KEY, 0)
+        self.judging = value & LONG_WAITS > 0
+        for rider in _RIDERS:
+            rider.read(self, value)
+
+    def store_usable(self) -> bool:
+        """Whether a store call may be made (see :func:`host_leaving`)."""
+        return not host_leaving() and not store_host_gone()
+
+    def halt(self) -> None:
+        """Stop the thread, at once even where it sleeps."""
+        self.stop.set()
+        self.wake.set()
+
+    def _copy_host_exit(self) -> None:
+        """Copy the store host's exit record once it left one, and acknowledge it: where the
+        host exits on a failure, every rank then knows the root cause before the store goes
+        (the host lingers until they acknowledged), even one that was not in a kit call
+        (:func:`store_lost_error`). One store call while there is none."""
+        key = f"axd/exit/{self.host}"
+        if self.host in STATE.exits or not self.store.check([key]):
+            return
+        STATE.exits[self.host] = pickle.loads(self.store.get(key))  # type: ignore[index]
+        if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
+            bells.release_all()
+        self.store.set(f"{key}/ack/{self.rank}", b"")
+        if host_leaving():
+            raise _HostLeaving()  # the last store call of this heartbeat
+
+    def _judge(self) -> None:
+        """One round of rank 0's judge (:class:`~.judge.RankZeroJudge`)."""
+        assert self.judge is not None
+        self.judge.round(self.store, self.raw)
+
+    def _run(self) -> None:
+        key = where.hb_key(self.run, self.rank)
+        # The first records at once, in short doubling waits (a store host that dies soon
+        # after init is then judged by its pid with no store call: see store_host_gone);
+        # then one beat per interval.
+        wait, copying = min(0.005, self.interval), bool(self.first)
+        last_beat = last_round = last_look = time.monotonic()
+        rides = self.rank == 0 and bool(_RIDERS)  # runs the riders (see Rider)
+        look = min((r.look for r in _RIDERS), default=self.interval)
+        while True:
+            self.wake.wait(wait)
+            self.wake.clear()
+            if self.stop.is_set():
+                return
+            if default_pg() is not self.pg or store_host_gone():
+                return  # the group this heartbeat belongs to, or the store, is gone
+            try:
+                if copying:
+                    copying = not self._copy_first()
+                now = time.monotonic()
+                if now - last_beat >= self.interval:
+                    last_beat = last_look = now
+                    self._beat(key)
+                elif rides and _pending() and now - last_look >= look:
+                    last_look = now
+                    self._waiters()
+                if self.judging and now - last_round >= JUDGE_INTERVAL:
+                    last_round = now
+                    self._judge()
+                if rides:
+                    for rider in _RIDERS:
+                        rider.tick()
+            except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
+                return
+            due = last_beat + self.interval
+            if self.judging:
+                due = min(due, last_round + JUDGE_INTERVAL)
+            if rides and _pending():
+                due = min(due, last_look + look)
+            wait = min(wait * 2, self.interval) if copying else max(0.0, due - time.monotonic())
+
+
+class _HostLeaving(Exception):
+    """The store's host is ending on a failure and this rank has its record: stop beating."""
+
+
+_LOCK = threading.Lock()
+
+
+def start_heartbeat() -> None:
+    """Record this rank and start its heartbeat thread for the current default group
+    (idempotent)."""
+    pg = default_pg()
+    if pg is None:
+        return
+    with _LOCK:
+        beat = STATE.heartbeat
+        if beat is not None and beat.pg is pg:
+            return  # running, or ended on purpose: its store's host is gone
+        if beat is not None:
+            beat.halt()
+        if beat is None or beat.pg is not pg:
+            STATE.peers.clear()
+        base = world_store()
+        try:
+            store = base.clone()
+        except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
+            store = base
+        rank, world = dist.get_rank(), dist.get_world_size()
+        run = STATE.run = _run_id(base)
+        raw = where.raw_store(store)
+        raw.set(where.RUN_KEY, json.dumps({"run": run, "world": world}))
+        where.note_address(run, rank, world, launcher_name())
+        STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
+        STATE.exit_store = (store, rank, weakref.ref(pg))
+        for rider in _RIDERS:
+            rider.started(STATE.heartbeat)  # e.g. the warnings held until now
+
+
+def exit_connection() -> Optional[Tuple["Store", int, Any]]:
+    """The heartbeat's store connection for this process's exit record: ``(store, rank,
+    weakref to the default group it belongs to)``, or None before the heartbeat started."""
+    return STATE.exit_store
+
+
+def stop_heartbeat() -> None:
+    """Stop the heartbeat thread, if any."""
+    with _LOCK:
+        beat, STATE.heartbeat = STATE.heartbeat, None
+    if beat is not None:
+        beat.halt()
+        if beat.thread is not threading.current_thread():
+            # Wait for the thread to let go of its store connection: a TCPStore still in use
+            # by a daemon thread when the interpreter exits aborts the process (SIGABRT).
+            beat.thread.join(timeout=5.0)
+        for rider in _RIDERS:
+            rider.close(beat)  # e.g. rank 0: the warnings published before it stopped reading
+
+

@@ -1,0 +1,263 @@
+"""Who is who: each rank's peer record (host, pid, launcher), the counters and verdicts every
+waiter reads about its peers, and whether the store's host is gone.
+
+At init every rank records itself (``axolotl_dist/<run>/who/<rank>``, at the root of the
+store, under no group's prefix, so a client of the store can read them); the heartbeat
+(:mod:`.heartbeat`) copies the records a rank may need, so a peer can still be named, and the
+store's host judged gone by its pid, after the store is gone. The sequence is in
+docs/design.md, "Heartbeat and peer records".
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
+
+import torch.distributed as dist
+
+from ..base import procs
+from ..base.groups import learn
+from ..base.state import STATE
+from ..store.access import StoreHostGoneError, is_store_error, store_address, store_host
+from ...errors import DistributedEnvError, RankFailedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import Store
+
+__all__ = [
+    "Peer", "encode_peer", "decode_peer", "who_key", "same_machine", "launcher_name",
+    "peer_record", "waiting_key", "peer", "fetch_peers", "EVENTS", "JUDGED", "VERDICTS_KEY",
+    "EXIT_LOG_KEY", "JUDGE_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
+    "store_lost_error", "store_errors",
+]
+
+
+# --- a rank's record -------------------------------------------------------------------------
+
+class Peer(NamedTuple):
+    """What a rank recorded about itself at init (``axolotl_dist/<run>/who/<rank>``)."""
+
+    host: str
+    pid: int
+    machine: str  # procs.machine_id(): whether this process can judge ``pid``
+    launcher: str
+    by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
+
+    def describe(self) -> str:
+        return f"process {self.pid} on {self.host}, started by {self.launcher}"
+
+
+def encode_peer(record: Peer) -> str:
+    return (f"{record.host}|{record.pid}|{record.machine}|{int(record.by_store)}|"
+            f"{record.launcher}")
+
+
+def decode_peer(raw: bytes) -> Optional[Peer]:
+    parts = raw.decode(errors="replace").split("|", 4)
+    if len(parts) != 5 or not parts[1].isdigit():
+        return None
+    return Peer(parts[0], int(parts[1]), parts[2], parts[4], parts[3] == "1")
+
+
+def who_key(run: str, rank: int) -> str:
+    """The root-store key of global ``rank``'s record in run ``run``."""
+    return f"axolotl_dist/{run}/who/{rank}"
+
+
+def same_machine(record: Optional[Peer]) -> bool:
+    """Whether ``record``'s pid names a process this process can see in ``/proc``: same kernel
+    boot and PID namespace (:func:`..base.procs.machine_id`), not merely the same hostname."""
+    return record is not None and record.machine == procs.MACHINE
+
+
+def launcher_name() -> str:
+    """Which launcher started this process, from its env (for messages)."""
+    env = os.environ
+    if env.get(procs.LAUNCHER_PID_ENV_VAR):
+        return "axolotl-dist"
+    if any(k.startswith("ACCELERATE_") for k in env) and env.get("TORCHELASTIC_RUN_ID"):
+        return "accelerate launch"
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return "torchrun"
+    if env.get("SLURM_PROCID") is not None and env.get("RANK") is None:
+        return "srun"
+    if env.get("OMPI_COMM_WORLD_RANK") is not None and env.get("RANK") is None:
+        return "mpirun"
+    return "env vars"
+
+
+def peer_record(rank: int) -> Optional[Peer]:
+    """The record of global ``rank`` this process has seen (no store call), or None."""
+    return STATE.peers.get(rank)
+
+
+def waiting_key(rank: int) -> str:
+    """The store counter of global ``rank``'s kit waits that have run past their first slice
+    or polls (above 0: it is waiting for other ranks, and judges them every
+    ``LIVENESS_INTERVAL``). A wait that ends on an exception leaves its count: the rank is
+    about to report that exception (see :func:`.failures.await_peers_told`). Created (at 0) when
+    the rank's heartbeat starts, so the store's key count does not grow with long waits."""
+    return f"axd/waiting/{rank}"
+
+
+def peer(raw: "Store", rank: int) -> Optional[Peer]:
+    """The record of global ``rank``: the local copy first, then the root store ``raw``;
+    None if unknown."""
+    found = STATE.peers.get(rank)
+    run = STATE.run
+    if found is None and run is not None and raw.check([who_key(run, rank)]):
+        found = decode_peer(raw.get(who_key(run, rank)))
+        if found is not None:
+            STATE.peers[rank] = found
+    return found
+
+
+def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
+    """Copy the records of ``ranks`` not known yet from the root store ``raw``: one ``check``
+    and one ``multi_get`` for all of them (one by one where some rank has not recorded itself
+    yet)."""
+    run = STATE.run
+    missing = [r for r in ranks if r not in STATE.peers]
+    if run is None or not missing:
+        return
+    keys = [who_key(run, r) for r in missing]
+    if len(keys) > 1 and raw.check(keys):
+        for r, value in zip(missing, raw.multi_get(keys)):
+            record = decode_peer(value)
+            if record is not None:
+                STATE.peers[r] = record
+        return
+    for r in missing:
+        peer(raw, r)
+
+
+# --- what waiters read about their peers -------------------------------------------------
+
+#: The events part of the ``axd/exits`` counter (see :data:`JUDGED`).
+EVENTS = (1 << 32) - 1
+
+
+#: What the judge adds to ``axd/exits`` each round: the counter's bits above 32 count judge
+#: rounds, the bits below count events (exit records, and changes in the judge's verdicts).
+JUDGED = 1 << 32
+
+
+#: The judge's verdicts (JSON ``{"silent": {rank: seconds}}``): ranks whose heartbeat has not
+#: moved for :data:`~..base.constants.SILENT_AFTER` seconds or more.
+VERDICTS_KEY = "axd/judged"
+
+
+#: The ranks that left an exit record, in order (``"3,0,"``): read once per new event.
+EXIT_LOG_KEY = "axd/exit_log"
+
+
+#: Seconds between two rounds of the judge (global rank 0's heartbeat thread, while some
+#: rank waits): a dead peer on another machine is named within about
+#: ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` plus two of these plus a waiter's look.
+JUDGE_INTERVAL = 1.0
+
+
+# --- a store host that is gone ---------------------------------------------------------------
+
+def host_leaving() -> bool:
+    """Whether the world store's host (another rank) is ending on a failure: this rank copied
+    its exit record. The host keeps the store up only until every rank has that copy, so from
+    here on the kit makes no store call it can avoid (one in flight when the host's process
+    ends makes torch print a C++ trace). Free while no exit record was copied."""
+    if not STATE.exits:
+        return False
+    host = store_host()
+    if host is None or not dist.is_initialized() or host == dist.get_rank():
+        return False
+    record = STATE.exits.get(host)
+    return record is not None and record[0] is not None
+
+
+def _host_gone_how() -> Optional[str]:
+    """How this rank knows the world store's host (another rank's process on this host) has
+    ended, judged from ``/proc`` without a store call; None if it is not known to be gone."""
+    try:
+        host, me = store_host(), dist.get_rank()
+    except Exception:  # noqa: BLE001 - no group (any more)
+        return None
+    if host is None or host == me:
+        return None
+    record = STATE.peers.get(host)
+    if record is not None:
+        gone = same_machine(record) and procs.proc_state(record.pid) == "gone"
+        return f"judged by its pid {record.pid}" if gone else None
+    port = os.environ.get("MASTER_PORT", "")
+    if procs.is_loopback(os.environ.get("MASTER_ADDR")) and port.isdigit():
+        if procs.listening(int(port)) is False:
+            return f"judged by its port: nothing listens on {store_address()} any more"
+    return None
+
+
+def store_host_gone() -> bool:
+    """Whether the world store's host is another rank's process on this host that has ended.
+
+    Judged from ``/proc`` without a store call: the host's process is gone (its record is
+    known), or, with ``MASTER_ADDR`` on loopback, nothing listens on ``MASTER_PORT`` any more.
+    False where that cannot be judged (a launcher's store, another host)."""
+    return _host_gone_how() is not None
+
+
+def check_store_host() -> None:
+    """Raise :class:`~..store.access.StoreHostGoneError` if :func:`store_host_gone`."""
+    how = _host_gone_how()
+    if how is not None:
+        raise StoreHostGoneError(f"the process of rank {store_host()}, which hosted the c10d "
+                                 f"store, is gone from this host ({how})")
+
+
+def store_lost_error(exc: BaseException, what: str) -> Exception:
+    """The error to raise when the store vanished while this rank was in ``what``."""
+    first = (str(exc).splitlines() or [""])[0]
+    host = store_host()
+    relayed = STATE.exits.get(host)[0] if host is not None and host in STATE.exits else None
+    if relayed is not None:  # the host exited on a failure: name the root cause
+        error = RankFailedError.from_report(relayed)
+        if error.rank != host:
+            note = (f" (rank {host}, the store host, exited on this failure, then its store at "
+                    f"{store_address()} went away)")
+            return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + note,
+                                         error.remote_traceback, where=what,
+                                         ranks=(error.rank, host), machine=error.machine))
+        note = f" (then its store at {store_address()} went away with it)"
+        return learn(RankFailedError(host, error.exc_type, error.exc_message + note,
+                                     error.remote_traceback, where=what, machine=error.machine))
+    if host is not None:
+        record = STATE.peers.get(host)
+        where = f" ({record.describe()})" if record is not None else ""
+        return learn(RankFailedError(
+            host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
+            f"it hosted at {store_address()} is gone ({type(exc).__name__}: {first}). Look at "
+            f"rank {host}'s own output for why it ended", where=what))
+    me = dist.get_rank() if dist.is_initialized() else -1
+    beside = sorted(r for r, record in STATE.peers.items() if record.by_store and r != me)
+    if beside and not (me in STATE.peers and STATE.peers[me].by_store):
+        record = STATE.peers[beside[0]]
+        return learn(RankFailedError(
+            beside[0], "lost", f"the c10d store at {store_address()} is gone, and with it, "
+            f"most likely, the node it ran on: {record.host}, where rank(s) {beside} (at "
+            f"least: the ranks whose records this rank read) ran "
+            f"(rank {beside[0]}: {record.describe()}). That node was lost, or the launcher "
+            f"that served the store there exited or was killed ({type(exc).__name__}: "
+            f"{first}). Look at {record.host}'s output for why", where=what,
+            ranks=tuple(beside)))
+    return DistributedEnvError(
+        f"lost the c10d store at {store_address()} while in {what}: the launcher process that "
+        f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "
+        f"({type(exc).__name__}: {first})")
+
+
+@contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """Turn a lost store inside the block into :func:`store_lost_error`'s error."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001
+        if is_store_error(exc) and not isinstance(exc, (RankFailedError, DistributedEnvError)):
+            raise store_lost_error(exc, what) from exc
+        raise

@@ -1,0 +1,10 @@
+"""The protocols room: how the helpers meet across ranks.
+
+* :mod:`.helpers`: the wrapper every communicating helper wears.
+* :mod:`.exchange`: the value helpers' engine: values encoded, headers exchanged.
+* :mod:`.blocks`: ``zero_first`` / ``do_n_at_a_time`` rounds through the store.
+* :mod:`.guards`: collectives the other ranks cannot join are errors at once.
+* :mod:`.threads`: one thread per group at a time.
+* :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.
+* :mod:`.crosscheck`: debug mode's per-call check that every rank is in the same call.
+"""

@@ -1,0 +1,6 @@
+"""The store room: the c10d store the ranks signal through.
+
+* :mod:`.access`: which store, who hosts it, what a lost store looks like, a worker thread.
+* :mod:`.sleep`: a long wait sleeps in one blocking ``store.wait`` instead of polling.
+* :mod:`.sweep`: deleting finished blocks' keys in the background.
+"""
