@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime.base import backends as _backends, recorder as _trace
+from ._runtime.base import backends as _backends
+from ._runtime.protocols import recorder as _trace
 from ._runtime.protocols.helpers import checked, tensor_signature
 from ._runtime.protocols.exchange import all_gather_into, resolved, run
 from ._runtime.base.groups import Group, group_of

@@ -21,7 +21,7 @@ from ._runtime.base import backends as _backends
 from ._runtime.store import access as _store
 from ._runtime.lifecycle import teardown as _teardown
 from ._runtime.protocols import shared_fs as _filesystem
-from ._runtime.base import recorder as _trace
+from ._runtime.protocols import recorder as _trace
 from . import tracing as _tracing
 from ._runtime.base.kitlog import kit as _kit_log
 from ._runtime.base.state import STATE as _STATE

@@ -24,7 +24,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
 
 from . import env as _env
 from ._runtime.protocols import shared_fs as _filesystem, guards as _guards
-from ._runtime.base import recorder as _trace
+from ._runtime.protocols import recorder as _trace
 from ._runtime.base.args import check_world_size
 from ._runtime.protocols.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
 from ._runtime.base.callsite import call_site, short_path

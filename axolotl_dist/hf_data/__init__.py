@@ -36,7 +36,8 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
-from .._runtime.base import kitlog as _logs, recorder as _trace
+from .._runtime.base import kitlog as _logs
+from .._runtime.protocols import recorder as _trace
 from .._runtime.base.callsite import call_site
 from .._runtime.protocols.helpers import checked
 from .._runtime.base.groups import Group, group_of

@@ -17,7 +17,8 @@ import functools
 import os
 from typing import Any, Callable, Optional, TypeVar
 
-from .._runtime.base import envvars as _envvars, recorder as _trace
+from .._runtime.base import envvars as _envvars
+from .._runtime.protocols import recorder as _trace
 from . import _merge
 from .._runtime.base.callsite import call_site
 from .._runtime.base.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR

@@ -13,5 +13,4 @@
 * :mod:`.pickling`: the kit's modules pickle by name.
 * :mod:`.slurm`: SLURM's host lists and task counts.
 * :mod:`.args`: checks of the helpers' arguments, with messages that say what to pass.
-* :mod:`.recorder`: recording this rank's kit calls for the timeline.
 """

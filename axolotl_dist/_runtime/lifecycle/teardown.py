@@ -49,13 +49,14 @@ from typing import Any, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..base import backends, groups, procs, recorder as trace, tracebacks
+from ..base import backends, groups, procs, tracebacks
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base.state import STATE
 from ..store import access as store
 from ..store import sweep as cleanup_keys
 from ..liveness import failures as records, heartbeat, peers
+from ..protocols import recorder as trace
 from ..protocols import blocks
 from ...errors import RankFailedError
 

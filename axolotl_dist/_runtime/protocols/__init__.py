@@ -7,4 +7,5 @@
 * :mod:`.threads`: one thread per group at a time.
 * :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.
 * :mod:`.crosscheck`: debug mode's per-call check that every rank is in the same call.
+* :mod:`.recorder`: recording this rank's kit calls for the timeline (every helper records).
 """

@@ -56,7 +56,6 @@ import pickle
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
-from ..base import recorder as trace
 from ..base.callsite import CallSite
 from ..base.groups import Group
 from ..base.state import STATE
@@ -66,6 +65,7 @@ from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.waits import poll_until
+from . import recorder as trace
 from . import guards
 from ...errors import CollectiveMismatchError
 

@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 import torch.distributed as dist
 
-from ..base import backends, recorder as trace
+from ..base import backends
 from ..base.callsite import call_site
 from ..base.groups import HEADER_LEN, Group
 from ..base.groups import learn
@@ -57,6 +57,7 @@ from ..base.state import STATE
 from ..base.tracebacks import safe_str
 from ..liveness import waits as wait
 from ..liveness.failures import diagnose_lost_peer, failure_report
+from . import recorder as trace
 from .blocks import confirm_all
 from ...errors import CollectiveMismatchError, RankFailedError
 

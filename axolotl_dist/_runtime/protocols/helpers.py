@@ -26,11 +26,12 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Optional, TypeVar, Union
 
-from ..base import envvars, recorder as trace
+from ..base import envvars
 from ..base.callsite import call_site
 from ..base.constants import DEBUG_TIMEOUT_ENV_VAR
 from ..base.groups import Group, group_of
 from ..base.state import STATE
+from . import recorder as trace
 from . import crosscheck as debug_check, guards, threads
 from .blocks import confirm_all
 from ...errors import CollectiveMismatchError, DistributedEnvError

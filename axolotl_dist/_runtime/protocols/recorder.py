@@ -41,9 +41,9 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import procs
-from .groups import default_pg
-from .state import STATE
+from ..base import procs
+from ..base.groups import default_pg
+from ..base.state import STATE
 
 __all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
            "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX"]
@@ -203,7 +203,7 @@ class Recorder:
 
     def end(self, exc: Optional[BaseException]) -> None:
         """The process is ending (``exc``: the exception it ends on): last line, file closed."""
-        from .tracebacks import safe_str
+        from ..base.tracebacks import safe_str
 
         error = "" if exc is None else f"{type(exc).__name__}: {safe_str(exc)}"
         self._line({"e": "end", "t": now(), "error": error})
@@ -218,8 +218,8 @@ class Recorder:
 def trace_dir_requested(explicit: Optional[str]) -> Optional[str]:
     """The trace directory asked for: ``explicit`` (``init_distributed(trace_dir=...)``), else
     ``AXOLOTL_DIST_TRACE``; None if neither."""
-    from .envvars import kit_path
-    from .constants import TRACE_ENV_VAR
+    from ..base.envvars import kit_path
+    from ..base.constants import TRACE_ENV_VAR
 
     return explicit or kit_path(TRACE_ENV_VAR)
 

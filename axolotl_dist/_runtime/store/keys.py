@@ -1,0 +1,145 @@
+"""Every key the kit reads or writes in the c10d store, and nothing else (docs/design.md,
+"Store keys", lists them; ``tests/test_structure.py`` checks that no other module spells one
+and that the table matches :data:`DOCUMENTED`).
+
+Two namespaces:
+
+* **group keys**, under the group's store prefix: everything starts with ``axd/``;
+* **root keys**, at the root of the store under no group's prefix, ``axolotl_dist/...``: what a
+  client of the store must find with only ``MASTER_ADDR:MASTER_PORT`` (``axolotl-dist where``).
+
+A protocol that keeps several keys per call (a block, a debug check, a ``shared_map`` call)
+gets its base here and appends its own parts to it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RUN", "EXITS", "EXIT_LOG", "VERDICTS", "WAITERS", "WARN_LOG", "waiting", "exit_record",
+    "exit_pending", "exit_ack", "gone", "deadlock", "deadlock_ack", "block", "debug_check",
+    "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "whereabouts",
+    "long_wait", "stuck", "DOCUMENTED",
+]
+
+# --- group keys --------------------------------------------------------------------------------
+
+#: The run id the ranks agree on (``compare_set`` at init: the first proposal wins).
+RUN = "axd/run"
+#: A counter: low 32 bits count events (exit records, changes in the judge's verdicts), the
+#: bits above count the judge's rounds.
+EXITS = "axd/exits"
+#: The ranks that left an exit record, in order (``"3,0,"``).
+EXIT_LOG = "axd/exit_log"
+#: The judge's verdicts (JSON): silent ranks and waits that can never end.
+VERDICTS = "axd/judged"
+#: A counter: low 32 bits the kit waits that run long now, bits 32-61 the Python warnings
+#: ranks published, bit 62 rank 0 reads no more of them.
+WAITERS = "axd/waiters"
+#: The Python warnings ranks above 0 published (``append``), for rank 0 to fold.
+WARN_LOG = "axd/warn_log"
+
+
+def waiting(rank: int) -> str:
+    """How many of global ``rank``'s kit waits run long now."""
+    return f"axd/waiting/{rank}"
+
+
+def exit_record(rank: int) -> str:
+    """Global ``rank``'s exit record."""
+    return f"axd/exit/{rank}"
+
+
+def exit_pending(rank: int) -> str:
+    """Set when global ``rank`` exits with a collective left pending."""
+    return f"axd/exit/{rank}/pending"
+
+
+def exit_ack(rank: int, reader: int) -> str:
+    """``reader`` read global ``rank``'s exit record."""
+    return f"axd/exit/{rank}/ack/{reader}"
+
+
+def gone(rank: int) -> str:
+    """Global ``rank`` will not touch the store again (its last store call)."""
+    return f"axd/gone/{rank}"
+
+
+def deadlock(digest: str) -> str:
+    """A deadlock's verdict, by the digest of what every rank involved waits in."""
+    return f"axd/deadlock/{digest}"
+
+
+def deadlock_ack(digest: str, rank: int) -> str:
+    """Global ``rank`` read the verdict of deadlock ``digest``."""
+    return f"{deadlock(digest)}/ack/{rank}"
+
+
+def block(kind: str, seq: int) -> str:
+    """The base of block ``seq`` of ``kind`` (``zf``: ``zero_first``, ``dn``:
+    ``do_n_at_a_time``); the block appends its words, ``site``, ``mismatch``, ``bell``."""
+    return f"axd/{kind}/{seq}"
+
+
+def debug_check(seq: int) -> str:
+    """The base of debug mode's check of call ``seq``: ``c/<rank>``, ``d/<digest>``, ``n``,
+    ``abort`` below it."""
+    return f"axd/dbg/{seq}"
+
+
+def shared_fs(digest: str) -> str:
+    """The shared-filesystem probe of a directory (``/seen`` below it: the arrivals)."""
+    return f"axd/fs/{digest}"
+
+
+def shared_map(seq: int) -> str:
+    """The base of ``shared_map`` call ``seq``."""
+    return f"axd/sm/{seq}"
+
+
+def clock(rank: int, round_: int, side: str) -> str:
+    """Round ``round_`` of global ``rank``'s clock alignment with rank 0: ``ping`` (the rank's),
+    ``pong`` (rank 0's clock)."""
+    return f"axd/clk/{rank}/{round_}/{side}"
+
+
+# --- root keys ---------------------------------------------------------------------------------
+
+#: ``{"run": id, "world": size}``: what a client of the store asks first.
+RUN_NOTE = "axolotl_dist/run"
+
+
+def who(run: str, rank: int) -> str:
+    """Global ``rank``'s record in run ``run``: host, pid, machine, launcher."""
+    return f"axolotl_dist/{run}/who/{rank}"
+
+
+def heartbeat(run: str, rank: int) -> str:
+    """Global ``rank``'s heartbeat counter (low 32 bits: beats; above: snapshot requests)."""
+    return f"axolotl_dist/{run}/hb/{rank}"
+
+
+def whereabouts(run: str, rank: int) -> str:
+    """Global ``rank``'s snapshot of where it is, when asked (JSON)."""
+    return f"axolotl_dist/{run}/where/{rank}"
+
+
+def long_wait(run: str, rank: int) -> str:
+    """The description of global ``rank``'s long kit wait (empty while none runs long)."""
+    return f"axolotl_dist/{run}/wait/{rank}"
+
+
+def stuck(run: str, rank: int) -> str:
+    """The judge's mark while global ``rank``'s wait can never end."""
+    return f"axolotl_dist/{run}/stuck/{rank}"
+
+
+#: Every key as docs/design.md's table spells it (placeholders in angle brackets).
+DOCUMENTED = (
+    RUN, RUN_NOTE, who("<run>", "<rank>"), heartbeat("<run>", "<rank>"),  # type: ignore[arg-type]
+    whereabouts("<run>", "<rank>"), long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
+    stuck("<run>", "<rank>"), deadlock("<h>"), deadlock_ack("<h>", "<rank>"),  # type: ignore[arg-type]
+    exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, VERDICTS, WARN_LOG,  # type: ignore[arg-type]
+    exit_pending("<rank>"), waiting("<rank>"), exit_ack("<rank>", "<reader>"),  # type: ignore[arg-type]
+    gone("<rank>"), block("zf", "<seq>"), shared_fs("<h>"), block("dn", "<seq>"),  # type: ignore[arg-type]
+    debug_check("<seq>"), shared_map("<seq>"), clock("<rank>", "<i>", "<side>"),  # type: ignore[arg-type]
+)
