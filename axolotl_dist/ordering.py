@@ -26,7 +26,8 @@ from . import env as _env
 from ._runtime.protocols import shared_fs as _filesystem, guards as _guards
 from ._runtime.protocols import recorder as _trace
 from ._runtime.base.args import check_world_size
-from ._runtime.protocols.blocks import ZeroFirstBlock, first_run_begin, first_run_end, run_in_rounds
+from ._runtime.protocols.blocks import run_in_rounds
+from ._runtime.protocols.zero_first import ZeroFirstBlock, first_run_begin, first_run_end
 from ._runtime.base.callsite import call_site, short_path
 from ._runtime.protocols.helpers import checked, first_rank_block
 from ._runtime.base.groups import NOT_ASKED, group_of

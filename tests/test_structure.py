@@ -408,3 +408,42 @@ def test_a_features_private_modules_stay_in_its_package():
             if module != home and not module.startswith(home + "."):
                 wrong.append(f"{module} imports {target}")
     assert wrong == []
+
+
+# ---------------------------------------------------------------- one owner per protocol fact
+
+def _code_strings(tree: ast.AST) -> List[ast.Constant]:
+    """The string constants of a module that are not docstrings."""
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_one_module_spells_the_store_keys():
+    # every key the kit keeps in the c10d store is built in _runtime/store/keys.py: a restarted
+    # attempt's prefix, a new key's place in docs/design.md, all in one file
+    owner = f"{RUNTIME}.store.keys"
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+             for module, path in MODULES.items() if module != owner
+             for node in _code_strings(ast.parse(path.read_text()))
+             if "axd/" in node.value or node.value.startswith("axolotl_dist/")]
+    assert found == []
+
+
+def test_the_design_docs_key_table_is_the_keys_module():
+    from axolotl_dist._runtime.store import keys
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text.split("## Store keys", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            documented |= {k for k in re.findall(r"`([^`]+)`", first)
+                           if k.startswith(("axd/", "axolotl_dist/"))}
+    assert documented == set(keys.DOCUMENTED)

@@ -43,6 +43,7 @@ from .._runtime.protocols.helpers import checked
 from .._runtime.base.groups import Group, group_of
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
 from .._runtime.base.state import STATE as _STATE
+from .._runtime.store import keys as _keys
 from .._runtime.store.access import group_store
 from .._runtime.liveness.deadlock import Point
 from .._runtime.liveness.waits import poll_until
@@ -191,7 +192,7 @@ class _SharedMap:
         self.next_report = self.next_bar = 0.0
 
     def key(self, *parts: Union[str, int]) -> str:
-        return "/".join([f"axd/sm/{self.seq}", *map(str, parts)])
+        return "/".join([_keys.shared_map(self.seq), *map(str, parts)])
 
     # --- the call ---------------------------------------------------------------------------
 

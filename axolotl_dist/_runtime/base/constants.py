@@ -40,7 +40,6 @@ __all__ = [
     "DEFAULT_WAIT_LOG_INTERVAL",
     "DEFAULT_STORE_LINGER",
     "HOST",
-    "WAITERS_KEY",
     "LONG_WAITS",
 ]
 
@@ -107,10 +106,4 @@ AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 #: This host's name, as peers record it.
 HOST = socket.gethostname()
 
-#: A store counter (under the group's prefix). Its low 32 bits (:data:`LONG_WAITS`): how many
-#: kit waits of any rank run long now (each adds 1 while it runs; rank 0's heartbeat judges
-#: while they are above 0). The bits above: the Python warnings ranks published for rank 0 to
-#: fold, and whether rank 0 still reads them (:mod:`..lifecycle.warnfold`). Rank 0's heartbeat reads it
-#: every beat, so it learns of both in one call.
-WAITERS_KEY = "axd/waiters"
 LONG_WAITS = (1 << 32) - 1

@@ -57,7 +57,7 @@ from ..store import access as store
 from ..store import sweep as cleanup_keys
 from ..liveness import failures as records, heartbeat, peers
 from ..protocols import recorder as trace
-from ..protocols import blocks
+from ..protocols import zero_first
 from ...errors import RankFailedError
 
 __all__ = ["start_services", "cleanup", "teardown", "keep_abandoned"]
@@ -175,7 +175,7 @@ def _confirm_blocks() -> None:
     for block in pending:
         block.timeout = bound if block.timeout is None else min(block.timeout, bound)
     try:
-        blocks.confirm_all()
+        zero_first.confirm_all()
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the process is ending
         log.warning("rank %d: not every rank reached a zero_first block this rank ran first: "
                     "%s", dist.get_rank() if dist.is_initialized() else 0, tracebacks.safe_str(exc))

@@ -38,16 +38,17 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..base import envvars
-from ..base.constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR, WAITERS_KEY
+from ..base.constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR
 from ..base.kitlog import KitLog
 from ..base.state import STATE
 from ..base.text import ranks_text
+from ..store import keys
 from ..store.access import bounded
 from ..liveness import heartbeat
 from ... import env
 from ...errors import DistributedEnvError
 
-__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARN_LOG_KEY", "WARNED", "UNREAD", "Folding",
+__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARNED", "UNREAD", "Folding",
            "install", "installed", "show", "started", "read", "pending", "tick", "close"]
 
 #: Seconds a warning is held, without a heartbeat, before this process prints it itself.
@@ -56,8 +57,6 @@ HOLD_FOR = 10.0
 WINDOW = 1.0
 #: Seconds between rank 0's looks for published warnings while one is pending.
 LOOK = 0.25
-#: The warnings ranks above 0 published, in order: ``<rank>\t<text>\x1e`` each.
-WARN_LOG_KEY = "axd/warn_log"
 END = "\x1e"  # ends each entry; a text never holds one
 #: What a rank adds to ``WAITERS_KEY`` per warning it appended: bits 32-61 count them.
 WARNED = 1 << 32
@@ -176,9 +175,9 @@ def _publish(beat: Any, texts: List[str]) -> bool:
     try:
         if not beat.store_usable():
             return False
-        beat.store.append(WARN_LOG_KEY, "".join(f"{beat.rank}\t{text.replace(END, ' ')}{END}"
+        beat.store.append(keys.WARN_LOG, "".join(f"{beat.rank}\t{text.replace(END, ' ')}{END}"
                                                 for text in texts))
-        return not beat.store.add(WAITERS_KEY, len(texts) * WARNED) & UNREAD
+        return not beat.store.add(keys.WAITERS, len(texts) * WARNED) & UNREAD
     except Exception:  # noqa: BLE001 - the store is going: printed here instead
         return False
 
@@ -228,7 +227,7 @@ def read(beat: Any, value: int) -> None:
     if count <= beat.warned:
         return
     beat.warned = count
-    log = beat.store.get(WARN_LOG_KEY)
+    log = beat.store.get(keys.WARN_LOG)
     data, beat.warn_read = log[beat.warn_read:], len(log)
     folding = _folding()
     for item in data.split(END.encode()):
@@ -277,7 +276,7 @@ def close(beat: Any) -> None:
     if beat.rank != 0:
         return
     if installed() and beat.store_usable():
-        bounded(lambda: read(beat, beat.store.add(WAITERS_KEY, UNREAD)), CLOSE_BOUND)
+        bounded(lambda: read(beat, beat.store.add(keys.WAITERS, UNREAD)), CLOSE_BOUND)
     _flush()
 
 

@@ -33,7 +33,7 @@ from ..base.groups import Group
 from ..base.state import STATE
 from ..base.text import ranks_text
 
-__all__ = ["Point", "Stuck", "wait_key", "stuck_key", "describe", "new_serial", "find_stuck",
+__all__ = ["Point", "Stuck", "describe", "new_serial", "find_stuck",
            "explain", "Judge", "KINDS", "CALLS_PER_RANK"]
 
 #: The kinds of meeting, in the order of a rank's progress counters: the group's kit
@@ -51,17 +51,6 @@ class Point(NamedTuple):
     seq: int  # the group's counter of that kind at this call (1, 2, ...)
     label: str  # the helper's name; a block's pairing tag
     finish: bool = False  # the awaited ranks must end the body (a zero_first waiter)
-
-
-def wait_key(run: str, rank: int) -> str:
-    """The root-store key of global ``rank``'s long wait (``""`` while it has none)."""
-    return f"axolotl_dist/{run}/wait/{rank}"
-
-
-def stuck_key(run: str, rank: int) -> str:
-    """The root-store key of the judge's verdict on global ``rank``'s long wait:
-    ``"serial|deadlock index"`` while that wait is stuck, else ``""``."""
-    return f"axolotl_dist/{run}/stuck/{rank}"
 
 
 def new_serial() -> int:

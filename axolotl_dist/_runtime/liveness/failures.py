@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 import torch.distributed as dist
 
 from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_interval
-from ..base.constants import WAITERS_KEY
 from ..base.envvars import kit_seconds
 from ..base.groups import Group, default_pg, learn, learnt
 from ..base.procs import MACHINE
 from ..base.state import STATE
 from ..base.tracebacks import format_exception, safe_str
+from ..store import keys
 from ..store.access import hosts_store, is_store_error, world_store
 from .heartbeat import exit_connection
-from .judge import Watch, exit_key, lost_error, pending_key, waiting_key
-from .peers import EXIT_LOG_KEY, peer_record, store_host_gone, store_lost_error
+from .judge import Watch, lost_error
+from .peers import peer_record, store_host_gone, store_lost_error
 from .whereabouts import same_machine
 from ...errors import AxolotlDistError, RankFailedError
 
@@ -76,7 +76,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
     try:
         error = learn(RankFailedError.from_report(store.get(key)))
         if me is not None:
-            store.set(f"{key}/ack/{me}", b"")
+            store.set(keys.ack(key, me), b"")
     except Exception as exc:  # noqa: BLE001
         if is_store_error(exc):
             raise store_lost_error(exc, "reading another rank's failure") from exc
@@ -101,7 +101,7 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
         ranks = group.ranks if group is not None else list(range(dist.get_world_size()))
 
         def left() -> List[int]:
-            return [ranks[r] for r in readers if not store.check([f"{key}/ack/{r}"])]
+            return [ranks[r] for r in readers if not store.check([keys.ack(key, r)])]
 
         _linger(lambda: not left(), left, Watch(world_store(), look_every=_LINGER_CHECK),
                 exits=True)
@@ -168,10 +168,10 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
         else:
             report = failure_report(rank, exc, "its script")
         if any(g.abandoned for g in list(STATE.groups.values())):
-            store.set(pending_key(rank), b"")  # first: a reader of the record sees it
-        store.set(exit_key(rank), pickle.dumps((report, time.time())))
-        store.append(EXIT_LOG_KEY, f"{rank},")
-        store.add("axd/exits", 1)
+            store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
+        store.set(keys.exit_record(rank), pickle.dumps((report, time.time())))
+        store.append(keys.EXIT_LOG, f"{rank},")
+        store.add(keys.EXITS, 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
         return None
     return store, rank, report is not None
@@ -182,7 +182,7 @@ def mark_exited(record: Tuple["Store", int, bool]) -> None:
     store call, this process's last: the store's host may end as soon as it is made."""
     store, rank, _ = record
     try:
-        store.set(f"axd/gone/{rank}", b"")
+        store.set(keys.gone(rank), b"")
     except Exception:  # noqa: BLE001
         pass
 
@@ -203,9 +203,9 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     try:
         watcher = Watch(store, rank)
         while time.monotonic() < deadline:
-            waiting = [r for r in others if store.add(waiting_key(r), 0) > 0
-                       and not store.check([f"axd/gone/{r}"])
-                       and not (relayed and store.check([exit_key(r)]))]
+            waiting = [r for r in others if store.add(keys.waiting(r), 0) > 0
+                       and not store.check([keys.gone(r)])
+                       and not (relayed and store.check([keys.exit_record(r)]))]
             if not waiting or len(watcher.find_lost(waiting, time.monotonic(),
                                                     exits=False)) == len(waiting):
                 return
@@ -229,17 +229,17 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
     others = [r for r in range(world_size) if r != rank]
     try:
         def left() -> List[int]:
-            return [r for r in others if not store.check([f"axd/gone/{r}"])]
+            return [r for r in others if not store.check([keys.gone(r)])]
 
         def copied() -> bool:
-            return all(store.check([f"axd/gone/{r}"]) or store.check([f"{exit_key(rank)}/ack/{r}"])
+            return all(store.check([keys.gone(r)]) or store.check([keys.ack(keys.exit_record(rank), r)])
                        for r in others)
 
         if failed:
             _linger(copied, left, Watch(store, rank, _LINGER_CHECK), exits=False)
             time.sleep(_DRAIN)  # store calls already in flight finish (none start after a copy)
         else:
-            gone = [f"axd/gone/{r}" for r in others]
+            gone = [keys.gone(r) for r in others]
             _linger(lambda: not gone or store.check(gone), left,
                     Watch(store, rank, _LINGER_CHECK), exits=False)
     except Exception:  # noqa: BLE001
@@ -281,7 +281,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
                     # rank waits: this one counts itself as waiting meanwhile
                     waiting = not all(same_machine(peer_record(r)) for r in ranks)
                     if waiting:
-                        watcher.store.add(WAITERS_KEY, 1)
+                        watcher.store.add(keys.WAITERS, 1)
                     limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL +
                                      watcher.look_every + 1.0 if waiting else _LOCAL_DIAGNOSIS)
                 if now >= limit:
@@ -289,7 +289,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
                 time.sleep(0.05)
         finally:
             if waiting:
-                watcher.store.add(WAITERS_KEY, -1)
+                watcher.store.add(keys.WAITERS, -1)
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):
             return store_lost_error(store_exc, what)

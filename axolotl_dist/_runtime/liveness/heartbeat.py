@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Tuple
 import torch.distributed as dist
 
 from ..base import procs
-from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS, WAITERS_KEY
+from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
 from ..base.groups import default_pg
 from ..base.state import STATE
 from ..store import sleep as bells
+from ..store import keys
 from ..store.access import store_host, world_store
 from . import deadlock, whereabouts as where
 from .judge import RankZeroJudge
-from .peers import (EXIT_LOG_KEY, JUDGE_INTERVAL, VERDICTS_KEY, Peer, encode_peer,
-                    host_leaving, launcher_name, peer, store_host_gone, waiting_key, who_key)
+from .peers import (JUDGE_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -44,7 +44,7 @@ __all__ = ["Rider", "ride", "start_heartbeat", "stop_heartbeat", "exit_connectio
 def _run_id(base: "Store") -> str:
     """The id every rank of this group agrees on: the first rank to propose one wins."""
     mine = uuid.uuid4().hex[:12]
-    return base.compare_set("axd/run", "", mine).decode()
+    return base.compare_set(keys.RUN, "", mine).decode()
 
 
 # --- what rides on rank 0's heartbeat ---------------------------------------------------------
@@ -120,18 +120,18 @@ class _Heartbeat:
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         STATE.peers[rank] = me
         # the record, and this rank's long-wait description and verdict (none yet): one call
-        keys = [who_key(run, rank), deadlock.wait_key(run, rank), deadlock.stuck_key(run, rank)]
+        names = [keys.who(run, rank), keys.long_wait(run, rank), keys.stuck(run, rank)]
         try:
-            raw.multi_set(keys, [encode_peer(me), "", ""])
+            raw.multi_set(names, [encode_peer(me), "", ""])
         except (AttributeError, NotImplementedError, RuntimeError):  # a store without it
-            for key, value in zip(keys, [encode_peer(me), "", ""]):
+            for key, value in zip(names, [encode_peer(me), "", ""]):
                 raw.set(key, value)
-        raw.add(where.hb_key(run, rank), 1)
-        store.add(waiting_key(rank), 0)  # created now: the key count stays flat afterwards
-        store.add("axd/exits", 0)
-        store.append(EXIT_LOG_KEY, "")  # created now, so a waiter reads both in one call
-        store.compare_set(VERDICTS_KEY, "", "{}")
-        store.add(WAITERS_KEY, 0)  # created now: long waits add no key
+        raw.add(keys.heartbeat(run, rank), 1)
+        store.add(keys.waiting(rank), 0)  # created now: the key count stays flat afterwards
+        store.add(keys.EXITS, 0)
+        store.append(keys.EXIT_LOG, "")  # created now, so a waiter reads both in one call
+        store.compare_set(keys.VERDICTS, "", "{}")
+        store.add(keys.WAITERS, 0)  # created now: long waits add no key
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
 
@@ -154,7 +154,7 @@ class _Heartbeat:
 
     def _waiters(self) -> None:
         """Rank 0: judge while some rank's wait runs long; tell the riders (see Rider)."""
-        value = self.store.add(WAITERS_KEY, 0)
+        value = self.store.add(keys.WAITERS, 0)
         self.judging = value & LONG_WAITS > 0
         for rider in _RIDERS:
             rider.read(self, value)
@@ -173,13 +173,13 @@ class _Heartbeat:
         host exits on a failure, every rank then knows the root cause before the store goes
         (the host lingers until they acknowledged), even one that was not in a kit call
         (:func:`store_lost_error`). One store call while there is none."""
-        key = f"axd/exit/{self.host}"
+        key = keys.exit_record(self.host)
         if self.host in STATE.exits or not self.store.check([key]):
             return
         STATE.exits[self.host] = pickle.loads(self.store.get(key))  # type: ignore[index]
         if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
             bells.release_all()
-        self.store.set(f"{key}/ack/{self.rank}", b"")
+        self.store.set(keys.ack(key, self.rank), b"")
         if host_leaving():
             raise _HostLeaving()  # the last store call of this heartbeat
 
@@ -189,7 +189,7 @@ class _Heartbeat:
         self.judge.round(self.store, self.raw)
 
     def _run(self) -> None:
-        key = where.hb_key(self.run, self.rank)
+        key = keys.heartbeat(self.run, self.rank)
         # The first records at once, in short doubling waits (a store host that dies soon
         # after init is then judged by its pid with no store call: see store_host_gone);
         # then one beat per interval.
@@ -259,7 +259,7 @@ def start_heartbeat() -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         run = STATE.run = _run_id(base)
         raw = where.raw_store(store)
-        raw.set(where.RUN_KEY, json.dumps({"run": run, "world": world}))
+        raw.set(keys.RUN_NOTE, json.dumps({"run": run, "world": world}))
         where.note_address(run, rank, world, launcher_name())
         STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         STATE.exit_store = (store, rank, weakref.ref(pg))

@@ -29,19 +29,17 @@ from ..base.envvars import kit_seconds
 from ..base.groups import learn
 from ..base.kitlog import kit as log
 from ..base.state import STATE
+from ..store import keys
 from ..store.access import store_host, world_store
 from . import deadlock
-from .deadlock import stuck_key
-from .peers import (EVENTS, EXIT_LOG_KEY, JUDGE_INTERVAL, JUDGED, VERDICTS_KEY,
-                    check_store_host, fetch_peers, host_leaving, same_machine, waiting_key)
-from .whereabouts import BEATS, hb_key, raw_store
+from .peers import (EVENTS, JUDGE_INTERVAL, JUDGED, check_store_host, fetch_peers, host_leaving, same_machine)
+from .whereabouts import BEATS, raw_store
 from ...errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["RankZeroJudge", "Lost", "exit_key", "pending_key", "waiting_key", "Watch",
-           "lost_error"]
+__all__ = ["RankZeroJudge", "Lost", "Watch", "lost_error"]
 
 
 class RankZeroJudge:
@@ -55,8 +53,8 @@ class RankZeroJudge:
         self.all_beat = False  # every rank's heartbeat key exists (it may multi_get)
         self.deadlocks = deadlock.Judge(world_size)
         #: what it reads each round: every beat's key, then every wait's description
-        self.keys = ([hb_key(run, r) for r in range(world_size)] +
-                     [deadlock.wait_key(run, r) for r in range(world_size)])
+        self.keys = ([keys.heartbeat(run, r) for r in range(world_size)] +
+                     [keys.long_wait(run, r) for r in range(world_size)])
 
     def round(self, store: "Store", raw: "Store") -> None:
         """One round, for every waiting rank at once: read every rank's heartbeat and long-wait
@@ -75,7 +73,7 @@ class RankZeroJudge:
         found = self.deadlocks.round(values[world:])
         if found is not None and found[0]:  # the marks first: a waiter reads one on the event
             marks = sorted(found[0].items())
-            raw.multi_set([stuck_key(self.run, r) for r, _ in marks], [m for _, m in marks])
+            raw.multi_set([keys.stuck(self.run, r) for r, _ in marks], [m for _, m in marks])
         silent = self._silent(values[:world], now)
         # republished each round while a rank is silent: a waiter then judges "dead" from
         # what the judge measured at most a round ago, never from its own extrapolation (a
@@ -83,10 +81,10 @@ class RankZeroJudge:
         changed = bool(silent) or set(silent) != set(self.silent) or found is not None
         self.silent = silent
         if changed:
-            store.set(VERDICTS_KEY, json.dumps({
+            store.set(keys.VERDICTS, json.dumps({
                 "silent": {str(r): round(s, 1) for r, s in silent.items()},
                 "deadlocks": self.deadlocks.texts}))
-        store.add("axd/exits", JUDGED + (1 if changed else 0))
+        store.add(keys.EXITS, JUDGED + (1 if changed else 0))
 
     def _silent(self, beats: List[bytes], now: float) -> Dict[int, float]:
         """The ranks whose beat has not moved for ``SILENT_AFTER`` seconds, and for how long."""
@@ -115,17 +113,6 @@ class Lost(NamedTuple):
     detail: str
     report: Optional[RankFailedError]
     when: float = float("inf")
-
-
-def exit_key(rank: int) -> str:
-    """The store key of global ``rank``'s exit record."""
-    return f"axd/exit/{rank}"
-
-
-def pending_key(rank: int) -> str:
-    """Set (before its exit record) when global ``rank`` exits with a collective left pending
-    (Ctrl-C in its wait): its peers in that collective name it without a grace."""
-    return f"axd/exit/{rank}/pending"
 
 
 class Watch:
@@ -212,7 +199,7 @@ class Watch:
     def _look(self, now: float) -> None:
         """One store call; more only when something happened (see the class docstring)."""
         self.next_look = now + self.look_every
-        count = self.store.add("axd/exits", 0)
+        count = self.store.add(keys.EXITS, 0)
         events, rounds = count & EVENTS, count >> 32
         if rounds != self.rounds:
             self.rounds, self.rounds_at = rounds, now
@@ -220,29 +207,29 @@ class Watch:
             return
         self.events = events
         if not self.have_keys:  # created by every rank's heartbeat: then one call reads both
-            self.have_keys = self.store.check([EXIT_LOG_KEY, VERDICTS_KEY])
+            self.have_keys = self.store.check([keys.EXIT_LOG, keys.VERDICTS])
             if not self.have_keys:
                 return
         run = STATE.run if STATE.heartbeat is not None else None  # then its keys exist
-        keys = [EXIT_LOG_KEY, VERDICTS_KEY]
+        names = [keys.EXIT_LOG, keys.VERDICTS]
         if run is not None and self.raw is self.store:  # the verdict on this rank's wait too
-            keys.append(stuck_key(run, self.me))
-        log, verdicts, *mine = self.store.multi_get(keys)
+            names.append(keys.stuck(run, self.me))
+        log, verdicts, *mine = self.store.multi_get(names)
         for item in log.decode().split(","):
             if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
                 self._read_exit(int(item))
         judged = json.loads(verdicts or b"{}")
         self.silent = {int(r): (float(secs), now) for r, secs in judged.get("silent", {}).items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
-            mine = [self.raw.get(stuck_key(run, self.me))]
+            mine = [self.raw.get(keys.stuck(run, self.me))]
         serial, _, index = (mine[0] if mine else b"").decode().partition("|")
         deadlocks = judged.get("deadlocks", [])
         self.stuck = ((int(serial), deadlocks[int(index)])
                       if serial and int(index) < len(deadlocks) else None)
 
     def _read_exit(self, rank: int) -> None:
-        report, when = pickle.loads(self.store.get(exit_key(rank)))
-        self.store.set(f"{exit_key(rank)}/ack/{self.me}", b"")
+        report, when = pickle.loads(self.store.get(keys.exit_record(rank)))
+        self.store.set(keys.ack(keys.exit_record(rank), self.me), b"")
         STATE.exits.setdefault(rank, (report, when))
         self.exited[rank] = self._from_record(rank, report, when)
 
@@ -267,7 +254,7 @@ class Watch:
             verdict = self.silent.get(rank)
             return 0.0 if verdict is None else verdict[0]  # as measured, at most a round ago
         run = STATE.run
-        beat = self.raw.add(hb_key(run, rank), 0) & BEATS if run is not None else 0
+        beat = self.raw.add(keys.heartbeat(run, rank), 0) & BEATS if run is not None else 0
         if beat == 0:
             return None
         last = self.seen.get(rank)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from ..base import procs
 from ..base.groups import learn
 from ..base.state import STATE
+from ..store import keys
 from ..store.access import StoreHostGoneError, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
 
@@ -26,9 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
 __all__ = [
-    "Peer", "encode_peer", "decode_peer", "who_key", "same_machine", "launcher_name",
-    "peer_record", "waiting_key", "peer", "fetch_peers", "EVENTS", "JUDGED", "VERDICTS_KEY",
-    "EXIT_LOG_KEY", "JUDGE_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
+    "Peer", "encode_peer", "decode_peer", "same_machine", "launcher_name",
+    "peer_record", "peer", "fetch_peers", "EVENTS", "JUDGED", "JUDGE_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
     "store_lost_error", "store_errors",
 ]
 
@@ -60,11 +60,6 @@ def decode_peer(raw: bytes) -> Optional[Peer]:
     return Peer(parts[0], int(parts[1]), parts[2], parts[4], parts[3] == "1")
 
 
-def who_key(run: str, rank: int) -> str:
-    """The root-store key of global ``rank``'s record in run ``run``."""
-    return f"axolotl_dist/{run}/who/{rank}"
-
-
 def same_machine(record: Optional[Peer]) -> bool:
     """Whether ``record``'s pid names a process this process can see in ``/proc``: same kernel
     boot and PID namespace (:func:`..base.procs.machine_id`), not merely the same hostname."""
@@ -92,22 +87,13 @@ def peer_record(rank: int) -> Optional[Peer]:
     return STATE.peers.get(rank)
 
 
-def waiting_key(rank: int) -> str:
-    """The store counter of global ``rank``'s kit waits that have run past their first slice
-    or polls (above 0: it is waiting for other ranks, and judges them every
-    ``LIVENESS_INTERVAL``). A wait that ends on an exception leaves its count: the rank is
-    about to report that exception (see :func:`.failures.await_peers_told`). Created (at 0) when
-    the rank's heartbeat starts, so the store's key count does not grow with long waits."""
-    return f"axd/waiting/{rank}"
-
-
 def peer(raw: "Store", rank: int) -> Optional[Peer]:
     """The record of global ``rank``: the local copy first, then the root store ``raw``;
     None if unknown."""
     found = STATE.peers.get(rank)
     run = STATE.run
-    if found is None and run is not None and raw.check([who_key(run, rank)]):
-        found = decode_peer(raw.get(who_key(run, rank)))
+    if found is None and run is not None and raw.check([keys.who(run, rank)]):
+        found = decode_peer(raw.get(keys.who(run, rank)))
         if found is not None:
             STATE.peers[rank] = found
     return found
@@ -121,7 +107,7 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
     missing = [r for r in ranks if r not in STATE.peers]
     if run is None or not missing:
         return
-    keys = [who_key(run, r) for r in missing]
+    keys = [keys.who(run, r) for r in missing]
     if len(keys) > 1 and raw.check(keys):
         for r, value in zip(missing, raw.multi_get(keys)):
             record = decode_peer(value)
@@ -141,15 +127,6 @@ EVENTS = (1 << 32) - 1
 #: What the judge adds to ``axd/exits`` each round: the counter's bits above 32 count judge
 #: rounds, the bits below count events (exit records, and changes in the judge's verdicts).
 JUDGED = 1 << 32
-
-
-#: The judge's verdicts (JSON ``{"silent": {rank: seconds}}``): ranks whose heartbeat has not
-#: moved for :data:`~..base.constants.SILENT_AFTER` seconds or more.
-VERDICTS_KEY = "axd/judged"
-
-
-#: The ranks that left an exit record, in order (``"3,0,"``): read once per new event.
-EXIT_LOG_KEY = "axd/exit_log"
 
 
 #: Seconds between two rounds of the judge (global rank 0's heartbeat thread, while some

@@ -33,18 +33,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..base import procs
 from ..base.callsite import call_site
 from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
-from ..base.constants import WAITERS_KEY
 from ..base.envvars import kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base.state import STATE
+from ..store import keys
 from ..store.access import (Job, StoreHostGoneError, bounded, is_store_error, store_address,
                             store_host, submit, world_store)
 from ..store.sleep import Bell
 from . import whereabouts as where
-from .deadlock import CALLS_PER_RANK, Point, describe, new_serial, wait_key
+from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
 from .failures import await_readers
-from .judge import Lost, Watch, lost_error, pending_key, waiting_key
+from .judge import Lost, Watch, lost_error
 from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
 from ...errors import (CollectiveMismatchError, DistributedEnvError, RankFailedError,
                        RankTimeoutError)
@@ -120,8 +120,8 @@ class Waiting:
         """Count this wait on this rank's waiting key (once): it runs long; and say where it
         is, for the deadlock judge."""
         if not self.marked:
-            self.watcher.store.add(waiting_key(self.me), 1)
-            self.watcher.store.add(WAITERS_KEY, 1)  # the judge judges while above 0
+            self.watcher.store.add(keys.waiting(self.me), 1)
+            self.watcher.store.add(keys.WAITERS, 1)  # the judge judges while above 0
             self.marked = True
             run = STATE.run
             if self.point is not None and run is not None:
@@ -129,7 +129,7 @@ class Waiting:
                 awaits = None if self.point.kind == "collective" else list(self.ranks)
                 self.published = describe(self.point, self.serial, self.shown, self.thread,
                                           awaits)
-                self.watcher.raw.set(wait_key(run, self.me), self.published)
+                self.watcher.raw.set(keys.long_wait(run, self.me), self.published)
 
     def lost(self, now: float) -> List[Lost]:
         """The awaited ranks that are gone (see :meth:`.judge.Watch.find_lost`)."""
@@ -152,9 +152,9 @@ class Waiting:
         # the ranks the error names (every rank of a deadlock of up to CALLS_PER_RANK ranks)
         ranks = sorted(error.calls) if len(error.calls) <= CALLS_PER_RANK else []
         same = repr(sorted(error.calls.items())).encode()  # alike on every rank of the deadlock
-        key = f"axd/deadlock/{hashlib.blake2b(same, digest_size=6).hexdigest()}"
+        key = keys.deadlock(hashlib.blake2b(same, digest_size=6).hexdigest())
         try:
-            self.watcher.store.set(f"{key}/ack/{self.me}", b"")
+            self.watcher.store.set(keys.ack(key, self.me), b"")
             self._unpublish()
             await_readers(self.watcher.store, key, [r for r in ranks if r != self.me])
         except Exception:  # noqa: BLE001 - the store is going: the error is still this rank's
@@ -164,7 +164,7 @@ class Waiting:
     def _unpublish(self) -> None:
         run = STATE.run
         if self.published and run is not None:
-            self.watcher.raw.compare_set(wait_key(run, self.me), self.published, "")
+            self.watcher.raw.compare_set(keys.long_wait(run, self.me), self.published, "")
             self.published = ""
 
     def warn(self, now: float, ranks: Sequence[int]) -> None:
@@ -189,11 +189,11 @@ class Waiting:
         exception within a second at most (the store may be going)."""
         STATE.waits.pop(self.thread, None)
         if normal and self.marked:
-            store, key = self.watcher.store, waiting_key(self.me)
+            store, key = self.watcher.store, keys.waiting(self.me)
 
             def call() -> None:
                 store.add(key, -1)
-                store.add(WAITERS_KEY, -1)
+                store.add(keys.WAITERS, -1)
                 self._unpublish()
 
             unmark(call)
@@ -415,7 +415,7 @@ def _grace(watcher: Watch, lost: List[Lost]) -> float:
     if host_leaving():
         return 0.0
     try:
-        if any(watcher.store.check([pending_key(gone.rank)]) for gone in lost):
+        if any(watcher.store.check([keys.exit_pending(gone.rank)]) for gone in lost):
             return 0.0
     except Exception:  # noqa: BLE001 - the store is going: name the peer now
         return 0.0
@@ -451,7 +451,7 @@ def left(work: Any, g: Group, exc: BaseException) -> None:
     its context."""
     try:
         if not work.is_completed():
-            g.abandoned = True  # publish_exit then sets .watch.pending_key
+            g.abandoned = True  # publish_exit then sets keys.exit_pending
             STATE.abandoned.append(work)
     except Exception:  # noqa: BLE001 - best effort: the exception itself matters
         pass

@@ -31,19 +31,18 @@ from ..base import procs
 from ..base.callsite import short_path
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.state import STATE
+from ..store import keys
 from . import runs
-from .peers import Peer, decode_peer, same_machine, who_key
+from .peers import Peer, decode_peer, same_machine
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["RUN_KEY", "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "raw_store", "hb_key",
+__all__ = [ "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "raw_store",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "note_address", "where_command", "Refused", "connect", "rendezvous_target",
            "where"]
 
-#: The root key naming the current run: ``{"run": id, "world": size}``.
-RUN_KEY = "axolotl_dist/run"
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
 #: The beats part of a heartbeat counter.
@@ -68,14 +67,6 @@ def raw_store(store: "Store") -> "Store":
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
     return store
-
-
-def hb_key(run: str, rank: int) -> str:
-    return f"axolotl_dist/{run}/hb/{rank}"
-
-
-def _where_key(run: str, rank: int) -> str:
-    return f"axolotl_dist/{run}/where/{rank}"
 
 
 # --- what a rank says about itself ---------------------------------------------------------
@@ -177,7 +168,7 @@ def answer(store: "Store", run: str, rank: int, request: int) -> None:
     """Write this rank's snapshot for request number ``request``."""
     data = snapshot(rank)
     data["request"] = request
-    store.set(_where_key(run, rank), json.dumps(data))
+    store.set(keys.whereabouts(run, rank), json.dumps(data))
 
 
 # --- asking -------------------------------------------------------------------------------
@@ -187,10 +178,10 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
     now); one store call per rank, which also makes sure its answer's key exists."""
     asked = {}
     for r in ranks:
-        value = store.add(hb_key(run, r), REQUEST)
+        value = store.add(keys.heartbeat(run, r), REQUEST)
         asked[r] = (value >> 32, value & BEATS)
         if (run, r) not in _ANSWER_KEYS:  # made once, so one multi_get reads every answer
-            store.compare_set(_where_key(run, r), "", "{}")
+            store.compare_set(keys.whereabouts(run, r), "", "{}")
             _ANSWER_KEYS.add((run, r))
     return asked
 
@@ -201,12 +192,12 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
     the ranks that did not answer, how many beats they made meanwhile. One ``multi_get`` of
     every answer and heartbeat per poll, however many ranks."""
     ranks = list(wanted)
-    keys = [_where_key(run, r) for r in ranks] + [hb_key(run, r) for r in ranks]
+    names = [keys.whereabouts(run, r) for r in ranks] + [keys.heartbeat(run, r) for r in ranks]
     got: Dict[int, Dict[str, Any]] = {}
     beats: Dict[int, int] = {}
     deadline = time.monotonic() + within
     while True:
-        values = store.multi_get(keys)
+        values = store.multi_get(names)
         for i, rank in enumerate(ranks):
             beats[rank] = int(values[len(ranks) + i]) & BEATS
             if rank not in got:
@@ -366,19 +357,19 @@ def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
     ``--rdzv-endpoint`` a torchrun user knows) rather than the ranks' own store: the address
     its last round's agent of rank 0 left there; None otherwise. Keys are listed where the
     store can (torch 2.13 on); elsewhere torchrun's default run id ``none`` is tried."""
-    if store.check([RUN_KEY]):
+    if store.check([keys.RUN_NOTE]):
         return None
     lister = getattr(store, "list_keys", None)
     try:
-        keys = [k for k in lister() if k.startswith(_RDZV_PREFIX) and k.endswith(_RDZV_PORT)] \
+        found = [k for k in lister() if k.startswith(_RDZV_PREFIX) and k.endswith(_RDZV_PORT)] \
             if lister is not None else []
     except Exception:  # noqa: BLE001 - a store that cannot list
-        keys = []
-    if not keys:
-        keys = [f"{_RDZV_PREFIX}none.{r}{_RDZV_PORT}" for r in range(16)]
-        keys = [k for k in keys if store.check([k])]
+        found = []
+    if not found:
+        found = [f"{_RDZV_PREFIX}none.{r}{_RDZV_PORT}" for r in range(16)]
+        found = [k for k in found if store.check([k])]
     rounds = []
-    for key in keys:
+    for key in found:
         prefix = key[: -len(_RDZV_PORT)]
         head, _, number = prefix.rpartition(".")
         if head and number.isdigit():
@@ -395,15 +386,15 @@ def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
 def where(store: "Store", ranks: Optional[Sequence[int]] = None,
           within: float = ANSWER_WITHIN) -> str:
     """The report of the run whose root store is ``store`` (all ranks by default)."""
-    if not store.check([RUN_KEY]):
+    if not store.check([keys.RUN_NOTE]):
         return "  no axolotl_dist run has registered with this store (yet)"
-    info = json.loads(store.get(RUN_KEY))
+    info = json.loads(store.get(keys.RUN_NOTE))
     run, world = info["run"], int(info["world"])
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
     records: Dict[int, Peer] = {}
     for rank in silent:
-        key = who_key(run, rank)
+        key = keys.who(run, rank)
         record = decode_peer(store.get(key)) if store.check([key]) else None
         if record is not None:
             records[rank] = record

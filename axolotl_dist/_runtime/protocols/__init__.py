@@ -2,7 +2,8 @@
 
 * :mod:`.helpers`: the wrapper every communicating helper wears.
 * :mod:`.exchange`: the value helpers' engine: values encoded, headers exchanged.
-* :mod:`.blocks`: ``zero_first`` / ``do_n_at_a_time`` rounds through the store.
+* :mod:`.blocks`: blocks through the store: bit words, pairing, failures; ``do_n_at_a_time``.
+* :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
 * :mod:`.guards`: collectives the other ranks cannot join are errors at once.
 * :mod:`.threads`: one thread per group at a time.
 * :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.

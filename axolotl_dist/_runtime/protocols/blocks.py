@@ -21,7 +21,7 @@ the fast path, and it also reads the word back:
   at the block's end would), never before its outermost first-run block ends (so nested blocks
   cannot deadlock): with several first ranks then; as the sole first rank (default ``is_main``)
   then if its own ``add`` already saw every bit, else at its next collective or block, once it
-  would be more than :data:`AHEAD` block ahead (:func:`first_run_end`);
+  would be more than ``AHEAD`` block ahead (:mod:`.zero_first`);
 * ``do_n_at_a_time``: a rank of round ``k`` (``rank % rounds``) waits for every bit of the
   rounds before it, runs ``f``, sets its bit and waits for every bit.
 
@@ -60,6 +60,7 @@ from ..base.callsite import CallSite
 from ..base.groups import Group
 from ..base.state import STATE
 from ..store import sleep as bells, sweep as cleanup
+from ..store import keys
 from ..store.access import group_store, is_store_error
 from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
@@ -72,8 +73,7 @@ from ...errors import CollectiveMismatchError
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "AHEAD",
-           "run_in_rounds"]
+__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "run_in_rounds"]
 
 T = TypeVar("T")
 
@@ -84,10 +84,10 @@ _WORD_MASK = (1 << WORD_BITS) - 1
 #: flag at once, and an add cannot set a bit idempotently); bits 47-62: likewise, a mismatch.
 FAILED = 1 << 32
 MISMATCH = 1 << 47
-_FAILED_MASK = ((1 << 15) - 1) << 32
+FAILED_MASK = ((1 << 15) - 1) << 32
 _MISMATCH_MASK = ((1 << 16) - 1) << 47
 #: Word 0 & this == 1: group rank 0's bit set and no flag (a default block's waiter may go).
-_RELEASED = 1 | _FAILED_MASK | _MISMATCH_MASK
+RELEASED = 1 | FAILED_MASK | _MISMATCH_MASK
 
 
 @lru_cache(maxsize=4096)
@@ -98,7 +98,7 @@ def pairing_tag(site: CallSite, desc: Optional[str]) -> str:
     return hashlib.blake2b(pairs_by.encode(), digest_size=5).hexdigest()
 
 
-class _Block:
+class Block:
     """The bit words, flags, failure and pairing records of one block on this rank."""
 
     kind = ""  # "zf" or "dn": the key family
@@ -122,7 +122,7 @@ class _Block:
         self.store = g.store
         if STATE.store_spy is not None:  # a test counting store calls
             self.store = STATE.store_spy(self.store)
-        self.base = f"axd/{self.kind}/{seq}"
+        self.base = keys.block(self.kind, seq)
         word0 = f"{self.base}/{self.tag}"
         self.keys = [word0] if self.ws <= WORD_BITS else [word0] + [
             f"{word0}/{w}" for w in range(1, -(-self.ws // WORD_BITS))]
@@ -190,7 +190,7 @@ class _Block:
         return all(self.has(r) for r in ranks)
 
     def flagged(self) -> bool:
-        return bool(self.words[0] & (_FAILED_MASK | _MISMATCH_MASK))
+        return bool(self.words[0] & (FAILED_MASK | _MISMATCH_MASK))
 
     def missing(self, ranks: Optional[Sequence[int]] = None) -> List[int]:
         """Global ranks among ``ranks`` (default: all) whose bit is not set."""
@@ -221,7 +221,7 @@ class _Block:
             poll_until(ready, watch=watch, timeout=timeout, what=self.what + doing,
                        me=self.rank, slow=self.check_pairing,
                        sleep=self._sleep if sleep else None, point=point)
-        mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & _FAILED_MASK
+        mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & FAILED_MASK
         if mismatch or (failed and not failed_ok):
             with store_errors(self.what):
                 raise self._stored("mismatch" if mismatch else "error")
@@ -300,7 +300,7 @@ class _Block:
         if name == "mismatch":
             key = f"{self.base}/mismatch"
             publisher, error = pickle.loads(self.store.get(key))
-            self.store.set(f"{key}/ack/{self.rank}", b"")
+            self.store.set(keys.ack(key, self.rank), b"")
         else:
             key = f"{self.keys[0]}/error"
             error = read_error(self.store, key, self.rank)
@@ -337,134 +337,10 @@ class _Block:
                      if self.words[0] & bells.BELL else self.keys))
 
 
-class ZeroFirstBlock(_Block):
-    """One ``zero_first`` block on this rank (see the module docstring)."""
-
-    kind, family, noun = "zf", "zero_first", "zero_first block"
-    __slots__ = ()
-
-    def _released(self) -> bool:
-        return self.full() if self.explicit else self.has(0)
-
-    @property
-    def releases(self) -> bool:  # type: ignore[override]
-        return not self.explicit
-
-    def await_firsts(self) -> None:
-        """A waiting rank: arrive, wait until the first rank(s) are done; raise their failure."""
-        self.set_bit()
-        if not self.explicit:
-            # the default, released by group rank 0's bit (word 0, with the flags): the fast
-            # path, the arrival's answer (word 0 is still unread, 0, on a rank past 30) or one
-            # read more, then nothing to clean up (this rank wrote no pairing record and
-            # deletes no words)
-            if self.words[0] & _RELEASED == 1:
-                return
-            self.read((0,))  # names a lost store itself
-            if self.words[0] & _RELEASED == 1:
-                return
-        if self.explicit:
-            which: Sequence[int] = ()  # every word: the firsts still running, the ranks not here
-
-            def watch() -> List[int]:
-                return self.missing()
-        else:
-            which = (0,)
-
-            def watch() -> List[int]:
-                return self.missing((0,))
-
-        self.wait(self._released, which, watch, self.timeout, sleep=not self.explicit)
-        self.finish(complete=self.explicit)
-
-    def confirm_later(self) -> None:
-        """See :func:`first_run_end`: the sole first rank's arrival check, deferred when it
-        would wait."""
-        pending = STATE.unconfirmed
-        words = self.words
-        if (words[0] & (1 << self.ws) - 1 == (1 << self.ws) - 1 if len(words) == 1  # full()
-                else self.full()):  # every rank is here, so past every earlier block: all confirmed
-            if pending:
-                for block in [b for b in pending if b.seq < self.seq and b.group is self.group]:
-                    pending.remove(block)
-                    block.finish(complete=True)
-            self.finish(complete=True)
-            return
-        pending.append(self)
-        while len(pending) > AHEAD:
-            pending.pop(0).await_arrivals()  # see confirm_all
-
-    def await_arrivals(self) -> None:
-        """A first rank: wait until every rank has reached this block (with this block's own
-        ``timeout``). Another first rank's failure ends the wait: the waiting ranks raise it,
-        this rank's body succeeded."""
-        self.wait(self.full, (), self.missing, self.timeout,
-                  " (waiting for every rank to reach it)", failed_ok=True)
-        if self.words[0] & _FAILED_MASK:  # read it all the same: its publisher waits for every reader
-            with store_errors(self.what):
-                self._stored("error")
-        else:
-            self.finish(complete=True)
-
-
-# --- the first-run stack ---------------------------------------------------------------------
-
-def first_run_begin(block: ZeroFirstBlock) -> None:
-    """This thread starts the body of a block it runs first."""
-    STATE.first_runs.depth += 1
-    block.guard = guards.enter("shared_first_run" if block.explicit else "first_run",
-                               block.group, lambda: block.what, block.seq)
-
-
-def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
-    """The body of ``block``, which this thread ran first, ended (``ok``: without raising).
-    Once the outermost first-run block ends, settle every block finished inside it: with
-    several first ranks (explicit ``is_main``), wait for every rank's arrival now; as the sole
-    first rank, confirm it now if every rank is already there, else later
-    (:func:`confirm_all`, before this rank's next collective, or when it gets :data:`AHEAD`
-    blocks ahead). A body that raised has published its failure: nothing is awaited."""
-    # Why wait only at the outermost end: an inner block's waiting ranks are still blocked in
-    # the *outer* block (they enter the inner one only after the outer body ran here), so
-    # waiting for their arrival inside the outer body would deadlock. Finished inner blocks
-    # are kept, in order, and all awaited once nothing encloses them any more.
-    runs = STATE.first_runs
-    runs.depth -= 1
-    if block.guard is not None:
-        guards.leave(block.guard)
-        block.guard = None
-    if ok:
-        runs.pending.append(block)
-    if runs.depth > 0:
-        return
-    finished, runs.pending = runs.pending, []
-    if ok:
-        for done in finished:
-            if done.explicit:
-                done.await_arrivals()
-            else:
-                done.confirm_later()
-
-
-#: How many of its blocks a sole first rank (default ``is_main``) may leave unconfirmed: it
-#: does not wait at a block's end for the other ranks' arrival; a later block that finds them
-#: all there confirms it (they reach blocks in order), and past this many it waits.
-AHEAD = 1
-
-
-def confirm_all() -> None:
-    """Wait for the arrivals of every block this process left unconfirmed: before a collective
-    the other ranks must join (they may still be waiting in a block that does not pair).
-    Each block leaves the list before its wait: a wait that raises (a mismatch, a lost peer,
-    Ctrl-C) has given its account, and the exit must not check the block again and log the
-    same failure a second time."""
-    pending = STATE.unconfirmed
-    while pending:
-        pending.pop(0).await_arrivals()
-
 
 # --- do_n_at_a_time ----------------------------------------------------------------------------
 
-class _Rounds(_Block):
+class _Rounds(Block):
     kind, family, noun = "dn", "do_n_at_a_time", "do_n_at_a_time call"
     __slots__ = ()
     sited = False  # "do_n_at_a_time call #3": its messages have always read so

@@ -50,6 +50,7 @@ __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "che
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
 from ..base.constants import DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported for its readers
+from ..store import keys
 
 #: Added to a call's arrival counter when a rank gave up on it.
 ABORT = 1 << 40
@@ -100,7 +101,7 @@ class _Ctx:
         self.store, self.seq, self.me, self.ws, self.group = store, seq, me, ws, group
         self.log, self.timeout = log, timeout
         self.digest = me.digest()
-        self.prefix = f"axd/dbg/{seq}"
+        self.prefix = keys.debug_check(seq)
 
     def counts(self) -> Tuple[int, int]:
         """(arrived, arrived with my digest); ``n`` is read first, so a rank counted in it has
@@ -224,10 +225,10 @@ def _tidy(ctx: _Ctx) -> None:
     log, store = ctx.log, ctx.store
     for old in [s for s in log.posted if s <= ctx.seq - KEEP_CALLS]:
         digest = log.posted.pop(old)
-        store.delete_key(f"axd/dbg/{old}/c/{ctx.me.rank}")
+        store.delete_key(f"{keys.debug_check(old)}/c/{ctx.me.rank}")
         if ctx.me.rank == 0:
-            store.delete_key(f"axd/dbg/{old}/n")
-            store.delete_key(f"axd/dbg/{old}/d/{digest}")
+            store.delete_key(f"{keys.debug_check(old)}/n")
+            store.delete_key(f"{keys.debug_check(old)}/d/{digest}")
 
 
 def _wait_all(ctx: _Ctx) -> None:
@@ -302,14 +303,14 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
 def _present(ctx: _Ctx, seq: Optional[int] = None) -> List[int]:
     """The group ranks whose record of call ``seq`` (default: this one) is stored (one store
     round trip each; this rank's own record of this call is known to be there)."""
-    p = f"axd/dbg/{seq}" if seq is not None else ctx.prefix
+    p = keys.debug_check(seq) if seq is not None else ctx.prefix
     mine = ctx.me.rank if seq is None else None
     return [r for r in range(ctx.ws) if r == mine or ctx.store.check([f"{p}/c/{r}"])]
 
 
 def _records(ctx: _Ctx, seq: Optional[int] = None, ranks: Optional[Sequence[int]] = None) -> List[Call]:
     """The stored records of call ``seq`` (default: this one) of ``ranks`` (default: all there)."""
-    p = f"axd/dbg/{seq}" if seq is not None else ctx.prefix
+    p = keys.debug_check(seq) if seq is not None else ctx.prefix
     if ranks is None:
         ranks = _present(ctx, seq)
     if not ranks:
@@ -359,7 +360,7 @@ def _acknowledge(ctx: _Ctx, key: str, readers: Sequence[int]) -> None:
     """This rank has read what it needs under ``key`` for its error; if it hosts the store it
     keeps it up until the other ``readers`` have too (bounded), so they can name the cause."""
     try:
-        ctx.store.set(f"{key}/ack/{ctx.me.rank}", b"")
+        ctx.store.set(keys.ack(key, ctx.me.rank), b"")
     except Exception:  # noqa: BLE001 - the store is gone: the error says what we know
         return
     await_readers(ctx.store, key, [r for r in readers if r != ctx.me.rank], ctx.group)

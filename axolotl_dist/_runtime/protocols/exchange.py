@@ -58,7 +58,7 @@ from ..base.tracebacks import safe_str
 from ..liveness import waits as wait
 from ..liveness.failures import diagnose_lost_peer, failure_report
 from . import recorder as trace
-from .blocks import confirm_all
+from .zero_first import confirm_all
 from ...errors import CollectiveMismatchError, RankFailedError
 
 __all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "scalar_header",

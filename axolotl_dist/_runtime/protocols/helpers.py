@@ -4,7 +4,7 @@ Before a helper's body runs, the wrapper (cheap unless something is on):
 
 * refuses a call the other ranks cannot join (inside a ``zero_first`` body this rank runs
   first, inside ``zero_only`` code: :mod:`.guards`);
-* confirms the ``zero_first`` blocks this rank left unconfirmed (:func:`.blocks.confirm_all`),
+* confirms the ``zero_first`` blocks this rank left unconfirmed (:func:`.zero_first.confirm_all`),
   or leaves that to the helper's first collective's wait on gloo (``confirm_in_wait``);
 * records the call in flight on this thread and raises
   :class:`~axolotl_dist.errors.ThreadConflictError` when another thread is in a helper on the
@@ -33,7 +33,7 @@ from ..base.groups import Group, group_of
 from ..base.state import STATE
 from . import recorder as trace
 from . import crosscheck as debug_check, guards, threads
-from .blocks import confirm_all
+from .zero_first import confirm_all
 from ...errors import CollectiveMismatchError, DistributedEnvError
 
 __all__ = ["checked", "debug_timeout", "first_rank_block", "tensor_signature"]

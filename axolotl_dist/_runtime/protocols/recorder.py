@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from ..base import procs
 from ..base.groups import default_pg
 from ..base.state import STATE
+from ..store import keys
 
 __all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
            "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX"]
@@ -235,22 +236,22 @@ def align(store: Any, rank: int, world_size: int) -> Tuple[int, int]:
     if rank == 0:
         for k in range(1, world_size):
             for i in range(_ROUNDS):
-                store.wait([f"axd/clk/{k}/{i}/ping"], _ALIGN_WAIT)  # a rank not tracing: raises
-                store.set(f"axd/clk/{k}/{i}/pong", str(now()))
+                store.wait([keys.clock(k, i, "ping")], _ALIGN_WAIT)  # a rank not tracing: raises
+                store.set(keys.clock(k, i, "pong"), str(now()))
         return 0, 0
     best: Optional[Tuple[int, int]] = None
     for i in range(_ROUNDS):
         t1 = now()
-        store.set(f"axd/clk/{rank}/{i}/ping", b"")
-        store.wait([f"axd/clk/{rank}/{i}/pong"], _ALIGN_WAIT)
-        theirs = int(store.get(f"axd/clk/{rank}/{i}/pong"))
+        store.set(keys.clock(rank, i, "ping"), b"")
+        store.wait([keys.clock(rank, i, "pong")], _ALIGN_WAIT)
+        theirs = int(store.get(keys.clock(rank, i, "pong")))
         t2 = now()
         trip = (t2 - t1, theirs - (t1 + t2) // 2)
         if best is None or trip[0] < best[0]:
             best = trip
     for i in range(_ROUNDS):
         for side in ("ping", "pong"):
-            store.delete_key(f"axd/clk/{rank}/{i}/{side}")
+            store.delete_key(keys.clock(rank, i, side))
     assert best is not None
     return best[1], best[0] // 2
 

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 
 from ..base.kitlog import kit as log
 from ..base.state import STATE
+from ..store import keys
 from ..store.access import world_store
 from ..liveness.waits import poll_until
 from ... import env as _env
@@ -98,7 +99,7 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
     if cached is not False:
         return cached
     store = world_store()
-    key = "axd/fs/" + hashlib.blake2b(label.encode(), digest_size=6).hexdigest()
+    key = keys.shared_fs(hashlib.blake2b(label.encode(), digest_size=6).hexdigest())
     made = ""
     if rank == 0:
         made = _write_probe(probe_dir(path), run)

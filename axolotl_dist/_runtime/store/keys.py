@@ -16,7 +16,7 @@ from __future__ import annotations
 
 __all__ = [
     "RUN", "EXITS", "EXIT_LOG", "VERDICTS", "WAITERS", "WARN_LOG", "waiting", "exit_record",
-    "exit_pending", "exit_ack", "gone", "deadlock", "deadlock_ack", "block", "debug_check",
+    "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "whereabouts",
     "long_wait", "stuck", "DOCUMENTED",
 ]
@@ -54,11 +54,6 @@ def exit_pending(rank: int) -> str:
     return f"axd/exit/{rank}/pending"
 
 
-def exit_ack(rank: int, reader: int) -> str:
-    """``reader`` read global ``rank``'s exit record."""
-    return f"axd/exit/{rank}/ack/{reader}"
-
-
 def gone(rank: int) -> str:
     """Global ``rank`` will not touch the store again (its last store call)."""
     return f"axd/gone/{rank}"
@@ -69,9 +64,10 @@ def deadlock(digest: str) -> str:
     return f"axd/deadlock/{digest}"
 
 
-def deadlock_ack(digest: str, rank: int) -> str:
-    """Global ``rank`` read the verdict of deadlock ``digest``."""
-    return f"{deadlock(digest)}/ack/{rank}"
+def ack(record: str, reader: int) -> str:
+    """Global rank ``reader`` read the record at key ``record`` (a failure report, an exit
+    record, a deadlock's verdict): the publisher, if it hosts the store, waits for these."""
+    return f"{record}/ack/{reader}"
 
 
 def block(kind: str, seq: int) -> str:
@@ -137,9 +133,9 @@ def stuck(run: str, rank: int) -> str:
 DOCUMENTED = (
     RUN, RUN_NOTE, who("<run>", "<rank>"), heartbeat("<run>", "<rank>"),  # type: ignore[arg-type]
     whereabouts("<run>", "<rank>"), long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
-    stuck("<run>", "<rank>"), deadlock("<h>"), deadlock_ack("<h>", "<rank>"),  # type: ignore[arg-type]
+    stuck("<run>", "<rank>"), deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
     exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, VERDICTS, WARN_LOG,  # type: ignore[arg-type]
-    exit_pending("<rank>"), waiting("<rank>"), exit_ack("<rank>", "<reader>"),  # type: ignore[arg-type]
+    exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]
     gone("<rank>"), block("zf", "<seq>"), shared_fs("<h>"), block("dn", "<seq>"),  # type: ignore[arg-type]
     debug_check("<seq>"), shared_map("<seq>"), clock("<rank>", "<i>", "<side>"),  # type: ignore[arg-type]
 )

@@ -1,0 +1,140 @@
+"""``zero_first``'s side of the block protocol (:mod:`.blocks`): a block on the rank that runs
+first and on the ranks that wait, the stack of blocks a thread runs first, and the arrivals a
+sole first rank confirms later (docs/design.md, "zero_first blocks").
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from ..base.state import STATE
+from ..liveness.peers import store_errors
+from . import guards
+from .blocks import FAILED_MASK, RELEASED, Block
+
+__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "AHEAD"]
+
+
+class ZeroFirstBlock(Block):
+    """One ``zero_first`` block on this rank (see the module docstring)."""
+
+    kind, family, noun = "zf", "zero_first", "zero_first block"
+    __slots__ = ()
+
+    def _released(self) -> bool:
+        return self.full() if self.explicit else self.has(0)
+
+    @property
+    def releases(self) -> bool:  # type: ignore[override]
+        return not self.explicit
+
+    def await_firsts(self) -> None:
+        """A waiting rank: arrive, wait until the first rank(s) are done; raise their failure."""
+        self.set_bit()
+        if not self.explicit:
+            # the default, released by group rank 0's bit (word 0, with the flags): the fast
+            # path, the arrival's answer (word 0 is still unread, 0, on a rank past 30) or one
+            # read more, then nothing to clean up (this rank wrote no pairing record and
+            # deletes no words)
+            if self.words[0] & RELEASED == 1:
+                return
+            self.read((0,))  # names a lost store itself
+            if self.words[0] & RELEASED == 1:
+                return
+        if self.explicit:
+            which: Sequence[int] = ()  # every word: the firsts still running, the ranks not here
+
+            def watch() -> List[int]:
+                return self.missing()
+        else:
+            which = (0,)
+
+            def watch() -> List[int]:
+                return self.missing((0,))
+
+        self.wait(self._released, which, watch, self.timeout, sleep=not self.explicit)
+        self.finish(complete=self.explicit)
+
+    def confirm_later(self) -> None:
+        """See :func:`first_run_end`: the sole first rank's arrival check, deferred when it
+        would wait."""
+        pending = STATE.unconfirmed
+        words = self.words
+        if (words[0] & (1 << self.ws) - 1 == (1 << self.ws) - 1 if len(words) == 1  # full()
+                else self.full()):  # every rank is here, so past every earlier block: all confirmed
+            if pending:
+                for block in [b for b in pending if b.seq < self.seq and b.group is self.group]:
+                    pending.remove(block)
+                    block.finish(complete=True)
+            self.finish(complete=True)
+            return
+        pending.append(self)
+        while len(pending) > AHEAD:
+            pending.pop(0).await_arrivals()  # see confirm_all
+
+    def await_arrivals(self) -> None:
+        """A first rank: wait until every rank has reached this block (with this block's own
+        ``timeout``). Another first rank's failure ends the wait: the waiting ranks raise it,
+        this rank's body succeeded."""
+        self.wait(self.full, (), self.missing, self.timeout,
+                  " (waiting for every rank to reach it)", failed_ok=True)
+        if self.words[0] & FAILED_MASK:  # read it all the same: its publisher waits for every reader
+            with store_errors(self.what):
+                self._stored("error")
+        else:
+            self.finish(complete=True)
+
+
+# --- the first-run stack ---------------------------------------------------------------------
+
+def first_run_begin(block: ZeroFirstBlock) -> None:
+    """This thread starts the body of a block it runs first."""
+    STATE.first_runs.depth += 1
+    block.guard = guards.enter("shared_first_run" if block.explicit else "first_run",
+                               block.group, lambda: block.what, block.seq)
+
+
+def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
+    """The body of ``block``, which this thread ran first, ended (``ok``: without raising).
+    Once the outermost first-run block ends, settle every block finished inside it: with
+    several first ranks (explicit ``is_main``), wait for every rank's arrival now; as the sole
+    first rank, confirm it now if every rank is already there, else later
+    (:func:`confirm_all`, before this rank's next collective, or when it gets :data:`AHEAD`
+    blocks ahead). A body that raised has published its failure: nothing is awaited."""
+    # Why wait only at the outermost end: an inner block's waiting ranks are still blocked in
+    # the *outer* block (they enter the inner one only after the outer body ran here), so
+    # waiting for their arrival inside the outer body would deadlock. Finished inner blocks
+    # are kept, in order, and all awaited once nothing encloses them any more.
+    runs = STATE.first_runs
+    runs.depth -= 1
+    if block.guard is not None:
+        guards.leave(block.guard)
+        block.guard = None
+    if ok:
+        runs.pending.append(block)
+    if runs.depth > 0:
+        return
+    finished, runs.pending = runs.pending, []
+    if ok:
+        for done in finished:
+            if done.explicit:
+                done.await_arrivals()
+            else:
+                done.confirm_later()
+
+
+#: How many of its blocks a sole first rank (default ``is_main``) may leave unconfirmed: it
+#: does not wait at a block's end for the other ranks' arrival; a later block that finds them
+#: all there confirms it (they reach blocks in order), and past this many it waits.
+AHEAD = 1
+
+
+def confirm_all() -> None:
+    """Wait for the arrivals of every block this process left unconfirmed: before a collective
+    the other ranks must join (they may still be waiting in a block that does not pair).
+    Each block leaves the list before its wait: a wait that raises (a mismatch, a lost peer,
+    Ctrl-C) has given its account, and the exit must not check the block again and log the
+    same failure a second time."""
+    pending = STATE.unconfirmed
+    while pending:
+        pending.pop(0).await_arrivals()
