@@ -107,9 +107,9 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
     missing = [r for r in ranks if r not in STATE.peers]
     if run is None or not missing:
         return
-    keys = [keys.who(run, r) for r in missing]
-    if len(keys) > 1 and raw.check(keys):
-        for r, value in zip(missing, raw.multi_get(keys)):
+    names = [keys.who(run, r) for r in missing]
+    if len(names) > 1 and raw.check(names):
+        for r, value in zip(missing, raw.multi_get(names)):
             record = decode_peer(value)
             if record is not None:
                 STATE.peers[r] = record

@@ -374,10 +374,10 @@ def _mismatch_error(ctx: _Ctx, calls: List[Call]) -> CollectiveMismatchError:
             f"{c.who()}: {c.name}" for c in ordered) + "): every rank must call the same "
             "helpers in the same order")
     else:
-        keys = [k for k in ordered[0].agree if len({repr(c.agree.get(k)) for c in ordered}) > 1]
+        differ = [k for k in ordered[0].agree if len({repr(c.agree.get(k)) for c in ordered}) > 1]
         why = "; ".join(
             f"the ranks disagree on {k} (" + ", ".join(f"{c.who()}: {c.agree.get(k)}" for c in ordered)
-            + ")" for k in keys) + ": it must be the same on every rank"
+            + ")" for k in differ) + ": it must be the same on every rank"
     missing = _missing_ranks(calls, ctx.ws)
     lines = [f"debug mode: mismatched call #{ctx.seq} on {_group_name(ctx.group)}: {why}."]
     lines += _table(ordered)
