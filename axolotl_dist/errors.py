@@ -9,8 +9,9 @@ relays it, in ``axolotl_dist._runtime``).
 
 from __future__ import annotations
 
-import pickle
 from typing import Dict, Optional, Sequence
+
+from ._runtime.store import records as _records
 
 __all__ = [
     "AxolotlDistError",
@@ -106,12 +107,12 @@ class RankFailedError(AxolotlDistError, RuntimeError):
 
     def to_report(self) -> bytes:
         """The bytes another rank turns back into this error with :meth:`from_report`."""
-        return pickle.dumps(self._fields())
+        return _records.failure(self._fields())
 
     @classmethod
     def from_report(cls, data: bytes) -> "RankFailedError":
         """The error described by bytes from :meth:`to_report` or :func:`failure_report`."""
-        return _rebuild_rank_failed(*pickle.loads(data))
+        return _rebuild_rank_failed(*_records.read_failure(data))
 
 
 def _this_machine(machine: Optional[str]) -> bool:

@@ -447,3 +447,33 @@ def test_the_design_docs_key_table_is_the_keys_module():
             documented |= {k for k in re.findall(r"`([^`]+)`", first)
                            if k.startswith(("axd/", "axolotl_dist/"))}
     assert documented == set(keys.DOCUMENTED)
+
+
+#: The modules that may import pickle or json, and why: what crosses the store is encoded in
+#: one module, and the others write files or carry values the user handed over.
+SERIALIZERS = {
+    f"{RUNTIME}.store.records": "every record the kit keeps in the c10d store",
+    f"{RUNTIME}.protocols.exchange": "the value helpers' values, across collectives",
+    f"{RUNTIME}.protocols.recorder": "the timeline's rank files",
+    f"{RUNTIME}.liveness.runs": "this host's run directory",
+    f"{PACKAGE}.tracing._merge": "the merged trace",
+    f"{PACKAGE}.hf_data._parts": "shared_map's part files",
+    f"{PACKAGE}.launch._watch": "the ranks' notes to the launcher",
+    f"{PACKAGE}.launch._report": "the ranks' error files",
+    f"{PACKAGE}.launch._rank_main": "the ranks' error files and end notes",
+    f"{PACKAGE}.testing._harness": "the ranks' results, through a pipe",
+    f"{PACKAGE}.testing._rank": "the ranks' results, through a pipe",
+}
+
+
+def test_one_module_encodes_what_crosses_the_store():
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n.split(".")[0] in ("pickle", "json") for n in names) \
+                    and module not in SERIALIZERS:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

@@ -27,7 +27,6 @@ Requires Hugging Face ``datasets``: ``pip install datasets`` (or, in a clone of 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -43,7 +42,7 @@ from .._runtime.protocols.helpers import checked
 from .._runtime.base.groups import Group, group_of
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
 from .._runtime.base.state import STATE as _STATE
-from .._runtime.store import keys as _keys
+from .._runtime.store import keys as _keys, records as _records
 from .._runtime.store.access import group_store
 from .._runtime.liveness.deadlock import Point
 from .._runtime.liveness.waits import poll_until
@@ -272,11 +271,11 @@ class _SharedMap:
                  "fp": self.dataset._fingerprint, "rows": len(self.dataset), "temp": self.temp}
         if self.rank == 0:
             entry["new"] = one_process_fingerprint(self.dataset, self.call)
-        self.store.set(self.key("who", self.rank), json.dumps(entry))
+        self.store.set(self.key("who", self.rank), _records.document(entry))
         self.store.add(self.key("arrived"), 1)
         self._wait("arrived", self.ws)
         raw = self.store.multi_get([self.key("who", r) for r in range(self.ws)])
-        self.entries = [json.loads(v) for v in raw]
+        self.entries = [_records.read_document(v) for v in raw]
 
     def _plan(self) -> List[int]:
         """Check that the ranks agree; return the group ranks that share this rank's files."""

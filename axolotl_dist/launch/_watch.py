@@ -51,7 +51,7 @@ def _say(prog: str, text: str) -> None:
 class Watcher:
     """See the module docstring. ``waiting_for`` says what the launcher waits for while no
     rank has started (None on a single node: nothing to wait for); ``note_dir`` is where this
-    node's first local rank leaves the store's address (:func:`.where.note_address`);
+    node's first local rank leaves the store's address (:func:`axolotl_dist._runtime.liveness.runs.note_address`);
     ``script`` and ``world`` describe the run in its entry in the run directory."""
 
     def __init__(self, prog: str, note_dir: str, waiting_for: Optional[Callable[[], str]],
@@ -92,7 +92,7 @@ class Watcher:
     def _record(self) -> None:
         """Once this node's first local rank noted the store's address, record the run."""
         try:
-            with open(os.path.join(self.note_dir, where.STORE_NOTE)) as fh:
+            with open(os.path.join(self.note_dir, runs.STORE_NOTE)) as fh:
                 note = json.load(fh)
             run, addr, port = str(note["run"]), str(note["addr"]), int(note["port"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -163,7 +163,7 @@ class Watcher:
                 next_note = now + every
 
     def _report(self) -> None:
-        path = os.path.join(self.note_dir, where.STORE_NOTE)
+        path = os.path.join(self.note_dir, runs.STORE_NOTE)
         try:
             with open(path) as fh:
                 note = json.load(fh)

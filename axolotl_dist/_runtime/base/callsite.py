@@ -14,10 +14,20 @@ import sys
 from types import CodeType, FrameType
 from typing import Dict, NamedTuple, Optional, Tuple
 
-__all__ = ["CallSite", "call_site", "frame_site", "is_ours", "short_path"]
+__all__ = ["PACKAGE_DIR", "CallSite", "call_site", "frame_site", "is_ours", "short_path"]
 
-#: the whole package (this module lives in its ``_runtime`` folder)
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+def _package_dir() -> str:
+    """The whole package's folder: this file's, up as many levels as its name is deep."""
+    path = os.path.abspath(__file__)
+    for _ in range(__name__.count(".")):
+        path = os.path.dirname(path)
+    return path + os.sep
+
+
+#: The folder of the whole package (``axolotl_dist/``), ending in a separator: what lies in
+#: it is the kit's code, not the user's.
+PACKAGE_DIR = _package_dir()
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
 
 
@@ -59,7 +69,7 @@ def is_ours(code: CodeType) -> bool:
     if ours is None:
         if len(_OURS) >= _CACHE_LIMIT:
             _OURS.clear()
-        ours = _OURS[name] = name.startswith(_PACKAGE_DIR) or os.path.abspath(name) == _CONTEXTLIB
+        ours = _OURS[name] = name.startswith(PACKAGE_DIR) or os.path.abspath(name) == _CONTEXTLIB
     return ours
 
 

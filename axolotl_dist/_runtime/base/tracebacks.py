@@ -19,14 +19,14 @@ import traceback
 from types import TracebackType
 from typing import Any, List, Optional, Type
 
-from .callsite import short_path
+from .callsite import PACKAGE_DIR, short_path
 from .procs import MACHINE
 from ...errors import RankFailedError
 
 __all__ = ["kit_frame", "format_exception", "format_account", "format_uncaught", "safe_str",
            "install"]
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE = PACKAGE_DIR
 
 
 def kit_frame(filename: str) -> bool:

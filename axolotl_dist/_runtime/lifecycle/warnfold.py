@@ -42,7 +42,7 @@ from ..base.constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR
 from ..base.kitlog import KitLog
 from ..base.state import STATE
 from ..base.text import ranks_text
-from ..store import keys
+from ..store import keys, records
 from ..store.access import bounded
 from ..liveness import heartbeat
 from ... import env
@@ -57,7 +57,6 @@ HOLD_FOR = 10.0
 WINDOW = 1.0
 #: Seconds between rank 0's looks for published warnings while one is pending.
 LOOK = 0.25
-END = "\x1e"  # ends each entry; a text never holds one
 #: What a rank adds to ``WAITERS_KEY`` per warning it appended: bits 32-61 count them.
 WARNED = 1 << 32
 #: What rank 0 adds to ``WAITERS_KEY`` at its exit: it reads no more warnings.
@@ -175,7 +174,7 @@ def _publish(beat: Any, texts: List[str]) -> bool:
     try:
         if not beat.store_usable():
             return False
-        beat.store.append(keys.WARN_LOG, "".join(f"{beat.rank}\t{text.replace(END, ' ')}{END}"
+        beat.store.append(keys.WARN_LOG, "".join(records.warning_entry(beat.rank, text)
                                                 for text in texts))
         return not beat.store.add(keys.WAITERS, len(texts) * WARNED) & UNREAD
     except Exception:  # noqa: BLE001 - the store is going: printed here instead
@@ -230,10 +229,8 @@ def read(beat: Any, value: int) -> None:
     log = beat.store.get(keys.WARN_LOG)
     data, beat.warn_read = log[beat.warn_read:], len(log)
     folding = _folding()
-    for item in data.split(END.encode()):
-        rank, tab, text = item.decode("utf-8", "replace").partition("\t")
-        if tab and rank.isdigit():
-            _add(folding, text, int(rank))
+    for rank, text in records.read_warning_entries(data):
+        _add(folding, text, rank)
 
 
 def pending() -> bool:

@@ -26,12 +26,12 @@ rules and what the graph cannot see.
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..base.groups import Group
 from ..base.state import STATE
 from ..base.text import ranks_text
+from ..store import records
 
 __all__ = ["Point", "Stuck", "describe", "new_serial", "find_stuck",
            "explain", "Judge", "KINDS", "CALLS_PER_RANK"]
@@ -94,12 +94,12 @@ def describe(point: Point, serial: int, what: str, thread: int,
     g = point.group
     inside = [[_name(guard.group), guard.seq] for guard in STATE.guards.get(thread) or []
               if guard.kind != "zero_only" and isinstance(guard.group, Group)]
-    return json.dumps({
+    return records.document({
         "s": serial, "g": _name(g), "m": None if g.default else _pack(g.ranks),
         "r": g.ranks[g.rank], "k": KINDS.index(point.kind), "n": point.seq, "l": point.label,
         "f": int(point.finish), "a": None if awaits is None else list(awaits),
         "w": what, "c": {_name(h): _counters(h) for h in list(STATE.groups.values())},
-        "i": inside}, separators=(",", ":"))
+        "i": inside}, compact=True)
 
 
 # --- the graph ---------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ class Judge:
                 self.raw[rank] = value
                 if value:
                     try:
-                        self.descs[rank] = json.loads(value)
+                        self.descs[rank] = records.read_document(value)
                     except ValueError:  # pragma: no cover - a torn value: read next round
                         self.descs.pop(rank, None)
                 else:
@@ -282,7 +282,7 @@ class Judge:
         texts: List[List[Any]] = []
         for i, (ranks, text, calls) in enumerate(explain(confirmed)):
             texts.append([text, {str(r): c for r, c in calls.items()}])
-            marks.update({r: f"{steady[r]['s']}|{i}" for r in ranks})
+            marks.update({r: records.stuck_mark(steady[r]['s'], i) for r in ranks})
         if marks == self.marks and texts == self.texts:
             return None
         changes = {r: "" for r in self.marks if r not in marks}

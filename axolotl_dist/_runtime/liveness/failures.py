@@ -8,7 +8,6 @@ is in docs/design.md, "Failure relay".
 
 from __future__ import annotations
 
-import pickle
 import time
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
@@ -20,7 +19,7 @@ from ..base.groups import Group, default_pg, learn, learnt
 from ..base.procs import MACHINE
 from ..base.state import STATE
 from ..base.tracebacks import format_exception, safe_str
-from ..store import keys
+from ..store import keys, records
 from ..store.access import hosts_store, is_store_error, world_store
 from .heartbeat import exit_connection
 from .judge import Watch, lost_error
@@ -169,7 +168,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
             report = failure_report(rank, exc, "its script")
         if any(g.abandoned for g in list(STATE.groups.values())):
             store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
-        store.set(keys.exit_record(rank), pickle.dumps((report, time.time())))
+        store.set(keys.exit_record(rank), records.exit_record(report, time.time()))
         store.append(keys.EXIT_LOG, f"{rank},")
         store.add(keys.EXITS, 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell

@@ -13,9 +13,7 @@ while some rank waits, and the riders (:class:`Rider`). The sequence is in docs/
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import threading
 import time
 import uuid
@@ -29,9 +27,9 @@ from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
 from ..base.groups import default_pg
 from ..base.state import STATE
 from ..store import sleep as bells
-from ..store import keys
+from ..store import keys, records
 from ..store.access import store_host, world_store
-from . import deadlock, whereabouts as where
+from . import runs, whereabouts as where
 from .judge import RankZeroJudge
 from .peers import (JUDGE_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
@@ -176,7 +174,7 @@ class _Heartbeat:
         key = keys.exit_record(self.host)
         if self.host in STATE.exits or not self.store.check([key]):
             return
-        STATE.exits[self.host] = pickle.loads(self.store.get(key))  # type: ignore[index]
+        STATE.exits[self.host] = records.read_exit(self.store.get(key))  # type: ignore[index]
         if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
             bells.release_all()
         self.store.set(keys.ack(key, self.rank), b"")
@@ -259,8 +257,8 @@ def start_heartbeat() -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         run = STATE.run = _run_id(base)
         raw = where.raw_store(store)
-        raw.set(keys.RUN_NOTE, json.dumps({"run": run, "world": world}))
-        where.note_address(run, rank, world, launcher_name())
+        raw.set(keys.RUN_NOTE, records.document({"run": run, "world": world}))
+        runs.note_address(run, rank, world, launcher_name())
         STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         STATE.exit_store = (store, rank, weakref.ref(pg))
         for rider in _RIDERS:

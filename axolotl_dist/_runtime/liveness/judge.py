@@ -15,8 +15,6 @@ stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) count
 
 from __future__ import annotations
 
-import json
-import pickle
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
@@ -29,7 +27,7 @@ from ..base.envvars import kit_seconds
 from ..base.groups import learn
 from ..base.kitlog import kit as log
 from ..base.state import STATE
-from ..store import keys
+from ..store import keys, records
 from ..store.access import store_host, world_store
 from . import deadlock
 from .peers import (EVENTS, JUDGE_INTERVAL, JUDGED, check_store_host, fetch_peers, host_leaving, same_machine)
@@ -81,7 +79,7 @@ class RankZeroJudge:
         changed = bool(silent) or set(silent) != set(self.silent) or found is not None
         self.silent = silent
         if changed:
-            store.set(keys.VERDICTS, json.dumps({
+            store.set(keys.VERDICTS, records.document({
                 "silent": {str(r): round(s, 1) for r, s in silent.items()},
                 "deadlocks": self.deadlocks.texts}))
         store.add(keys.EXITS, JUDGED + (1 if changed else 0))
@@ -218,17 +216,17 @@ class Watch:
         for item in log.decode().split(","):
             if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
                 self._read_exit(int(item))
-        judged = json.loads(verdicts or b"{}")
+        judged = records.read_document(verdicts)
         self.silent = {int(r): (float(secs), now) for r, secs in judged.get("silent", {}).items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
             mine = [self.raw.get(keys.stuck(run, self.me))]
-        serial, _, index = (mine[0] if mine else b"").decode().partition("|")
+        serial, index = records.read_stuck_mark(mine[0] if mine else b"")
         deadlocks = judged.get("deadlocks", [])
         self.stuck = ((int(serial), deadlocks[int(index)])
                       if serial and int(index) < len(deadlocks) else None)
 
     def _read_exit(self, rank: int) -> None:
-        report, when = pickle.loads(self.store.get(keys.exit_record(rank)))
+        report, when = records.read_exit(self.store.get(keys.exit_record(rank)))
         self.store.set(keys.ack(keys.exit_record(rank), self.me), b"")
         STATE.exits.setdefault(rank, (report, when))
         self.exited[rank] = self._from_record(rank, report, when)

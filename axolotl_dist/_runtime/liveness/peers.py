@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ..base import procs
 from ..base.groups import learn
 from ..base.state import STATE
-from ..store import keys
+from ..store import keys, records
 from ..store.access import StoreHostGoneError, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
 
@@ -49,15 +49,16 @@ class Peer(NamedTuple):
 
 
 def encode_peer(record: Peer) -> str:
-    return (f"{record.host}|{record.pid}|{record.machine}|{int(record.by_store)}|"
-            f"{record.launcher}")
+    return records.peer(record.host, record.pid, record.machine, record.by_store,
+                        record.launcher)
 
 
 def decode_peer(raw: bytes) -> Optional[Peer]:
-    parts = raw.decode(errors="replace").split("|", 4)
-    if len(parts) != 5 or not parts[1].isdigit():
+    fields = records.read_peer(raw)
+    if fields is None:
         return None
-    return Peer(parts[0], int(parts[1]), parts[2], parts[4], parts[3] == "1")
+    host, pid, machine, by_store, launcher = fields
+    return Peer(host, pid, machine, launcher, by_store)
 
 
 def same_machine(record: Optional[Peer]) -> bool:

@@ -11,7 +11,7 @@ launchers the rank that recorded it at init), that process's machine
 (:func:`..base.procs.machine_id`), the script, the launcher's name and the start time.
 
 Who records: the ``axolotl-dist`` launcher once its first local rank told it the ranks' store
-(:func:`.whereabouts.note_address`); under other launchers, at the heartbeat's start, local rank 0,
+(:func:`note_address`); under other launchers, at the heartbeat's start, local rank 0,
 or where no local rank is known, the first rank of this host to create the file. Recording
 costs no store request and never fails a run (every error is swallowed). A file whose
 recording process is gone is stale: :func:`live_runs` skips and removes it.
@@ -30,10 +30,11 @@ from typing import Any, Dict, List, Optional
 
 from ..base import procs
 from ..base.callsite import short_path
-from ..base.constants import RUN_DIR_ENV_VAR
+from ..base.constants import END_DIR_ENV_VAR, RUN_DIR_ENV_VAR
 from ..base.envvars import kit_path
 
-__all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe"]
+__all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",
+           "STORE_NOTE", "note_address"]
 
 #: What this process recorded last (path, pid): a new run of the same process replaces it.
 _MINE: Dict[str, Any] = {}
@@ -202,3 +203,33 @@ def describe(entry: Dict[str, Any], now: Optional[float] = None) -> str:
     script = short_path(str(entry.get("script", "?")))
     return (f"port {entry.get('port')} on {entry.get('addr')}: {entry.get('world')} rank(s), "
             f"{script}, pid {entry.get('pid')} ({entry.get('launcher')}), started {ago} ago")
+
+
+# --- the launcher's note ----------------------------------------------------------------------
+
+#: The note a rank under ``axolotl-dist`` leaves in ``END_DIR_ENV_VAR`` for its launcher.
+STORE_NOTE = "store.json"
+
+
+def note_address(run: str, rank: int, world: int = 0, launcher: str = "env vars") -> None:
+    """Say where the ranks' store is, for a requester that is not told (no store request;
+    never raises). Under ``axolotl-dist``, the first local rank of each node tells its node's
+    launcher (node 0's agent picked the port; another node's launcher has no other way to
+    learn it), so ``SIGUSR1`` to any node's launcher can ask them, and the launcher records
+    the run for ``axolotl-dist where`` (:func:`record`). Under other launchers, local rank 0
+    (where no local rank is known, the first rank of this host) records the run itself."""
+    directory = os.environ.get(END_DIR_ENV_VAR)
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    local = os.environ.get("LOCAL_RANK")
+    if not addr or not port or not port.isdigit() or local not in (None, "0"):
+        return
+    if not directory:
+        record(run, addr, int(port), world, launcher)
+        return
+    try:
+        path = os.path.join(directory, STORE_NOTE)
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"addr": addr, "port": int(port), "run": run, "world": world}, fh)
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError):  # pragma: no cover - the launcher then cannot ask
+        pass

@@ -17,7 +17,6 @@ which ranks), and the ``zero_first`` blocks it is running first.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -28,19 +27,18 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..base import procs
-from ..base.callsite import short_path
+from ..base.callsite import PACKAGE_DIR, short_path
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.state import STATE
-from ..store import keys
-from . import runs
+from ..store import keys, records
 from .peers import Peer, decode_peer, same_machine
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = [ "REQUEST", "BEATS", "END_DIR_ENV_VAR", "STORE_NOTE", "raw_store",
+__all__ = ["REQUEST", "BEATS", "raw_store",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
-           "note_address", "where_command", "Refused", "connect", "rendezvous_target",
+           "where_command", "Refused", "connect", "rendezvous_target",
            "where"]
 
 #: What a requester adds to a rank's heartbeat counter.
@@ -54,7 +52,7 @@ _ANSWER_POLL = 0.5
 #: (run, rank) whose answer key this process made sure exists.
 _ANSWER_KEYS: Set[Tuple[str, int]] = set()
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE = PACKAGE_DIR
 _TORCH_MARK = os.sep + "torch" + os.sep
 #: Where library code lives (the standard library, site-packages): folded, like the kit's.
 _LIBRARIES = tuple(sorted({os.path.join(p, "") for p in (
@@ -168,7 +166,7 @@ def answer(store: "Store", run: str, rank: int, request: int) -> None:
     """Write this rank's snapshot for request number ``request``."""
     data = snapshot(rank)
     data["request"] = request
-    store.set(keys.whereabouts(run, rank), json.dumps(data))
+    store.set(keys.whereabouts(run, rank), records.document(data))
 
 
 # --- asking -------------------------------------------------------------------------------
@@ -201,7 +199,7 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
         for i, rank in enumerate(ranks):
             beats[rank] = int(values[len(ranks) + i]) & BEATS
             if rank not in got:
-                data = json.loads(values[i] or b"{}")
+                data = records.read_document(values[i])
                 if data.get("request", 0) >= wanted[rank][0]:
                     got[rank] = data
         if len(got) == len(wanted) or time.monotonic() >= deadline:
@@ -249,9 +247,9 @@ def _waiting(answers: List[Dict[str, Any]], ranks: List[int], now: float) -> str
 
 
 def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
-           records: Dict[int, Peer]) -> str:
+           peers: Dict[int, Peer]) -> str:
     """One line per group of ranks in the same place; a line per rank that did not answer,
-    with its process state where this process can see it (``records``: their peer records)."""
+    with its process state where this process can see it (``peers``: their peer records)."""
     now = time.time()
     groups: Dict[str, List[int]] = {}
     for rank in sorted(answers):  # the same place: the same stack, call and kind of wait
@@ -264,7 +262,7 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
         waiting = _waiting([answers[r] for r in ranks], ranks, now)
         lines.append(f"  {who}: {_describe(answers[ranks[0]], waiting)}")
     for rank in sorted(silent):
-        record = records.get(rank)
+        record = peers.get(rank)
         host, pid = (record.host, record.pid) if record is not None else ("?", 0)
         state = procs.proc_state(pid) if same_machine(record) else None
         seen = ("it made no heartbeat meanwhile" if silent[rank] <= 0
@@ -277,33 +275,6 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
     return "\n".join(lines)
 
 
-#: Set by ``axolotl-dist`` in every rank: where a rank leaves notes for the launcher.
-from ..base.constants import END_DIR_ENV_VAR  # noqa: E402 - one name, two readers
-STORE_NOTE = "store.json"
-
-
-def note_address(run: str, rank: int, world: int = 0, launcher: str = "env vars") -> None:
-    """Say where the ranks' store is, for a requester that is not told (no store request;
-    never raises). Under ``axolotl-dist``, the first local rank of each node tells its node's
-    launcher (node 0's agent picked the port; another node's launcher has no other way to
-    learn it), so ``SIGUSR1`` to any node's launcher can ask them, and the launcher records
-    the run for ``axolotl-dist where`` (:mod:`.runs`). Under other launchers, local rank 0
-    (where no local rank is known, the first rank of this host) records the run itself."""
-    directory = os.environ.get(END_DIR_ENV_VAR)
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    local = os.environ.get("LOCAL_RANK")
-    if not addr or not port or not port.isdigit() or local not in (None, "0"):
-        return
-    if not directory:
-        runs.record(run, addr, int(port), world, launcher)
-        return
-    try:
-        path = os.path.join(directory, STORE_NOTE)
-        with open(path + ".tmp", "w") as fh:
-            json.dump({"addr": addr, "port": int(port), "run": run, "world": world}, fh)
-        os.replace(path + ".tmp", path)
-    except (OSError, ValueError):  # pragma: no cover - the launcher then cannot ask
-        pass
 
 
 def where_command() -> Optional[str]:
@@ -388,14 +359,14 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
     """The report of the run whose root store is ``store`` (all ranks by default)."""
     if not store.check([keys.RUN_NOTE]):
         return "  no axolotl_dist run has registered with this store (yet)"
-    info = json.loads(store.get(keys.RUN_NOTE))
+    info = records.read_document(store.get(keys.RUN_NOTE))
     run, world = info["run"], int(info["world"])
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
-    records: Dict[int, Peer] = {}
+    peers: Dict[int, Peer] = {}
     for rank in silent:
         key = keys.who(run, rank)
         record = decode_peer(store.get(key)) if store.check([key]) else None
         if record is not None:
-            records[rank] = record
-    return report(answers, silent, records)
+            peers[rank] = record
+    return report(answers, silent, peers)

@@ -52,7 +52,6 @@ releases the other), so both reach this check.
 from __future__ import annotations
 
 import hashlib
-import pickle
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 
@@ -60,7 +59,7 @@ from ..base.callsite import CallSite
 from ..base.groups import Group
 from ..base.state import STATE
 from ..store import sleep as bells, sweep as cleanup
-from ..store import keys
+from ..store import keys, records
 from ..store.access import group_store, is_store_error
 from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
@@ -235,14 +234,14 @@ class Block:
     def check_pairing(self) -> None:
         """Compare this block's pairing with the first rank that checked (see the module
         docstring); raise :class:`CollectiveMismatchError` if they differ."""
-        mine = f"{self.rank}|{self.tag}|{self.desc or ''}|{self.site}"
+        mine = records.site(self.rank, self.tag, self.desc, str(self.site))
         have = self.store.compare_set(f"{self.base}/site", "", mine).decode(errors="replace")
         if have == mine:
             self.wrote_site = True  # deleted when this rank is done with the block
             return
-        other, tag, desc, site = have.split("|", 3)
+        other, tag, desc, site = records.read_site(have)
         if tag != self.tag:
-            self._publish_mismatch(int(other), tag, desc or None, site)
+            self._publish_mismatch(other, tag, desc, site)
 
     def _publish_mismatch(self, other: int, other_tag: str, other_desc: Optional[str],
                           other_site: str) -> None:
@@ -261,7 +260,7 @@ class Block:
             calls={other: f"{self.noun} {label(other_desc, other_site, other)}",
                    self.rank: f"{self.noun} {label(self.desc, str(self.site), self.rank)}"})
         key = f"{self.base}/mismatch"
-        payload = pickle.dumps((self.rank, error))
+        payload = records.block_report(self.rank, error)
         ours = self.store.compare_set(key, "", payload) == payload  # the first report wins
         for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
             if self.store.add(word0, MISMATCH) & bells.BELL:
@@ -299,7 +298,7 @@ class Block:
         store."""
         if name == "mismatch":
             key = f"{self.base}/mismatch"
-            publisher, error = pickle.loads(self.store.get(key))
+            publisher, error = records.read_block_report(self.store.get(key))
             self.store.set(keys.ack(key, self.rank), b"")
         else:
             key = f"{self.keys[0]}/error"

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -50,7 +49,7 @@ __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "che
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
 from ..base.constants import DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported for its readers
-from ..store import keys
+from ..store import keys, records
 
 #: Added to a call's arrival counter when a rank gave up on it.
 ABORT = 1 << 40
@@ -176,7 +175,7 @@ def _store_lost(exc: BaseException, seq: int, me: Call, group: Group
 def _post(ctx: _Ctx) -> None:
     """Store this rank's record and count it, digest first (see :meth:`_Ctx.counts`)."""
     store, p = ctx.store, ctx.prefix
-    store.set(f"{p}/c/{ctx.me.rank}", pickle.dumps(ctx.me))
+    store.set(f"{p}/c/{ctx.me.rank}", records.call_record(ctx.me))
     store.add(f"{p}/d/{ctx.digest}", 1)
     ctx.log.posted[ctx.seq] = ctx.digest
     if store.add(f"{p}/n", 1) > ABORT:  # the others gave up on this call before we came
@@ -292,7 +291,7 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
         raise _mismatch_error(ctx, calls)
     error = _missing_error(ctx, calls, dead)
     try:
-        ctx.store.set(f"{ctx.prefix}/abort", pickle.dumps(error))
+        ctx.store.set(f"{ctx.prefix}/abort", records.call_record(error))
         ctx.store.add(f"{ctx.prefix}/n", ABORT)
     except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
         raise error from None
@@ -315,7 +314,8 @@ def _records(ctx: _Ctx, seq: Optional[int] = None, ranks: Optional[Sequence[int]
         ranks = _present(ctx, seq)
     if not ranks:
         return []
-    return [pickle.loads(b) for b in ctx.store.multi_get([f"{p}/c/{r}" for r in ranks])]
+    return [records.read_call_record(b)
+            for b in ctx.store.multi_get([f"{p}/c/{r}" for r in ranks])]
 
 
 def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
@@ -419,7 +419,7 @@ def _missing_error(ctx: _Ctx, calls: List[Call], dead: Dict[int, str]) -> Collec
 
 def _read_abort(ctx: _Ctx, late: bool) -> CollectiveMismatchError:
     """The error a rank published when it gave up on this call."""
-    error = pickle.loads(ctx.store.get(f"{ctx.prefix}/abort"))
+    error = records.read_call_record(ctx.store.get(f"{ctx.prefix}/abort"))
     _acknowledge(ctx, f"{ctx.prefix}/abort", [r for r in range(ctx.ws) if r not in error.missing])
     if not isinstance(error, CollectiveMismatchError):  # pragma: no cover - defensive
         return CollectiveMismatchError(str(error))

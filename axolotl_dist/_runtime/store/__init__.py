@@ -1,6 +1,7 @@
 """The store room: the c10d store the ranks signal through.
 
 * :mod:`.keys`: every key the kit keeps in the store (nothing else spells one).
+* :mod:`.records`: every record the kit keeps there, encoded and decoded (nothing else does).
 * :mod:`.access`: which store, who hosts it, what a lost store looks like, a worker thread.
 * :mod:`.sleep`: a long wait sleeps in one blocking ``store.wait`` instead of polling.
 * :mod:`.sweep`: deleting finished blocks' keys in the background.
