@@ -109,8 +109,10 @@ class _ZeroFirst:
         if g is None or g.size == 1:
             return
         is_main = self.is_main
-        if is_main is None:
-            is_main = _node_first(g, self.path)
+        if is_main is None:  # cached on the group after the first block (but for path=)
+            known = g.node_first
+            is_main = known if self.path is None and known is not NOT_ASKED else \
+                _node_first(g, self.path)
         first = g.rank == 0 if is_main is None else bool(is_main)
         site = call_site()
         opened = self.opened = enter_block(g, "zero_first", site, self.desc)  # one thread

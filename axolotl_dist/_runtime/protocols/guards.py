@@ -19,7 +19,7 @@ Shared first runs (several first ranks, explicit ``is_main``) are recorded for
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ..base.groups import Group, group_of
 from ..base.state import STATE
@@ -28,17 +28,17 @@ from ...errors import CollectiveMismatchError
 __all__ = ["Guard", "enter", "leave", "check"]
 
 
-class Guard:
+class Guard(NamedTuple):
     """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block, number
-    ``seq`` on its group),
-    ``"shared_first_run"`` (recorded only) or ``"zero_only"``; ``describe()`` says where.
-    ``group`` is the block's :class:`~..base.groups.Group`, or the ``group=`` argument of
-    ``zero_only`` (which never communicates, so never resolves it itself)."""
+    ``seq`` on its group), ``"shared_first_run"`` (recorded only) or ``"zero_only"``;
+    ``describe()`` says where. ``group`` is the block's :class:`~..base.groups.Group`, or the
+    ``group=`` argument of ``zero_only`` (which never communicates, so never resolves it
+    itself). A tuple: made on every block's entry, it costs no Python frame."""
 
-    __slots__ = ("kind", "group", "describe", "seq")
-
-    def __init__(self, kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> None:
-        self.kind, self.group, self.describe, self.seq = kind, group, describe, seq
+    kind: str
+    group: Any
+    describe: Callable[[], str]
+    seq: int = 0
 
 
 def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> Guard:
@@ -53,10 +53,14 @@ def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> G
 
 def leave(guard: Guard) -> None:
     scopes = STATE.guards.get(threading.get_ident())
-    if scopes and guard in scopes:
-        scopes.remove(guard)
-        if guard.kind != "shared_first_run":
-            STATE.guarded -= 1
+    if not scopes:
+        return
+    for i in range(len(scopes) - 1, -1, -1):  # this very guard (tuples compare by value)
+        if scopes[i] is guard:
+            del scopes[i]
+            if guard.kind != "shared_first_run":
+                STATE.guarded -= 1
+            return
 
 
 def check(helper: str, g: Optional[Group], site: Callable[[], str]) -> None:
