@@ -225,7 +225,7 @@ def test_the_scan_sees_what_it_should():
     # guard against a scanner that finds nothing: these edges exist by design
     graph, _ = _scan()
     assert f"{RUNTIME}.protocols.blocks" in graph[f"{PACKAGE}.ordering"]
-    assert f"{RUNTIME}.liveness.waits" in graph[f"{RUNTIME}.protocols.blocks"]
+    assert f"{RUNTIME}.liveness.polls" in graph[f"{RUNTIME}.protocols.blocks"]
     assert f"{PACKAGE}.errors" in graph[f"{RUNTIME}.liveness.peers"]
     assert {f"{RUNTIME}.store.access", f"{RUNTIME}.liveness.peers"} \
         <= graph[f"{RUNTIME}.liveness.judge"]

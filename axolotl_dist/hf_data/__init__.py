@@ -45,7 +45,7 @@ from .._runtime.base.state import STATE as _STATE
 from .._runtime.store import keys as _keys, records as _records
 from .._runtime.store.access import group_store
 from .._runtime.liveness.deadlock import Point
-from .._runtime.liveness.waits import poll_until
+from .._runtime.liveness.polls import poll_until
 from ..env import env_shared_filesystem
 from ..errors import DistributedConfigError, DistributedEnvError, RankFailedError
 from ..ranks import get_global_rank, get_node_rank, get_rank, get_world_size

@@ -197,6 +197,12 @@ def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> O
     if (group is None and last is not None and last.pg_ref() is world.default_pg is not None
             and last.env_rank is _RANK_RAW() and last.env_ws is _WS_RAW()):
         return last
+    return _resolve(group, op, create)
+
+
+def _resolve(group: Optional["ProcessGroup"], op: str, create: bool) -> Optional[Group]:
+    """:func:`group_of` past its fast path: look the group up, build it at its first use,
+    check the env against it again when the env changed."""
     pg = group if group is not None else default_pg()
     if pg is None or world is None or world.default_pg is None:
         if create:

@@ -44,7 +44,7 @@ import signal
 import sys
 import time
 import weakref
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -259,15 +259,28 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
         pass
     if record is not None:
-        if not hosts and record[2]:  # a failure: the peers waiting for this rank name it
-            relayed = exc is None or isinstance(exc, RankFailedError)  # another rank's failure
-            store.bounded(lambda: records.await_peers_told(record[0], rank, world_size, relayed),
-                          records.failed_exit_grace(world_size) + _STORE_CALLS)
-        # the last store call: a store host (rank 0) may end as soon as every rank made it
-        store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
-        if hosts:
-            records.await_peers_exit(record[0], rank, world_size, failed=record[2])
+        _last_store_calls(record, hosts, rank, world_size, exc)
     del server
+    _await_groups_released(groups)
+
+
+def _last_store_calls(record: Tuple[Any, int, bool], hosts: bool, rank: int, world_size: int,
+                      exc: Optional[BaseException]) -> None:
+    """After the exit record (``record``: store, rank, whether a failure): a failing rank
+    waits for its waiting peers to read it, every rank marks itself gone, and the store's host
+    keeps its store up for the others."""
+    if not hosts and record[2]:  # a failure: the peers waiting for this rank name it
+        relayed = exc is None or isinstance(exc, RankFailedError)  # another rank's failure
+        store.bounded(lambda: records.await_peers_told(record[0], rank, world_size, relayed),
+                      records.failed_exit_grace(world_size) + _STORE_CALLS)
+    # the last store call: a store host (rank 0) may end as soon as every rank made it
+    store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
+    if hosts:
+        records.await_peers_exit(record[0], rank, world_size, failed=record[2])
+
+
+def _await_groups_released(groups: List[Any]) -> None:
+    """Give the destroyed groups (weak references) a moment to be freed, but those kept."""
     kept = {id(ref()) for ref in STATE.kept}
     groups = [ref for ref in groups if id(ref()) not in kept]
     if any(ref() is not None for ref in groups):

@@ -135,19 +135,30 @@ def find_stuck(descs: Dict[int, Dict[str, Any]], world: int) -> List[Stuck]:
     """The stuck ranks among the waiting ones (``descs``: rank -> description), by meeting.
     Ranks in the same wait share one computation of their blocking peers and one node of
     the graph, so a world of ranks in one barrier costs one pass over the group."""
-    meetings: Dict[Tuple[Any, ...], List[int]] = {}
-    for rank, d in descs.items():
-        key = (d["g"], d["k"], d["n"], d["l"], d["f"], d["m"],
-               None if d["a"] is None else tuple(d["a"]))
-        meetings.setdefault(key, []).append(rank)
-    nodes = list(meetings.values())
+    nodes = _meetings(descs)
     node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
     blockers: List[List[int]] = []
     for ranks in nodes:  # a rank's own node never blocks it: the same meeting
         d = descs[ranks[0]]
         blockers.append([p for p in _awaited(d, world) if p in descs and _blocks(d, descs[p])])
-    edges = [{node_of[p] for p in peers} for peers in blockers]
-    alive = {i for i, peers in enumerate(blockers) if peers}
+    alive = _in_cycles([{node_of[p] for p in peers} for peers in blockers])
+    return [Stuck(sorted(nodes[i]), descs[nodes[i][0]],
+                  sorted(p for p in blockers[i] if node_of[p] in alive)) for i in sorted(alive)]
+
+
+def _meetings(descs: Dict[int, Dict[str, Any]]) -> List[List[int]]:
+    """The waiting ranks grouped by the meeting they wait in (the same wait on each)."""
+    meetings: Dict[Tuple[Any, ...], List[int]] = {}
+    for rank, d in descs.items():
+        key = (d["g"], d["k"], d["n"], d["l"], d["f"], d["m"],
+               None if d["a"] is None else tuple(d["a"]))
+        meetings.setdefault(key, []).append(rank)
+    return list(meetings.values())
+
+
+def _in_cycles(edges: List[Set[int]]) -> Set[int]:
+    """The nodes that reach a cycle (``edges[i]``: the nodes that block node ``i``)."""
+    alive = {i for i, peers in enumerate(edges) if peers}
     changed = True
     while changed:  # peel the nodes no stuck node blocks: what stays reaches a cycle
         changed = False
@@ -155,8 +166,7 @@ def find_stuck(descs: Dict[int, Dict[str, Any]], world: int) -> List[Stuck]:
             if not edges[i] & alive:
                 alive.discard(i)
                 changed = True
-    return [Stuck(sorted(nodes[i]), descs[nodes[i][0]],
-                  sorted(p for p in blockers[i] if node_of[p] in alive)) for i in sorted(alive)]
+    return alive
 
 
 def _components(stuck: List[Stuck]) -> List[List[Stuck]]:
@@ -263,16 +273,18 @@ class Judge:
         """One round over every rank's description (``values``, by rank). When the verdict
         changed: the marks to write (rank -> ``"serial|deadlock"``, ``""`` to clear) and every
         deadlock's ``[message, {rank: call}]``; else None."""
-        for rank, value in enumerate(values):
-            if value != self.raw.get(rank, b""):
-                self.raw[rank] = value
-                if value:
-                    try:
-                        self.descs[rank] = records.read_document(value)
-                    except ValueError:  # pragma: no cover - a torn value: read next round
-                        self.descs.pop(rank, None)
-                else:
-                    self.descs.pop(rank, None)
+        self._read(values)
+        marks, texts = self._verdict()
+        if marks == self.marks and texts == self.texts:
+            return None
+        changes = {r: "" for r in self.marks if r not in marks}
+        changes.update({r: m for r, m in marks.items() if self.marks.get(r) != m})
+        self.marks, self.texts = marks, texts
+        return changes, texts
+
+    def _verdict(self) -> Tuple[Dict[int, str], List[List[Any]]]:
+        """The marks (rank -> ``"serial|deadlock"``) and texts of the deadlocks found stuck in
+        two rounds in a row on the same waits (a wait that moved on is not a deadlock)."""
         stuck = find_stuck(self.descs, self.world) if len(self.descs) > 1 else []
         now = {r: self.descs[r]["s"] for s in stuck for r in s.ranks}
         steady = {r: d for r, d in self.descs.items() if r in now and self.last.get(r) == now[r]}
@@ -283,9 +295,18 @@ class Judge:
         for i, (ranks, text, calls) in enumerate(explain(confirmed)):
             texts.append([text, {str(r): c for r, c in calls.items()}])
             marks.update({r: records.stuck_mark(steady[r]['s'], i) for r in ranks})
-        if marks == self.marks and texts == self.texts:
-            return None
-        changes = {r: "" for r in self.marks if r not in marks}
-        changes.update({r: m for r, m in marks.items() if self.marks.get(r) != m})
-        self.marks, self.texts = marks, texts
-        return changes, texts
+        return marks, texts
+
+    def _read(self, values: Sequence[bytes]) -> None:
+        """Parse the descriptions that changed since the last round (an empty one: none)."""
+        for rank, value in enumerate(values):
+            if value == self.raw.get(rank, b""):
+                continue
+            self.raw[rank] = value
+            if not value:
+                self.descs.pop(rank, None)
+                continue
+            try:
+                self.descs[rank] = records.read_document(value)
+            except ValueError:  # pragma: no cover - a torn value: read next round
+                self.descs.pop(rank, None)

@@ -114,6 +114,8 @@ class _Heartbeat:
         self.first = sorted({r for r in (0, host) if r is not None and r != rank})
         self.host = host if host is not None and host != rank else None
         self.judging = False  # rank 0, while some rank waits: a round every JUDGE_INTERVAL
+        self.copying = False  # copying the first records (see _run)
+        self.last_beat = self.last_round = self.last_look = 0.0  # when each last happened
         self.judge = RankZeroJudge(run, world_size) if rank == 0 else None
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         STATE.peers[rank] = me
@@ -191,8 +193,8 @@ class _Heartbeat:
         # The first records at once, in short doubling waits (a store host that dies soon
         # after init is then judged by its pid with no store call: see store_host_gone);
         # then one beat per interval.
-        wait, copying = min(0.005, self.interval), bool(self.first)
-        last_beat = last_round = last_look = time.monotonic()
+        wait, self.copying = min(0.005, self.interval), bool(self.first)
+        self.last_beat = self.last_round = self.last_look = time.monotonic()
         rides = self.rank == 0 and bool(_RIDERS)  # runs the riders (see Rider)
         look = min((r.look for r in _RIDERS), default=self.interval)
         while True:
@@ -203,29 +205,41 @@ class _Heartbeat:
             if default_pg() is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
             try:
-                if copying:
-                    copying = not self._copy_first()
-                now = time.monotonic()
-                if now - last_beat >= self.interval:
-                    last_beat = last_look = now
-                    self._beat(key)
-                elif rides and _pending() and now - last_look >= look:
-                    last_look = now
-                    self._waiters()
-                if self.judging and now - last_round >= JUDGE_INTERVAL:
-                    last_round = now
-                    self._judge()
-                if rides:
-                    for rider in _RIDERS:
-                        rider.tick()
+                self._turn(key, rides, look)
             except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
-            due = last_beat + self.interval
-            if self.judging:
-                due = min(due, last_round + JUDGE_INTERVAL)
-            if rides and _pending():
-                due = min(due, last_look + look)
-            wait = min(wait * 2, self.interval) if copying else max(0.0, due - time.monotonic())
+            wait = self._next_wait(wait, rides, look)
+
+    def _turn(self, key: str, rides: bool, look: float) -> None:
+        """One turn of the loop: copy the first records, beat when due (else, on rank 0, read
+        the counter for the riders when they wait for something), judge when due, ride."""
+        if self.copying:
+            self.copying = not self._copy_first()
+        now = time.monotonic()
+        if now - self.last_beat >= self.interval:
+            self.last_beat = self.last_look = now
+            self._beat(key)
+        elif rides and _pending() and now - self.last_look >= look:
+            self.last_look = now
+            self._waiters()
+        if self.judging and now - self.last_round >= JUDGE_INTERVAL:
+            self.last_round = now
+            self._judge()
+        if rides:
+            for rider in _RIDERS:
+                rider.tick()
+
+    def _next_wait(self, wait: float, rides: bool, look: float) -> float:
+        """Seconds until the next turn: doubling while copying the first records, else until
+        the next beat, judge's round or riders' look."""
+        if self.copying:
+            return min(wait * 2, self.interval)
+        due = self.last_beat + self.interval
+        if self.judging:
+            due = min(due, self.last_round + JUDGE_INTERVAL)
+        if rides and _pending():
+            due = min(due, self.last_look + look)
+        return max(0.0, due - time.monotonic())
 
 
 class _HostLeaving(Exception):

@@ -213,15 +213,22 @@ class Watch:
         if run is not None and self.raw is self.store:  # the verdict on this rank's wait too
             names.append(keys.stuck(run, self.me))
         log, verdicts, *mine = self.store.multi_get(names)
-        for item in log.decode().split(","):
-            if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
-                self._read_exit(int(item))
+        self._read_exits(log)
         judged = records.read_document(verdicts)
         self.silent = {int(r): (float(secs), now) for r, secs in judged.get("silent", {}).items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
             mine = [self.raw.get(keys.stuck(run, self.me))]
-        serial, index = records.read_stuck_mark(mine[0] if mine else b"")
-        deadlocks = judged.get("deadlocks", [])
+        self._read_verdict(mine[0] if mine else b"", judged.get("deadlocks", []))
+
+    def _read_exits(self, log: bytes) -> None:
+        """Read the exit records of the ranks the exit log names that are new to this rank."""
+        for item in log.decode().split(","):
+            if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
+                self._read_exit(int(item))
+
+    def _read_verdict(self, mark: bytes, deadlocks: List[Any]) -> None:
+        """This rank's wait as the judge marked it: stuck in one of ``deadlocks``, or not."""
+        serial, index = records.read_stuck_mark(mark)
         self.stuck = ((int(serial), deadlocks[int(index)])
                       if serial and int(index) < len(deadlocks) else None)
 

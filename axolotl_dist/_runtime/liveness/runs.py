@@ -117,23 +117,13 @@ def record(run: str, addr: str, port: int, world: int, launcher: str,
         if directory is None:
             return None
         pid = os.getpid() if pid is None else pid
-        if script is None:
-            script = sys.argv[0] if sys.argv and sys.argv[0] else "?"
-        entry = {"run": run, "addr": addr, "port": int(port), "world": int(world), "pid": pid,
-                 "machine": procs.MACHINE, "script": os.path.abspath(script) if os.path.exists(
-                     script) else script, "launcher": launcher, "started": time.time()}
+        entry = _entry(run, addr, port, world, launcher, script, pid)
         path = os.path.join(directory, _file_name(run))
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as fh:
             json.dump(entry, fh)
-        try:
-            os.link(tmp, path)  # whole, and the first recorder of the run wins
-        except OSError as exc:  # there already (or no hard links on this filesystem)
-            old = _read(path) if isinstance(exc, FileExistsError) or os.path.exists(path) \
-                else None
-            if old is not None and _live(old) is not False:
-                return None
-            os.replace(tmp, path)  # a stale entry of the same name (or an unreadable one)
+        if not _place(tmp, path):
+            return None
         previous = _MINE.get("path")
         if previous and previous != path:
             forget(previous, _MINE.get("pid"))
@@ -144,6 +134,29 @@ def record(run: str, addr: str, port: int, world: int, launcher: str,
     finally:
         if tmp is not None:
             _remove(tmp)
+
+
+def _entry(run: str, addr: str, port: int, world: int, launcher: str, script: Optional[str],
+           pid: int) -> Dict[str, Any]:
+    """What a run's file says (``script``: default, this process's)."""
+    if script is None:
+        script = sys.argv[0] if sys.argv and sys.argv[0] else "?"
+    return {"run": run, "addr": addr, "port": int(port), "world": int(world), "pid": pid,
+            "machine": procs.MACHINE, "script": os.path.abspath(script) if os.path.exists(
+                script) else script, "launcher": launcher, "started": time.time()}
+
+
+def _place(tmp: str, path: str) -> bool:
+    """Move the written entry ``tmp`` to ``path``, unless a live process recorded the run
+    first (then False)."""
+    try:
+        os.link(tmp, path)  # whole, and the first recorder of the run wins
+    except OSError as exc:  # there already (or no hard links on this filesystem)
+        old = _read(path) if isinstance(exc, FileExistsError) or os.path.exists(path) else None
+        if old is not None and _live(old) is not False:
+            return False
+        os.replace(tmp, path)  # a stale entry of the same name (or an unreadable one)
+    return True
 
 
 def forget(path: Optional[str], pid: Optional[int] = None) -> None:

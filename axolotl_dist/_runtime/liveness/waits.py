@@ -7,7 +7,7 @@ pids, heartbeats) every ``LIVENESS_INTERVAL``, and after ``AXOLOTL_DIST_WAIT_LOG
 seconds (default 30), then at doubling intervals, logging whom it waits for (the first time,
 where they are). What it waits on comes in two kinds:
 
-* :func:`poll_until`: a cheap, non-blocking store probe (``add(key, 0)``: no C++ timeout
+* :func:`.polls.poll_until`: a cheap, non-blocking store probe (``add(key, 0)``: no C++ timeout
   warnings) for the ordering blocks, debug checks and ``shared_map``; the first polls inline,
   then from the store worker with a backoff to at most 0.25 s, so a store that stops answering
   (its host is stopped) does not stop the wait's clock (docs/design.md, decision 13); an
@@ -28,9 +28,8 @@ import hashlib
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence
 
-from ..base import procs
 from ..base.callsite import call_site
 from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
 from ..base.envvars import kit_seconds
@@ -38,29 +37,22 @@ from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base.state import STATE
 from ..store import keys
-from ..store.access import (Job, StoreHostGoneError, bounded, is_store_error, store_address,
-                            store_host, submit, world_store)
-from ..store.sleep import Bell
+from ..store.access import bounded, world_store
 from . import whereabouts as where
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
 from .failures import await_readers
 from .judge import Lost, Watch, lost_error
-from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
-from ...errors import (CollectiveMismatchError, DistributedEnvError, RankFailedError,
-                       RankTimeoutError)
+from .peers import host_leaving, store_host_gone
+from ...errors import CollectiveMismatchError
 
-__all__ = ["Waiting", "poll_until", "collective", "where_they_are", "noted", "left",
-           "timed_out", "SLICE", "LOST_GRACE"]
+__all__ = ["Waiting", "collective", "where_they_are", "noted", "left", "timed_out", "SLICE",
+           "LOST_GRACE"]
 
 #: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
 #: handled. A slice ends the moment the collective completes; one that times out costs
 #: microseconds.
 SLICE = 0.05
 _SLICE = timedelta(seconds=SLICE)
-#: How long a store call may take before the waiting rank looks at the store's host.
-_STORE_SILENT_AFTER = 1.0
-#: Seconds between an asleep wait's checks of its clock (timeout, warnings): no store call.
-_ASLEEP = 0.25
 
 
 class _Interval:
@@ -207,158 +199,6 @@ def _now(call: Callable[[], Any]) -> None:
     except Exception:  # noqa: BLE001 - the wait is over; the store may be gone
         pass
 
-
-# --- waiting for a store probe ---------------------------------------------------------------
-
-def poll_until(
-    ready: Callable[[], bool],
-    *,
-    watch: Callable[[], Sequence[int]],
-    timeout: Optional[float],
-    what: str,
-    me: int,
-    slow: Optional[Callable[[], None]] = None,
-    sleep: Optional[Callable[[], Optional[Bell]]] = None,
-    point: Optional[Point] = None,
-) -> None:
-    """Return once ``ready()`` is true; raise if a watched rank dies or ``timeout`` expires.
-
-    :param ready: a cheap, non-blocking store probe.
-    :param watch: the global ranks we are waiting for (re-evaluated at each liveness check).
-    :param what: a description used in log lines and errors ("zero_first block #3 at x.py:4").
-    :param slow: called once, on the store worker, when the wait outlasts its first inline
-        polls (a check too costly for the fast path, e.g. that blocks pair); it may raise.
-    :param sleep: called on the store worker after ``slow``, until it returns a bell: a
-        :class:`~..store.sleep.Bell` asleep until ``ready()`` may have become true (then the wait
-        stops polling: it only looks at the watched ranks), or None (not now: polls go on).
-    :param point: where the wait is, for the deadlock judge (:mod:`.deadlock`).
-    """
-    try:
-        if ready():
-            return
-        waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}", point)
-        normal = False
-        box: List[Optional[Bell]] = [None]
-        try:
-            _poll(ready, watch, timeout, slow, waiting, sleep, box)
-            normal = True
-        finally:
-            if box[0] is not None:
-                box[0].release()
-            waiting.end(normal, submit)
-    except (RankFailedError, RankTimeoutError, DistributedEnvError, CollectiveMismatchError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the store's host is gone
-        if is_store_error(exc):
-            raise store_lost_error(exc, what) from exc
-        raise
-
-
-def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float],
-                  now: float) -> None:
-    """Warn (at most every 30 s) that the store has not answered a call for ``silent_for`` s."""
-    last = warned.get(-1)
-    if last is not None and now - last < 30.0:
-        return
-    warned[-1] = now
-    host = store_host()
-    record = peer_record(host) if host is not None else None
-    state = procs.proc_state(record.pid) if where.same_machine(record) else None
-    if host is None:
-        who = f"the launcher's store at {store_address()}"
-    else:
-        who = f"rank {host} (the store host" + (f", {record.describe()})" if record else ")")
-    why = (" is stopped (/proc says state T: SIGSTOP, a debugger or a suspended job)"
-           if state == "stopped" else " has not answered a store call")
-    log.warning("rank %d: %s%s for %.0f s while this rank waits in %s", me, who, why,
-                silent_for, what)
-
-
-def _poll(ready: Callable[[], bool], watch: Callable[[], Sequence[int]], timeout: Optional[float],
-          slow: Optional[Callable[[], None]], w: Waiting,
-          sleep: Optional[Callable[[], Optional[Bell]]], box: List[Optional[Bell]]) -> None:
-    what, me, watcher, start = w.what, w.me, w.watcher, w.start
-    next_check = start + LIVENESS_INTERVAL / 2
-    spins, delay = 0, 0.0005
-    job: Optional[Job] = None
-    job_since = start
-    pending_slow = [slow] if slow is not None else []
-    pending_sleep = [sleep] if sleep is not None else []
-
-    def probe(liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
-        if host_leaving():  # no store call: the host's store is about to go
-            return "lost", watcher.find_lost([], now, what)
-        bell = box[0]
-        if bell is None or bell.rung.is_set():  # asleep, the word is not read: the bell says
-            if ready():
-                return "ready", None
-        if pending_slow and not inline:  # on the worker: the wait has left its inline polls
-            pending_slow.pop()()
-        if pending_sleep and not inline:
-            box[0] = pending_sleep[0]()
-            if box[0] is not None:
-                pending_sleep.clear()  # a bell rings once: after a spurious ring, polls
-        if liveness:
-            w.ranks[:] = watch()
-            w.mark()
-            lost = w.lost(now)
-            stuck = w.stuck()  # read by the same look: this wait's own verdict comes first
-            if stuck is not None:
-                return ("ready", None) if ready() else ("stuck", stuck)
-            if lost:
-                return ("ready", None) if ready() else ("lost", lost)
-        return "waiting", None
-
-    while True:
-        if job is None:
-            if spins < 20:  # the first polls inline: a store call costs ~30 us, a handoff more
-                spins += 1
-                verdict, lost = probe(False, time.monotonic(), inline=True)
-                if verdict == "ready":
-                    return
-                continue
-            bell = box[0]
-            if bell is not None and not bell.rung.is_set():  # asleep: look at the peers only
-                bell.rung.wait(min(_ASLEEP, max(0.0, next_check - time.monotonic())))
-                now = time.monotonic()
-                due = now >= next_check or bell.rung.is_set()
-            else:
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05 if time.monotonic() - start < 10 else 0.25)
-                now, due = time.monotonic(), True
-            if due:
-                liveness = now >= next_check
-                if liveness:
-                    next_check = now + LIVENESS_INTERVAL
-                job = submit(lambda liveness=liveness, now=now: probe(liveness, now))
-                job_since = now
-        answered = job.done.wait(_STORE_SILENT_AFTER) if job is not None else False
-        now = time.monotonic()
-        if job is None:
-            pass
-        elif answered:
-            verdict, lost = job.result()
-            job = None
-            if verdict == "ready":
-                return
-            if verdict == "lost":
-                raise lost_error(lost, what)
-            if verdict == "stuck":
-                w.deadlock(lost)
-        elif now - job_since >= _STORE_SILENT_AFTER:
-            if store_host_gone():  # the call waits in torch's reconnect: stop waiting for it
-                gone = StoreHostGoneError(f"no answer for {now - job_since:.1f} s")
-                raise store_lost_error(gone, what)
-            _silent_store(what, me, now - job_since, watcher.warned, now)
-        if timeout is not None and now - start >= timeout:
-            ranks = list(watch()) if job is None else list(w.ranks)
-            raise RankTimeoutError(
-                f"rank {me} gave up after waiting {timeout:g} s for rank(s) {ranks} to finish "
-                f"{what} (timeout={timeout:g}); raise the timeout or find why they are slow",
-                ranks,
-            )
-        if job is None and now >= w.interval.next_at:
-            w.warn(now, list(watch()))
 
 
 # --- waiting for a collective ----------------------------------------------------------------

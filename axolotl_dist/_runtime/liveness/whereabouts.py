@@ -318,11 +318,6 @@ def connect(addr: str, port: int, timeout: float = 10.0, retry_refused: bool = T
                          wait_for_workers=False)
 
 
-#: The key a torch elastic rendezvous (torchrun's ``--rdzv-backend c10d``) leaves in its store
-#: for the ranks' own store: ``torch.rendezvous.<run id>.<round>/MASTER_PORT`` (and ``_ADDR``).
-_RDZV_PREFIX, _RDZV_PORT = "torch.rendezvous.", "/MASTER_PORT"
-
-
 def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
     """Where the ranks' store is, if ``store`` is a torch elastic rendezvous store (the
     ``--rdzv-endpoint`` a torchrun user knows) rather than the ranks' own store: the address
@@ -330,28 +325,33 @@ def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
     store can (torch 2.13 on); elsewhere torchrun's default run id ``none`` is tried."""
     if store.check([keys.RUN_NOTE]):
         return None
-    lister = getattr(store, "list_keys", None)
-    try:
-        found = [k for k in lister() if k.startswith(_RDZV_PREFIX) and k.endswith(_RDZV_PORT)] \
-            if lister is not None else []
-    except Exception:  # noqa: BLE001 - a store that cannot list
-        found = []
-    if not found:
-        found = [f"{_RDZV_PREFIX}none.{r}{_RDZV_PORT}" for r in range(16)]
-        found = [k for k in found if store.check([k])]
     rounds = []
-    for key in found:
-        prefix = key[: -len(_RDZV_PORT)]
+    for key in _rendezvous_port_keys(store):
+        prefix = keys.rendezvous_round(key)
         head, _, number = prefix.rpartition(".")
         if head and number.isdigit():
             rounds.append((int(number), prefix))
     if not rounds:
         return None
     prefix = max(rounds)[1]
-    port = store.get(prefix + _RDZV_PORT).decode(errors="replace")
-    addr_key = prefix + "/MASTER_ADDR"
+    port = store.get(keys.rendezvous_port(prefix)).decode(errors="replace")
+    addr_key = keys.rendezvous_addr(prefix)
     addr = store.get(addr_key).decode(errors="replace") if store.check([addr_key]) else ""
     return (addr, int(port)) if port.isdigit() and addr else None
+
+
+def _rendezvous_port_keys(store: "Store") -> List[str]:
+    """The port keys of every rendezvous round in ``store``: listed where the store can, else
+    torchrun's default run id ``none``'s first rounds, looked up one by one."""
+    lister = getattr(store, "list_keys", None)
+    try:
+        found = [k for k in lister() if keys.is_rendezvous_port(k)] if lister is not None else []
+    except Exception:  # noqa: BLE001 - a store that cannot list
+        found = []
+    if not found:
+        found = [keys.rendezvous_port(keys.rendezvous_prefix("none", r)) for r in range(16)]
+        found = [k for k in found if store.check([k])]
+    return found
 
 
 def where(store: "Store", ranks: Optional[Sequence[int]] = None,

@@ -41,7 +41,7 @@ rank that still reads one (a first rank at the end of an enclosing block) reads 
 block as complete. So a loop of blocks keeps the store's key count flat, at no store call on
 the fast path.
 
-Pairing is checked only when a wait outlasts its first polls (:func:`~..liveness.waits.poll_until`'s
+Pairing is checked only when a wait outlasts its first polls (:func:`~..liveness.polls.poll_until`'s
 ``slow``): the rank writes ``rank|tag|desc|site`` to ``axd/<kind>/<seq>/site`` by
 ``compare_set``; if another rank's record with another tag is there, the blocks do not pair,
 and it publishes a :class:`~axolotl_dist.errors.CollectiveMismatchError` naming both sites and
@@ -64,7 +64,7 @@ from ..store.access import group_store, is_store_error
 from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
-from ..liveness.waits import poll_until
+from ..liveness.polls import poll_until
 from . import recorder as trace
 from . import guards
 from ...errors import CollectiveMismatchError

@@ -31,7 +31,7 @@ from ..base.kitlog import kit as log
 from ..base.state import STATE
 from ..store import keys
 from ..store.access import world_store
-from ..liveness.waits import poll_until
+from ..liveness.polls import poll_until
 from ... import env as _env
 
 __all__ = ["default_cache_dir", "probe_dir", "shares", "said", "export"]

@@ -18,7 +18,8 @@ __all__ = [
     "RUN", "EXITS", "EXIT_LOG", "VERDICTS", "WAITERS", "WARN_LOG", "waiting", "exit_record",
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "whereabouts",
-    "long_wait", "stuck", "DOCUMENTED",
+    "long_wait", "stuck", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
+    "is_rendezvous_port", "rendezvous_round", "DOCUMENTED",
 ]
 
 # --- group keys --------------------------------------------------------------------------------
@@ -127,6 +128,39 @@ def long_wait(run: str, rank: int) -> str:
 def stuck(run: str, rank: int) -> str:
     """The judge's mark while global ``rank``'s wait can never end."""
     return f"axolotl_dist/{run}/stuck/{rank}"
+
+
+# --- torch's rendezvous keys, read by ``axolotl-dist where`` ------------------------------------
+
+#: A torch elastic rendezvous (torchrun's ``--rdzv-backend c10d``) leaves the ranks' own store's
+#: address in its store, per round: ``torch.rendezvous.<run id>.<round>/MASTER_PORT`` (and
+#: ``/MASTER_ADDR``).
+_RDZV, _PORT, _ADDR = "torch.rendezvous.", "/MASTER_PORT", "/MASTER_ADDR"
+
+
+def rendezvous_prefix(run_id: str, round_: int) -> str:
+    """Round ``round_`` of torch's rendezvous ``run_id``."""
+    return f"{_RDZV}{run_id}.{round_}"
+
+
+def rendezvous_port(prefix: str) -> str:
+    """The key of a rendezvous round's ``MASTER_PORT``."""
+    return prefix + _PORT
+
+
+def rendezvous_addr(prefix: str) -> str:
+    """The key of a rendezvous round's ``MASTER_ADDR``."""
+    return prefix + _ADDR
+
+
+def is_rendezvous_port(key: str) -> bool:
+    """Whether ``key`` is a rendezvous round's ``MASTER_PORT``."""
+    return key.startswith(_RDZV) and key.endswith(_PORT)
+
+
+def rendezvous_round(port_key: str) -> str:
+    """The round (its prefix) of a :func:`rendezvous_port` key."""
+    return port_key[: -len(_PORT)]
 
 
 #: Every key as docs/design.md's table spells it (placeholders in angle brackets).
