@@ -90,20 +90,32 @@ def _length(inputs: Any) -> int:
         f"dataset, got {type(inputs).__name__}")
 
 
+def _take_rows(tensor: torch.Tensor, start: int, end: int, pad_to: Optional[int]) -> torch.Tensor:
+    """Rows ``[start, end)`` of ``tensor``, padded to ``pad_to`` rows with its last row (zeros
+    for an empty tensor)."""
+    rows = tensor[start:end]
+    if pad_to is not None and rows.shape[0] < pad_to:
+        last = tensor[-1:] if tensor.shape[0] else tensor.new_zeros((1,) + tuple(tensor.shape[1:]))
+        rows = torch.cat([rows] + [last] * (pad_to - rows.shape[0]))
+    return rows
+
+
+def _select_rows(dataset: Any, start: int, end: int, pad_to: Optional[int]) -> Any:
+    """``dataset.select`` of rows ``[start, end)``, padded to ``pad_to`` with its last row."""
+    idx: List[int] = list(range(start, end))
+    if pad_to is not None and len(idx) < pad_to and len(dataset):
+        idx += [len(dataset) - 1] * (pad_to - len(idx))
+    return dataset.select(idx)
+
+
 def _take(inputs: Any, start: int, end: int, pad_to: Optional[int]) -> Any:
+    """Items ``[start, end)`` of ``inputs`` in its own kind, padded to ``pad_to`` with the last."""
     if isinstance(inputs, dict):
         return {k: _take(v, start, end, pad_to) for k, v in inputs.items()}
     if isinstance(inputs, torch.Tensor):
-        rows = inputs[start:end]
-        if pad_to is not None and rows.shape[0] < pad_to:
-            last = inputs[-1:] if inputs.shape[0] else inputs.new_zeros((1,) + tuple(inputs.shape[1:]))
-            rows = torch.cat([rows] + [last] * (pad_to - rows.shape[0]))
-        return rows
+        return _take_rows(inputs, start, end, pad_to)
     if hasattr(inputs, "select") and not isinstance(inputs, (list, tuple)):  # datasets.Dataset
-        idx: List[int] = list(range(start, end))
-        if pad_to is not None and len(idx) < pad_to and len(inputs):
-            idx += [len(inputs) - 1] * (pad_to - len(idx))
-        return inputs.select(idx)
+        return _select_rows(inputs, start, end, pad_to)
     part = list(inputs[start:end])
     if pad_to is not None and len(part) < pad_to and len(inputs):
         part += [inputs[-1]] * (pad_to - len(part))

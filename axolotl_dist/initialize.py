@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from datetime import timedelta
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -200,16 +200,7 @@ def init_distributed(
     pg_timeout = _as_timedelta(timeout)
     _debug.refresh_from_env()
     if is_initialized():
-        existing = get_backend() or ""
-        if backend is not None and not _backends.matches(backend, existing):
-            raise DistributedEnvError(
-                f"init_distributed(backend={backend!r}) but the process group is already "
-                f"initialized with backend {existing!r}: pass backend={existing!r} (or None), or "
-                "destroy the existing group first with axolotl_dist.cleanup_distributed()"
-            )
-        _apply_shared_filesystem(shared_filesystem)
-        get_rank(), get_world_size()  # env vs group consistency
-        _after_init(trace_dir)
+        _join_existing(backend, shared_filesystem, trace_dir)
         return
 
     _check_backend_usable(backend)
@@ -219,21 +210,7 @@ def init_distributed(
         backend = default_backend()
     world_size = _env.env_world_size()
     rank = _env.env_rank()
-    explicit_rendezvous = any(k in kwargs for k in ("init_method", "store"))
-    if world_size == 1 and not explicit_rendezvous:
-        for name, value in ((_env.RANK_ENV_VAR, "0"), (_env.WORLD_SIZE_ENV_VAR, "1"),
-                            (_env.LOCAL_RANK_ENV_VAR, "0"), (_env.LOCAL_WORLD_SIZE_ENV_VAR, "1")):
-            os.environ.setdefault(name, value)
-        kwargs.setdefault("store", dist.HashStore())
-        kwargs.setdefault("rank", 0)
-        kwargs.setdefault("world_size", 1)
-    else:
-        # Defaults for the rendezvous come from SLURM/MPI variables: read them before exporting.
-        master = None if explicit_rendezvous else _master_endpoint(world_size, rank)
-        _export_torch_env()
-        if master is not None:
-            os.environ.setdefault(_env.MASTER_ADDR_ENV_VAR, master[0])
-            os.environ.setdefault(_env.MASTER_PORT_ENV_VAR, str(master[1]))
+    _set_rendezvous(world_size, rank, kwargs)
     _apply_shared_filesystem(shared_filesystem)
     _set_cuda_device(backend, asked)
     if world_size > 1 and "store" not in kwargs:
@@ -253,6 +230,43 @@ def init_distributed(
         dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
     _after_init(trace_dir)
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
+
+
+def _join_existing(backend: Optional[str], shared_filesystem: Optional[bool],
+                   trace_dir: Optional[str]) -> None:
+    """Take the process group that is already up, as :func:`init_distributed` would have made
+    it; raise :class:`DistributedEnvError` if it runs another ``backend`` than the one asked."""
+    existing = get_backend() or ""
+    if backend is not None and not _backends.matches(backend, existing):
+        raise DistributedEnvError(
+            f"init_distributed(backend={backend!r}) but the process group is already "
+            f"initialized with backend {existing!r}: pass backend={existing!r} (or None), or "
+            "destroy the existing group first with axolotl_dist.cleanup_distributed()"
+        )
+    _apply_shared_filesystem(shared_filesystem)
+    get_rank(), get_world_size()  # env vs group consistency
+    _after_init(trace_dir)
+
+
+def _set_rendezvous(world_size: int, rank: int, kwargs: Dict[str, Any]) -> None:
+    """Prepare the rendezvous in the env and in ``kwargs`` (updated in place): one rank alone
+    gets an in-memory store; several get the torch-style variables and, unless ``init_method=``
+    or ``store=`` is passed, ``MASTER_ADDR``/``MASTER_PORT`` (checked, or the launcher's)."""
+    explicit_rendezvous = any(k in kwargs for k in ("init_method", "store"))
+    if world_size == 1 and not explicit_rendezvous:
+        for name, value in ((_env.RANK_ENV_VAR, "0"), (_env.WORLD_SIZE_ENV_VAR, "1"),
+                            (_env.LOCAL_RANK_ENV_VAR, "0"), (_env.LOCAL_WORLD_SIZE_ENV_VAR, "1")):
+            os.environ.setdefault(name, value)
+        kwargs.setdefault("store", dist.HashStore())
+        kwargs.setdefault("rank", 0)
+        kwargs.setdefault("world_size", 1)
+        return
+    # Defaults for the rendezvous come from SLURM/MPI variables: read them before exporting.
+    master = None if explicit_rendezvous else _master_endpoint(world_size, rank)
+    _export_torch_env()
+    if master is not None:
+        os.environ.setdefault(_env.MASTER_ADDR_ENV_VAR, master[0])
+        os.environ.setdefault(_env.MASTER_PORT_ENV_VAR, str(master[1]))
 
 
 def _export_torch_env() -> None:

@@ -33,7 +33,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .._runtime.base import kitlog as _logs
 from .._runtime.protocols import recorder as _trace
@@ -233,14 +233,28 @@ class _SharedMap:
         if self.rank == 0 and not (whole or reuse and all(
                 f.is_complete(*b) for f, b in zip(files, bounds))):
             self._open_bar(rows * len({e["fs"] for e in self.entries}))
-        t0 = _trace.now()
-        if not (whole or reuse and files[index].is_complete(start, end)):
+        self._map_part(files[index], start, end, f"{index + 1}/{count}", whole, reuse)
+        self._all_done(end - start)
+        if whole:
+            return hf.assemble(self.dataset, self.call, self.fingerprint, [whole], 0, False)
+        return self._assemble(files, bounds)
+
+    def _map_part(self, part: "PartFiles", start: int, end: int, label: str,
+                  whole: Optional[str], reuse: bool) -> None:
+        """Map rows ``[start, end)`` into ``part`` unless a cache holds them: ``datasets``' own
+        one-file cache (``whole``), or the part itself when caches may be ``reuse``d."""
+        from . import _parts as hf
+
+        t0 = _trace.now()  # the part's span covers the look at its cache
+        if not (whole or reuse and part.is_complete(start, end)):
             with _datasets_bars_off():
-                hf.map_part(self.dataset, self.call, files[index], start, end, self._tick)
+                hf.map_part(self.dataset, self.call, part, start, end, self._tick)
         if _STATE.trace is not None:
-            _trace.body_span(f"shared_map part {index + 1}/{count}", t0, self.site, self.group,
-                             self.seq)
-        self.counted = max(self.counted, end - start)
+            _trace.body_span(f"shared_map part {label}", t0, self.site, self.group, self.seq)
+
+    def _all_done(self, mine: int) -> None:
+        """Count this rank's ``mine`` rows and its part done; wait until every rank's is."""
+        self.counted = max(self.counted, mine)
         self._report()
         self.store.add(self.key("done"), 1)
         t0 = _trace.now()
@@ -248,8 +262,11 @@ class _SharedMap:
         if _STATE.trace is not None:
             _trace.wait_span("shared_map", t0, self.others, self.site, self.group, self.seq)
         self._refresh_bar(force=True)
-        if whole:
-            return hf.assemble(self.dataset, self.call, self.fingerprint, [whole], 0, False)
+
+    def _assemble(self, files: List["PartFiles"], bounds: List[Tuple[int, int]]) -> "Dataset":
+        """The whole result from every part's file (raises if a part reported done is missing)."""
+        from . import _parts as hf
+
         marks = [f.read_marker(*b) for f, b in zip(files, bounds)]
         lost = [j for j, mark in enumerate(marks) if mark is None]
         if lost:

@@ -89,8 +89,10 @@ class MapCall:
             raise AttributeError(name) from None
 
 
-def prepare(dataset: Any, function: Optional[Callable[..., Any]], map_kwargs: Dict[str, Any]) -> MapCall:
-    """Check ``shared_map``'s input and fill in ``map``'s defaults (raises on bad input)."""
+def _check_input(dataset: Any, function: Optional[Callable[..., Any]],
+                 map_kwargs: Dict[str, Any]) -> None:
+    """Raise on what ``shared_map`` cannot take: not a ``Dataset``, a function that is not
+    callable, arguments ``map`` does not know, ``num_proc`` > 1, ``cache_file_name``."""
     if not isinstance(dataset, Dataset):
         kind = type(dataset).__name__
         hint = (" (map each split: {k: shared_map(d, f) for k, d in dataset.items()})"
@@ -113,6 +115,11 @@ def prepare(dataset: Any, function: Optional[Callable[..., Any]], map_kwargs: Di
         raise ValueError(
             "shared_map(cache_file_name=...) is not supported: the result is written as one file "
             "per rank's part, so one file name cannot hold it; pass cache_dir=<directory> instead")
+
+
+def prepare(dataset: Any, function: Optional[Callable[..., Any]], map_kwargs: Dict[str, Any]) -> MapCall:
+    """Check ``shared_map``'s input and fill in ``map``'s defaults (raises on bad input)."""
+    _check_input(dataset, function, map_kwargs)
     kwargs = {**MAP_DEFAULTS, **map_kwargs}
     for name in ("input_columns", "remove_columns"):
         if isinstance(kwargs[name], str):

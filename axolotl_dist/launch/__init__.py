@@ -369,6 +369,18 @@ def trace_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _stop_left_behind(log_dir: str) -> None:
+    """Stop the processes the ranks left behind (re-parented to the launcher, a subreaper) and
+    say which, but for the kit's own guards (their pids are files under ``log_dir``)."""
+    left = _sweep(_SWEEP_GRACE)
+    guards = os.path.join(log_dir, "ends", GUARDS_DIR)
+    ours = set(os.listdir(guards)) if os.path.isdir(guards) else set()
+    left = [pid for pid in left if str(pid) not in ours]  # not the kit's own guards
+    if left:
+        print(f"{PROG}: stopped {len(left)} process(es) the ranks left behind: {left}",
+              file=sys.stderr, flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``axolotl-dist`` and ``python -m axolotl_dist.launch``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -404,13 +416,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # the sweep below is bounded; finish it
         if subreaper:
-            left = _sweep(_SWEEP_GRACE)
-            guards = os.path.join(args.log_dir, "ends", GUARDS_DIR)
-            ours = set(os.listdir(guards)) if os.path.isdir(guards) else set()
-            left = [pid for pid in left if str(pid) not in ours]  # not the kit's own guards
-            if left:
-                print(f"{PROG}: stopped {len(left)} process(es) the ranks left behind: {left}",
-                      file=sys.stderr, flush=True)
+            _stop_left_behind(args.log_dir)
         shutil.rmtree(args.log_dir, ignore_errors=True)
         for sig, handler in previous.items():  # a caller of main() (a test) keeps its Ctrl-C;
             signal.signal(sig, handler)  # an ignored SIGINT would be inherited by its children

@@ -143,6 +143,60 @@ def _shown_above(failure) -> bool:
     return printed == "launcher" or (isinstance(printed, list) and printed == [st.st_dev, st.st_ino])
 
 
+def _early_lines(early: Optional[Tuple[int, dict]], failures: Dict[int, object],
+                 ends: Dict[int, dict], nodes: int, world_size: Optional[int],
+                 local: Optional[Sequence[int]]) -> List[str]:
+    """The line naming the rank that exited with code 0 while others ran ([] if none did)."""
+    if early is None:
+        return []
+    quitter, data = early
+    if nodes > 1 and local is not None:
+        ranks: Sequence[int] = list(local)
+    else:
+        ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
+    running = [r for r in ranks
+               if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
+    here = " on this node" if nodes > 1 else ""
+    return [f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
+            f"rank(s) {running}{here} were still running; the others needed it (a rank "
+            "that returns or calls sys.exit early leaves its peers waiting in "
+            "collectives)"]
+
+
+def _how_it_ended(failure) -> Tuple[str, int]:
+    """How a failed rank ended, in words, and the exit code the launcher returns for it."""
+    code = exit_code_of(failure.exitcode)
+    raised = f"raised {_exc_type(failure) or 'an exception'}"
+    if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
+        # It raised (its error file is there) and was stopped by the launcher while exiting,
+        # because another rank failed at about the same time: report the exception, exit 1
+        # as the rank itself would have.
+        return f"{raised} (and was stopped by the launcher while exiting)", 1
+    if _error_data(failure) and failure.exitcode > 0:
+        return f"{raised} and exited with code {failure.exitcode}", code
+    if failure.exitcode < 0:
+        try:
+            return (f"was killed by signal {-failure.exitcode} "
+                    f"({signal.Signals(-failure.exitcode).name})"), code
+        except ValueError:
+            return f"was killed by signal {-failure.exitcode}", code
+    return f"exited with code {failure.exitcode}", code
+
+
+def _closing_lines(rank: int, failures: Dict[int, object], tb: Optional[str],
+                   code: int) -> List[str]:
+    """The lines after the failed rank's: its traceback (``tb``, where its output did not show
+    it), the other ranks the launcher stopped, the exit code."""
+    lines: List[str] = []
+    if tb:
+        lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
+    others = sorted(r for r in failures if r != rank)
+    if others:
+        lines.append(f"{PROG}: stopped the other rank(s) {others}")
+    lines.append(f"{PROG}: exit code {code}")
+    return lines
+
+
 def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                     ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
                     local: Optional[Sequence[int]] = None,
@@ -155,42 +209,14 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     report). ``output``: where a rank's own lines are, when the launcher took them
     (:mod:`._output`)."""
     ends = ends or {}
-    lines: List[str] = []
     early = _early_exit(failures, ends)
-    if early is not None:
-        quitter, data = early
-        if nodes > 1 and local is not None:
-            ranks: Sequence[int] = list(local)
-        else:
-            ranks = range(world_size) if world_size else sorted(set(failures) | set(ends))
-        running = [r for r in ranks if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
-        here = " on this node" if nodes > 1 else ""
-        lines.append(f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
-                     f"rank(s) {running}{here} were still running; the others needed it (a rank "
-                     "that returns or calls sys.exit early leaves its peers waiting in "
-                     "collectives)")
+    lines = _early_lines(early, failures, ends, nodes, world_size, local)
     if early is not None and early[0] in failures:  # stopped by us after its script ended
         failures = {r: f for r, f in failures.items() if r != early[0]}
     rank, failure = first_failure(failures)
-    code = exit_code_of(failure.exitcode)
-    raised = f"raised {_exc_type(failure) or 'an exception'}"
+    how, code = _how_it_ended(failure)
     tb = traceback_of(failure)
     above = bool(tb) and _shown_above(failure)
-    if failure.exitcode == -int(signal.SIGTERM) and _error_data(failure):
-        # It raised (its error file is there) and was stopped by the launcher while exiting,
-        # because another rank failed at about the same time: report the exception, exit 1
-        # as the rank itself would have.
-        code = 1
-        how = f"{raised} (and was stopped by the launcher while exiting)"
-    elif _error_data(failure) and failure.exitcode > 0:
-        how = f"{raised} and exited with code {failure.exitcode}"
-    elif failure.exitcode < 0:
-        try:
-            how = f"was killed by signal {-failure.exitcode} ({signal.Signals(-failure.exitcode).name})"
-        except ValueError:
-            how = f"was killed by signal {-failure.exitcode}"
-    else:
-        how = f"exited with code {failure.exitcode}"
     where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
     if above:  # its own output, above, holds the traceback: no second copy
         how += "; its traceback is above" + (f" ({output(rank)})" if output else "")
@@ -198,13 +224,7 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
         lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
     else:
         lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
-    if tb and not above:
-        lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
-    others = sorted(r for r in failures if r != rank)
-    if others:
-        lines.append(f"{PROG}: stopped the other rank(s) {others}")
-    lines.append(f"{PROG}: exit code {code}")
+    lines += _closing_lines(rank, failures, tb if not above else None, code)
     print("\n".join(lines), file=sys.stderr, flush=True)
     return code
-
 

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from .._runtime.base import procs
 from .._runtime.liveness import runs, whereabouts as where
@@ -135,32 +135,49 @@ class Watcher:
                     data = os.read(self._read, 64)
                 except OSError:
                     return
-                for signum in data:
-                    if signum == signal.SIGUSR1:
-                        self._report()
-                    elif signum in STOP_SIGNALS and not stop_sig:
-                        stop_sig, stop_at, stop_wall = signum, now, time.time()
-                        running = self._started()  # then the main thread stops them
+                stop_sig, stop_at, stop_wall, running = self._take_signals(
+                    data, now, (stop_sig, stop_at, stop_wall, running))
             if stop_sig and not running and now - stop_at >= _TAKE_OVER_AFTER \
                     and not self._started():
-                when = self._why_alone(stop_wall)
-                if when is not None and self.claim():
-                    _say(self.prog, f"got {signal.Signals(stop_sig).name} {when}; stopping")
-                    runs.forget(self._entry)
-                    os._exit(128 + stop_sig)
+                self._stop_alone(stop_sig, stop_wall)
                 running = True  # the main thread's to account for
             if self.waiting_for is not None and now >= next_note and not stop_sig \
                     and not self._started():  # after a stop signal: only its account
-                if self._ended():  # torch elastic's exit barrier: every node's agent waits
-                    # for the others to finish (node 0's agent hosts the ranks' store)
-                    _say(self.prog, "this node's ranks have ended; waiting for the other "
-                         f"node(s) to finish ({now - start:.0f} s so far; torch elastic's exit "
-                         "barrier: node 0 keeps the ranks' store until every node is done; "
-                         "Ctrl-C stops this node)")
-                else:
-                    _say(self.prog, f"{self.waiting_for()} ({now - start:.0f} s so far; Ctrl-C "
-                         "stops)")
+                self._say_waiting(self.waiting_for, now - start)
                 next_note = now + every
+
+    def _take_signals(self, data: bytes, now: float, stop: Tuple[int, float, float, bool]
+                      ) -> Tuple[int, float, float, bool]:
+        """The stop state after the signals in ``data`` (SIGUSR1 is answered at once): the
+        first stop signal, its monotonic (``now``) and wall time, and whether ranks were
+        running then (the main thread stops them)."""
+        for signum in data:
+            if signum == signal.SIGUSR1:
+                self._report()
+            elif signum in STOP_SIGNALS and not stop[0]:
+                stop = (signum, now, time.time(), self._started())
+        return stop
+
+    def _stop_alone(self, stop_sig: int, stop_wall: float) -> None:
+        """End the launcher with ``128 + stop_sig``, saying why, where this thread must (see
+        :meth:`_why_alone`) and the account is its own; return otherwise."""
+        when = self._why_alone(stop_wall)
+        if when is not None and self.claim():
+            _say(self.prog, f"got {signal.Signals(stop_sig).name} {when}; stopping")
+            runs.forget(self._entry)
+            os._exit(128 + stop_sig)
+
+    def _say_waiting(self, waiting_for: Callable[[], str], waited: float) -> None:
+        """Say what the launcher has waited for these ``waited`` seconds, no rank running."""
+        if self._ended():  # torch elastic's exit barrier: every node's agent waits
+            # for the others to finish (node 0's agent hosts the ranks' store)
+            _say(self.prog, "this node's ranks have ended; waiting for the other "
+                 f"node(s) to finish ({waited:.0f} s so far; torch elastic's exit "
+                 "barrier: node 0 keeps the ranks' store until every node is done; "
+                 "Ctrl-C stops this node)")
+        else:
+            _say(self.prog, f"{waiting_for()} ({waited:.0f} s so far; Ctrl-C "
+                 "stops)")
 
     def _report(self) -> None:
         path = os.path.join(self.note_dir, runs.STORE_NOTE)

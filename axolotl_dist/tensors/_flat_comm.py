@@ -123,6 +123,19 @@ def _layout(arguments: dict) -> dict:
             "dtype": str(arguments["dtype"]).replace("torch.", "")}
 
 
+def _send_to_rank0(local: torch.Tensor, info: GroupInfo, width: int, mine: int,
+                   dtype: torch.dtype, device: torch.device) -> None:
+    """Send this rank's shard, padded to ``width`` and cast where it must be, to group rank 0's
+    ``rank0_only`` gather (off rank 0: nothing comes back)."""
+    send = local
+    if mine != width or local.dtype != dtype or local.device != device \
+            or not local.is_contiguous():
+        send = torch.zeros(width, dtype=dtype, device=device)
+        send[:mine].copy_(local)
+    if width:
+        dist.gather(send, None, group=info.group, group_dst=0)
+
+
 @checked("ShardedFlatTensor gather (gather/unshard_)",
          lambda a: {**_layout(a), "rank0_only": bool(a["rank0_only"])},
          group_arg=lambda a: a["info"].group)
@@ -135,12 +148,7 @@ def gather_flat(
     device = _device_for(info, local.device)
     mine = spec.sharded_numels[info.rank]
     if rank0_only and info.rank != 0:
-        send = local
-        if mine != width or local.dtype != dtype or local.device != device or not local.is_contiguous():
-            send = torch.zeros(width, dtype=dtype, device=device)
-            send[:mine].copy_(local)
-        if width:
-            dist.gather(send, None, group=info.group, group_dst=0)
+        _send_to_rank0(local, info, width, mine, dtype, device)
         return None
     buf = torch.empty(info.world_size * width, dtype=dtype, device=device)
     slot = buf[info.rank * width:(info.rank + 1) * width]

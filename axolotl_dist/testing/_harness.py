@@ -126,21 +126,29 @@ def _collect(procs: List[Any], conns: List[Any], start: float, timeout: float,
         for rank in range(world_size):
             if outcomes[rank] is not None:
                 continue
-            if rank not in messages and conns[rank].poll():
-                messages[rank] = _read_message(conns[rank], rank)
-            proc = procs[rank]
-            if rank in messages and rank not in reported:
-                reported[rank] = time.monotonic() - start  # its result, before its exit
-            if proc.is_alive():
+            outcome = _settle(rank, procs[rank], conns[rank], messages, reported, start)
+            if outcome is None:
                 continue
-            messages.setdefault(rank, ("died",))
-            proc.join(timeout=5.0)
-            outcome = _outcome(rank, proc.exitcode, messages[rank],
-                               reported.get(rank, time.monotonic() - start))
             outcomes[rank] = outcome
             if not outcome.ok and first_failure is None:
                 first_failure = time.monotonic()
     return outcomes
+
+
+def _settle(rank: int, proc: Any, conn: Any, messages: Dict[int, tuple],
+            reported: Dict[int, float], start: float) -> Optional[RankOutcome]:
+    """A rank's outcome once its process has exited, None while it runs; its message and the
+    time it sent it go to ``messages`` and ``reported`` on the way."""
+    if rank not in messages and conn.poll():
+        messages[rank] = _read_message(conn, rank)
+    if rank in messages and rank not in reported:
+        reported[rank] = time.monotonic() - start  # its result, before its exit
+    if proc.is_alive():
+        return None
+    messages.setdefault(rank, ("died",))
+    proc.join(timeout=5.0)
+    return _outcome(rank, proc.exitcode, messages[rank],
+                    reported.get(rank, time.monotonic() - start))
 
 
 def _stop_stragglers(procs: List[Any], outcomes: List[Optional[RankOutcome]],

@@ -121,13 +121,37 @@ def _label(span: Dict[str, Any]) -> str:
     return f"{span['n']} at {site}" if site else span["n"]
 
 
-def _computed_waits(traces: List[RankTrace]) -> List[_Wait]:
-    """Waits inside collectives, from the arrival times of each call on every rank."""
+def _helper_calls(traces: List[RankTrace]
+                  ) -> Dict[Tuple[str, int], List[Tuple[RankTrace, Dict[str, Any]]]]:
+    """Each collective or value helper call, by group and call number: the ranks' spans of it."""
     calls: Dict[Tuple[str, int], List[Tuple[RankTrace, Dict[str, Any]]]] = defaultdict(list)
     for tr in traces:
         for span in tr.spans:
             if span["k"] == "helper" and span.get("g") is not None:
                 calls[(span["g"], span["s"])].append((tr, span))
+    return calls
+
+
+def _released_by(sync: str, ranks: List[int], arrived: Dict[int, Tuple[int, RankTrace, Any]],
+                 rank: int) -> Optional[Tuple[int, int]]:
+    """``(rank, arrival)`` of the rank whose arrival ends ``rank``'s wait in a call: its
+    broadcast's source (``src:k``), else the last to arrive; None where the source is out of
+    the group, is ``rank`` itself or never came."""
+    if not sync.startswith("src:"):
+        last_rank, (last, _, _) = max(arrived.items(), key=lambda kv: kv[1][0])
+        return last_rank, last
+    src_group_rank = int(sync[4:])
+    if not 0 <= src_group_rank < len(ranks):
+        return None
+    source = ranks[src_group_rank]
+    if source == rank or source not in arrived:
+        return None
+    return source, arrived[source][0]
+
+
+def _computed_waits(traces: List[RankTrace]) -> List[_Wait]:
+    """Waits inside collectives, from the arrival times of each call on every rank."""
+    calls = _helper_calls(traces)
     members = {}
     for tr in traces:
         members.update(tr.groups)
@@ -146,16 +170,10 @@ def _computed_waits(traces: List[RankTrace]) -> List[_Wait]:
                     waits.append(_Wait(rank, span["th"], start, end, missing, _label(span), None,
                                        True))
                 continue
-            if sync.startswith("src:"):
-                src_group_rank = int(sync[4:])
-                if not 0 <= src_group_rank < len(ranks):
-                    continue
-                source = ranks[src_group_rank]
-                if source == rank or source not in arrived:
-                    continue
-                last_rank, last = source, arrived[source][0]
-            else:
-                last_rank, (last, _, _) = max(arrived.items(), key=lambda kv: kv[1][0])
+            released = _released_by(sync, ranks, arrived, rank)
+            if released is None:
+                continue
+            last_rank, last = released
             if last_rank == rank or last - start < MIN_WAIT_US * 1000:
                 continue
             other = arrived[last_rank]
@@ -189,9 +207,8 @@ def _recorded_waits(traces: List[RankTrace]) -> List[_Wait]:
     return waits
 
 
-def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
-    """Per call site: calls, wall time (first start to last end over the ranks, summed over
-    calls), and each rank's total wait with the ranks it waited for most."""
+def _calls_by_site(traces: List[RankTrace]) -> Dict[str, Dict[Any, List[int]]]:
+    """Per call site (label), per call: the start and end times of every rank's span of it."""
     calls: Dict[str, Dict[Any, List[int]]] = defaultdict(lambda: defaultdict(list))
     for tr in traces:
         for span in tr.spans:
@@ -199,26 +216,46 @@ def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
                 label = _label(span)
                 instance = (span.get("g"), span.get("s")) if span.get("g") else (tr.rank, span["t"])
                 calls[label][instance] += [tr.at(span["t"]), tr.at(span["t"] + span["d"])]
+    return calls
+
+
+def _wait_seconds(waits: List[_Wait]) -> Tuple[Dict[str, Dict[int, float]],
+                                               Dict[str, Dict[int, Counter]]]:
+    """Per call site and rank: the seconds it waited, and the seconds it waited for each rank."""
     waited: Dict[str, Dict[int, float]] = defaultdict(lambda: defaultdict(float))
     whom: Dict[str, Dict[int, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for w in waits:
         waited[w.label][w.rank] += (w.end - w.start) / 1e9
         for r in w.waited:
             whom[w.label][w.rank][r] += (w.end - w.start) / 1e9
+    return waited, whom
+
+
+def _site_row(label: str, instances: Dict[Any, List[int]], ranks: List[int],
+              waited: Dict[int, float], whom: Dict[int, Counter]) -> List[str]:
+    """A call site's row of the summary: its label, calls, wall seconds, and each rank's wait
+    with the (up to three) ranks it waited for most."""
+    wall = sum(max(v) - min(v) for v in instances.values()) / 1e9
+    row = [label, str(len(instances)), f"{wall:.3f}"]
+    for r in ranks:
+        seconds = waited.get(r, 0.0)
+        if seconds <= 0:
+            row.append("-")
+            continue
+        top = [str(k) for k, _ in whom[r].most_common(3)]
+        row.append(f"{seconds:.3f} s for {', '.join(top)}")
+    return row
+
+
+def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
+    """Per call site: calls, wall time (first start to last end over the ranks, summed over
+    calls), and each rank's total wait with the ranks it waited for most."""
+    calls = _calls_by_site(traces)
+    waited, whom = _wait_seconds(waits)
     ranks = [tr.rank for tr in traces]
     rows = [["call site", "calls", "wall s"] + [f"rank {r} waited" for r in ranks]]
     for label in sorted(calls, key=lambda k: min(min(v) for v in calls[k].values())):
-        instances = calls[label]
-        wall = sum(max(v) - min(v) for v in instances.values()) / 1e9
-        row = [label, str(len(instances)), f"{wall:.3f}"]
-        for r in ranks:
-            seconds = waited[label].get(r, 0.0)
-            if seconds <= 0:
-                row.append("-")
-                continue
-            top = [str(k) for k, _ in whom[label][r].most_common(3)]
-            row.append(f"{seconds:.3f} s for {', '.join(top)}")
-        rows.append(row)
+        rows.append(_site_row(label, calls[label], ranks, waited[label], whom[label]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lost = [tr.rank for tr in traces if tr.end is None]
@@ -279,6 +316,35 @@ def _events(traces: List[RankTrace], waits: List[_Wait], base: int) -> List[Dict
     return events
 
 
+def _draw_rank(ax: Any, tr: RankTrace, base: int, end: float, colours: Dict[str, str]) -> None:
+    """Draw one rank's row of ``timeline.png``: its spans, their labels where they are wide
+    enough (``end``: the timeline's length in seconds), and an x where a lost rank died."""
+    y = tr.rank
+    # one collection per kind (a run may hold millions of spans): block bodies first,
+    # then kit calls and waits, user spans (thinner) on top
+    bars: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
+    for span in tr.spans:
+        start, width = (tr.at(span["t"]) - base) / 1e9, max(span["d"] / 1e9, 1e-4)
+        bars[span["k"]].append((start, width))
+        if width > 0.06 * end:
+            kind = span["k"]
+            label = span["n"] if kind != "wait" else f"wait: {span['n']}"
+            if kind == "body":  # above the bar: what runs inside is labelled on it
+                ax.text(start, y - 0.38, f"{label} (body)", ha="left", va="bottom",
+                        fontsize=7, clip_on=True)
+            else:
+                ax.text(start + width / 2, y, label, ha="center", va="center", fontsize=7,
+                        clip_on=True, zorder=5)
+    for kind in ("body", "helper", "wait", "user"):
+        if bars.get(kind):
+            height = 0.4 if kind == "user" else 0.7
+            ax.broken_barh(bars[kind], (y - height / 2, height), facecolors=colours[kind],
+                           hatch="///" if kind == "wait" else None, edgecolor="white",
+                           linewidth=0.5)
+    if tr.end is None:
+        ax.plot([(tr.at(tr.last) - base) / 1e9], [y], marker="x", color="black", markersize=10)
+
+
 def _png(traces: List[RankTrace], waits: List[_Wait], base: int, path: str) -> str:
     """``timeline.png``: ranks on the y axis, spans coloured by kind, waits hatched.
 
@@ -293,30 +359,7 @@ def _png(traces: List[RankTrace], waits: List[_Wait], base: int, path: str) -> s
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(traces)))
     end = max((tr.at(tr.last) - base) / 1e9 for tr in traces) or 1e-3
     for tr in traces:
-        y = tr.rank
-        # one collection per kind (a run may hold millions of spans): block bodies first,
-        # then kit calls and waits, user spans (thinner) on top
-        bars: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
-        for span in tr.spans:
-            start, width = (tr.at(span["t"]) - base) / 1e9, max(span["d"] / 1e9, 1e-4)
-            bars[span["k"]].append((start, width))
-            if width > 0.06 * end:
-                kind = span["k"]
-                label = span["n"] if kind != "wait" else f"wait: {span['n']}"
-                if kind == "body":  # above the bar: what runs inside is labelled on it
-                    ax.text(start, y - 0.38, f"{label} (body)", ha="left", va="bottom",
-                            fontsize=7, clip_on=True)
-                else:
-                    ax.text(start + width / 2, y, label, ha="center", va="center", fontsize=7,
-                            clip_on=True, zorder=5)
-        for kind in ("body", "helper", "wait", "user"):
-            if bars.get(kind):
-                height = 0.4 if kind == "user" else 0.7
-                ax.broken_barh(bars[kind], (y - height / 2, height), facecolors=colours[kind],
-                               hatch="///" if kind == "wait" else None, edgecolor="white",
-                               linewidth=0.5)
-        if tr.end is None:
-            ax.plot([(tr.at(tr.last) - base) / 1e9], [y], marker="x", color="black", markersize=10)
+        _draw_rank(ax, tr, base, end, colours)
     computed: Dict[int, List[Tuple[float, float]]] = defaultdict(list)
     for w in waits:
         if w.computed:
