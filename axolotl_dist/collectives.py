@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ._runtime.base import backends as _backends
 from ._runtime.protocols import recorder as _trace
-from ._runtime.protocols.helpers import checked, tensor_signature
+from ._runtime.protocols.helpers import collective, tensor_signature
 from ._runtime.protocols.exchange import all_gather_into, resolved, run
 from ._runtime.base.groups import Group, group_of
 from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
@@ -50,7 +50,11 @@ def comm_device(group: Optional["ProcessGroup"] = None) -> torch.device:
     return g.device if g is not None else torch.device("cpu")
 
 
-def _barrier(g: Group, group: Any = None) -> None:
+@collective("barrier")
+def barrier(g: Optional[Group], group: Optional["ProcessGroup"] = None) -> None:
+    """Wait until every rank of ``group`` arrives. A no-op for a single process."""
+    if g is None:
+        return
     if g.device.type == "cuda":
         run(g, "barrier", dist.barrier, g.arg, async_op=True, device_ids=[g.device.index])
         return
@@ -62,11 +66,6 @@ def _barrier(g: Group, group: Any = None) -> None:
         run(g, "barrier", dist.barrier, g.arg, async_op=True)
 
 
-@checked("barrier", on_group=_barrier, confirm_in_wait=True)
-def barrier(group: Optional["ProcessGroup"] = None) -> None:
-    """Wait until every rank of ``group`` arrives. A no-op for a single process."""
-
-
 def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The tensor a collective can use in place of ``tensor``: on the backend's device, and a
     plain tensor (not a lazy conjugate or negative view). Copied back afterwards if different."""
@@ -75,22 +74,20 @@ def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return resolved(tensor).clone() if tensor.is_conj() or tensor.is_neg() else tensor
 
 
-def _broadcast(g: Group, tensor: torch.Tensor, src: int = 0, group: Any = None) -> torch.Tensor:
-    check_src(src, g.size, group)
+@collective("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])},
+            src="src")
+def broadcast(g: Optional[Group], tensor: torch.Tensor, src: int = 0,
+              group: Optional["ProcessGroup"] = None) -> torch.Tensor:
+    """Broadcast ``tensor`` in place from group rank ``src``; returns it."""
+    check_src(src, 1 if g is None else g.size, group)
+    if g is None:
+        return tensor
     work = _to_comm(tensor, g.device)
     if _STATE.trace is not None:
         _trace.add_bytes(tensor.nbytes)
     run(g, "broadcast", dist.broadcast, work, group=g.arg, group_src=src, async_op=True)
     if work is not tensor:
         tensor.copy_(work)
-    return tensor
-
-
-@checked("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])},
-         on_group=_broadcast, confirm_in_wait=True)
-def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional["ProcessGroup"] = None) -> torch.Tensor:
-    """Broadcast ``tensor`` in place from group rank ``src``; returns it."""
-    check_src(src, 1, group)
     return tensor
 
 
@@ -103,9 +100,20 @@ def _check_avg(name: str, tensor: torch.Tensor, native_avg: bool) -> None:
         )
 
 
-def _all_reduce(g: Group, tensor: torch.Tensor, reduce_operation: Union[str, Any] = "SUM",
-                group: Any = None) -> torch.Tensor:
+@collective("all_reduce", lambda a: {"reduce_operation": reduce_name(a["reduce_operation"]),
+                                     "tensor": tensor_signature(a["tensor"])})
+def all_reduce(
+    g: Optional[Group],
+    tensor: torch.Tensor,
+    reduce_operation: Union[str, Any] = "SUM",
+    group: Optional["ProcessGroup"] = None,
+) -> torch.Tensor:
+    """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it."""
     name = as_reduce_op(reduce_operation)
+    if g is None:
+        # checked as on several ranks, so one rank fails like N ranks do
+        _check_avg(name, tensor, _backends.device_type(get_backend(group) or "gloo") == "cuda")
+        return tensor
     native_avg = g.device.type == "cuda"  # NCCL's AVG
     _check_avg(name, tensor, native_avg)
     work = _to_comm(tensor, g.device)
@@ -120,21 +128,6 @@ def _all_reduce(g: Group, tensor: torch.Tensor, reduce_operation: Union[str, Any
     return tensor
 
 
-@checked("all_reduce", lambda a: {"reduce_operation": reduce_name(a["reduce_operation"]),
-                                  "tensor": tensor_signature(a["tensor"])},
-         on_group=_all_reduce, confirm_in_wait=True)
-def all_reduce(
-    tensor: torch.Tensor,
-    reduce_operation: Union[str, Any] = "SUM",
-    group: Optional["ProcessGroup"] = None,
-) -> torch.Tensor:
-    """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it."""
-    name = as_reduce_op(reduce_operation)
-    # checked as on several ranks, so one rank fails like N ranks do
-    _check_avg(name, tensor, _backends.device_type(get_backend(group) or "gloo") == "cuda")
-    return tensor
-
-
 _MAX_NDIM = 12
 _DTYPES: List[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -143,7 +136,17 @@ _DTYPES: List[torch.dtype] = [
      if hasattr(torch, n)]
 
 
-def _all_gather(g: Group, tensor: torch.Tensor, group: Any = None) -> List[torch.Tensor]:
+@collective("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype",
+                                                                type(a["tensor"])))})
+def all_gather(g: Optional[Group], tensor: torch.Tensor,
+               group: Optional["ProcessGroup"] = None) -> List[torch.Tensor]:
+    """Gather ``tensor`` from every rank into a list indexed by group rank.
+
+    Shapes may differ per rank (dtypes must agree). Two collectives: the shapes, then one
+    all-gather of the bytes into a single flat buffer. Single process: ``[tensor]``.
+    """
+    if g is None:
+        return [tensor]
     if tensor.dim() > _MAX_NDIM:
         raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
     if tensor.dtype not in _DTYPES:
@@ -179,14 +182,3 @@ def _all_gather(g: Group, tensor: torch.Tensor, group: Any = None) -> List[torch
             shape, dtype=tensor.dtype, device=device)
         out.append(piece if piece.device == tensor.device else piece.to(tensor.device))
     return out
-
-
-@checked("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype", type(a["tensor"])))},
-         on_group=_all_gather, confirm_in_wait=True)
-def all_gather(tensor: torch.Tensor, group: Optional["ProcessGroup"] = None) -> List[torch.Tensor]:
-    """Gather ``tensor`` from every rank into a list indexed by group rank.
-
-    Shapes may differ per rank (dtypes must agree). Two collectives: the shapes, then one
-    all-gather of the bytes into a single flat buffer. Single process: ``[tensor]``.
-    """
-    return [tensor]

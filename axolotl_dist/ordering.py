@@ -29,7 +29,7 @@ from ._runtime.base.args import check_world_size
 from ._runtime.protocols.blocks import run_in_rounds
 from ._runtime.protocols.zero_first import ZeroFirstBlock, first_run_begin, first_run_end
 from ._runtime.base.callsite import call_site, short_path
-from ._runtime.protocols.helpers import checked, first_rank_block
+from ._runtime.protocols.helpers import block, first_rank_block, rounds
 from ._runtime.base.groups import NOT_ASKED, group_of
 from ._runtime.base.state import STATE as _STATE
 from ._runtime.protocols.threads import enter_block, leave_block
@@ -186,9 +186,8 @@ def _traced_wait(block: ZeroFirstBlock) -> None:
         _trace.wait_span(_trace_name(block), t0, firsts, block.site, block.group, block.seq, error)
 
 
-@checked("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
-                                  else "given per rank"}, waits=lambda a: not _goes_first(a),
-         confirms=False, refuse_in_scopes=False, one_thread=False, traced=False)
+@block("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
+                                else "given per rank"}, waits=lambda a: not _goes_first(a))
 def zero_first(
     is_main: Optional[bool] = None,
     *,
@@ -336,7 +335,7 @@ def zero_only(fn: Optional[Callable[..., Any]] = None, *, default: Any = None,
     return _ZeroOnly(default, group)
 
 
-@checked("do_n_at_a_time", lambda a: {"n": a["n"]}, group_arg="process_group", one_thread=False)
+@rounds("do_n_at_a_time", lambda a: {"n": a["n"]}, group_arg="process_group")
 def do_n_at_a_time(
     f: Callable[[], T],
     *,

@@ -7,10 +7,10 @@ collective; anything else exactly two. If a rank's ``fn`` raises, that rank re-r
 exception and every other rank raises :class:`~axolotl_dist.errors.RankFailedError` naming it,
 instead of hanging.
 
-Each helper is two functions: the public one, whose body is the single-process behaviour (no
-process group), and the body on a group (``_on_group``), which the wrapper
-(:func:`axolotl_dist._runtime.protocols.helpers.checked`) calls with the group it resolved. The engine is
-:mod:`axolotl_dist._runtime.protocols.exchange`.
+Each helper is one function: the decorator (:func:`axolotl_dist._runtime.protocols.helpers.collective`)
+resolves the call's group and passes it first (None for one process without a process group,
+which the engine, :mod:`axolotl_dist._runtime.protocols.exchange`, serves locally); the public
+function has the signature below without it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar, Union
 
 import torch
 
-from ._runtime.base.args import as_reduce_op, check_src, check_world_size, not_callable, reduce_name
-from ._runtime.protocols.helpers import checked, tensor_signature
-from ._runtime.protocols.exchange import all_gather_values, broadcast_value, encode
+from ._runtime.base.args import (as_reduce_op, check_src, check_world_size, not_callable,
+                                 reduce_name)
 from ._runtime.base.groups import Group
+from ._runtime.protocols.exchange import all_gather_values, broadcast_value, encode
+from ._runtime.protocols.helpers import collective, tensor_signature
 from .collectives import all_reduce
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,56 +58,42 @@ def _value_kind(value: Any) -> str:
     return f"tensor {tensor_signature(value)}" if isinstance(value, torch.Tensor) else "number"
 
 
+def _size(g: Optional[Group]) -> int:
+    return 1 if g is None else g.size
+
+
 # --- broadcasts -----------------------------------------------------------------------------
 
-def _synchronize_value(g: Group, value: Any, device: Any = None, src: int = 0,
-                       group: Any = None) -> Any:
-    if type(src) is not int or not 0 <= src < g.size:  # check_src then raises
-        check_src(src, g.size, group)
-    return broadcast_value(g, lambda: value, src, "synchronize_value",
-                           torch.device(device) if device is not None else None)
-
-
-@checked("synchronize_value", lambda a: {"src": a["src"]}, on_group=_synchronize_value,
-         confirm_in_wait=True)
+@collective("synchronize_value", lambda a: {"src": a["src"]}, exchanges=True, src="src")
 def synchronize_value(
-    value: T, device: Optional[Union[str, torch.device]] = None, src: int = 0,
-    group: Optional["ProcessGroup"] = None,
+    g: Optional[Group], value: T, device: Optional[Union[str, torch.device]] = None,
+    src: int = 0, group: Optional["ProcessGroup"] = None,
 ) -> T:
     """Return group rank ``src``'s ``value`` on every rank (OLMo-core's ``synchronize_value``).
 
     ``device``: where a tensor result is placed (default: the device type it had on ``src``).
     """
-    check_src(src, 1, group)
-    return value.to(device) if device is not None and isinstance(value, torch.Tensor) else value  # type: ignore[return-value]
+    if type(src) is not int or not 0 <= src < (1 if g is None else g.size):
+        check_src(src, _size(g), group)
+    return broadcast_value(g, lambda: value, src, "synchronize_value",  # type: ignore[no-any-return]
+                           torch.device(device) if device is not None else None)
 
 
-def _synchronize_flag(g: Group, flag: bool, device: Any = None, group: Any = None) -> bool:
+@collective("synchronize_flag", src=0)
+def synchronize_flag(g: Optional[Group], flag: bool,
+                     device: Optional[Union[str, torch.device]] = None,
+                     group: Optional["ProcessGroup"] = None) -> bool:
+    """Return rank 0's ``flag`` (as a bool) on every rank."""
+    if g is None:
+        return bool(flag)
     return bool(synchronize_value(bool(flag), device, 0, group))
 
 
-@checked("synchronize_flag", on_group=_synchronize_flag, confirm_in_wait=True)
-def synchronize_flag(flag: bool, device: Optional[Union[str, torch.device]] = None,
-                     group: Optional["ProcessGroup"] = None) -> bool:
-    """Return rank 0's ``flag`` (as a bool) on every rank."""
-    return bool(flag)
-
-
-def _compute_and_broadcast(g: Group, fn: Callable[[], Any], src: int = 0, group: Any = None, *,
-                           rank: Optional[int] = None) -> Any:
-    if not callable(fn):
-        raise not_callable("compute_and_broadcast", fn)
-    if rank is not None:
-        src = rank
-    if type(src) is not int or not 0 <= src < g.size:  # check_src then raises
-        check_src(src, g.size, group)
-    return broadcast_value(g, fn, src, "compute_and_broadcast")
-
-
-@checked("compute_and_broadcast", lambda a: {"src": _alias(a, "src")},
-         on_group=_compute_and_broadcast, confirm_in_wait=True)
-def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["ProcessGroup"] = None,
-                          *, rank: Optional[int] = None) -> T:
+@collective("compute_and_broadcast", lambda a: {"src": _alias(a, "src")}, exchanges=True,
+            src="src")
+def compute_and_broadcast(g: Optional[Group], fn: Callable[[], T], src: int = 0,
+                          group: Optional["ProcessGroup"] = None, *,
+                          rank: Optional[int] = None) -> T:
     """Run ``fn`` on group rank ``src`` only and return its result, exactly, on every rank.
 
     ``rank=`` is accepted as axolotl's name for ``src``. If ``fn`` raises on ``src``, ``src``
@@ -114,40 +101,32 @@ def compute_and_broadcast(fn: Callable[[], T], src: int = 0, group: Optional["Pr
     """
     if not callable(fn):
         raise not_callable("compute_and_broadcast", fn)
-    check_src(src if rank is None else rank, 1, group)
-    return fn()
+    if rank is not None:
+        src = rank
+    if type(src) is not int or not 0 <= src < (1 if g is None else g.size):
+        check_src(src, _size(g), group)
+    return broadcast_value(g, fn, src, "compute_and_broadcast")  # type: ignore[no-any-return]
 
 
-def _broadcast_object(g: Group, obj: Any, src: int = 0, group: Any = None) -> Any:
-    if type(src) is not int or not 0 <= src < g.size:  # check_src then raises
-        check_src(src, g.size, group)
-    return broadcast_value(g, lambda: obj, src, "broadcast_object")
-
-
-@checked("broadcast_object", lambda a: {"src": a["src"]}, on_group=_broadcast_object,
-         confirm_in_wait=True)
-def broadcast_object(obj: T, src: int = 0, group: Optional["ProcessGroup"] = None) -> T:
+@collective("broadcast_object", lambda a: {"src": a["src"]}, exchanges=True, src="src")
+def broadcast_object(g: Optional[Group], obj: T, src: int = 0,
+                     group: Optional["ProcessGroup"] = None) -> T:
     """Return group rank ``src``'s ``obj`` on every rank."""
-    check_src(src, 1, group)
-    return obj
+    if type(src) is not int or not 0 <= src < (1 if g is None else g.size):
+        check_src(src, _size(g), group)
+    return broadcast_value(g, lambda: obj, src, "broadcast_object")  # type: ignore[no-any-return]
 
 
-def _broadcast_object_list(g: Group, object_list: List[Any], src: int = 0,
-                           group: Any = None) -> List[Any]:
-    if not isinstance(object_list, list):
-        raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
-    object_list[:] = broadcast_object(list(object_list), src, group)
-    return object_list
-
-
-@checked("broadcast_object_list", lambda a: {"src": a["src"]}, on_group=_broadcast_object_list,
-         confirm_in_wait=True)
-def broadcast_object_list(object_list: List[Any], src: int = 0,
+@collective("broadcast_object_list", lambda a: {"src": a["src"]}, src="src")
+def broadcast_object_list(g: Optional[Group], object_list: List[Any], src: int = 0,
                           group: Optional["ProcessGroup"] = None) -> List[Any]:
     """Replace ``object_list``'s contents on every rank with ``src``'s, in place; returns it."""
     if not isinstance(object_list, list):
         raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
-    check_src(src, 1, group)
+    if g is None:
+        check_src(src, 1, group)
+        return object_list
+    object_list[:] = broadcast_object(list(object_list), src, group)
     return object_list
 
 
@@ -180,22 +159,11 @@ def _reduce_tensor(value: torch.Tensor, device: Any, name: str, group: Any) -> t
     return all_reduce(out, name, group)
 
 
-def _all_reduce_value(g: Group, value: Any, device: Any = None, op: Any = "SUM",
-                      group: Any = None) -> Any:
-    name = as_reduce_op(op)
-    _reducible(value)
-    if isinstance(value, torch.Tensor):
-        return _reduce_tensor(value, device, name, group)
-    values = all_gather_values(g, lambda: value, "all_reduce_value")
-    assert values is not None
-    return _PY_REDUCE[name](values)
-
-
-@checked("all_reduce_value", lambda a: {"op": reduce_name(a["op"]), "value": _value_kind(a["value"])},
-         on_group=_all_reduce_value, confirm_in_wait=True)
+@collective("all_reduce_value", lambda a: {"op": reduce_name(a["op"]),
+                                           "value": _value_kind(a["value"])}, exchanges=True)
 def all_reduce_value(
-    value: T, device: Optional[Union[str, torch.device]] = None, op: Union[str, Any] = "SUM",
-    group: Optional["ProcessGroup"] = None,
+    g: Optional[Group], value: T, device: Optional[Union[str, torch.device]] = None,
+    op: Union[str, Any] = "SUM", group: Optional["ProcessGroup"] = None,
 ) -> T:
     """Reduce ``value`` across ranks and return the result on every rank.
 
@@ -207,41 +175,28 @@ def all_reduce_value(
     _reducible(value)
     if isinstance(value, torch.Tensor):
         return _reduce_tensor(value, device, name, group)  # type: ignore[return-value]
-    return _PY_REDUCE[name]([value])  # type: ignore[no-any-return]
+    values = all_gather_values(g, lambda: value, "all_reduce_value")
+    assert values is not None
+    return _PY_REDUCE[name](values)  # type: ignore[no-any-return]
 
 
-def _gather_to(g: Group, name: str, fn: Callable[[], Any], world_size: Optional[int], dst: int,
-               group: Any) -> Optional[List[Any]]:
-    """The body of the gather helpers on a group; ``name`` is the helper named in errors."""
+def _gather(g: Optional[Group], name: str, fn: Callable[[], Any], world_size: Optional[int],
+            dst: int, group: Any) -> Optional[List[Any]]:
+    """The body of the gather helpers; ``name`` is the helper named in errors."""
     if not callable(fn):
         raise not_callable(name, fn)
-    if world_size is not None and world_size != g.size:
-        check_world_size(world_size, g.size, name)
-    if type(dst) is not int or not 0 <= dst < g.size:
-        check_src(dst, g.size, group, "dst")
+    size = 1 if g is None else g.size
+    if world_size is not None and world_size != size:
+        check_world_size(world_size, size, name)
+    if type(dst) is not int or not 0 <= dst < size:
+        check_src(dst, size, group, "dst")
     return all_gather_values(g, fn, name, None, dst)
 
 
-def _gather_locally(name: str, fn: Callable[[], T], world_size: Optional[int], dst: int,
-                    group: Any) -> List[T]:
-    if not callable(fn):
-        raise not_callable(name, fn)
-    check_world_size(world_size, 1, name)
-    check_src(dst, 1, group, "dst")
-    return [fn()]
-
-
-def _gather_from_all_ranks(g: Group, fn: Callable[[], Any], world_size: Optional[int] = None,
-                           dst: int = 0, group: Any = None, *, rank: Optional[int] = None
-                           ) -> Optional[List[Any]]:
-    return _gather_to(g, "gather_from_all_ranks", fn, world_size, dst if rank is None else rank,
-                      group)
-
-
-@checked("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")},
-         on_group=_gather_from_all_ranks, confirm_in_wait=True)
+@collective("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")}, exchanges=True,
+            gather=True)
 def gather_from_all_ranks(
-    fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
+    g: Optional[Group], fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
 ) -> Optional[List[T]]:
     """Run ``fn`` on every rank; group rank ``dst`` gets the list of results, others None.
@@ -249,27 +204,19 @@ def gather_from_all_ranks(
     ``world_size`` is optional and checked: a wrong value raises instead of mis-sizing the list.
     ``rank=`` is accepted as axolotl's name for ``dst``. Single process: ``[fn()]``.
     """
-    return _gather_locally("gather_from_all_ranks", fn, world_size, dst if rank is None else rank,
-                           group)
+    return _gather(g, "gather_from_all_ranks", fn, world_size, dst if rank is None else rank,
+                   group)
 
 
-def _gather_scalar_from_all_ranks(g: Group, fn: Callable[[], Any],
-                                  world_size: Optional[int] = None, dst: int = 0,
-                                  group: Any = None, *, rank: Optional[int] = None
-                                  ) -> Optional[List[Any]]:
-    return _gather_to(g, "gather_scalar_from_all_ranks", fn, world_size,
-                      dst if rank is None else rank, group)
-
-
-@checked("gather_scalar_from_all_ranks", lambda a: {"dst": _alias(a, "dst")},
-         on_group=_gather_scalar_from_all_ranks, confirm_in_wait=True)
+@collective("gather_scalar_from_all_ranks", lambda a: {"dst": _alias(a, "dst")},
+            exchanges=True, gather=True)
 def gather_scalar_from_all_ranks(
-    fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
+    g: Optional[Group], fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
 ) -> Optional[List[T]]:
     """Like :func:`gather_from_all_ranks` (scalars come back exactly, not through float32)."""
-    return _gather_locally("gather_scalar_from_all_ranks", fn, world_size,
-                           dst if rank is None else rank, group)
+    return _gather(g, "gather_scalar_from_all_ranks", fn, world_size,
+                   dst if rank is None else rank, group)
 
 
 def _fn2_callable(fn2: Any) -> None:
@@ -279,23 +226,10 @@ def _fn2_callable(fn2: Any) -> None:
             "of every rank's value, e.g. sum, min, max or `lambda values: sum(values) / len(values)`")
 
 
-def _reduce_and_broadcast(g: Group, fn1: Callable[[], Any], fn2: Callable[[List[Any]], Any],
-                          world_size: Optional[int] = None, group: Any = None) -> Any:
-    if not callable(fn1):
-        raise not_callable("reduce_and_broadcast", fn1, "fn1")
-    if not callable(fn2):
-        _fn2_callable(fn2)
-    if world_size is not None and world_size != g.size:
-        check_world_size(world_size, g.size, "reduce_and_broadcast")
-    values = all_gather_values(g, fn1, "reduce_and_broadcast")
-    assert values is not None
-    return fn2(values)
-
-
-@checked("reduce_and_broadcast", on_group=_reduce_and_broadcast, confirm_in_wait=True)
+@collective("reduce_and_broadcast", exchanges=True)
 def reduce_and_broadcast(
-    fn1: Callable[[], Any], fn2: Callable[[List[Any]], R], world_size: Optional[int] = None,
-    group: Optional["ProcessGroup"] = None,
+    g: Optional[Group], fn1: Callable[[], Any], fn2: Callable[[List[Any]], R],
+    world_size: Optional[int] = None, group: Optional["ProcessGroup"] = None,
 ) -> R:
     """Run ``fn1`` on every rank, reduce the list with ``fn2``, return the result everywhere.
 
@@ -306,19 +240,22 @@ def reduce_and_broadcast(
     """
     if not callable(fn1):
         raise not_callable("reduce_and_broadcast", fn1, "fn1")
-    _fn2_callable(fn2)
-    check_world_size(world_size, 1, "reduce_and_broadcast")
-    return fn2([fn1()])
+    if not callable(fn2):
+        _fn2_callable(fn2)
+    size = 1 if g is None else g.size
+    if world_size is not None and world_size != size:
+        check_world_size(world_size, size, "reduce_and_broadcast")
+    values = all_gather_values(g, fn1, "reduce_and_broadcast")
+    assert values is not None
+    return fn2(values)
 
 
-def _all_gather_object(g: Group, obj: Any, group: Any = None) -> List[Any]:
+@collective("all_gather_object", exchanges=True)
+def all_gather_object(g: Optional[Group], obj: T,
+                      group: Optional["ProcessGroup"] = None) -> List[T]:
+    """Collect ``obj`` from every rank into a list indexed by group rank (exact; scalars unpickled)."""
+    if g is None:
+        encode(obj, "all_gather_object(obj)")  # the error a group would give unpicklable input
     values = all_gather_values(g, lambda: obj, "all_gather_object")
     assert values is not None
     return values
-
-
-@checked("all_gather_object", on_group=_all_gather_object, confirm_in_wait=True)
-def all_gather_object(obj: T, group: Optional["ProcessGroup"] = None) -> List[T]:
-    """Collect ``obj`` from every rank into a list indexed by group rank (exact; scalars unpickled)."""
-    encode(obj, "all_gather_object(obj)")  # the error a group would give unpicklable input
-    return [obj]

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 from .._runtime.base import kitlog as _logs
 from .._runtime.protocols import recorder as _trace
 from .._runtime.base.callsite import call_site
-from .._runtime.protocols.helpers import checked
+from .._runtime.protocols.helpers import call
 from .._runtime.base.groups import Group, group_of
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
 from .._runtime.base.state import STATE as _STATE
@@ -79,7 +79,8 @@ def _require_datasets() -> None:
             f"(the '{DATASETS_EXTRA}' extra of axolotl-dist)") from exc
 
 
-@checked("shared_map", lambda a: {"batched": bool(a["map_kwargs"].get("batched", False))})
+@call("shared_map", lambda a: {"batched": bool(a["map_kwargs"].get("batched", False))},
+      own_waits=True)
 def shared_map(
     dataset: "Dataset",
     function: Optional[Callable[..., Any]] = None,

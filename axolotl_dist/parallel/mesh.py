@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .._runtime.base import backends as _backends
 from .._runtime.base.groups import group_of
-from .._runtime.protocols.helpers import checked
+from .._runtime.protocols.helpers import call
 from ..errors import DistributedConfigError, DistributedEnvError, MeshUsageError
 from ..ranks import get_backend, is_initialized
 from .config import (
@@ -180,7 +180,7 @@ def _debug_configs(arguments: dict) -> dict:
     return {"configs": text, "device_type": arguments["device_type"]}
 
 
-@checked("build_world_mesh", _debug_configs)
+@call("build_world_mesh", _debug_configs)
 def build_world_mesh(
     *,
     dp: Optional[DataParallelConfig] = None,

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .._runtime.base import backends as _backends
-from .._runtime.protocols.helpers import checked
+from .._runtime.protocols.helpers import call
 from .._runtime.protocols.exchange import all_gather_into
 from .._runtime.base.groups import group_of
 from .sharding_spec import ShardingSpec
@@ -136,9 +136,9 @@ def _send_to_rank0(local: torch.Tensor, info: GroupInfo, width: int, mine: int,
         dist.gather(send, None, group=info.group, group_dst=0)
 
 
-@checked("ShardedFlatTensor gather (gather/unshard_)",
-         lambda a: {**_layout(a), "rank0_only": bool(a["rank0_only"])},
-         group_arg=lambda a: a["info"].group)
+@call("ShardedFlatTensor gather (gather/unshard_)",
+      lambda a: {**_layout(a), "rank0_only": bool(a["rank0_only"])},
+      group_arg=lambda a: a["info"].group)
 def gather_flat(
     local: torch.Tensor, spec: ShardingSpec, info: GroupInfo, dtype: torch.dtype, rank0_only: bool
 ) -> Optional[torch.Tensor]:
@@ -166,8 +166,8 @@ def gather_flat(
     return out if out.device == local.device else out.to(local.device)
 
 
-@checked("ShardedFlatTensor scatter (shard/reshard_(writeback=True))", _layout,
-         group_arg=lambda a: a["info"].group)
+@call("ShardedFlatTensor scatter (shard/reshard_(writeback=True))", _layout,
+      group_arg=lambda a: a["info"].group)
 def scatter_flat(
     flat: Optional[torch.Tensor],
     spec: ShardingSpec,

@@ -1,7 +1,9 @@
 """The protocols room: how the helpers meet across ranks.
 
 * :mod:`.helpers`: the wrapper every communicating helper wears.
-* :mod:`.exchange`: the value helpers' engine: values encoded, headers exchanged.
+* :mod:`.exchange`: the value helpers' engine: values encoded, headers exchanged, collectives
+  run and waited for.
+* :mod:`.codes`: which helper sent a value header (registered where each is decorated).
 * :mod:`.blocks`: blocks through the store: bit words, pairing, failures; ``do_n_at_a_time``.
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
 * :mod:`.guards`: collectives the other ranks cannot join are errors at once.

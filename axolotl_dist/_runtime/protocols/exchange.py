@@ -15,11 +15,12 @@ TENSOR    ``[5, meta bytes, data bytes, 0]``  pickled (dtype, shape, device type
 ERROR     ``[6, nbytes, 0, 0]``               pickled failure report of the sending rank
 ========  ==================================  =======================================
 
-Slot 3 says which helper sent the header (:func:`helper_code`: the helper, and for the
-gathers the destination rank), so ``reduce_and_broadcast`` on one rank and
-``gather_from_all_ranks`` on another raise :class:`~axolotl_dist.errors.CollectiveMismatchError`
-on every rank, naming both, without debug mode and without another collective. A scalar
-crosses in one small collective, anything else in exactly two (header, then payload).
+Slot 3 says which helper sent the header (:mod:`.codes`: the helper, registered where it is
+decorated, and for the gathers the destination rank), so ``reduce_and_broadcast`` on one rank
+and ``gather_from_all_ranks`` on another raise
+:class:`~axolotl_dist.errors.CollectiveMismatchError` on every rank, naming both, without
+debug mode and without another collective. A scalar crosses in one small collective,
+anything else in exactly two (header, then payload).
 
 **The header exchange.** On CPU (gloo) with at most :data:`~.groups.A2A_MAX_RANKS` ranks it is
 one all-to-all (each rank sends its header to every other rank directly: one message per pair
@@ -44,26 +45,26 @@ import pickle
 import reprlib
 import struct
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from ..base import backends
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group
-from ..base.groups import learn
+from ..base.groups import HEADER_LEN, Group, learn
 from ..base.state import STATE
 from ..base.tracebacks import safe_str
 from ..liveness import waits as wait
 from ..liveness.failures import diagnose_lost_peer, failure_report
 from . import recorder as trace
+from .codes import CODES, GATHERS, mismatch_error
 from .zero_first import confirm_all
-from ...errors import CollectiveMismatchError, RankFailedError
+from ...errors import RankFailedError
 
 __all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "scalar_header",
-           "decode_scalar", "tensor_bytes", "resolved", "helper_code", "describe_code", "run",
-           "broadcast_value", "all_gather_values", "SLICE"]
+           "decode_scalar", "tensor_bytes", "resolved", "run", "broadcast_value",
+           "all_gather_values", "all_gather_into", "SLICE"]
 
 NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR = range(7)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -245,43 +246,6 @@ def _target_device(device_type: str, device: Optional[torch.device]) -> torch.de
         return torch.device("cpu")
 
 
-# --- the helpers' codes in slot 3 ----------------------------------------------------------
-
-#: The helpers that exchange headers, by code (index + 1).
-HELPERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
-           "all_reduce_value", "all_gather_object", "compute_and_broadcast", "synchronize_value",
-           "broadcast_object")
-_CODES: Dict[str, int] = {name: i + 1 for i, name in enumerate(HELPERS)}
-_GATHERS = ("gather_from_all_ranks", "gather_scalar_from_all_ranks")
-
-
-def helper_code(name: str, dst: int = 0) -> int:
-    """What slot 3 of a header says: the helper, and a gather's destination rank."""
-    return _CODES[name] | (dst << 8 if name in _GATHERS else 0)
-
-
-def describe_code(code: int) -> str:
-    """``gather_from_all_ranks(dst=1)`` for a code made by :func:`helper_code`."""
-    index = (code & 0xFF) - 1
-    if not 0 <= index < len(HELPERS):
-        return f"an unknown helper (code {code})"
-    name = HELPERS[index]
-    return f"{name}(dst={code >> 8})" if name in _GATHERS else name
-
-
-def mismatch_error(codes: Dict[int, int], rank: int, site: Callable[[], str]
-                   ) -> CollectiveMismatchError:
-    """The error for headers from different helpers: ``codes`` maps group ranks to the code
-    each sent (or, for this ``rank``, called); ``site()`` is this rank's call site."""
-    calls = {r: describe_code(c) for r, c in sorted(codes.items())}
-    listed = ", ".join(f"rank {r}: {c}" for r, c in calls.items())
-    return CollectiveMismatchError(
-        f"the ranks called different helpers that met in one collective ({listed}): every "
-        f"rank must call the same helpers in the same order. This rank (rank {rank}) called "
-        f"{calls[rank]} at {site()}; run with AXOLOTL_DIST_DEBUG=1 to see every rank's file "
-        "and line.", calls=calls)
-
-
 # --- running a collective --------------------------------------------------------------------
 
 #: Seconds of one blocking slice of a wait: how long a signal may wait to be handled. A slice
@@ -307,7 +271,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
         if not g.cpu:
             work.wait()
             return
-        if STATE.unconfirmed:  # see confirm_in_wait in .calls.checked
+        if STATE.unconfirmed:  # see Kind.confirm_in_wait in .helpers
             confirm_all()
         try:
             work.wait(_SLICE)
@@ -387,13 +351,18 @@ def _encode_result(fn: Callable[[], Any], rank: int, where: str
         return encoded.header, encoded, exc
 
 
-def broadcast_value(g: Group, fn: Callable[[], Any], src: int, where: str,
+def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: str,
                     device: Optional[torch.device] = None) -> Any:
-    """Run ``fn`` on group rank ``src`` only and return its result on every rank.
+    """Run ``fn`` on group rank ``src`` only and return its result on every rank (one process,
+    ``g`` None: ``fn()``, a tensor moved to ``device``).
 
     ``where`` is the public helper's name: its code rides in the header's slot 3, and a rank
     that receives another helper's header raises :class:`CollectiveMismatchError`."""
-    code = _CODES[where]
+    if g is None:
+        value = fn()
+        return value.to(device) if device is not None and isinstance(value, torch.Tensor) \
+            else value
+    code = CODES[where]
     own: Optional[BaseException] = None
     encoded: Optional[Encoded] = None
     if g.cpu:
@@ -432,10 +401,11 @@ def broadcast_value(g: Group, fn: Callable[[], Any], src: int, where: str,
     return decode(values, payload, device)
 
 
-def all_gather_values(g: Group, fn: Callable[[], Any], where: str,
+def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
                       device: Optional[torch.device] = None, decode_on: Optional[int] = None
                       ) -> Optional[List[Any]]:
-    """Run ``fn`` on every rank and all-gather the results (exactly).
+    """Run ``fn`` on every rank and all-gather the results (exactly; one process, ``g`` None:
+    ``[fn()]``).
 
     Failures anywhere raise on every rank. With ``decode_on`` only that group rank decodes the
     values (others return None after the same collectives).
@@ -444,7 +414,9 @@ def all_gather_values(g: Group, fn: Callable[[], Any], where: str,
     a scalar (the usual case) it is one header exchange, one ``tolist`` and a decode of the
     value slots, with no per-call tensor or list building beyond that.
     """
-    code = helper_code(where, decode_on or 0)
+    if g is None:
+        return [fn()]
+    code = CODES[where] | ((decode_on or 0) << 8 if where in GATHERS else 0)  # helper_code
     header, encoded, own = _encode_result(fn, g.rank, where)
     if STATE.trace is not None:
         trace.add_bytes(HEADER_LEN * 8 + (

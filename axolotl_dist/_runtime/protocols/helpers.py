@@ -1,6 +1,16 @@
-"""The wrapper every communicating helper wears: :func:`checked`.
+"""The decorators every communicating kit call wears, one per kind of call.
 
-Before a helper's body runs, the wrapper (cheap unless something is on):
+* :func:`collective`: a helper whose body runs on the call's process group. The decorated
+  function takes the kit's :class:`~..base.groups.Group` (None for one process without a
+  process group) before its public parameters; the decorator gives the public function, whose
+  signature lacks it. It registers the helper's header code (:mod:`.exchange`) and how its
+  ranks synchronize (:mod:`.recorder`) where it is decorated.
+* :func:`block`: ``zero_first``, which signals through the store and settles its own blocks.
+* :func:`rounds`: ``do_n_at_a_time``, a block that records its own waits.
+* :func:`call`: any other call that communicates (``shared_map``, ``build_world_mesh``, the
+  sharded tensors' collectives): it resolves its own group.
+
+Around the body, every kind does what its :class:`Kind` says (cheap unless something is on):
 
 * refuses a call the other ranks cannot join (inside a ``zero_first`` body this rank runs
   first, inside ``zero_only`` code: :mod:`.guards`);
@@ -9,39 +19,76 @@ Before a helper's body runs, the wrapper (cheap unless something is on):
 * records the call in flight on this thread and raises
   :class:`~axolotl_dist.errors.ThreadConflictError` when another thread is in a helper on the
   same group (:mod:`.threads`);
-* while tracing, records the call as a span (:mod:`..base.recorder`);
+* while tracing, records the call as a span (:mod:`.recorder`);
 * in debug mode, checks through the store that every rank is in the same helper with
   compatible arguments (:mod:`.crosscheck`).
 
-The fast path (debug and tracing off, one thread) is a ``get_ident()``, a dict read, a tuple
-and a dict write and delete (``benchmarks/debug.py`` measures it). Debug mode's switches live
-on :data:`..base.state.STATE`; :mod:`axolotl_dist.debug` is their public face.
+A collective's fast path (debug, tracing and guards off, nothing unconfirmed, one thread) is
+the group's resolution, a ``get_ident()``, a dict read, a tuple and a dict write and delete
+(``benchmarks/debug.py`` measures it); anything on takes :meth:`_Spec.general`. Debug mode's
+switches live on :data:`..base.state.STATE`; :mod:`axolotl_dist.debug` is their public face.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, TypeVar, Union
 
 from ..base import envvars
 from ..base.callsite import call_site
 from ..base.constants import DEBUG_TIMEOUT_ENV_VAR
 from ..base.groups import Group, group_of
 from ..base.state import STATE
-from . import recorder as trace
-from . import crosscheck as debug_check, guards, threads
+from . import codes, crosscheck as debug_check, guards, recorder as trace, threads
 from .zero_first import confirm_all
 from ...errors import CollectiveMismatchError, DistributedEnvError
 
-__all__ = ["checked", "debug_timeout", "first_rank_block", "tensor_signature"]
+if sys.version_info >= (3, 10):
+    from typing import Concatenate, ParamSpec
+else:  # pragma: no cover
+    from typing_extensions import Concatenate, ParamSpec
 
+__all__ = ["Kind", "collective", "block", "rounds", "call", "debug_timeout", "first_rank_block",
+           "tensor_signature"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 GroupArg = Union[str, Callable[[Dict[str, Any]], Any]]
+Agree = Optional[Callable[[Dict[str, Any]], Dict[str, Any]]]
 _NO_GROUP = object()
 _get_ident = threading.get_ident
+
+
+class Kind(NamedTuple):
+    """What the wrapper does around a kind of call (see the module docstring)."""
+
+    #: confirm the ``zero_first`` blocks this rank left unconfirmed before the body
+    confirms: bool = True
+    #: ... or, on a gloo group with debug mode off, inside its first collective's wait
+    #: (:func:`.exchange.run`: the store read overlaps the collective; a rank stuck in a block
+    #: that does not pair keeps the collective from completing, so the mismatch is still found)
+    confirm_in_wait: bool = False
+    #: raise at once where the other ranks cannot join (:mod:`.guards`)
+    refuse_in_scopes: bool = True
+    #: raise :class:`ThreadConflictError` when another thread is in a helper on the group
+    one_thread: bool = True
+    #: while tracing, record the call as a span (the outermost kit call of a thread only)
+    traced: bool = True
+
+
+#: A helper whose every wait for other ranks on CPU is a collective run by :func:`.exchange.run`.
+COLLECTIVE = Kind(confirm_in_wait=True)
+#: Another call that communicates: it resolves its own group.
+CALL = Kind()
+#: ``do_n_at_a_time``: its rounds signal through the store and check their own numbering.
+ROUNDS = Kind(one_thread=False)
+#: ``zero_first``: it settles its own blocks, pairs by call site, records its own body and wait.
+BLOCK = Kind(confirms=False, refuse_in_scopes=False, one_thread=False, traced=False)
 
 
 def debug_timeout() -> float:
@@ -51,144 +98,209 @@ def debug_timeout() -> float:
     return envvars.kit_seconds(DEBUG_TIMEOUT_ENV_VAR)
 
 
-def checked(name: str, describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
-            *, on_group: Optional[Callable[..., Any]] = None, group_arg: GroupArg = "group",
-            waits: Optional[Callable[[Dict[str, Any]], bool]] = None,
-            confirms: bool = True, confirm_in_wait: bool = False, refuse_in_scopes: bool = True,
-            one_thread: bool = True, traced: bool = True) -> Callable[[F], F]:
-    """Mark ``fn`` as a communicating helper (see the module docstring).
+class _Spec:
+    """One decorated call: its name, kind, body and how to find its group."""
 
-    :param name: the helper's public name, as shown in errors.
-    :param describe: maps the bound arguments (defaults applied) to the values that must agree
-        across ranks, e.g. ``{"src": 0, "tensor": "float32[4, 2]"}``; it must not raise.
-    :param on_group: the helper's body on a process group: given, the wrapper resolves the
-        call's group once (:func:`..base.groups.group_of`) and calls ``on_group(g, *args,
-        **kwargs)`` with its :class:`~..base.groups.Group`, or, when there is none (one process
-        without a process group), ``fn`` itself, which is then the helper's single-process
-        behaviour: the one place where the kit takes that shortcut. Without it ``fn``
-        resolves its own group.
-    :param group_arg: the name of the process-group parameter, or a function of the bound
-        arguments returning the group.
-    :param waits: whether this rank waits for the others' records in debug mode (default:
-        always). False for a rank the others wait for inside the helper (``zero_first``'s
-        first ranks): it publishes its record and compares later, so nested blocks cannot
-        deadlock the check.
-    :param confirms: first confirm that every rank reached the ``zero_first`` blocks this rank
-        ran first and left unconfirmed: the others must not be stuck in a block that does not
-        pair when a collective needs them. False for the blocks, which settle their own.
-    :param confirm_in_wait: on a CPU (gloo) group with debug mode off, confirm them inside
-        the wait for the helper's first collective instead (:func:`.exchange.run`: the store
-        read then overlaps the collective; a rank stuck in a block that does not pair keeps
-        the collective from completing, so the mismatch is still found). Only for helpers
-        whose every wait for other ranks on CPU is a collective run by that function.
-    :param refuse_in_scopes: raise at once when called where the other ranks cannot join
-        (:mod:`.guards`). False for the blocks.
-    :param one_thread: raise :class:`~axolotl_dist.errors.ThreadConflictError` when another
-        thread of this rank is in a helper on the same group (:mod:`.threads`). False for the
-        blocks: they signal through the store and check their own numbering
-        (:func:`.threads.enter_block`).
-    :param traced: while tracing is on, record the call as a span (the outermost kit call of a
-        thread only). False for the blocks, which record their body and wait themselves.
-    """
-
-    def decorate(fn: F) -> F:
+    def __init__(self, fn: Callable[..., Any], name: str, agree: Agree, kind: Kind,
+                 on_group: bool, group_arg: GroupArg = "group",
+                 waits: Optional[Callable[[Dict[str, Any]], bool]] = None) -> None:
+        self.fn, self.name, self.agree, self.kind, self.on_group = fn, name, agree, kind, on_group
+        self.group_arg, self.waits = group_arg, waits
         signature = inspect.signature(fn)
-        find_group = _group_finder(signature, group_arg)
-        grouped = on_group
-        if grouped is None:
-            body: Callable[..., Any] = fn
-        else:
-            def body(*args: Any, **kwargs: Any) -> Any:  # debug mode's path: resolve again
-                g = group_of(find_group(args, kwargs), name)
-                return fn(*args, **kwargs) if g is None else grouped(g, *args, **kwargs)
+        if on_group:  # the public signature: without the Group the wrapper passes first
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        self.signature = signature
+        self.find_group = _group_finder(signature, group_arg)
 
-        def run(g: Optional[Group], args: tuple, kwargs: dict) -> Any:
-            if STATE.debug_on:
-                return _call_checked(body, signature, name, describe, group_arg, waits, args,
-                                     kwargs)
-            return grouped(g, *args, **kwargs) if grouped is not None else fn(*args, **kwargs)
+    def record(self, args: tuple, kwargs: dict) -> tuple:
+        """The call as :mod:`.threads` and the refusals read it."""
+        return (self.signature, self.group_arg, args, kwargs)
 
-        def traced_run(g: Optional[Group], args: tuple, kwargs: dict) -> Any:
-            recorder = STATE.trace
-            if recorder is None or not traced:
-                return run(g, args, kwargs)
-            if grouped is None:
-                try:
-                    g = group_of(find_group(args, kwargs), name)
-                except Exception:  # noqa: BLE001 - the helper raises its own error
-                    return run(g, args, kwargs)
-            return trace.helper_span(recorder, name, g, call_site, lambda: run(g, args, kwargs),
-                                     args, kwargs)
+    def body(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
+        return self.fn(g, *args, **kwargs) if self.on_group else self.fn(*args, **kwargs)
 
-        # where the group argument is, for the fast path (a named parameter)
-        gname = group_arg if isinstance(group_arg, str) and group_arg in signature.parameters \
-            else None
-        position = list(signature.parameters).index(gname) if gname is not None else -1
+    def debug_body(self, *args: Any, **kwargs: Any) -> Any:
+        """The body as debug mode's check calls it (the group resolved again)."""
+        if not self.on_group:
+            return self.fn(*args, **kwargs)
+        return self.fn(group_of(self.find_group(args, kwargs), self.name), *args, **kwargs)
 
-        @functools.wraps(fn)
+    def run(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
+        """The body, through debug mode's check when it is on."""
+        if STATE.debug_on:
+            return _call_checked(self.debug_body, self.signature, self.name, self.agree,
+                                 self.group_arg, self.waits, args, kwargs)
+        return self.body(g, args, kwargs)
+
+    def traced_run(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
+        """:meth:`run`, recorded as a span while tracing."""
+        recorder = STATE.trace
+        if recorder is None or not self.kind.traced:
+            return self.run(g, args, kwargs)
+        if not self.on_group:
+            try:
+                g = group_of(self.find_group(args, kwargs), self.name)
+            except Exception:  # noqa: BLE001 - the helper raises its own error
+                return self.run(g, args, kwargs)
+        return trace.helper_span(recorder, self.name, g, call_site,
+                                 lambda: self.run(g, args, kwargs), args, kwargs)
+
+    def general(self, args: tuple, kwargs: dict, g: Optional[Group] = None) -> Any:
+        """Every step the kind asks for (``g``: a collective's group, resolved already)."""
+        name, kind = self.name, self.kind
+        if STATE.guarded and kind.refuse_in_scopes:
+            _refuse(name, self.record(args, kwargs),
+                    lambda g: guards.check(name, g, lambda: str(call_site())))
+        if self.on_group and g is None and not STATE.debug_on:
+            return self.fn(None, *args, **kwargs)  # one process: the engine's local path
+        if kind.confirms and STATE.unconfirmed and not (
+                kind.confirm_in_wait and _confirmed_in_wait(g, self.find_group(args, kwargs),
+                                                            name)):
+            confirm_all()
+        if not kind.one_thread:
+            return self.traced_run(g, args, kwargs)
+        return self.on_this_thread(g, args, kwargs)
+
+    def on_this_thread(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
+        """:meth:`traced_run` registered as this thread's call in flight (:mod:`.threads`)."""
+        me, calls = _get_ident(), STATE.calls
+        outer = calls.get(me)
+        # recorded before the check: of two threads entering at once, at least one sees
+        # the other (both may, and both raise; neither call has run)
+        calls[me] = (self.name, self.record(args, kwargs), outer)
+        try:
+            if len(calls) > 1:  # another thread is in a helper
+                _refuse(self.name, self.record(args, kwargs),
+                        lambda g: threads.check(self.name, g, _call_group))
+            result = self.traced_run(g, args, kwargs)
+        except BaseException:
+            STATE.crossed.pop(me, None)  # it raised anyway
+            raise
+        finally:
+            if outer is None:
+                calls.pop(me, None)
+            else:
+                calls[me] = outer
+        if STATE.crossed and me in STATE.crossed:
+            raise threads.crossed_error(me)
+        return result
+
+
+def _named(wrapper: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    """``wrapper`` with ``spec``'s name, docs and public signature; its frames carry the
+    helper's name (where-reports, profiles and tracebacks say "barrier", not "wrapper")."""
+    fn = spec.fn
+    functools.update_wrapper(wrapper, fn)
+    wrapper.__signature__ = spec.signature  # type: ignore[attr-defined]
+    if spec.on_group:
+        hints = dict(getattr(fn, "__annotations__", {}))
+        hints.pop(next(iter(inspect.signature(fn).parameters)), None)
+        wrapper.__annotations__ = hints
+    wrapper.__wrapped__ = spec.debug_body  # type: ignore[attr-defined]
+    code = wrapper.__code__
+    wrapper.__code__ = code.replace(co_name=fn.__name__, **(
+        {"co_qualname": fn.__qualname__} if hasattr(code, "co_qualname") else {}))
+    return wrapper
+
+
+def collective(name: str, agree: Agree = None, *, gather: bool = False,
+               exchanges: bool = False, src: Union[str, int, None] = None
+               ) -> Callable[[Callable[Concatenate[Optional[Group], P], R]], Callable[P, R]]:
+    """Decorate a helper whose body runs on the call's group (see the module docstring).
+
+    :param agree: maps the bound arguments (defaults applied) to the values that must agree
+        across ranks, e.g. ``{"src": 0, "tensor": "float32[4, 2]"}`` (debug mode); it must not
+        raise.
+    :param exchanges: the body runs the value engine (:mod:`.exchange`): a header code is
+        registered for ``name`` (``gather``: the code carries the destination rank).
+    :param src: the ranks wait for one rank: the name of its argument, or the rank itself
+        (for the timeline; default: every rank waits for every other).
+    """
+    def decorate(fn: Callable[Concatenate[Optional[Group], P], R]) -> Callable[P, R]:
+        spec = _Spec(fn, name, agree, COLLECTIVE, True)
+        if exchanges:
+            codes.register_helper(name, gather)
+        trace.register_sync(name, spec.signature, src=src)
+        gname = "group"
+        position = list(spec.signature.parameters).index(gname)
+        body = fn
+        state = STATE
+
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            g = None
-            if grouped is not None:
-                if gname is None:
-                    group = find_group(args, kwargs)
-                elif gname in kwargs:
-                    group = kwargs[gname]
-                else:
-                    group = args[position] if len(args) > position else None
-                g = group_of(group, name)
-            if STATE.guarded and refuse_in_scopes:
-                _refuse(name, (signature, group_arg, args, kwargs),
-                        lambda g: guards.check(name, g, lambda: str(call_site())))
-            if grouped is not None and g is None and not STATE.debug_on:
-                return fn(*args, **kwargs)  # one process: the helper's local body
-            if confirms and STATE.unconfirmed:
-                if not (confirm_in_wait and _confirmed_in_wait(g, find_group(args, kwargs), name)):
-                    confirm_all()
-            if not one_thread:
-                if STATE.trace is not None:
-                    return traced_run(g, args, kwargs)
-                if not STATE.debug_on and grouped is None:
-                    return fn(*args, **kwargs)
-                return run(g, args, kwargs)
+            if gname in kwargs:
+                group = kwargs[gname]
+            else:
+                group = args[position] if len(args) > position else None
+            g = group_of(group, name)
+            if state.guarded or state.debug_on or state.trace is not None or state.unconfirmed:
+                return spec.general(args, kwargs, g)
+            if g is None:
+                return body(None, *args, **kwargs)  # one process: the engine's local path
             me = _get_ident()
-            calls = STATE.calls
+            calls = state.calls
             outer = calls.get(me)
-            # recorded before the check: of two threads entering at once, at least one sees
-            # the other (both may, and both raise; neither call has run)
-            calls[me] = (name, (signature, group_arg, args, kwargs), outer)
+            calls[me] = (name, (spec.signature, gname, args, kwargs), outer)
             try:
                 if len(calls) > 1:  # another thread is in a helper
-                    _refuse(name, (signature, group_arg, args, kwargs),
+                    _refuse(name, spec.record(args, kwargs),
                             lambda g: threads.check(name, g, _call_group))
-                if STATE.trace is not None:
-                    result = traced_run(g, args, kwargs)
-                elif STATE.debug_on:
-                    result = _call_checked(body, signature, name, describe, group_arg, waits,
-                                           args, kwargs)
-                elif grouped is not None:
-                    result = grouped(g, *args, **kwargs)
-                else:
-                    result = fn(*args, **kwargs)
+                result = body(g, *args, **kwargs)
             except BaseException:
-                STATE.crossed.pop(me, None)  # it raised anyway
+                state.crossed.pop(me, None)  # it raised anyway
                 raise
             finally:
                 if outer is None:
                     calls.pop(me, None)
                 else:
                     calls[me] = outer
-            if STATE.crossed and me in STATE.crossed:
+            if state.crossed and me in state.crossed:
                 raise threads.crossed_error(me)
             return result
 
-        wrapper.__wrapped__ = body  # type: ignore[attr-defined]
-        # frames of the wrapper carry the helper's name (where-reports, profiles, tracebacks
-        # say "barrier", not "wrapper"; the body on a group has another name)
-        code = wrapper.__code__
-        wrapper.__code__ = code.replace(co_name=fn.__name__, **(
-            {"co_qualname": fn.__qualname__} if hasattr(code, "co_qualname") else {}))
-        return wrapper  # type: ignore[return-value]
+        return _named(wrapper, spec)  # type: ignore[return-value]
+    return decorate
 
+
+def block(name: str, agree: Agree, *, waits: Callable[[Dict[str, Any]], bool]
+          ) -> Callable[[F], F]:
+    """Decorate ``zero_first`` (see the module docstring). ``waits``: whether this rank waits
+    for the others' records in debug mode: False for a rank the others wait for inside the
+    block (its first ranks), which publishes its record and compares later, so nested blocks
+    cannot deadlock the check."""
+    def decorate(fn: F) -> F:
+        spec = _Spec(fn, name, agree, BLOCK, False, waits=waits)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if STATE.trace is None and not STATE.debug_on:
+                return fn(*args, **kwargs)
+            return spec.general(args, kwargs)
+
+        return _named(wrapper, spec)  # type: ignore[return-value]
+    return decorate
+
+
+def rounds(name: str, agree: Agree, *, group_arg: GroupArg) -> Callable[[F], F]:
+    """Decorate ``do_n_at_a_time`` (see the module docstring)."""
+    return _general(name, agree, ROUNDS, group_arg, own_waits=True)
+
+
+def call(name: str, agree: Agree = None, *, group_arg: GroupArg = "group",
+         own_waits: bool = False) -> Callable[[F], F]:
+    """Decorate another call that communicates and resolves its own group (see the module
+    docstring). ``own_waits``: it records its waits itself, with the ranks waited for."""
+    return _general(name, agree, CALL, group_arg, own_waits=own_waits)
+
+
+def _general(name: str, agree: Agree, kind: Kind, group_arg: GroupArg,
+             own_waits: bool) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        spec = _Spec(fn, name, agree, kind, False, group_arg)
+        trace.register_sync(name, spec.signature, own_waits=own_waits)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return spec.general(args, kwargs)
+
+        return _named(wrapper, spec)  # type: ignore[return-value]
     return decorate
 
 

@@ -47,7 +47,7 @@ from ..base.state import STATE
 from ..store import keys, records
 
 __all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
-           "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX"]
+           "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX", "register_sync"]
 
 #: Per-rank event files are ``rank<k>.jsonl``.
 FILE_PREFIX = "rank"
@@ -281,25 +281,32 @@ def finish(exc: Optional[BaseException] = None) -> Optional[Recorder]:
 
 # --- what the kit's code calls ---------------------------------------------------------------
 
-#: The helpers whose other ranks wait for one rank (their ``src``): (name, argument, position).
-_FROM_SRC = {"broadcast": ("src", 1), "compute_and_broadcast": ("src", 1),
-             "synchronize_value": ("src", 2), "broadcast_object": ("src", 1),
-             "broadcast_object_list": ("src", 1), "synchronize_flag": ("", -1)}
+#: How each kit call's ranks synchronize, registered where the call is decorated
+#: (:mod:`.helpers`): ``("none", -1)`` for a call that records its own waits, ``("src:N",
+#: -1)`` for a fixed source rank, ``(argument, position)`` for a source rank argument; a call
+#: not registered is ``all`` (every rank waits for every other).
+_SYNC: Dict[str, Tuple[str, int]] = {}
 
 
-#: Helpers that record their own waits (with the ranks waited for): no wait is computed.
-_OWN_WAITS = frozenset({"do_n_at_a_time", "shared_map"})
+def register_sync(name: str, signature: Any, src: Any = None, own_waits: bool = False) -> None:
+    """Say how the ranks of kit call ``name`` (public ``signature``) synchronize: ``src``, the
+    name of its source-rank argument or the source rank itself; ``own_waits``: the call
+    records its waits itself, with the ranks waited for."""
+    if own_waits:
+        _SYNC[name] = ("none", -1)
+    elif isinstance(src, int) and not isinstance(src, bool):
+        _SYNC[name] = (f"src:{src}", -1)
+    elif isinstance(src, str):
+        _SYNC[name] = (src, list(signature.parameters).index(src))
 
 
 def _sync(name: str, args: tuple, kwargs: dict) -> str:
-    if name in _OWN_WAITS:
-        return "none"
-    spec = _FROM_SRC.get(name)
+    spec = _SYNC.get(name)
     if spec is None:
         return "all"
     arg, position = spec
-    if not arg:
-        return "src:0"
+    if position < 0:
+        return arg
     src = kwargs.get(arg, kwargs.get("rank"))
     if src is None:
         src = args[position] if len(args) > position else 0

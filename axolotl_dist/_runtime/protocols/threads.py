@@ -9,7 +9,7 @@ thread's call in flight on the same group raises
 :class:`~axolotl_dist.errors.ThreadConflictError` naming both threads and call sites, and marks
 the other thread (``STATE.crossed``): when its call returns it raises too, instead of
 returning a value that may belong to the other call. The check runs in the wrapper every
-helper wears (:func:`.helpers.checked`); while no other thread is in a helper it is
+helper wears (:mod:`.helpers`); while no other thread is in a helper it is
 a few dict operations (see ``benchmarks/debug.py``).
 
 The ordering blocks (``zero_first``, ``do_n_at_a_time``) signal through the store, not the
