@@ -477,3 +477,37 @@ def test_one_module_encodes_what_crosses_the_store():
                     and module not in SERIALIZERS:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+def _module_level_containers() -> List[str]:
+    """``module.NAME`` of every module-level mutable value (a dict, list, set, lock,
+    thread-local...) in the package, but ``__all__``."""
+    makers = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "local", "Lock",
+              "RLock", "Event", "WeakKeyDictionary", "WeakValueDictionary"}
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            call = value.func if isinstance(value, ast.Call) else None
+            maker = getattr(call, "id", None) or getattr(call, "attr", None)
+            if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                                  ast.SetComp)) or maker in makers:
+                name = f"{module}.__init__" if _is_package(module) else module
+                found += [f"{name}.{t.id}" for t in targets
+                          if isinstance(t, ast.Name) and t.id != "__all__"]
+    return found
+
+
+def test_per_process_state_is_on_STATE_or_said_to_survive_its_reset():
+    # what a process learns lives on _runtime.base.state.STATE, which reset() forgets (a forked
+    # rank starts as a fresh process would); anything else module-level is a table, a cache of
+    # a pure function, a registry filled at import, a lock: listed, with why, in SURVIVES_RESET
+    from axolotl_dist._runtime.base.state import SURVIVES_RESET
+
+    assert sorted(set(_module_level_containers()) - set(SURVIVES_RESET)) == []
+    assert sorted(set(SURVIVES_RESET) - set(_module_level_containers())) == []  # no stale entry

@@ -53,7 +53,20 @@ field              what it is, who writes it
                    made at the first use
 ``warn_hook``      the ``warnings.showwarning`` the folding hook replaced (None: no hook); a
                    fact of the process, like ``exit_hook``: :func:`reset` leaves it
+``fs_answers``     (run, directory) -> whether the nodes share it, as probed
+                   (:mod:`..protocols.shared_fs`)
+``my_run``         the run file this process recorded last (path, pid) in this host's run
+                   directory (:mod:`..liveness.runs`)
+``answer_keys``    (run, rank) whose snapshot key this process made sure exists
+                   (:mod:`..liveness.whereabouts`)
+``bells``          the bells long waits of this process sleep on (:mod:`..store.sleep`)
 =================  ==========================================================================
+
+What lives outside :data:`STATE`, and why :func:`reset` may leave it (:data:`SURVIVES_RESET`,
+held complete by ``tests/test_structure.py``): tables that never change, caches of pure
+functions (the same input gives the same answer in any process), registries filled when a
+module is imported (facts of the code), locks, and what mirrors the environment (which reset
+does not touch either).
 
 :func:`reset` forgets all of it (or the named parts). The test harness calls it in every
 forked rank, so a rank starts as a fresh process would; tests call it through
@@ -65,9 +78,9 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-__all__ = ["ProcessState", "FirstRuns", "STATE", "PARTS", "reset"]
+__all__ = ["ProcessState", "FirstRuns", "STATE", "PARTS", "reset", "SURVIVES_RESET"]
 
 
 class FirstRuns(threading.local):
@@ -91,7 +104,8 @@ class ProcessState:
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
                  "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
-                 "ending", "store_spy", "trace", "folding", "warn_hook")
+                 "ending", "store_spy", "trace", "folding", "warn_hook", "fs_answers", "my_run",
+                 "answer_keys", "bells")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -126,6 +140,10 @@ class ProcessState:
         self.trace: Any = None
         self.folding: Any = None
         self.warn_hook: Optional[Callable[..., Any]] = None
+        self.fs_answers: Dict[Tuple[Any, ...], Optional[bool]] = {}
+        self.my_run: Dict[str, Any] = {}
+        self.answer_keys: Set[Tuple[str, int]] = set()
+        self.bells: List[Any] = []
 
 
 STATE = ProcessState()
@@ -144,6 +162,48 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "lifecycle": ("cleanup", "closed_trace", "kept", "ending"),
     "trace": ("trace",),
     "warnings": ("folding",),
+    "filesystem": ("fs_answers",),
+    "runs": ("my_run", "answer_keys"),
+    "bells": ("bells",),
+}
+
+#: Module-level values outside :data:`STATE` (``module: name``), and why :func:`reset` leaves
+#: them (see the module docstring).
+SURVIVES_RESET: Dict[str, str] = {
+    "axolotl_dist.__init__._KEPT_IN_SUBPACKAGES": "a table",
+    "axolotl_dist._runtime.base.backends._NAME_DEVICE": "a table",
+    "axolotl_dist._runtime.base.callsite._OURS": "a cache: file name -> whether it is the kit's",
+    "axolotl_dist._runtime.base.callsite._SITES": "a cache: code object -> its call site",
+    "axolotl_dist._runtime.base.envvars._KEYS": "a cache: variable name -> its interned key",
+    "axolotl_dist._runtime.base.envvars._INT_CACHE": "a cache: raw value -> parsed int",
+    "axolotl_dist._runtime.base.envvars.KIT_VARS": "a table",
+    "axolotl_dist._runtime.base.groups._FIRST_USE": "a registry: services to start at a "
+                                                    "group's first use",
+    "axolotl_dist._runtime.base.state.PARTS": "a table",
+    "axolotl_dist._runtime.base.state.SURVIVES_RESET": "this table",
+    "axolotl_dist._runtime.lifecycle.warnfold._MADE": "a lock",
+    "axolotl_dist._runtime.lifecycle.warnfold._INSIDE": "a thread-local flag of a call in "
+                                                        "progress",
+    "axolotl_dist._runtime.liveness.heartbeat._RIDERS": "a registry: what rides on heartbeats",
+    "axolotl_dist._runtime.liveness.heartbeat._LOCK": "a lock",
+    "axolotl_dist._runtime.liveness.whereabouts._WRAPPERS": "a table",
+    "axolotl_dist._runtime.protocols.codes.HELPERS": "a registry: the helpers' header codes",
+    "axolotl_dist._runtime.protocols.codes.CODES": "a registry: the helpers' header codes",
+    "axolotl_dist._runtime.protocols.codes.GATHERS": "a registry: the gathers among them",
+    "axolotl_dist._runtime.protocols.exchange._NO_SPLITS": "a constant (equal splits)",
+    "axolotl_dist._runtime.protocols.recorder._SYNC": "a registry: how each call's ranks "
+                                                      "synchronize",
+    "axolotl_dist._runtime.protocols.shared_fs._EXPORTED": "mirrors os.environ (what this "
+                                                           "process exported there)",
+    "axolotl_dist._runtime.store.sleep._LOCK": "a lock",
+    "axolotl_dist.env.LAUNCHER_SOURCES": "a table",
+    "axolotl_dist.env.RANK_SOURCES": "a table",
+    "axolotl_dist.env._RANK_CACHE": "a cache: raw env values -> parsed ranks",
+    "axolotl_dist.hf_data._parts.MAP_DEFAULTS": "a table",
+    "axolotl_dist.launch._fold._LABELS": "a cache: ranks -> their label (the launcher)",
+    "axolotl_dist.launch._output._STREAMS": "a table",
+    "axolotl_dist.parallel.mesh._CONFIG_TYPES": "a table",
+    "axolotl_dist.values._PY_REDUCE": "a table",
 }
 
 

@@ -32,12 +32,11 @@ from ..base import procs
 from ..base.callsite import short_path
 from ..base.constants import END_DIR_ENV_VAR, RUN_DIR_ENV_VAR
 from ..base.envvars import kit_path
+from ..base.state import STATE
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",
            "STORE_NOTE", "note_address"]
 
-#: What this process recorded last (path, pid): a new run of the same process replaces it.
-_MINE: Dict[str, Any] = {}
 
 
 def _private(path: str) -> bool:
@@ -124,10 +123,10 @@ def record(run: str, addr: str, port: int, world: int, launcher: str,
             json.dump(entry, fh)
         if not _place(tmp, path):
             return None
-        previous = _MINE.get("path")
+        previous = STATE.my_run.get("path")
         if previous and previous != path:
-            forget(previous, _MINE.get("pid"))
-        _MINE.update(path=path, pid=pid)
+            forget(previous, STATE.my_run.get("pid"))
+        STATE.my_run.update(path=path, pid=pid)
         return path
     except Exception:  # noqa: BLE001 - recording must never fail a run
         return None

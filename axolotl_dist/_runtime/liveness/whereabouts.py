@@ -24,7 +24,7 @@ import sysconfig
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..base import procs
 from ..base.callsite import PACKAGE_DIR, short_path
@@ -49,8 +49,6 @@ BEATS = REQUEST - 1
 ANSWER_WITHIN = HEARTBEAT_INTERVAL + 1.5
 #: Seconds between a requester's looks for answers not in yet (each one ``multi_get``).
 _ANSWER_POLL = 0.5
-#: (run, rank) whose answer key this process made sure exists.
-_ANSWER_KEYS: Set[Tuple[str, int]] = set()
 
 _PACKAGE = PACKAGE_DIR
 _TORCH_MARK = os.sep + "torch" + os.sep
@@ -178,9 +176,9 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
     for r in ranks:
         value = store.add(keys.heartbeat(run, r), REQUEST)
         asked[r] = (value >> 32, value & BEATS)
-        if (run, r) not in _ANSWER_KEYS:  # made once, so one multi_get reads every answer
+        if (run, r) not in STATE.answer_keys:  # made once, so one multi_get reads every answer
             store.compare_set(keys.whereabouts(run, r), "", "{}")
-            _ANSWER_KEYS.add((run, r))
+            STATE.answer_keys.add((run, r))
     return asked
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from ..base.kitlog import kit as log
 from ..base.state import STATE
@@ -41,10 +41,6 @@ __all__ = ["default_cache_dir", "probe_dir", "shares", "said", "export"]
 #: (50-62: rank 0 could not write the file).
 _ARRIVED, _FOUND, _NOT_FOUND, _UNKNOWN = 1, 1 << 24, 1 << 37, 1 << 50
 _FIELD, _NODES = (1 << 24) - 1, (1 << 13) - 1
-
-#: The answers this process has: (run, directory) -> shared (None: undecided).
-_ANSWERS: Dict[tuple, Optional[bool]] = {}
-
 
 #: The value of ``AXOLOTL_DIST_SHARED_FS`` this process exported from a probe (None: none).
 _EXPORTED: List[Optional[str]] = [None]
@@ -95,7 +91,7 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
     their first ranks' answers once every rank arrived, not from ``LOCAL_WORLD_SIZE`` (nodes
     may run different numbers of ranks)."""
     run = STATE.run or ""
-    cached = _ANSWERS.get((run, label), False)
+    cached = STATE.fs_answers.get((run, label), False)
     if cached is not False:
         return cached
     store = world_store()
@@ -128,7 +124,7 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
             pass
     missed, unknown = (seen[0] >> shift & _NODES for shift in (37, 50))
     result = None if unknown else not missed
-    _ANSWERS[(run, label)] = result
+    STATE.fs_answers[(run, label)] = result
     return result
 
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..base.groups import Group
+from ..base.state import STATE
 from .access import bounded
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,8 +39,7 @@ BELL = 1 << 31
 _FOREVER = timedelta(days=3650)
 #: Seconds a release may wait for the store to answer its ring.
 _RELEASE_WAIT = 1.0
-#: The bells whose thread may still be blocked in the store.
-_ACTIVE: List["Bell"] = []
+#: Guards ``STATE.bells``: the bells whose thread may still be blocked in the store.
 _LOCK = threading.Lock()
 
 
@@ -54,7 +54,7 @@ class Bell:
         self.failed = False  # the wait raised (the store is gone): the caller's next call says why
         self.thread = threading.Thread(target=self._sleep, name="axolotl-dist-bell", daemon=True)
         with _LOCK:
-            _ACTIVE.append(self)
+            STATE.bells.append(self)
         self.thread.start()
 
     def _sleep(self) -> None:
@@ -63,8 +63,8 @@ class Bell:
         except Exception:  # noqa: BLE001 - the store is gone; the waiting thread's call says so
             self.failed = True
         with _LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+            if self in STATE.bells:
+                STATE.bells.remove(self)
             if not self.failed and self.group.sleep_store is None:
                 self.group.sleep_store = self.conn  # free for the group's next sleep
         self.rung.set()
@@ -118,6 +118,6 @@ def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
 def release_all() -> None:
     """Release every bell still asleep (the store's host is about to leave)."""
     with _LOCK:
-        active = list(_ACTIVE)
+        active = list(STATE.bells)
     for bell in active:
         bell.release()
