@@ -197,6 +197,27 @@ def test_zero_first_explicit_first_rank_raises(store):
     assert outcomes[2].elapsed < 5.0
 
 
+def test_an_extra_block_on_rank_0_is_named_not_the_rank_that_finished(store):
+    # rank 0 alone enters a block; both then meet in a helper, and rank 1 finishes its script:
+    # rank 0 learns that rank 1 never reached the block, and names its own block as the cause
+    def body():
+        if ad.get_rank() == 0:
+            with ad.zero_first():  # an extra block, on rank 0 only
+                pass
+        return ad.reduce_and_broadcast(lambda: 1, sum)
+
+    outcomes = run_distributed_outcomes(body, 2, timeout=60, pg_timeout=PG_TIMEOUT, store=store)
+    assert outcomes[1].value == 2, outcomes[1].describe()
+    error = outcomes[0].exception
+    assert isinstance(error, ad.CollectiveMismatchError), outcomes[0].describe()
+    assert not isinstance(error, ad.RankFailedError)
+    assert re.search(r"zero_first block #1 at \S*test_ordering\.py:\d+ in body on rank 0 was "
+                     r"never reached by rank\(s\) \[1\]: they finished their script and exited "
+                     r"without entering it", str(error)), str(error)
+    assert error.missing == (1,)
+    assert outcomes[0].elapsed < 15.0
+
+
 @pytest.mark.parametrize("ws", [2, 3])
 def test_zero_first_rank0_killed_survivors_raise(ws, store):
     def body():

@@ -11,6 +11,7 @@ from ..base.state import STATE
 from ..liveness.peers import store_errors
 from . import guards
 from .blocks import FAILED_MASK, RELEASED, Block
+from ...errors import CollectiveMismatchError, RankFailedError
 
 __all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "AHEAD"]
 
@@ -75,14 +76,38 @@ class ZeroFirstBlock(Block):
     def await_arrivals(self) -> None:
         """A first rank: wait until every rank has reached this block (with this block's own
         ``timeout``). Another first rank's failure ends the wait: the waiting ranks raise it,
-        this rank's body succeeded."""
-        self.wait(self.full, (), self.missing, self.timeout,
-                  " (waiting for every rank to reach it)", failed_ok=True)
+        this rank's body succeeded. Ranks that finished their script without reaching it make
+        it a block the ranks did not all enter: :func:`_never_entered`."""
+        learnt = STATE.learnt
+        try:
+            self.wait(self.full, (), self.missing, self.timeout,
+                      " (waiting for every rank to reach it)", failed_ok=True)
+        except RankFailedError as exc:
+            if exc.exc_type != "exited":
+                raise
+            STATE.learnt = learnt  # not another rank's failure: this rank's extra block
+            raise _never_entered(self, exc) from None
         if self.words[0] & FAILED_MASK:  # read it all the same: its publisher waits for every reader
             with store_errors(self.what):
                 self._stored("error")
         else:
             self.finish(complete=True)
+
+
+def _never_entered(block: ZeroFirstBlock, lost: RankFailedError) -> CollectiveMismatchError:
+    """The error for a block this rank ran first that ranks ``lost.ranks`` finished their
+    script without entering: the block is this rank's extra one (or theirs is missing), not a
+    failure of theirs."""
+    ranks = sorted(lost.ranks or (lost.rank,))
+    me = block.group.rank
+    named = f"desc={block.desc!r} " if block.desc is not None else ""
+    return CollectiveMismatchError(
+        f"{block.what} on rank {me} was never reached by rank(s) {ranks}: they finished their "
+        f"script and exited without entering it. Every rank must enter the same "
+        f"{block.noun}s in the same order: one inside a @zero_only function, or under an "
+        "`if` on the rank, runs on some ranks only. If two blocks on different lines are "
+        "meant to be one (the branches of an `if`), give both the same label: desc=\"...\".",
+        calls={me: f"{block.noun} {named}at {block.site}"}, missing=ranks)
 
 
 # --- the first-run stack ---------------------------------------------------------------------
