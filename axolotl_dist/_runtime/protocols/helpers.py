@@ -236,6 +236,8 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
                 return spec.general(args, kwargs, g)
             if g is None:
                 return body(None, *args, **kwargs)  # one process: the engine's local path
+            # _Spec.on_this_thread's steps written out: calling it would add frames to every
+            # helper's fast path (benchmarks/frames.py)
             me = _get_ident()
             calls = state.calls
             outer = calls.get(me)
