@@ -676,9 +676,11 @@ ROWS: List[Tuple[str, str, str]] = [
     ("init", "init", "req/rank"),
     ("idle", "idle", "req/s/rank"),
     ("zero_first", "zero_first wait", "req/s/waiter"),
+    ("zero_first_whole", "  whole wait", "req/s/waiter"),
     ("zero_first_first10", "  first 10 s", "req/s/waiter"),
     ("zero_first_later", "  after 10 s", "req/s/waiter"),
     ("barrier", "barrier wait", "req/s/waiter"),
+    ("barrier_whole", "  whole wait", "req/s/waiter"),
     ("exit", "spread exits", "req/rank"),
 ]
 
@@ -709,7 +711,7 @@ class Window:
 def windows(run: RunResult, row: str) -> Tuple[List[Window], bool]:
     """The per-rank windows of a table row, and whether the figure is a rate."""
     out: List[Window] = []
-    phase = row.split("_first10")[0].split("_later")[0]
+    phase = row.split("_first10")[0].split("_later")[0].split("_whole")[0]
     for r, m in enumerate(run.marks):
         if row == "init":
             if "init_start" in m and "init_end" in m:
@@ -724,7 +726,7 @@ def windows(run: RunResult, row: str) -> Tuple[List[Window], bool]:
             if r == 0 or f"{phase}_start" not in m or f"{phase}_end" not in m:
                 continue
             start, end = m[f"{phase}_start"], m[f"{phase}_end"]
-            edge = min(EDGE, (end - start) / 4)
+            edge = 0.0 if row.endswith("_whole") else min(EDGE, (end - start) / 4)
             start, end = start + edge, end - edge
             if row.endswith("_first10"):
                 end = min(end, m[f"{phase}_start"] + 10.0)

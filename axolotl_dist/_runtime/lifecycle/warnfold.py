@@ -174,9 +174,9 @@ def _publish(beat: Any, texts: List[str]) -> bool:
     try:
         if not beat.store_usable():
             return False
-        beat.store.append(keys.WARN_LOG, "".join(records.warning_entry(beat.rank, text)
-                                                for text in texts))
-        return not beat.store.add(keys.WAITERS, len(texts) * WARNED) & UNREAD
+        store = beat.base  # any thread: the group's connection (the heartbeat's may be lent)
+        store.append(keys.WARN_LOG, "".join(records.warning_entry(beat.rank, text) for text in texts))
+        return not store.add(keys.WAITERS, len(texts) * WARNED) & UNREAD
     except Exception:  # noqa: BLE001 - the store is going: printed here instead
         return False
 

@@ -22,7 +22,7 @@ from ..base.tracebacks import format_exception, safe_str
 from ..store import keys, records
 from ..store.access import hosts_store, is_store_error, world_store
 from .heartbeat import exit_connection
-from .judge import Watch, lost_error
+from .judge import ASLEEP_LOOKS, Watch, lost_error
 from .peers import peer_record, store_host_gone, store_lost_error
 from .whereabouts import same_machine
 from ...errors import AxolotlDistError, RankFailedError
@@ -142,8 +142,9 @@ def failed_exit_grace(world_size: int) -> float:
     """Seconds a rank ending on a failure gives its peers to read its exit record before its
     process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
     the other ranks as soon as this process is gone, and a peer in a kit wait looks at the
-    store every :func:`~..base.constants.look_interval`; the rest lets it print its error."""
-    return look_interval(world_size) + 0.25
+    store every :func:`~..base.constants.look_interval` (:data:`~.judge.ASLEEP_LOOKS` of them
+    where it sleeps on a bell); the rest lets it print its error."""
+    return ASLEEP_LOOKS * look_interval(world_size) + 0.25
 
 def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, bool]]:
     """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught

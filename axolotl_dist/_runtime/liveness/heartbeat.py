@@ -1,9 +1,11 @@
-"""The heartbeat: each rank's daemon thread on its own store connection.
+"""The heartbeat: each rank's daemon thread, soon on its own store connection.
 
 At init the ranks of a multi-rank group agree on a run id (the first to propose one wins);
 every rank records itself (:mod:`.peers`) and starts a thread that bumps
 ``axolotl_dist/<run>/hb/<rank>`` every :data:`~..base.constants.HEARTBEAT_INTERVAL` seconds.
-The thread first copies the other ranks' records (at once, in short doubling waits), so a
+The thread opens its own connection (lent to the default group's bells:
+:class:`~..store.sleep.Spare`) at a moment spread over the ranks, and until then uses the
+group's. It first copies the other ranks' records (at once, in short doubling waits), so a
 rank can still be named, and the store's host judged gone by its pid, after the store is
 gone; it answers requests for a snapshot of this rank (:mod:`.whereabouts`), copies the store
 host's failure record, and on global rank 0 runs the judge (:class:`~.judge.RankZeroJudge`)
@@ -104,7 +106,15 @@ class _Heartbeat:
         self.stop = threading.Event()
         self.wake = threading.Event()  # halt(); on rank 0 also a rider's work (see Rider)
         self.warned = self.warn_read = 0  # rank 0: warnings read, and the log's bytes read
-        self.store, self.raw, self.run = store, raw, run  # the group's keys; the root's
+        #: the group's connection (the main thread's too), for the group's keys and the root's
+        self.base, self.base_raw, self.run = store, raw, run
+        #: what this thread's turn uses: its own connection (:attr:`spare`) once made and
+        #: while not lent to a bell, else the group's (see :meth:`_turn`)
+        self.store, self.raw = store, raw
+        self.spare: Optional[bells.Spare] = bells.Spare()
+        self.spare_raw: Any = None
+        #: when this thread opens its own connection: spread over the ranks (see _connect_at)
+        self.connect_at = time.monotonic() + _connect_delay(rank, world_size)
         self.interval = interval
         self.pg = default_pg()
         self.answered = 0
@@ -211,8 +221,34 @@ class _Heartbeat:
             wait = self._next_wait(wait, rides, look)
 
     def _turn(self, key: str, rides: bool, look: float) -> None:
-        """One turn of the loop: copy the first records, beat when due (else, on rank 0, read
-        the counter for the riders when they wait for something), judge when due, ride."""
+        """One turn of the loop, on this thread's own connection unless a bell has it."""
+        spare = self.spare
+        if spare is not None and spare.conn is None and time.monotonic() >= self.connect_at:
+            self._connect(spare)
+        if spare is None or spare.conn is None:
+            self._turn_on(key, rides, look)
+            return
+        with spare.lock:
+            if not spare.lent:
+                self.store, self.raw = spare.conn, self.spare_raw
+            try:
+                self._turn_on(key, rides, look)
+            finally:
+                self.store, self.raw = self.base, self.base_raw
+
+    def _connect(self, spare: bells.Spare) -> None:
+        """Open this thread's own connection (lent to the default group's bells)."""
+        try:
+            conn = self.base.clone()
+        except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
+            self.spare = None
+            return
+        self.spare_raw = where.raw_store(conn)
+        spare.conn = conn
+
+    def _turn_on(self, key: str, rides: bool, look: float) -> None:
+        """Copy the first records, beat when due (else, on rank 0, read the counter for the
+        riders when they wait for something), judge when due, ride."""
         if self.copying:
             self.copying = not self._copy_first()
         now = time.monotonic()
@@ -235,11 +271,26 @@ class _Heartbeat:
         if self.copying:
             return min(wait * 2, self.interval)
         due = self.last_beat + self.interval
+        if self.spare is not None and self.spare.conn is None:
+            due = min(due, self.connect_at)
         if self.judging:
             due = min(due, self.last_round + JUDGE_INTERVAL)
         if rides and _pending():
             due = min(due, self.last_look + look)
         return max(0.0, due - time.monotonic())
+
+
+def _connect_delay(rank: int, world_size: int) -> float:
+    """Seconds after its start a heartbeat opens its own connection: rank r of W at
+    ``r / W`` of a window of 40 ms per rank (at most one interval), so the store's host sees
+    about 25 new connections a second, each costing it a reverse name lookup (docs/design.md,
+    "Connections"); till then the thread uses the group's connection."""
+    window = min(HEARTBEAT_INTERVAL, _CONNECT_SPACING * world_size)
+    return window * rank / max(1, world_size)
+
+
+#: Seconds between two ranks' heartbeat connections (see _connect_delay).
+_CONNECT_SPACING = 0.04
 
 
 class _HostLeaving(Exception):
@@ -263,13 +314,9 @@ def start_heartbeat() -> None:
             beat.halt()
         if beat is None or beat.pg is not pg:
             STATE.peers.clear()
-        base = world_store()
-        try:
-            store = base.clone()
-        except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
-            store = base
+        store = world_store()
         rank, world = dist.get_rank(), dist.get_world_size()
-        run = STATE.run = _run_id(base)
+        run = STATE.run = _run_id(store)
         raw = where.raw_store(store)
         raw.set(keys.RUN_NOTE, records.document({"run": run, "world": world}))
         runs.note_address(run, rank, world, launcher_name())

@@ -37,7 +37,12 @@ from ...errors import RankFailedError
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["RankZeroJudge", "Lost", "Watch", "lost_error"]
+__all__ = ["ASLEEP_LOOKS", "RankZeroJudge", "Lost", "Watch", "lost_error"]
+
+#: How many look intervals apart a wait asleep on a bell looks at the store (see
+#: :meth:`Watch.find_lost`): the exit of a peer on this machine is seen with no store call
+#: meanwhile, and a failure in what the wait waits for rings the bell.
+ASLEEP_LOOKS = 4
 
 
 class RankZeroJudge:
@@ -149,12 +154,14 @@ class Watch:
         self.warn_every = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR)
 
     def find_lost(self, ranks: Sequence[int], now: float, what: str = "",
-                  exits: bool = True) -> List[Lost]:
+                  exits: bool = True, asleep: bool = False) -> List[Lost]:
         """The ranks among ``ranks`` that are gone; warns about stopped or silent ones.
         ``exits``: a rank that left an exit record counts as gone (else only a gone process).
         Raises :class:`~..store.access.StoreHostGoneError` if the store's host is known gone. The
         store's host ending on a failure (its record copied: :func:`.peers.host_leaving`) is
-        the one lost rank, judged without a store call."""
+        the one lost rank, judged without a store call. ``asleep``: the wait sleeps on a bell
+        that a failure in what it waits for rings too, so its looks come
+        :data:`ASLEEP_LOOKS` times less often."""
         if host_leaving():
             host = store_host()
             return [self._from_record(host, *STATE.exits[host])]
@@ -166,7 +173,7 @@ class Watch:
         states = self._local_states(others)
         if now >= self.next_look or (exits and any(
                 state == "gone" and rank not in self.exited for rank, state in states.items())):
-            self._look(now)  # a peer gone here: its exit record may say why
+            self._look(now, asleep)  # a peer gone here: its exit record may say why
         lost: List[Lost] = []
         for rank in others:
             if rank in self.exited:
@@ -194,9 +201,9 @@ class Watch:
                 states[rank] = procs.proc_state(record.pid)
         return states
 
-    def _look(self, now: float) -> None:
+    def _look(self, now: float, asleep: bool = False) -> None:
         """One store call; more only when something happened (see the class docstring)."""
-        self.next_look = now + self.look_every
+        self.next_look = now + self.look_every * (ASLEEP_LOOKS if asleep else 1)
         count = self.store.add(keys.EXITS, 0)
         events, rounds = count & EVENTS, count >> 32
         if rounds != self.rounds:

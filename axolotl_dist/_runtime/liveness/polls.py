@@ -37,6 +37,13 @@ _STORE_SILENT_AFTER = 1.0
 #: Seconds between an asleep wait's checks of its clock (timeout, warnings): no store call.
 _ASLEEP = 0.25
 
+#: How many polls a wait makes inline before it goes to the store worker (and asleep), and
+#: the pause before the first (doubling: 2 polls cover about 0.1 ms). Every poll of every
+#: waiting rank is a request at the one store, and on a machine with fewer cores than ranks a
+#: rank that spins takes the CPU from the rank it waits for.
+_INLINE_POLLS = 2
+_INLINE_PAUSE = 25e-6
+
 
 def poll_until(
     ready: Callable[[], bool],
@@ -48,6 +55,7 @@ def poll_until(
     slow: Optional[Callable[[], None]] = None,
     sleep: Optional[Callable[[], Optional[Bell]]] = None,
     point: Optional[Point] = None,
+    fresh: bool = False,
 ) -> None:
     """Return once ``ready()`` is true; raise if a watched rank dies or ``timeout`` expires.
 
@@ -60,9 +68,11 @@ def poll_until(
         :class:`~..store.sleep.Bell` asleep until ``ready()`` may have become true (then the wait
         stops polling: it only looks at the watched ranks), or None (not now: polls go on).
     :param point: where the wait is, for the deadlock judge (:mod:`.deadlock`).
+    :param fresh: the caller has just read what ``ready()`` reads, and it was not ready: the
+        first poll comes after the first pause.
     """
     try:
-        if ready():
+        if not fresh and ready():
             return
         waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}", point)
         normal = False
@@ -127,15 +137,15 @@ class _Poll:
         if host_leaving():  # no store call: the host's store is about to go
             return "lost", w.watcher.find_lost([], now, w.what)
         bell = self.box[0]
+        if not inline:  # on the worker: the wait has left its inline polls; falling asleep
+            bell = self._leave_the_fast_path()  # reads the word (its compare_set)
         if bell is None or bell.rung.is_set():  # asleep, the word is not read: the bell says
             if self.ready():
                 return "ready", None
-        if not inline:  # on the worker: the wait has left its inline polls
-            self._leave_the_fast_path()
         if liveness:
             w.ranks[:] = self.watch()
             w.mark()
-            lost = w.lost(now)
+            lost = w.lost(now, asleep=bell is not None and not bell.rung.is_set())
             stuck = w.stuck()  # read by the same look: this wait's own verdict comes first
             if stuck is not None:
                 return ("ready", None) if self.ready() else ("stuck", stuck)
@@ -143,14 +153,16 @@ class _Poll:
                 return ("ready", None) if self.ready() else ("lost", lost)
         return "waiting", None
 
-    def _leave_the_fast_path(self) -> None:
-        """The first look on the worker runs ``slow``; each until one works tries to sleep."""
+    def _leave_the_fast_path(self) -> Optional[Bell]:
+        """The first look on the worker runs ``slow``; each until one works tries to sleep.
+        Returns the bell (None: not asleep)."""
         if self.pending_slow:
             self.pending_slow.pop()()
         if self.pending_sleep:
             self.box[0] = self.pending_sleep[0]()
             if self.box[0] is not None:
                 self.pending_sleep.clear()  # a bell rings once: after a spurious ring, polls
+        return self.box[0]
 
     def _schedule(self) -> None:
         """Between looks: sleep (on the bell, or a doubling delay), then hand the next look to
@@ -206,8 +218,10 @@ class _Poll:
         """Return once ready; raise for a lost or stuck peer, a gone store, the timeout."""
         while True:
             if self.job is None:
-                if self.spins < 20:  # the first polls inline: a store call costs ~30 us, a
-                    self.spins += 1  # handoff more
+                if self.spins < _INLINE_POLLS:  # the first polls inline: a store call costs
+                    # ~30 us, a handoff more; the pauses leave the CPU to the others
+                    time.sleep(_INLINE_PAUSE * (1 << self.spins))
+                    self.spins += 1
                     if self.probe(False, time.monotonic(), inline=True)[0] == "ready":
                         return
                     continue

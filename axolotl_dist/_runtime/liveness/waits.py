@@ -123,9 +123,9 @@ class Waiting:
                                           awaits)
                 self.watcher.raw.set(keys.long_wait(run, self.me), self.published)
 
-    def lost(self, now: float) -> List[Lost]:
+    def lost(self, now: float, asleep: bool = False) -> List[Lost]:
         """The awaited ranks that are gone (see :meth:`.judge.Watch.find_lost`)."""
-        return self.watcher.find_lost(self.ranks, now, self.what)
+        return self.watcher.find_lost(self.ranks, now, self.what, asleep=asleep)
 
     def stuck(self) -> Optional[CollectiveMismatchError]:
         """The deadlock this wait is in, as the judge found it at this rank's last look (no

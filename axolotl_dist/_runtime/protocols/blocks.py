@@ -209,8 +209,6 @@ class Block:
         not been enough, sleep on the block's bell (only where one ``add`` releases the wait:
         see the module docstring)."""
         if not (done() or self.flagged()):
-            self.read(which)  # once more before setting up a wait: usually enough
-        if not (done() or self.flagged()):
             def ready() -> bool:
                 self.read(which)
                 return done() or self.flagged()
@@ -219,7 +217,8 @@ class Block:
                           finish=self.kind == "zf" and not self.first)
             poll_until(ready, watch=watch, timeout=timeout, what=self.what + doing,
                        me=self.rank, slow=self.check_pairing,
-                       sleep=self._sleep if sleep else None, point=point)
+                       sleep=self._sleep if sleep else None, point=point,
+                       fresh=True)  # the words as this rank's own add found them
         mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & FAILED_MASK
         if mismatch or (failed and not failed_ok):
             with store_errors(self.what):

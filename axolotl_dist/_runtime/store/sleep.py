@@ -3,11 +3,17 @@
 A rank that waits for a store word to change (a ``zero_first`` waiter, for rank 0's body)
 polls it only briefly; then it asks to be woken (:func:`arm`: one ``compare_set`` that sets
 the word's :data:`BELL` bit unless the word changed meanwhile) and a :class:`Bell` sleeps on
-the block's bell key: a daemon thread blocked in ``store.wait`` on its
-own connection (a ``clone`` of the group's store, reused by the group's next sleep), so the
-waiting rank sends no request until the rank it waits for rings (``set`` of the bell key,
+the block's bell key: a daemon thread blocked in ``store.wait`` on a second connection, so
+the waiting rank sends no request until the rank it waits for rings (``set`` of the bell key,
 made only by an ``add`` that finds the bell bit set). The wait itself keeps its liveness looks
 (:mod:`..liveness.waits`).
+
+The second connection of the default group is the heartbeat's (a :class:`Spare`, lent while
+the bell sleeps: the heartbeat uses the group's own connection meanwhile), so a rank opens one
+extra connection in its life, at a moment staggered by its rank: every connection costs the
+store's host a reverse name lookup in its event loop (docs/design.md, "Connections"), and W
+ranks opening one each at the same moment stall the store for seconds at W >= 16. Another
+group's sleep clones the group's store once and keeps the clone for its next sleep.
 
 A ``store.wait`` cannot be interrupted, and one that times out makes torch print two C++
 warnings, so a bell's wait has no timeout of its own: a wait that ends before the bell rang
@@ -29,7 +35,7 @@ from .access import bounded
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["BELL", "Bell", "arm", "bell_key", "ring", "sleep_on", "release_all"]
+__all__ = ["BELL", "Bell", "Spare", "arm", "bell_key", "ring", "sleep_on", "release_all"]
 
 #: A block's word 0, bit 31: a waiter sleeps on the block's bell (see docs/design.md,
 #: "A long wait sleeps").
@@ -43,13 +49,45 @@ _RELEASE_WAIT = 1.0
 _LOCK = threading.Lock()
 
 
+class Spare:
+    """The heartbeat's own connection to the default group's store, lent to that group's
+    bells. The heartbeat holds :attr:`lock` around each turn and uses the group's connection
+    while :attr:`lent` (a connection blocked in ``wait`` answers nothing else); a bell takes it
+    only between turns (:meth:`borrow` never waits for the lock) and gives it back when its
+    wait returns."""
+
+    __slots__ = ("lock", "conn", "lent")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: Optional["Store"] = None  # set by the heartbeat once it connected
+        self.lent = False
+
+    def borrow(self) -> Optional["Store"]:
+        """The connection, now lent; None while it is not made yet, lent, or in use."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if self.conn is None or self.lent:
+                return None
+            self.lent = True
+            return self.conn
+        finally:
+            self.lock.release()
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.lent = False
+
+
 class Bell:
     """A thread blocked in ``conn.wait([key])`` until ``key`` is set; ``rung`` is set then."""
 
-    __slots__ = ("group", "store", "conn", "key", "rung", "failed", "thread")
+    __slots__ = ("group", "store", "conn", "key", "rung", "failed", "thread", "spare")
 
-    def __init__(self, group: Group, store: "Store", conn: "Store", key: str) -> None:
-        self.group, self.store, self.conn, self.key = group, store, conn, key
+    def __init__(self, group: Group, store: "Store", conn: "Store", key: str,
+                 spare: Optional[Spare] = None) -> None:
+        self.group, self.store, self.conn, self.key, self.spare = group, store, conn, key, spare
         self.rung = threading.Event()
         self.failed = False  # the wait raised (the store is gone): the caller's next call says why
         self.thread = threading.Thread(target=self._sleep, name="axolotl-dist-bell", daemon=True)
@@ -65,8 +103,10 @@ class Bell:
         with _LOCK:
             if self in STATE.bells:
                 STATE.bells.remove(self)
-            if not self.failed and self.group.sleep_store is None:
+            if self.spare is None and not self.failed and self.group.sleep_store is None:
                 self.group.sleep_store = self.conn  # free for the group's next sleep
+        if self.spare is not None:
+            self.spare.give_back()
         self.rung.set()
 
     def release(self) -> None:
@@ -103,7 +143,12 @@ def arm(group: Group, store: "Store", word0: str, seen: int) -> Tuple[Optional["
 
 def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
     """Start sleeping on ``key`` of ``group``'s ``store`` (see the module docstring); None if
-    the store has no second connection to offer (a ``HashStore``, a ``FileStore``)."""
+    there is no second connection now (the heartbeat's is not made yet, or in use) or ever (a
+    ``HashStore``, a ``FileStore``)."""
+    spare = _spare(group)
+    if spare is not None:
+        conn = spare.borrow()
+        return None if conn is None else Bell(group, store, conn, key, spare)
     with _LOCK:
         conn, group.sleep_store = group.sleep_store, None
     if conn is None:
@@ -113,6 +158,14 @@ def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
         except Exception:  # noqa: BLE001 - no clone: poll
             return None
     return Bell(group, store, conn, key)
+
+
+def _spare(group: Group) -> Optional[Spare]:
+    """The heartbeat's connection if ``group`` is the default group and its heartbeat can
+    make one (its store has ``clone``), else None."""
+    beat = STATE.heartbeat
+    spare = getattr(beat, "spare", None) if group.default else None
+    return spare if spare is not None and getattr(beat, "pg", None) is group.pg_ref() else None
 
 
 def release_all() -> None:
