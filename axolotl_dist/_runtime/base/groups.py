@@ -48,8 +48,9 @@ __all__ = ["world", "Group", "NOT_ASKED", "group_of", "default_pg", "on_first_us
 world: Any = dist.distributed_c10d._world if dist.is_available() else None
 #: Slots of a value header (docs/design.md, "Value encoding").
 HEADER_LEN = 4
-#: Up to this many ranks, the CPU header exchange is an all-to-all (:mod:`..protocols.exchange`).
-A2A_MAX_RANKS = 8
+#: Up to this many ranks, the CPU header exchange is an all-to-all, beyond it gloo's ring
+#: all-gather (:mod:`..protocols.exchange`; docs/design.md, "Value encoding").
+A2A_MAX_RANKS = 64
 _I64 = torch.int64
 _RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
 

@@ -37,12 +37,12 @@ _STORE_SILENT_AFTER = 1.0
 #: Seconds between an asleep wait's checks of its clock (timeout, warnings): no store call.
 _ASLEEP = 0.25
 
-#: How many polls a wait makes inline before it goes to the store worker (and asleep), and
-#: the pause before the first (doubling: 2 polls cover about 0.1 ms). Every poll of every
-#: waiting rank is a request at the one store, and on a machine with fewer cores than ranks a
-#: rank that spins takes the CPU from the rank it waits for.
+#: How many polls a wait makes inline before it goes to the store worker (and asleep): few,
+#: as every poll of every waiting rank is a request at the one store (they were 20: a tenth
+#: of a waiting rank's budget of 2 requests a second over a 10 s wait, each).
 _INLINE_POLLS = 2
-_INLINE_PAUSE = 25e-6
+#: Seconds before the first look on the store worker (then doubling, to at most 50 ms).
+_FIRST_DELAY = 0.0002
 
 
 def poll_until(
@@ -123,7 +123,7 @@ class _Poll:
                  box: List[Optional[Bell]]) -> None:
         self.ready, self.watch, self.timeout, self.w, self.box = ready, watch, timeout, w, box
         self.next_check = w.start + LIVENESS_INTERVAL / 2
-        self.spins, self.delay = 0, 0.0005
+        self.spins, self.delay = 0, _FIRST_DELAY
         self.job: Optional[Job] = None
         self.job_since = w.start
         self.pending_slow = [slow] if slow is not None else []
@@ -137,11 +137,11 @@ class _Poll:
         if host_leaving():  # no store call: the host's store is about to go
             return "lost", w.watcher.find_lost([], now, w.what)
         bell = self.box[0]
-        if not inline:  # on the worker: the wait has left its inline polls; falling asleep
-            bell = self._leave_the_fast_path()  # reads the word (its compare_set)
         if bell is None or bell.rung.is_set():  # asleep, the word is not read: the bell says
             if self.ready():
                 return "ready", None
+        if not inline:  # on the worker: the wait has left its inline polls
+            self._leave_the_fast_path()
         if liveness:
             w.ranks[:] = self.watch()
             w.mark()
@@ -153,16 +153,14 @@ class _Poll:
                 return ("ready", None) if self.ready() else ("lost", lost)
         return "waiting", None
 
-    def _leave_the_fast_path(self) -> Optional[Bell]:
-        """The first look on the worker runs ``slow``; each until one works tries to sleep.
-        Returns the bell (None: not asleep)."""
+    def _leave_the_fast_path(self) -> None:
+        """The first look on the worker runs ``slow``; each until one works tries to sleep."""
         if self.pending_slow:
             self.pending_slow.pop()()
         if self.pending_sleep:
             self.box[0] = self.pending_sleep[0]()
             if self.box[0] is not None:
                 self.pending_sleep.clear()  # a bell rings once: after a spurious ring, polls
-        return self.box[0]
 
     def _schedule(self) -> None:
         """Between looks: sleep (on the bell, or a doubling delay), then hand the next look to
@@ -219,9 +217,7 @@ class _Poll:
         while True:
             if self.job is None:
                 if self.spins < _INLINE_POLLS:  # the first polls inline: a store call costs
-                    # ~30 us, a handoff more; the pauses leave the CPU to the others
-                    time.sleep(_INLINE_PAUSE * (1 << self.spins))
-                    self.spins += 1
+                    self.spins += 1             # ~30 us, a handoff more
                     if self.probe(False, time.monotonic(), inline=True)[0] == "ready":
                         return
                     continue

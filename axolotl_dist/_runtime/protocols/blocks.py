@@ -209,6 +209,8 @@ class Block:
         not been enough, sleep on the block's bell (only where one ``add`` releases the wait:
         see the module docstring)."""
         if not (done() or self.flagged()):
+            self.read(which)  # once more before setting up a wait: usually enough
+        if not (done() or self.flagged()):
             def ready() -> bool:
                 self.read(which)
                 return done() or self.flagged()

@@ -35,7 +35,7 @@ from .access import bounded
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["BELL", "Bell", "Spare", "arm", "bell_key", "ring", "sleep_on", "release_all"]
+__all__ = ["BELL", "Bell", "Spare", "arm", "bell_key", "ring", "sleep_on", "spare_of", "release_all"]
 
 #: A block's word 0, bit 31: a waiter sleeps on the block's bell (see docs/design.md,
 #: "A long wait sleeps").
@@ -145,7 +145,7 @@ def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
     """Start sleeping on ``key`` of ``group``'s ``store`` (see the module docstring); None if
     there is no second connection now (the heartbeat's is not made yet, or in use) or ever (a
     ``HashStore``, a ``FileStore``)."""
-    spare = _spare(group)
+    spare = spare_of(group)
     if spare is not None:
         conn = spare.borrow()
         return None if conn is None else Bell(group, store, conn, key, spare)
@@ -160,7 +160,7 @@ def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
     return Bell(group, store, conn, key)
 
 
-def _spare(group: Group) -> Optional[Spare]:
+def spare_of(group: Group) -> Optional[Spare]:
     """The heartbeat's connection if ``group`` is the default group and its heartbeat can
     make one (its store has ``clone``), else None."""
     beat = STATE.heartbeat

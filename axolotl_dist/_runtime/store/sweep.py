@@ -1,7 +1,9 @@
 """Deleting finished blocks' store keys in the background (see docs/design.md, "zero_first
-blocks"): a daemon thread with its own store connection per group, so the deletions neither
-wait on nor are counted against the caller's connection; if it falls behind, the caller
-deletes its own, so the backlog stays bounded.
+blocks"): a daemon thread with a connection of its own per group, so the deletions neither
+wait on nor are counted against the caller's; if it falls behind, the caller deletes its
+own, so the backlog stays bounded. On the default group that connection is the heartbeat's,
+borrowed (:class:`.sleep.Spare`; the group's own while a bell has it): every new connection
+costs the store's host a name lookup (docs/design.md, "Connections").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 from ..base.groups import Group
 from ..base.state import STATE
+from . import sleep
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -85,6 +88,18 @@ class _Cleanup:
 
     @staticmethod
     def _delete(group: Group, store: "Store", keys: List[str]) -> None:
+        spare = sleep.spare_of(group)
+        if spare is not None:
+            conn = spare.borrow()
+            try:
+                for key in keys:
+                    (conn if conn is not None else group.store).delete_key(key)
+            except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
+                pass
+            finally:
+                if conn is not None:
+                    spare.give_back()
+            return
         clone = group.cleanup_store
         try:
             if clone is None:
