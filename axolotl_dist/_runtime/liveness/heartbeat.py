@@ -113,7 +113,7 @@ class _Heartbeat:
         self.store, self.raw = store, raw
         self.spare: Optional[bells.Spare] = bells.Spare()
         self.spare_raw: Any = None
-        #: when this thread opens its own connection: spread over the ranks (see _connect_at)
+        #: when this thread opens its own connection: spread over the ranks (_connect_delay)
         self.connect_at = time.monotonic() + _connect_delay(rank, world_size)
         self.interval = interval
         self.pg = default_pg()

@@ -68,8 +68,8 @@ def poll_until(
         :class:`~..store.sleep.Bell` asleep until ``ready()`` may have become true (then the wait
         stops polling: it only looks at the watched ranks), or None (not now: polls go on).
     :param point: where the wait is, for the deadlock judge (:mod:`.deadlock`).
-    :param fresh: the caller has just read what ``ready()`` reads, and it was not ready: the
-        first poll comes after the first pause.
+    :param fresh: the caller has just read what ``ready()`` reads, and it was not ready: no
+        check before the wait is set up (its inline polls come next).
     """
     try:
         if not fresh and ready():

@@ -220,7 +220,7 @@ class Block:
             poll_until(ready, watch=watch, timeout=timeout, what=self.what + doing,
                        me=self.rank, slow=self.check_pairing,
                        sleep=self._sleep if sleep else None, point=point,
-                       fresh=True)  # the words as this rank's own add found them
+                       fresh=True)  # the words as the read above found them
         mismatch, failed = self.words[0] & _MISMATCH_MASK, self.words[0] & FAILED_MASK
         if mismatch or (failed and not failed_ok):
             with store_errors(self.what):

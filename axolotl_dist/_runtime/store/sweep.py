@@ -89,29 +89,27 @@ class _Cleanup:
     @staticmethod
     def _delete(group: Group, store: "Store", keys: List[str]) -> None:
         spare = sleep.spare_of(group)
-        if spare is not None:
-            conn = spare.borrow()
-            try:
-                for key in keys:
-                    (conn if conn is not None else group.store).delete_key(key)
-            except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
-                pass
-            finally:
-                if conn is not None:
-                    spare.give_back()
-            return
-        clone = group.cleanup_store
+        lent = spare.borrow() if spare is not None else None
         try:
-            if clone is None:
-                try:
-                    clone = store.clone()
-                except Exception:  # noqa: BLE001 - stores without clone: the same connection
-                    clone = store
-                group.cleanup_store = clone
+            conn = lent or (group.store if spare is not None else _own_connection(group, store))
             for key in keys:
-                clone.delete_key(key)
+                conn.delete_key(key)
         except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
             pass
+        finally:
+            if lent is not None:
+                spare.give_back()  # type: ignore[union-attr]
+
+
+def _own_connection(group: Group, store: "Store") -> "Store":
+    """The cleanup's connection for a group without the heartbeat's to borrow: a clone of
+    ``store``, made once (``store`` itself where it has no ``clone``)."""
+    if group.cleanup_store is None:
+        try:
+            group.cleanup_store = store.clone()
+        except Exception:  # noqa: BLE001 - stores without clone: the same connection
+            group.cleanup_store = store
+    return group.cleanup_store
 
 
 #: Seconds between the awake thread's looks for work, and how long it stays awake without any.
