@@ -17,8 +17,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime.base import backends as _backends
-from ._runtime.store import access as _store
+from ._runtime.base import backends as _backends, tracebacks as _tracebacks
+from ._runtime.store import access as _store, attempts as _attempts
 from ._runtime.lifecycle import teardown as _teardown
 from ._runtime.protocols import shared_fs as _filesystem
 from ._runtime.protocols import recorder as _trace
@@ -203,6 +203,7 @@ def init_distributed(
         _join_existing(backend, shared_filesystem, trace_dir)
         return
 
+    _tracebacks.install()  # an error of the rendezvous shows the user's frame, not the kit's
     _check_backend_usable(backend)
     validate_env_vars()
     asked = backend
@@ -216,6 +217,9 @@ def init_distributed(
     if world_size > 1 and "store" not in kwargs:
         with _noted(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
             try:
+                if "init_method" not in kwargs and _attempts.outlives_attempts():
+                    kwargs.update(store=_attempt_store(rank, world_size, pg_timeout),
+                                  rank=rank, world_size=world_size)
                 dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
             except RuntimeError as exc:
                 if "EADDRINUSE" not in str(exc):
@@ -230,6 +234,16 @@ def init_distributed(
         dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
     _after_init(trace_dir)
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> Any:
+    """Under torch elastic's agent store (torchrun, ``axolotl-dist``, ``accelerate launch``):
+    this attempt's namespace of it, where the group bootstraps, so a restarted run never reads
+    what an earlier attempt wrote (docs/design.md, "Restarts")."""
+    addr, port = _env.env_master_addr(), _env.env_master_port()
+    if addr is None or port is None:  # the agent sets both; checked by _set_rendezvous
+        raise DistributedEnvError("MASTER_ADDR and MASTER_PORT must be set under torchrun")
+    return _attempts.attempt_store(addr, port, rank, world_size, timeout)
 
 
 def _join_existing(backend: Optional[str], shared_filesystem: Optional[bool],

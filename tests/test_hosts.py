@@ -252,24 +252,26 @@ def two_nodes(tmp_path):
 
 
 def _commands(launcher: str, nodes: Sequence[hosts.Node], port: int, script: str,
-              nproc: int = 2) -> List[List[str]]:
+              nproc: int = 2, options: Sequence[str] = ()) -> List[List[str]]:
     """Each node's launcher line: ``axolotl-dist`` with node 0's address as master, or torchrun
-    with the c10d rendezvous at node 0's address."""
+    with the c10d rendezvous at node 0's address; ``options`` go before the script."""
     py = sys.executable
     if launcher == "axolotl-dist":
         return [[py, "-m", "axolotl_dist.launch", "-n", str(nproc), "--nnodes", str(len(nodes)),
                  "--node-rank", str(i), "--master-addr", str(nodes[0].address), "--master-port",
-                 str(port), script] for i in range(len(nodes))]
+                 str(port), *options, script] for i in range(len(nodes))]
     return [[py, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)), "--node-rank",
              str(i), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-             f"{nodes[0].address}:{port}", script] for i in range(len(nodes))]
+             f"{nodes[0].address}:{port}", *options, script] for i in range(len(nodes))]
 
 
-def _launch(tmp_path, nodes, launcher: str, script: str, **env: str):
+def _launch(tmp_path, nodes, launcher: str, script: str, options: Sequence[str] = (),
+            **env: str):
     """Start ``script`` under ``launcher`` on every node: ``(port, [Launched])``."""
     port = free_port()
     environ = subprocess_env(tmp_path, NODE_DIR=str(tmp_path), **env)
-    return port, hosts.start_commands(nodes, _commands(launcher, nodes, port, script),
+    return port, hosts.start_commands(nodes, _commands(launcher, nodes, port, script,
+                                                       options=options),
                                       str(tmp_path), environ, cwd=str(tmp_path))
 
 
@@ -607,6 +609,36 @@ def test_a_failure_on_another_node_is_told_there_with_its_traceback(tmp_path, tw
         assert lines[-1] == f"[rank{rank}]: ValueError: {message}", both
         assert sum("Traceback (most recent call last)" in l for l in lines) == 1, both
     assert "its traceback is in rank 0's output" not in there, both
+
+
+@needs_network
+@pytest.mark.parametrize("launcher", ["torchrun"])
+def test_a_restart_across_two_nodes_starts_clean(tmp_path, two_nodes, launcher):
+    # --max-restarts 1 on 2 nodes x 2 ranks: in attempt 0 rank 3 raises in zero_first while
+    # rank 0 holds the block; every rank of both nodes then stops, both launchers restart
+    # their ranks, and attempt 1 (whichever restart count each node's agent gives it) runs
+    # the kit's calls across the nodes to the end, reading nothing attempt 0 left in the store
+    script = _launched_script(tmp_path, """
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        mark(f"attempt{attempt}")
+        with ad.zero_first():
+            if rank == 0:
+                time.sleep(0.5)
+            if rank == 3 and not os.path.exists(os.path.join(DIR, "failed")):
+                open(os.path.join(DIR, "failed"), "w").close()
+                raise ValueError("bad shard on node b")
+        total = ad.reduce_and_broadcast(lambda: rank + 1, sum)
+        value = ad.compute_and_broadcast(lambda: 42)
+        ad.barrier()
+        assert (total, value) == (10, 42), (total, value)
+        mark("end")
+    """)
+    _, launched = _launch(tmp_path, two_nodes, launcher, script, options=["--max-restarts", "1"])
+    _finish(two_nodes, launched)
+    both = "\n".join(l.describe() for l in launched)
+    assert [l.code for l in launched] == [0, 0], both
+    assert sorted(_marks(tmp_path, "end")) == [0, 1, 2, 3], both
+    assert "bad shard on node b" in both  # attempt 0 did fail
 
 
 @needs_network

@@ -5,4 +5,6 @@
 * :mod:`.access`: which store, who hosts it, what a lost store looks like, a worker thread.
 * :mod:`.sleep`: a long wait sleeps in one blocking ``store.wait`` instead of polling.
 * :mod:`.sweep`: deleting finished blocks' keys in the background.
+* :mod:`.attempts`: each attempt of a restarted run in its own namespace of a store that
+  outlives attempts.
 """

@@ -19,7 +19,8 @@ __all__ = [
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "whereabouts",
     "long_wait", "stuck", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
-    "is_rendezvous_port", "rendezvous_round", "DOCUMENTED",
+    "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
+    "attempt_joined", "attempt_prefix", "DOCUMENTED",
 ]
 
 # --- group keys --------------------------------------------------------------------------------
@@ -130,6 +131,33 @@ def stuck(run: str, rank: int) -> str:
     return f"axolotl_dist/{run}/stuck/{rank}"
 
 
+# --- attempts of a restarted run (root keys, in a store that outlives them) -------------------
+
+#: A counter: the attempts of this run that began, each numbered by rank 0's ``add``.
+ATTEMPTS = "axolotl_dist/attempt"
+
+
+def attempt_join(rank: int) -> str:
+    """The token global ``rank`` drew for the attempt it is starting (its newest)."""
+    return f"{ATTEMPTS}/join/{rank}"
+
+
+def attempt_answer(rank: int, token: str) -> str:
+    """Rank 0's answer to global ``rank``'s ``token``: the attempt's number."""
+    return f"{ATTEMPTS}/answer/{rank}/{token}"
+
+
+def attempt_joined(attempt: int, rank: int) -> str:
+    """Set when global ``rank`` took attempt ``attempt``'s number."""
+    return f"{ATTEMPTS}/{attempt}/joined/{rank}"
+
+
+def attempt_prefix(attempt: int) -> str:
+    """Where attempt ``attempt`` keeps everything else: torch's bootstrap of the group the kit
+    creates, and (under it) every group key of the kit."""
+    return f"{ATTEMPTS}/{attempt}"
+
+
 # --- torch's rendezvous keys, read by ``axolotl-dist where`` ------------------------------------
 
 #: A torch elastic rendezvous (torchrun's ``--rdzv-backend c10d``) leaves the ranks' own store's
@@ -172,4 +200,6 @@ DOCUMENTED = (
     exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]
     gone("<rank>"), block("zf", "<seq>"), shared_fs("<h>"), block("dn", "<seq>"),  # type: ignore[arg-type]
     debug_check("<seq>"), shared_map("<seq>"), clock("<rank>", "<i>", "<side>"),  # type: ignore[arg-type]
+    ATTEMPTS, attempt_join("<rank>"), attempt_answer("<rank>", "<token>"),  # type: ignore[arg-type]
+    attempt_joined("<a>", "<rank>"), attempt_prefix("<a>"),  # type: ignore[arg-type]
 )

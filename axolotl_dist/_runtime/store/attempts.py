@@ -1,0 +1,139 @@
+"""Each attempt of a restarted run in its own namespace of a store that outlives attempts.
+
+``torchrun --max-restarts N`` (and ``axolotl-dist``, ``accelerate launch``) stop every rank on a
+failure and start them again; the ranks of every attempt connect to the same c10d store, the
+launcher's agent's (``TORCHELASTIC_USE_AGENT_STORE=True``), which keeps what the previous
+attempt wrote: torch's own bootstrap of the process group (the dead attempt's gloo addresses)
+and the kit's records (its failures, blocks, heartbeats). An attempt that read them would fail
+with the last attempt's error, or connect to a dead rank.
+
+So the ranks of an attempt agree on its number first, and keep everything else under
+:func:`~.keys.attempt_prefix` of it. No environment variable names an attempt on every node
+alike (``TORCHELASTIC_RESTART_COUNT`` counts one node's restarts; a membership change restarts
+with the same count), so the number comes from the store, and a rank must tell a fresh answer
+from a stale one. The handshake (:func:`agree`):
+
+* rank 0 takes the next number, ``E = add(ATTEMPTS, 1)``: only the one live rank 0 counts, so
+  ``E`` is new;
+* every other rank draws a random token, writes it to :func:`~.keys.attempt_join` and waits
+  for :func:`~.keys.attempt_answer` of that token: a key nobody wrote before, so whatever it
+  holds is rank 0's answer for this attempt. It then marks itself in
+  :func:`~.keys.attempt_joined` of ``E``;
+* rank 0 reads the tokens and answers each one it has not answered yet, until every rank
+  marked itself under ``E``. A token it reads may be a dead attempt's: its answer is then
+  never read, and the rank's fresh token is answered at the next look.
+
+No call blocks in the store (a ``store.wait`` that times out makes torch print C++
+warnings): each side polls ``check`` at 1 ms growing by half to 50 ms. Cost: a rank above 0
+makes three calls and its polls until rank 0 answers; rank 0 one ``multi_get`` of the
+``W - 1`` tokens and one ``check`` of the ``W - 1`` marks per look until every rank joined,
+and a ``multi_set`` of the tokens it had not answered. The keys are tiny and stay (a few per
+rank per attempt).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Dict, List
+
+from ...errors import DistributedEnvError
+from ..base.constants import AGENT_STORE_ENV_VAR
+from . import keys
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import Store
+
+__all__ = ["outlives_attempts", "agree", "attempt_store"]
+
+#: Seconds between rank 0's looks at the tokens: the first, then growing by half to the last.
+_FIRST_LOOK, _LAST_LOOK = 0.001, 0.05
+
+
+def outlives_attempts() -> bool:
+    """Whether the ranks' store may hold an earlier attempt's keys: torch elastic's agent hosts
+    it (torchrun, ``axolotl-dist``, ``accelerate launch``) and keeps it across restarts. A store
+    hosted by rank 0 (bare env vars, ``srun``, ``mpirun``) dies with the attempt."""
+    return os.environ.get(AGENT_STORE_ENV_VAR) == "True"
+
+
+def agree(store: "Store", rank: int, world_size: int, timeout: timedelta) -> int:
+    """The number of the attempt this rank belongs to, the same on its ``world_size`` ranks
+    (see the module docstring); :class:`DistributedEnvError` if they do not all come within
+    ``timeout``."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank == 0:
+        return _lead(store, world_size, deadline)
+    return _join(store, rank, timeout, deadline)
+
+
+def _until(store: "Store", wanted: List[str], deadline: float) -> bool:
+    """Poll until every key of ``wanted`` exists (True) or ``deadline`` passes (False). Not
+    ``store.wait``: one that times out makes torch print C++ warnings."""
+    pause = _FIRST_LOOK
+    while not store.check(wanted):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(_LAST_LOOK, pause * 1.5)
+    return True
+
+
+def _lead(store: "Store", world_size: int, deadline: float) -> int:
+    attempt = int(store.add(keys.ATTEMPTS, 1))
+    tokens = [keys.attempt_join(r) for r in range(1, world_size)]
+    joined = [keys.attempt_joined(attempt, r) for r in range(1, world_size)]
+    if not _until(store, tokens, deadline):  # a rank's first token ever (the run's first attempt)
+        raise DistributedEnvError(_late(store, attempt, world_size))
+    answered: Dict[int, bytes] = {}
+    pause = _FIRST_LOOK
+    while True:
+        fresh = [(r, t) for r, t in enumerate(store.multi_get(tokens), 1) if answered.get(r) != t]
+        if fresh:
+            store.multi_set([keys.attempt_answer(r, t.decode()) for r, t in fresh],
+                            [str(attempt)] * len(fresh))
+            answered.update(fresh)
+        if store.check(joined):
+            return attempt
+        if time.monotonic() > deadline:
+            raise DistributedEnvError(_late(store, attempt, world_size))
+        time.sleep(pause)
+        pause = min(_LAST_LOOK, pause * 1.5)
+
+
+def _late(store: "Store", attempt: int, world_size: int) -> str:
+    """Rank 0's message when ranks did not take this attempt's number in time."""
+    missing = ", ".join(str(r) for r in range(1, world_size)
+                        if not store.check([keys.attempt_joined(attempt, r)]))
+    return (f"rank 0 began attempt {attempt} of this run in init_distributed, but rank(s) "
+            f"{missing or 'above 0'} did not join it in time: are they started, with the same "
+            "MASTER_ADDR, MASTER_PORT and WORLD_SIZE? (raise init_distributed(timeout=...) if "
+            "they start late)")
+
+
+def _join(store: "Store", rank: int, timeout: timedelta, deadline: float) -> int:
+    token = uuid.uuid4().hex
+    store.set(keys.attempt_join(rank), token)
+    answer = keys.attempt_answer(rank, token)
+    if not _until(store, [answer], deadline):
+        raise DistributedEnvError(
+            f"rank {rank} waited {timeout.total_seconds():.0f} s in init_distributed for rank 0 "
+            "to begin this attempt of the run: is rank 0 started, under the same launcher? "
+            "(raise init_distributed(timeout=...) if it starts late)")
+    attempt = int(store.get(answer))
+    store.set(keys.attempt_joined(attempt, rank), "")
+    return attempt
+
+
+def attempt_store(addr: str, port: int, rank: int, world_size: int,
+                  timeout: timedelta) -> "Store":
+    """A connection to the agent's store at ``addr:port`` under this attempt's prefix: where the
+    kit has :func:`torch.distributed.init_process_group` bootstrap the group, and so where the
+    kit's group keys live (under the group's own prefix)."""
+    import torch.distributed as dist
+
+    root = dist.TCPStore(addr, port, world_size, False, timeout)
+    attempt = agree(root, rank, world_size, timeout)
+    return dist.PrefixStore(keys.attempt_prefix(attempt), root)
