@@ -577,6 +577,11 @@ def test_version_and_help_say_what_the_cli_has():
     assert helped.returncode == 0, helped.stderr
     assert "axolotl-dist where [--master-addr A] [--master-port P]" in helped.stdout
     assert "axolotl-dist trace DIR" in helped.stdout
+    for option in ("-n NPROC_PER_NODE, --nproc-per-node NPROC_PER_NODE, --nproc_per_node",
+                   "--max-restarts", "--standalone", "--signals-to-handle", "--no-python",
+                   "--local-ranks-filter", "--tee", "--redirects", "--shutdown-timeout",
+                   "--grace-period", "--rdzv-timeout", "--no-fold", "--log-dir DIR"):
+        assert option in helped.stdout, option  # torchrun's options and the kit's
     for command in ("where", "trace"):
         sub = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", command, "--help"],
                              capture_output=True, text=True, env=env, timeout=60)

@@ -1,35 +1,45 @@
-"""``axolotl-dist``: run a training script on N local ranks (or N per node), a thin front over torchrun.
+"""``axolotl-dist``: run a training script on N local ranks (or N per node); torchrun's command
+line, with the kit's account of a run.
 
 Usage::
 
     axolotl-dist -n 2 train.py --lr 1e-4            # 2 ranks on this machine
     axolotl-dist -n 8 -m my_pkg.train               # a module instead of a script
     axolotl-dist -n 8 --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29500 train.py
+    axolotl-dist --nproc-per-node 4 --max-restarts 2 --rdzv-backend c10d \\
+        --rdzv-endpoint host0:29400 --rdzv-id job7 --nnodes 1:4 train.py   # any torchrun line
     python -m axolotl_dist.launch -n 2 train.py     # same as axolotl-dist
 
-Everything after the script (or module) goes to the script. The process manager is
-``torch.distributed`` elastic's (:class:`~torch.distributed.launcher.api.elastic_launch`, what
-``torchrun`` runs); this module chooses its configuration, completes the env contract and
-reports failures:
+Everything after the script (or module) goes to the script. Every torchrun option is taken,
+with torchrun's meaning and default: the parser is torch's own and the configuration comes
+from torch's ``config_from_args`` (:mod:`._options`; docs/launching.md, "Options", has the
+table and the few places the kit differs). The process manager is ``torch.distributed``
+elastic's (:class:`~torch.distributed.launcher.api.elastic_launch`, what ``torchrun`` runs);
+this module completes the env contract and reports what happened:
 
 * **Env contract** for every rank: ``RANK``, ``LOCAL_RANK``, ``NODE_RANK``, ``WORLD_SIZE``,
   ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (plus torchrun's own variables).
-* **Single node** (``--nnodes 1``, no ``--master-port``): torch's c10d rendezvous on
-  127.0.0.1 with port 0, so the OS picks a free port (no race); ranks get
+* **Single node** (``--nnodes 1``, no ``--master-port``, or ``--standalone``): torch's c10d
+  rendezvous on 127.0.0.1 with port 0, so the OS picks a free port (no race); ranks get
   ``MASTER_ADDR=127.0.0.1`` and gloo uses the loopback interface (``GLOO_SOCKET_IFNAME=lo``
   unless set). torch's TCPStore server itself listens on every interface: torch has no
-  option to bind it to one address. Multi-node: the static rendezvous at
-  ``--master-addr:--master-port`` hosted by node 0.
+  option to bind it to one address. Otherwise the rendezvous the options name (torchrun's
+  static one at ``--master-addr:--master-port`` by default).
 * **Failure**: when a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL
-  after a grace period (torch elastic signals each rank's whole process group). The launcher
-  prints which rank failed first, pointing to that rank's traceback above, and exits with its
-  exit code (128 + signal for a rank killed by a signal).
+  after the shutdown timeout (torch elastic signals each rank's whole process group). The
+  launcher prints which rank failed first, pointing to that rank's traceback above, and exits
+  with its exit code (128 + signal for a rank killed by a signal). With ``--max-restarts`` it
+  says when a restart begins (:mod:`._attempts`) and the report names the attempt; each
+  attempt's ranks record their ends in a directory of its own.
 * **Output**: with several local ranks, what they print alike is printed once with the ranks
   that printed it (``[ranks 0-3] ...``), other lines with their rank, tracebacks whole
   (:mod:`._output`, :mod:`._fold`); ``--log-dir DIR`` keeps each rank's every line;
-  ``--no-fold`` prints them as they come.
-* **Ctrl-C / SIGTERM** to the launcher: every rank gets the same signal, then SIGKILL after
-  ``--grace-period`` seconds; the launcher exits with 128 + signal.
+  ``--no-fold`` prints them as they come. A launcher on a terminal gives each rank a
+  pseudo-terminal per stream. ``--tee``/``--redirects`` leave the streams to torch.
+* **Signals** (``--signals-to-handle``, torchrun's SIGTERM, SIGINT, SIGHUP, SIGQUIT by
+  default): every rank gets the same signal, then SIGKILL after ``--shutdown-timeout`` /
+  ``--grace-period`` seconds; the launcher exits with 128 + signal. SIGUSR1, unless listed,
+  asks for the report of where every rank is (:mod:`._watch`).
 * **No process left behind**: on Linux the launcher is a child subreaper, so anything a rank
   started and left orphaned is re-parented to it and stopped when the ranks are done, and every
   rank dies with the launcher even if the launcher is SIGKILLed.
@@ -45,7 +55,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 from .._runtime.base import envvars as _envvars, procs as _procs
 from .._runtime.base.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
@@ -205,12 +215,11 @@ def _start_output(opts: _options.Options) -> Optional[Output]:
         return None
     output = Output(opts.nproc, args.fold and opts.nproc > 1, opts.kit_log_dir, opts.shown)
     os.environ[LAUNCHER_FOLDS_ENV_VAR] = output.address
-    if output.ttys:
-        os.environ[LAUNCHER_TTY_ENV_VAR] = output.ttys
+    os.environ[LAUNCHER_TTY_ENV_VAR] = output.ttys  # "" where neither stream is a terminal
     return output
 
 
-def _output_note(output: Optional[Output]):  # type: ignore[no-untyped-def]
+def _output_note(output: Optional[Output]) -> Optional[Callable[[int], str]]:
     """For the failure report: where a rank's own lines are (their mark, their file)."""
     if output is None:
         return None
@@ -251,7 +260,7 @@ def _stop_left_behind(tmp_dir: str) -> None:
     say which, but for the kit's own guards (their pids are files under each attempt's end
     directory)."""
     left = _sweep(_SWEEP_GRACE)
-    base, ours = os.path.join(tmp_dir, "ends"), set()
+    base, ours = os.path.join(tmp_dir, "ends"), set()  # type: Tuple[str, Set[str]]
     for attempt in attempts(base):
         guards = os.path.join(attempt_dir(base, attempt), GUARDS_DIR)
         ours.update(os.listdir(guards) if os.path.isdir(guards) else ())

@@ -13,7 +13,7 @@ that says so then, naming the rank that failed from the attempt's end records
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ._report import PROG, attempt_dir, read_ends
 
@@ -50,7 +50,7 @@ class Restarts:
         watcher = self
 
         class _Handler(_handler_base()):  # type: ignore[misc]
-            def emit(self, metric_data) -> None:  # type: ignore[no-untyped-def]
+            def emit(self, metric_data: Any) -> None:
                 watcher.emit(str(metric_data.name), int(metric_data.value))
 
         self._previous = getattr(api, "_metrics_map", {}).get(_GROUP)

@@ -24,7 +24,7 @@ import re
 import shutil
 import signal
 import uuid
-from typing import List, Optional, Set, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 from .._runtime.base import envvars as _envvars
 from .._runtime.base.constants import FOLD_ENV_VAR, LOG_DIR_ENV_VAR
@@ -51,7 +51,7 @@ _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 def _alias(parser: argparse.ArgumentParser, dest: str, flag: str, help: str) -> None:
     """Give torch's option ``dest`` one more spelling (``-n`` for ``--nproc-per-node``)."""
     action = next(a for a in parser._actions if a.dest == dest)
-    action.option_strings.insert(0, flag)
+    action.option_strings = [flag, *action.option_strings]
     parser._option_string_actions[flag] = action
     action.help = help
 
@@ -280,7 +280,7 @@ def _rendezvous(args: argparse.Namespace, opts: Options) -> argparse.Namespace:
     return args
 
 
-def launch_config(opts: Options, error_dir: str):  # type: ignore[no-untyped-def]
+def launch_config(opts: Options, error_dir: str) -> Any:
     """The :class:`~torch.distributed.launcher.api.LaunchConfig`, from torch's own
     ``config_from_args``; ``error_dir``: torch's log directory where the user gave none
     (its error files, which the launcher's report reads)."""

@@ -38,7 +38,7 @@ import threading
 import time
 import tty
 import uuid
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR, LAUNCHER_TTY_ENV_VAR
 from .._runtime.base.procs import flush_standard_streams
@@ -159,7 +159,7 @@ class _Conn:
         self.sock, self.head, self.rank, self.fd, self.local = sock, b"", -1, 0, -1
         self.master = -1
 
-    def fileobj(self):  # type: ignore[no-untyped-def]
+    def fileobj(self) -> Union[int, socket.socket]:
         """What the selector watches: the master once there is one, else the connection."""
         return self.master if self.master >= 0 else self.sock
 

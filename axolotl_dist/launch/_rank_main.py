@@ -13,8 +13,13 @@ launcher forwards Ctrl-C) exits with 130 without a traceback. Where the launcher
 ranks' output (folding it, keeping it in ``--log-dir``: :mod:`._output`), file descriptors 1
 and 2 become connections to it before anything else runs. Output is line-buffered (each
 line one write, so the ranks' lines never interleave mid-line). Every way the script ends is
-recorded (exit code and time) in ``AXOLOTL_DIST_END_DIR``, so the launcher can name the first
-rank that ended while the others still ran, even with exit code 0.
+recorded (exit code and time) in its attempt's own directory under ``AXOLOTL_DIST_END_DIR``
+(``<dir>/<TORCHELASTIC_RESTART_COUNT>``: the bootstrap points the variable there for the rest
+of the process, the kit's runtime included), so the launcher can name the first rank that
+ended while the others still ran, even with exit code 0, and a restarted run never reads the
+records of the attempt before. ``--exec`` (the launcher's ``--no-python``): after setting the
+rank up, the bootstrap ``exec``s the executable instead of running Python; its output, the
+parent-death signal and the guard stay, but nothing records how it ended.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ in C++, where Python's signal handlers do not run: Ctrl-C and SIGTERM would wait
 rendezvous timeout (15 minutes by default). Python's C-level handler still writes each signal
 to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it, so:
 
-* Ctrl-C / SIGTERM / SIGHUP before any rank started, or after this node's ranks ended (torch
+* a stop signal (``--signals-to-handle``: Ctrl-C, SIGTERM, SIGHUP, SIGQUIT by default) before
+  any rank started, or after this node's ranks ended (torch
   elastic's exit barrier): the launcher says so and exits with ``128 + signal`` within a
   second. A signal that finds ranks running is the main thread's: it is back in Python, stops
   them and says so; the watcher then says nothing (it used to, once the stopped ranks were
