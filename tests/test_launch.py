@@ -221,11 +221,27 @@ def test_finetune_example_through_launcher(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["-n", "0", "x.py"], "-n/--nproc-per-node must be an integer >= 1, got 0"),
-    (["-n", "two", "x.py"], "-n/--nproc-per-node must be an integer >= 1, got 'two'"),
+    (["-n", "two", "x.py"],
+     "-n/--nproc-per-node must be an integer >= 1 or one of auto, cpu, gpu, xpu, got 'two'"),
     (["-n", "1", "no/such/script.py"], "script 'no/such/script.py' not found"),
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", "x.py"],
      "--node-rank 2 must be smaller than --nnodes 2"),
-    (["--nnodes", "2", "x.py"], "--nnodes 2 needs --master-addr and a non-zero --master-port"),
+    (["--nnodes", "2", "--master-port", "0", "x.py"], "--nnodes 2 needs a non-zero --master-port"),
+    (["--nnodes", "3:2", "x.py"], "--nnodes 3:2: MIN must not be larger than MAX"),
+    (["--max-restarts", "-1", "x.py"], "--max-restarts must be an integer >= 0, got -1"),
+    (["--signals-to-handle", "SIGTERM,SIGNOPE", "x.py"],
+     "--signals-to-handle: 'SIGNOPE' is not a signal a process can handle"),
+    (["--signals-to-handle", "SIGKILL", "x.py"],
+     "--signals-to-handle: 'SIGKILL' is not a signal a process can handle"),
+    (["--tee", "4", "x.py"], "--tee must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both)"),
+    (["--redirects", "0:9", "x.py"], "--redirects must be 0-3"),
+    (["--local-ranks-filter", "a", "x.py"],
+     "--local-ranks-filter must be local ranks separated by commas, e.g. 0,1; got 'a'"),
+    (["--no-python", "-m", "x"], "--no-python and -m/--module cannot be used together"),
+    (["--no-python", "no-such-program-here"], "--no-python: executable 'no-such-program-here' "
+     "not found"),
+    (["--shutdown-timeout", "-1", "x.py"], "--shutdown-timeout must be >= 0 seconds, got -1"),
+    (["--monitor-interval", "0", "x.py"], "--monitor-interval must be > 0 seconds, got 0.0"),
     (["--master-port", "70000", "x.py"], "--master-port must be a TCP port in [0, 65535]"),
     (["--log-dir", "setup.cfg", "x.py"],
      "--log-dir 'setup.cfg' is a file, not a directory: pass a directory (created if missing)"),
@@ -561,6 +577,11 @@ def test_version_and_help_say_what_the_cli_has():
     assert helped.returncode == 0, helped.stderr
     assert "axolotl-dist where [--master-addr A] [--master-port P]" in helped.stdout
     assert "axolotl-dist trace DIR" in helped.stdout
+    for option in ("-n NPROC_PER_NODE, --nproc-per-node NPROC_PER_NODE, --nproc_per_node",
+                   "--max-restarts", "--standalone", "--signals-to-handle", "--no-python",
+                   "--local-ranks-filter", "--tee", "--redirects", "--shutdown-timeout",
+                   "--grace-period", "--rdzv-timeout", "--no-fold", "--log-dir DIR"):
+        assert option in helped.stdout, option  # torchrun's options and the kit's
     for command in ("where", "trace"):
         sub = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", command, "--help"],
                              capture_output=True, text=True, env=env, timeout=60)

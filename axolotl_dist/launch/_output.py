@@ -9,6 +9,15 @@ every connection, hands the bytes to :class:`._fold.Folder` and writes what it r
 launcher's own stdout and stderr (stderr stays stderr), and, with a log directory, each rank's
 every line, unfolded, to ``<dir>/rank<r>.log`` with its time and stream.
 
+Where the launcher's stdout or stderr is a terminal (``AXOLOTL_DIST_LAUNCHER_TTY`` says which,
+and its size), the rank makes that stream a pseudo-terminal instead (:func:`_pseudo_terminal`):
+the slave, in raw mode (no ``\n`` to ``\r\n``) and of the launcher's size, becomes the rank's
+fd, and the master goes to the launcher with the connection's header (``SCM_RIGHTS``); the
+launcher reads the master from then on. So a rank sees ``isatty()`` True and sizes its progress
+bars as under torchrun on a terminal, one pseudo-terminal per stream (stdout and stderr stay
+apart). ``--local-ranks-filter``: the lines of the other local ranks are kept in
+``--log-dir`` but not shown.
+
 Nothing waits on the launcher's screen: a rank blocks only while the launcher has not read
 what it wrote (the socket's buffer is full), and the thread reads at once. Should the thread
 fail, it goes on copying bytes unfolded: a rank must never block on a dead reader.
@@ -16,17 +25,22 @@ fail, it goes on copying bytes unfolded: a rank must never block on a dead reade
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import selectors
 import socket
+import struct
 import sys
 import tempfile
+import termios
 import threading
 import time
+import tty
 import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
-from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR
+from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR, LAUNCHER_TTY_ENV_VAR
 from .._runtime.base.procs import flush_standard_streams
 from ._fold import Folder
 
@@ -56,6 +70,41 @@ def _address() -> Tuple[str, object]:
     return path, path
 
 
+def tty_note() -> str:
+    """For ``AXOLOTL_DIST_LAUNCHER_TTY``: which of this process's stdout and stderr are
+    terminals and the size of the first (``"1,2:24x80"``); ``""`` where neither is."""
+    fds = [fd for fd in (1, 2) if _isatty(fd)]
+    if not fds:
+        return ""
+    rows, cols = 24, 80
+    try:
+        rows, cols = struct.unpack("HHHH", fcntl.ioctl(fds[0], termios.TIOCGWINSZ, bytes(8)))[:2]
+    except OSError:
+        pass
+    return f"{','.join(map(str, fds))}:{rows}x{cols}"
+
+
+def _tty_wanted() -> Tuple[Set[int], Tuple[int, int]]:
+    """The fds that get a pseudo-terminal and its ``(rows, cols)``, from the launcher's note."""
+    text = os.environ.get(LAUNCHER_TTY_ENV_VAR, "")
+    fds_text, _, size = text.partition(":")
+    try:
+        fds = {int(fd) for fd in fds_text.split(",") if fd.strip()}
+        rows, _, cols = size.partition("x")
+        return fds & {1, 2}, (int(rows or 24), int(cols or 80))
+    except ValueError:
+        return set(), (24, 80)
+
+
+def _pseudo_terminal(size: Tuple[int, int]) -> Tuple[int, int]:
+    """``(master, slave)``: a pseudo-terminal in raw mode (bytes pass as written: no
+    ``\n`` to ``\r\n``) of ``size`` rows and columns."""
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))
+    return master, slave
+
+
 def connect() -> bool:
     """In a rank started by ``axolotl-dist``: send this process's stdout and stderr to the
     launcher (see the module docstring). False where there is no launcher to send them to."""
@@ -64,29 +113,76 @@ def connect() -> bool:
         return False
     where = "\0" + text[1:] if text.startswith("@") else text
     rank = os.environ.get("RANK", "0").strip() or "0"
+    local = os.environ.get("LOCAL_RANK", "-1").strip() or "-1"
+    ttys, size = _tty_wanted()
     socks: List[socket.socket] = []
+    fds: Dict[int, int] = {}  # the rank's fd -> what goes in its place
     try:
         for fd in (1, 2):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             socks.append(sock)
             sock.connect(where)
-            sock.sendall(f"{int(rank)} {fd}\n".encode())
+            head = f"{int(rank)} {fd} {int(local)}\n".encode()
+            if fd in ttys:
+                master, slave = _pseudo_terminal(size)
+                try:
+                    socket.send_fds(sock, [head], [master])
+                finally:
+                    os.close(master)
+                fds[fd] = slave
+            else:
+                sock.sendall(head)
+                fds[fd] = sock.fileno()
     except (OSError, ValueError):  # no launcher listening: keep the inherited streams
         for sock in socks:
             sock.close()
+        for fd in ttys:
+            if fd in fds:
+                os.close(fds[fd])
         return False
     flush_standard_streams()
-    for fd, sock in zip((1, 2), socks):
-        os.dup2(sock.fileno(), fd)
+    for fd in (1, 2):
+        os.dup2(fds[fd], fd)
+        if fd in ttys:
+            os.close(fds[fd])
+    for sock in socks:
         sock.close()
     return True
 
 
 class _Conn:
-    __slots__ = ("sock", "head", "rank", "fd")
+    """One stream of one rank: its connection, then (a pseudo-terminal) its master."""
+
+    __slots__ = ("sock", "head", "rank", "fd", "local", "master")
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.head, self.rank, self.fd = sock, b"", -1, 0
+        self.sock, self.head, self.rank, self.fd, self.local = sock, b"", -1, 0, -1
+        self.master = -1
+
+    def fileobj(self) -> Union[int, socket.socket]:
+        """What the selector watches: the master once there is one, else the connection."""
+        return self.master if self.master >= 0 else self.sock
+
+    def recv(self) -> Tuple[bytes, List[int]]:
+        """What came, and the fds passed with it (only with the header). Raises
+        BlockingIOError where nothing did; b"" at the end (a master's EIO: the rank is gone)."""
+        if self.master >= 0:
+            try:
+                return os.read(self.master, _READ), []
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    return b"", []
+                raise
+        if self.rank < 0:
+            data, fds, _, _ = socket.recv_fds(self.sock, _READ, 2)
+            return data, list(fds)
+        return self.sock.recv(_READ), []
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.master >= 0:
+            os.close(self.master)
+            self.master = -1
 
 
 class _Log:
@@ -118,8 +214,15 @@ class Output:
     fold their lines (else pass them through as they come); ``log_dir``: where each rank's
     whole output goes (None: nowhere)."""
 
-    def __init__(self, local: int, fold: bool, log_dir: Optional[str]) -> None:
+    def __init__(self, local: int, fold: bool, log_dir: Optional[str],
+                 shown: Optional[Set[int]] = None) -> None:
         self.address, bind = _address()
+        #: ``--local-ranks-filter``: the local ranks whose lines are shown (None: all).
+        self.shown = shown
+        #: For the ranks (``AXOLOTL_DIST_LAUNCHER_TTY``): which streams are terminals.
+        self.ttys = tty_note()
+        self._notes: List[bytes] = []
+        self._notes_lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(bind)  # type: ignore[arg-type]
         self.server.listen(max(16, 2 * local))
@@ -128,7 +231,8 @@ class Output:
         if log_dir is not None:
             os.makedirs(log_dir, exist_ok=True)
         screens = _screens()
-        self.folder = Folder(local, {fd: _isatty(fd) for fd in (1, 2)}, fold=fold,
+        shown_count = local if shown is None else len(shown & set(range(local))) or 1
+        self.folder = Folder(shown_count, {fd: _isatty(fd) for fd in (1, 2)}, fold=fold,
                              screens=screens)
         self.logs: Dict[int, _Log] = {}
         self.selector = selectors.DefaultSelector()
@@ -164,6 +268,7 @@ class Output:
                 elif self._read(key.data, time.time()):
                     read = True
             now = time.monotonic()
+            self._say_notes()
             self._step(now)
             if read:
                 last_data = now
@@ -181,38 +286,62 @@ class Output:
         except (BlockingIOError, InterruptedError):
             return
 
-    def _read(self, conn: _Conn, wall: float) -> bool:
+    def _drop(self, conn: _Conn) -> None:
+        self.selector.unregister(conn.fileobj())
+        conn.close()
+
+    def _header(self, conn: _Conn, data: bytes, fds: List[int]) -> Optional[bytes]:
+        """Take the connection's header (``rank fd [local_rank]``, with a pseudo-terminal's
+        master where the rank made one); what came after it, None while it is incomplete."""
+        conn.head += data
+        if b"\n" not in conn.head:
+            for extra in fds:
+                os.close(extra)
+            if len(conn.head) > _HEADER_MAX:  # not one of our ranks
+                self._drop(conn)
+            return None
+        head, data = conn.head.split(b"\n", 1)
         try:
-            data = conn.sock.recv(_READ)
+            numbers = [int(x) for x in head.split()]
+            rank, fd = numbers[:2]
+        except ValueError:
+            numbers, rank, fd = [], -1, 0
+        if len(numbers) not in (2, 3) or len(fds) > 1:
+            for extra in fds:
+                os.close(extra)
+            self._drop(conn)
+            return None
+        conn.rank, conn.fd = rank, fd if fd in (1, 2) else 2
+        conn.local = numbers[2] if len(numbers) == 3 else -1
+        if fds:  # from now on the rank writes to the pseudo-terminal, not the connection
+            self.selector.unregister(conn.sock)
+            conn.master = fds[0]
+            os.set_blocking(conn.master, False)
+            self.selector.register(conn.master, selectors.EVENT_READ, conn)
+        return data
+
+    def _read(self, conn: _Conn, wall: float) -> bool:
+        fds: List[int] = []
+        try:
+            data, fds = conn.recv()
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
             data = b""
         if not data:
-            self.selector.unregister(conn.sock)
-            conn.sock.close()
-            if conn.rank >= 0:
+            self._drop(conn)
+            if conn.rank >= 0 and self._shows(conn):
                 self._guarded(lambda: self.folder.end(conn.rank, conn.fd, time.monotonic()))
             return False
         if conn.rank < 0:
-            conn.head += data
-            if b"\n" not in conn.head:
-                if len(conn.head) > _HEADER_MAX:  # not one of our ranks
-                    self.selector.unregister(conn.sock)
-                    conn.sock.close()
-                return False
-            head, data = conn.head.split(b"\n", 1)
-            try:
-                rank, fd = (int(x) for x in head.split())
-            except ValueError:
-                self.selector.unregister(conn.sock)
-                conn.sock.close()
-                return False
-            conn.rank, conn.fd = rank, fd if fd in (1, 2) else 2
-            if not data:
-                return True
+            rest = self._header(conn, data, fds)
+            if not rest:
+                return rest is not None
+            data = rest
         if self.log_dir is not None:
             self._log(conn.rank, conn.fd, data, wall)
+        if not self._shows(conn):
+            return True
         if self.broken:
             self.folder.out.append((conn.fd, data))
         else:
@@ -229,6 +358,19 @@ class Output:
             if data:
                 self.folder.out.append((fd, data))
 
+    def _shows(self, conn: _Conn) -> bool:
+        """Whether this stream's lines go to the screen (``--local-ranks-filter``)."""
+        return self.shown is None or conn.local in self.shown
+
+    def _say_notes(self) -> None:
+        """The launcher's own lines (:meth:`announce`): after everything the ranks printed."""
+        with self._notes_lock:
+            notes, self._notes = self._notes, []
+        if notes:
+            if not self.broken:
+                self._guarded(self.folder.flush)
+            self._write(self.folder.take() + [(2, note) for note in notes])
+
     def _step(self, now: float) -> None:
         if not self.broken:
             self._guarded(lambda: self.folder.tick(now))
@@ -243,8 +385,12 @@ class Output:
         stamp = self._stamp_of(time.time())
         for log in self.logs.values():
             log.close(stamp)
+        self._say_notes()
         for key in list(self.selector.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
+            if isinstance(key.data, _Conn):
+                key.data.close()
+            else:
+                key.fileobj.close()  # type: ignore[union-attr]
         self.selector.close()
 
     # --- writing -------------------------------------------------------------------------
@@ -282,6 +428,12 @@ class Output:
         log.write(fd, data, self._stamp_of(wall) + b"[rank %d] " % rank)
 
     # --- the launcher's side -------------------------------------------------------------
+
+    def announce(self, text: str) -> None:
+        """Print the launcher's line ``text`` on its stderr after what the ranks printed so
+        far (their held lines first)."""
+        with self._notes_lock:
+            self._notes.append(text.rstrip("\n").encode() + b"\n")
 
     def close(self) -> None:
         """Read what the ranks' processes left (they have ended), write everything held, close."""

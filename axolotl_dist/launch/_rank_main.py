@@ -13,8 +13,13 @@ launcher forwards Ctrl-C) exits with 130 without a traceback. Where the launcher
 ranks' output (folding it, keeping it in ``--log-dir``: :mod:`._output`), file descriptors 1
 and 2 become connections to it before anything else runs. Output is line-buffered (each
 line one write, so the ranks' lines never interleave mid-line). Every way the script ends is
-recorded (exit code and time) in ``AXOLOTL_DIST_END_DIR``, so the launcher can name the first
-rank that ended while the others still ran, even with exit code 0.
+recorded (exit code and time) in its attempt's own directory under ``AXOLOTL_DIST_END_DIR``
+(``<dir>/<TORCHELASTIC_RESTART_COUNT>``: the bootstrap points the variable there for the rest
+of the process, the kit's runtime included), so the launcher can name the first rank that
+ended while the others still ran, even with exit code 0, and a restarted run never reads the
+records of the attempt before. ``--exec`` (the launcher's ``--no-python``): after setting the
+rank up, the bootstrap ``exec``s the executable instead of running Python; its output, the
+parent-death signal and the guard stay, but nothing records how it ended.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
 from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
 from .._runtime.base.tracebacks import format_exception, install, safe_str
 from ._output import connect as _connect_output
-from ._report import GUARDS_DIR
+from ._report import GUARDS_DIR, RESTART_COUNT_ENV_VAR, attempt_dir
 
 __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUARDS_DIR", "main"]
 
@@ -92,6 +97,28 @@ def _note_guard(pid: int) -> None:
         open(os.path.join(directory, GUARDS_DIR, str(pid)), "w").close()
     except OSError:  # pragma: no cover - the launcher then reports it if it outlives the rank
         pass
+
+
+def _own_attempt_dir() -> None:
+    """Record this rank's end (and its guard, the store's note) in its attempt's own
+    directory under the launcher's (``--max-restarts``: a restarted attempt must not mix with
+    the records of the one before): ``AXOLOTL_DIST_END_DIR/<TORCHELASTIC_RESTART_COUNT>``."""
+    base, count = os.environ.get(END_DIR_ENV_VAR), os.environ.get(RESTART_COUNT_ENV_VAR, "0")
+    if base and count.strip().isdigit():
+        os.environ[END_DIR_ENV_VAR] = attempt_dir(base, int(count))
+
+
+def _exec(target: str, args: List[str]) -> None:
+    """``--no-python``: become the executable (the output, the parent-death signal and the
+    guard stay; nothing is left to record how it ends: the launcher reads its exit code)."""
+    from .._runtime.base.procs import flush_standard_streams
+
+    flush_standard_streams()
+    try:
+        os.execvp(target, [target, *args])
+    except OSError as exc:
+        print(f"axolotl-dist: cannot run {target!r}: {exc.strerror or exc}", file=sys.stderr)
+        os._exit(127)
 
 
 def _die_with_launcher() -> None:
@@ -199,20 +226,26 @@ def _run(target: str, module: bool) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``[-m] target args...``: run ``target`` as ``__main__`` with ``sys.argv = [target, *args]``."""
+    """``[-m | --exec] target args...``: run ``target`` as ``__main__`` with ``sys.argv =
+    [target, *args]`` (``--exec``: execute it, ``--no-python``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     module = bool(args) and args[0] == "-m"
-    if module:
+    execute = bool(args) and args[0] == "--exec"
+    if module or execute:
         args = args[1:]
     if not args:
-        raise SystemExit("usage: python -m axolotl_dist.launch._rank_main [-m] target [args...]")
+        raise SystemExit("usage: python -m axolotl_dist.launch._rank_main [-m | --exec] target "
+                         "[args...]")
     global _TO_LAUNCHER
+    _own_attempt_dir()
     if _connect_output():  # the launcher folds and keeps this rank's output (._output)
         _TO_LAUNCHER = _stream_id(sys.stderr)
     _line_buffered()
     _die_with_launcher()
     _start_guard()
     _set_node_env()
+    if execute:
+        _exec(args[0], args[1:])
     install()  # uncaught exceptions print the user's frames, not the kit's
     target = args[0]
     sys.argv = [target] + args[1:]

@@ -13,13 +13,15 @@ import signal
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["PROG", "GUARDS_DIR", "exit_code_of", "first_failure", "traceback_of", "read_ends",
-           "report_failures"]
+__all__ = ["PROG", "GUARDS_DIR", "RESTART_COUNT_ENV_VAR", "exit_code_of", "first_failure",
+           "traceback_of", "read_ends", "report_failures", "attempt_dir", "attempts", "latest_attempt"]
 
 PROG = "axolotl-dist"
 #: Under the end directory: one empty file per guard pid, so the launcher does not report its
 #: own helpers among the processes the ranks left behind (the ranks' bootstrap writes them).
 GUARDS_DIR = "guards"
+#: torch elastic's count of the restarts before a rank's attempt (0 on the first).
+RESTART_COUNT_ENV_VAR = "TORCHELASTIC_RESTART_COUNT"
 _NO_MESSAGE = "<NONE>"  # torch elastic's placeholder when a rank wrote no error file
 
 
@@ -88,6 +90,26 @@ def read_ends(directory: Optional[str]) -> Dict[int, dict]:
     return ends
 
 
+def attempt_dir(base: str, attempt: int) -> str:
+    """Where the ranks of attempt ``attempt`` (torch's restart count) record their ends, under
+    the launcher's end directory ``base``: each attempt its own, so a restarted run never
+    reads the records of the attempt before (``--max-restarts``)."""
+    return os.path.join(base, str(int(attempt)))
+
+
+def attempts(base: Optional[str]) -> List[int]:
+    """The attempts whose ranks have recorded anything under ``base``, in order."""
+    if not base or not os.path.isdir(base):
+        return []
+    return sorted(int(name) for name in os.listdir(base) if name.isdigit())
+
+
+def latest_attempt(base: str) -> str:
+    """The end directory of the latest attempt that started (the first one's before any)."""
+    found = attempts(base)
+    return attempt_dir(base, found[-1] if found else 0)
+
+
 def _ended_at(rank: int, failure, ends: Dict[int, dict]) -> float:
     """When a failed rank ended: its own record, its error file, else the whole second torch
     saw it fail (rounded up: a signal death leaves no finer time)."""
@@ -145,7 +167,7 @@ def _shown_above(failure) -> bool:
 
 def _early_lines(early: Optional[Tuple[int, dict]], failures: Dict[int, object],
                  ends: Dict[int, dict], nodes: int, world_size: Optional[int],
-                 local: Optional[Sequence[int]]) -> List[str]:
+                 local: Optional[Sequence[int]], attempt: str = "") -> List[str]:
     """The line naming the rank that exited with code 0 while others ran ([] if none did)."""
     if early is None:
         return []
@@ -157,7 +179,7 @@ def _early_lines(early: Optional[Tuple[int, dict]], failures: Dict[int, object],
     running = [r for r in ranks
                if r != quitter and (r not in ends or ends[r]["time"] > data["time"])]
     here = " on this node" if nodes > 1 else ""
-    return [f"{PROG}: rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
+    return [f"{PROG}: {attempt}rank {quitter} (pid {data.get('pid', '?')}) exited with code 0 while "
             f"rank(s) {running}{here} were still running; the others needed it (a rank "
             "that returns or calls sys.exit early leaves its peers waiting in "
             "collectives)"]
@@ -200,17 +222,18 @@ def _closing_lines(rank: int, failures: Dict[int, object], tb: Optional[str],
 def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                     ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
                     local: Optional[Sequence[int]] = None,
-                    output: Optional[Callable[[int], str]] = None) -> int:
+                    output: Optional[Callable[[int], str]] = None, attempt: str = "") -> int:
     """Print the launcher's account of a failed run to stderr and return its exit code:
     the rank that ended first while others ran (``ends``: how each rank's script ended), the
     rank that failed first (its traceback only where its output did not show it), and the
     ranks stopped after it. ``local``: the global ranks this launcher started; with several
     nodes, only those are said to be running (the other nodes' ranks are their launchers' to
     report). ``output``: where a rank's own lines are, when the launcher took them
-    (:mod:`._output`)."""
+    (:mod:`._output`). ``attempt``: which attempt failed (``"attempt 2 of 2: "``), with
+    ``--max-restarts``."""
     ends = ends or {}
     early = _early_exit(failures, ends)
-    lines = _early_lines(early, failures, ends, nodes, world_size, local)
+    lines = _early_lines(early, failures, ends, nodes, world_size, local, attempt)
     if early is not None and early[0] in failures:  # stopped by us after its script ended
         failures = {r: f for r, f in failures.items() if r != early[0]}
     rank, failure = first_failure(failures)
@@ -221,7 +244,8 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     if above:  # its own output, above, holds the traceback: no second copy
         how += "; its traceback is above" + (f" ({output(rank)})" if output else "")
     if early is None:
-        lines.append(f"{PROG}: rank {rank} ({where}, pid {failure.pid}) failed first: it {how}")
+        lines.append(f"{PROG}: {attempt}rank {rank} ({where}, pid {failure.pid}) failed first: "
+                     f"it {how}")
     else:
         lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
     lines += _closing_lines(rank, failures, tb if not above else None, code)

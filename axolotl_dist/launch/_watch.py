@@ -5,7 +5,8 @@ in C++, where Python's signal handlers do not run: Ctrl-C and SIGTERM would wait
 rendezvous timeout (15 minutes by default). Python's C-level handler still writes each signal
 to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it, so:
 
-* Ctrl-C / SIGTERM / SIGHUP before any rank started, or after this node's ranks ended (torch
+* a stop signal (``--signals-to-handle``: Ctrl-C, SIGTERM, SIGHUP, SIGQUIT by default) before
+  any rank started, or after this node's ranks ended (torch
   elastic's exit barrier): the launcher says so and exits with ``128 + signal`` within a
   second. A signal that finds ranks running is the main thread's: it is back in Python, stops
   them and says so; the watcher then says nothing (it used to, once the stopped ranks were
@@ -13,7 +14,8 @@ to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it
 * the run's entry in this host's run directory (:mod:`.runs`), for ``axolotl-dist where``:
   recorded once the first local rank has noted the store's address, removed at the end;
 * ``SIGUSR1``: a report of where every rank is (:mod:`.where`), printed to the launcher's
-  stderr; the run goes on;
+  stderr; the run goes on. Not where the user lists SIGUSR1 in ``--signals-to-handle``: it is
+  then theirs, forwarded to the ranks as torchrun does (``axolotl-dist where`` still reports);
 * while no rank has started on a multi-node run, a note every ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
   seconds (default 30) says what the launcher waits for.
 """
@@ -33,12 +35,14 @@ from .._runtime.base import procs
 from .._runtime.liveness import runs, whereabouts as where
 from .._runtime.base.constants import WAIT_LOG_INTERVAL_ENV_VAR
 from .._runtime.base.envvars import kit_seconds
-from ._report import GUARDS_DIR, read_ends
+from ._report import GUARDS_DIR, latest_attempt, read_ends
 
 __all__ = ["Watcher", "STOP_SIGNALS"]
 
-#: The signals that stop the launcher.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signals that stop the launcher by default (torchrun's ``--signals-to-handle``).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+#: The signal that asks for the report of where every rank is, unless the user's.
+REPORT_SIGNAL = signal.SIGUSR1
 #: Seconds the main thread gets to take a stop signal itself before the watcher ends the
 #: process (it can when it is in Python; in the rendezvous it is not).
 _TAKE_OVER_AFTER = 1.0
@@ -51,12 +55,18 @@ def _say(prog: str, text: str) -> None:
 class Watcher:
     """See the module docstring. ``waiting_for`` says what the launcher waits for while no
     rank has started (None on a single node: nothing to wait for); ``note_dir`` is where this
-    node's first local rank leaves the store's address (:func:`axolotl_dist._runtime.liveness.runs.note_address`);
-    ``script`` and ``world`` describe the run in its entry in the run directory."""
+    node's first local rank leaves the store's address (:func:`axolotl_dist._runtime.liveness.runs.note_address`),
+    in the sub-directory of the latest attempt (:func:`._report.latest_attempt`);
+    ``script`` and ``world`` describe the run in its entry in the run directory;
+    ``stop_signals``: the signals that stop the run (``--signals-to-handle``); ``report``: take
+    SIGUSR1 for the report of where every rank is (False where the user's list has it)."""
 
-    def __init__(self, prog: str, note_dir: str, waiting_for: Optional[Callable[[], str]],
-                 script: str = "?", world: int = 0) -> None:
-        self.prog, self.note_dir, self.waiting_for = prog, note_dir, waiting_for
+    def __init__(self, prog: str, end_dir: str, waiting_for: Optional[Callable[[], str]],
+                 script: str = "?", world: int = 0, stop_signals: Tuple[int, ...] = STOP_SIGNALS,
+                 report: bool = True) -> None:
+        self.prog, self.end_dir, self.waiting_for = prog, end_dir, waiting_for
+        self.stop_signals = tuple(int(s) for s in stop_signals)
+        self.report = report and int(REPORT_SIGNAL) not in self.stop_signals
         self.script, self.world = script, world
         self._entry: Optional[str] = None  # the run's entry in the run directory, once noted
         self._claim = threading.Lock()
@@ -65,7 +75,8 @@ class Watcher:
         os.set_blocking(write, False)
         self._write = write
         self._old = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the watcher answers it
+        if self.report:
+            signal.signal(REPORT_SIGNAL, lambda signum, frame: None)  # the watcher answers it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="axolotl-dist-launcher-watch",
                                         daemon=True)
@@ -88,6 +99,11 @@ class Watcher:
         with self._claim:
             first, self._claimed = not self._claimed, True
             return first
+
+    @property
+    def note_dir(self) -> str:
+        """The latest attempt's end directory (where its ranks record their ends)."""
+        return latest_attempt(self.end_dir)
 
     def _record(self) -> None:
         """Once this node's first local rank noted the store's address, record the run."""
@@ -152,9 +168,9 @@ class Watcher:
         first stop signal, its monotonic (``now``) and wall time, and whether ranks were
         running then (the main thread stops them)."""
         for signum in data:
-            if signum == signal.SIGUSR1:
+            if signum == REPORT_SIGNAL and self.report:
                 self._report()
-            elif signum in STOP_SIGNALS and not stop[0]:
+            elif signum in self.stop_signals and not stop[0]:
                 stop = (signum, now, time.time(), self._started())
         return stop
 

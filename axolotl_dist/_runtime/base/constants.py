@@ -32,6 +32,7 @@ __all__ = [
     "FOLD_ENV_VAR",
     "LOG_DIR_ENV_VAR",
     "LAUNCHER_FOLDS_ENV_VAR",
+    "LAUNCHER_TTY_ENV_VAR",
     "LAUNCHER_PID_ENV_VAR",
     "END_DIR_ENV_VAR",
     "TRACE_ENV_VAR",
@@ -95,6 +96,10 @@ LOG_DIR_ENV_VAR = "AXOLOTL_DIST_LOG_DIR"
 #: Set by ``axolotl-dist`` for its ranks while it takes their output (folded, or kept with
 #: ``--log-dir``): the address of its socket; the ranks then leave their warnings to it.
 LAUNCHER_FOLDS_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_FOLDS"
+#: Set by ``axolotl-dist`` with the above where its own stdout or stderr is a terminal: which
+#: (``1``, ``2``, ``1,2``) and its size (``1,2:24x80``); each rank's stream then is a
+#: pseudo-terminal of that size.
+LAUNCHER_TTY_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_TTY"
 #: A directory: every rank records its kit calls there for the timeline (off when unset).
 TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
 #: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default

@@ -167,6 +167,7 @@ KIT_VARS: Dict[str, KitVar] = {
                            "lines that several ranks print alike"),
     c.LOG_DIR_ENV_VAR: KitVar("path", None, ""),
     c.LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
+    c.LAUNCHER_TTY_ENV_VAR: KitVar("launcher", None, ""),
     c.TRACE_ENV_VAR: KitVar("path", None, ""),
     c.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
     c.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
