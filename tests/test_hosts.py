@@ -612,7 +612,7 @@ def test_a_failure_on_another_node_is_told_there_with_its_traceback(tmp_path, tw
 
 
 @needs_network
-@pytest.mark.parametrize("launcher", ["torchrun"])
+@pytest.mark.parametrize("launcher", ["axolotl-dist", "torchrun"])
 def test_a_restart_across_two_nodes_starts_clean(tmp_path, two_nodes, launcher):
     # --max-restarts 1 on 2 nodes x 2 ranks: in attempt 0 rank 3 raises in zero_first while
     # rank 0 holds the block; every rank of both nodes then stops, both launchers restart

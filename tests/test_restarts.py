@@ -82,13 +82,22 @@ def _check_attempt(directory: Path, ranks: int, out: str, attempt: int = 1) -> N
     assert results[0]["ranks"] == list(range(ranks)) and results[1]["ranks"] is None
 
 
+def _launcher(name: str, *args: str) -> List[str]:
+    """A launcher's command line: torchrun, or ``axolotl-dist`` with the same options."""
+    if name == "torchrun":
+        return _torchrun(*args)
+    return [sys.executable, "-m", "axolotl_dist.launch", *args]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "axolotl-dist"])
 @pytest.mark.parametrize("failure", sorted(FAILURES))
-def test_attempt_1_runs_clean_after_attempt_0_failed(tmp_path: Path, failure: str) -> None:
+def test_attempt_1_runs_clean_after_attempt_0_failed(tmp_path: Path, failure: str,
+                                                     launcher: str) -> None:
     ranks, fail = FAILURES[failure]
     (tmp_path / "job.py").write_text(HEAD + fail + AFTER)
-    code, out, err = run(_torchrun("--standalone", "--max-restarts", "1", "--nproc-per-node",
-                                   str(ranks), "job.py"), subprocess_env(tmp_path), 180,
-                         cwd=tmp_path)
+    code, out, err = run(_launcher(launcher, "--standalone", "--max-restarts", "1",
+                                   "--nproc-per-node", str(ranks), "job.py"),
+                         subprocess_env(tmp_path), 180, cwd=tmp_path)
     assert code == 0, err[-4000:]
     _check_attempt(tmp_path, ranks, err[-4000:])
 
