@@ -22,6 +22,9 @@ registers an ``atexit`` hook that, before finalization:
    ``AXOLOTL_DIST_STORE_LINGER`` seconds: peers read the real cause of a failure, and their
    own exits find a live store (a store call to a host that ended makes torch print a C++
    trace);
+3b. under a torch elastic agent (``torchrun``, ``accelerate launch``), a rank ending on another
+   rank's failure (``RankFailedError``) waits, last, until the agent stops it: the agent names
+   the first process it saw end as the summary's root cause (:func:`_await_agent_stop`);
 4. if a group is still referenced elsewhere (a ``DistributedDataParallel`` module, a mesh), so
    its threads could not be joined, gives them a moment with the GIL released to finish;
 5. a process ending on Ctrl-C with a collective left pending (its group kept: see
@@ -68,6 +71,8 @@ _DRAIN = 0.05
 _CLEANUP_FLUSH = 0.5
 #: Seconds an exit waits for the store to take this rank's exit record.
 _STORE_CALLS = 3.0
+#: Seconds between a relaying rank's looks for its agent's SIGTERM (:func:`_await_agent_stop`).
+_AGENT_LOOK = 0.02
 
 
 def keep_abandoned() -> List[Any]:
@@ -262,6 +267,8 @@ def teardown(exc: Optional[BaseException] = None) -> None:
         _last_store_calls(record, hosts, rank, world_size, exc)
     del server
     _await_groups_released(groups)
+    if not hosts and isinstance(exc, RankFailedError) and under_elastic_agent():
+        _await_agent_stop(exc, world_size)
 
 
 def _last_store_calls(record: Tuple[Any, int, bool], hosts: bool, rank: int, world_size: int,
@@ -277,6 +284,49 @@ def _last_store_calls(record: Tuple[Any, int, bool], hosts: bool, rank: int, wor
     store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
     if hosts:
         records.await_peers_exit(record[0], rank, world_size, failed=record[2])
+
+
+def under_elastic_agent() -> bool:
+    """Whether a torch elastic agent (``torchrun``, ``accelerate launch``) started this
+    process and watches it: it stops every worker once one has failed, and names the failure
+    it saw first as the root cause. ``axolotl-dist`` sets the agent's variables for its
+    ranks but keeps its own account (``launch/_report.py``)."""
+    env = os.environ
+    return bool(env.get("TORCHELASTIC_RUN_ID")) and not env.get(procs.LAUNCHER_PID_ENV_VAR)
+
+
+def _agent_stop_bound(world_size: int) -> float:
+    """Seconds a relaying rank waits at most for its agent to stop it: the failing rank's own
+    exit (its wait for readers, its last store calls, the store host's linger) and a margin."""
+    return records.failed_exit_grace(world_size) + _STORE_CALLS + records.linger_timeout()
+
+
+def _await_agent_stop(exc: RankFailedError, world_size: int) -> None:
+    """Step 3b, under a torch elastic agent, for a rank ending on another rank's failure
+    (``exc``): do not end this process before the rank that failed has ended its own.
+
+    The agent polls its workers, takes the failures it finds in one poll (in local-rank order,
+    each stamped with the second it was seen: torch's ``ProcessFailure``), stops the rest with
+    SIGTERM and names the failure with the smallest stamp, the first found on a tie, as the
+    summary's "Root Cause". A relaying rank that ended first, or in the same poll as a lower
+    failing rank, would be named and the failing rank listed as SIGTERMed. So this rank waits
+    until the agent stops it (it does once the failing rank's process is gone), then ends as
+    it would have (exit status 1): the SIGTERM only ends the wait. Not when the failing rank
+    is known to run on another machine (this machine's agent would not see it end), and at
+    most :func:`_agent_stop_bound` seconds. Never raises."""
+    if exc.machine is not None and exc.machine != procs.MACHINE:
+        return
+    stopped: List[bool] = []
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(True))
+    except (ValueError, OSError):  # not the main thread: cannot wait for the signal
+        return
+    try:
+        deadline = time.monotonic() + _agent_stop_bound(world_size)
+        while not stopped and time.monotonic() < deadline:
+            time.sleep(_AGENT_LOOK)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _await_groups_released(groups: List[Any]) -> None:
