@@ -29,7 +29,7 @@ this module completes the env contract and reports what happened:
   after the shutdown timeout (torch elastic signals each rank's whole process group). The
   launcher prints which rank failed first, pointing to that rank's traceback above, and exits
   with its exit code (128 + signal for a rank killed by a signal). With ``--max-restarts`` it
-  says when a restart begins (:mod:`._attempts`) and the report names the attempt; each
+  says when a restart begins (:mod:`._restarts`) and the report names the attempt; each
   attempt's ranks record their ends in a directory of its own.
 * **Output**: with several local ranks, what they print alike is printed once with the ranks
   that printed it (``[ranks 0-3] ...``), other lines with their rank, tracebacks whole
@@ -61,7 +61,7 @@ from .._runtime.base import envvars as _envvars, procs as _procs
 from .._runtime.base.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
                                        LAUNCHER_TTY_ENV_VAR, TRACE_ENV_VAR)
 from . import _options
-from ._attempts import Restarts
+from ._restarts import Restarts
 from ._report import (GUARDS_DIR, PROG, attempt_dir, attempts, exit_code_of, first_failure,
                       read_ends, report_failures, traceback_of)
 from ._output import Output, log_name
