@@ -5,6 +5,7 @@ Run it from the repository root (it runs this checkout's ``axolotl_dist``)::
 
     python benchmarks/restarts.py                 # 5 runs of each form
     python benchmarks/restarts.py --runs 20 --timeout 90
+    python benchmarks/restarts.py --forms sigkill,helper
 
 Three ways attempt 0 fails (2 ranks, or 3 for the last), each written twice: with the kit
 (``init_distributed()``, ``zero_first``, ``compute_and_broadcast``, ``barrier``) and with plain
@@ -28,7 +29,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from axolotl_dist.testing import kill_tree  # noqa: E402 - this checkout's kit
 
 _KIT = """\
 import os, signal
@@ -109,16 +112,18 @@ def _one(kind: str, form: str, timeout: float) -> Tuple[str, float, str]:
         env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
         ranks = _RANKS[form]
         start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts",
-             "1", "--nproc-per-node", str(ranks), "job.py"], cwd=directory, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return "hung", time.monotonic() - start, f"killed after {timeout:.0f} s"
+        with open(directory / "out.txt", "w") as log:  # a file: orphaned ranks hold no pipe
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts",
+                 "1", "--nproc-per-node", str(ranks), "job.py"], cwd=directory, env=env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)  # torchrun and its ranks (each in a session of its own)
+                proc.wait()
+                return "hung", time.monotonic() - start, f"killed after {timeout:.0f} s"
+        out = (directory / "out.txt").read_text(errors="replace")
         seconds = time.monotonic() - start
         done = all((directory / f"done{r}").exists() for r in range(ranks))
         if proc.returncode == 0 and done:
@@ -142,10 +147,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=90.0)
+    parser.add_argument("--forms", default=",".join(_KIT_FAIL),
+                        help="comma-separated: " + ", ".join(_KIT_FAIL))
     args = parser.parse_args()
     print(f"{'form':<9}{'with':<7}{'finished':>9}{'failed':>8}{'hung':>6}{'median s':>10}  "
           "attempt 1's error (plain)")
-    for form in _KIT_FAIL:
+    for form in args.forms.split(","):
         for kind in ("kit", "plain"):
             counts: Dict[str, int] = {"finished": 0, "failed": 0, "hung": 0}
             times: List[float] = []
