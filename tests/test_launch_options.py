@@ -195,6 +195,8 @@ def _in_terminal(cmd: List[str], env: Dict[str, str], cwd: Path, timeout: float)
     import struct
     import termios
 
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}  # the size is the
+    # terminal's here (a CI runner may export 80x24, which get_terminal_size would prefer)
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env,
