@@ -217,7 +217,7 @@ def init_distributed(
     if world_size > 1 and "store" not in kwargs:
         with _noted(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
             try:
-                if "init_method" not in kwargs and _attempts.outlives_attempts():
+                if "init_method" not in kwargs and _store.agent_hosts_store():
                     kwargs.update(store=_attempt_store(rank, world_size, pg_timeout),
                                   rank=rank, world_size=world_size)
                 dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
@@ -342,7 +342,7 @@ def _init_wait_message(rank: int, world_size: int, init_method: Optional[str]):
     """What a rank waiting in the rendezvous says at each wait interval."""
     address = init_method or (f"{os.environ.get(_env.MASTER_ADDR_ENV_VAR)}:"
                               f"{os.environ.get(_env.MASTER_PORT_ENV_VAR)}")
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    agent = _store.agent_hosts_store()
     host = "the launcher's agent (torchrun, axolotl-dist, accelerate launch)" if agent else "rank 0"
     if rank == 0 and not agent:
         ask = (f"the other {world_size - 1} rank(s) have not all joined: are they started, with "

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "group_store",
     "world_store",
+    "agent_hosts_store",
     "store_host",
     "hosts_store",
     "store_address",
@@ -48,6 +49,13 @@ def world_store() -> "Store":
     return group_store(None)
 
 
+def agent_hosts_store() -> bool:
+    """Whether the launcher's agent hosts the store (torchrun, ``axolotl-dist``, ``accelerate
+    launch`` set ``TORCHELASTIC_USE_AGENT_STORE=True``): it outlives every rank, and every
+    attempt of a restarted run (:mod:`.attempts`)."""
+    return os.environ.get(AGENT_STORE_ENV_VAR) == "True"
+
+
 def store_host() -> Optional[int]:
     """The global rank whose process hosts the world store, or None if it lives elsewhere.
 
@@ -55,7 +63,7 @@ def store_host() -> Optional[int]:
     launcher's agent hosts it (torchrun, ``axolotl-dist``, ``accelerate launch`` set
     ``TORCHELASTIC_USE_AGENT_STORE=True``); a file or in-memory store has no host process.
     """
-    if os.environ.get(AGENT_STORE_ENV_VAR) == "True":
+    if agent_hosts_store():
         return None
     try:
         store = world_store()

@@ -7,8 +7,9 @@ attempt wrote: torch's own bootstrap of the process group (the dead attempt's gl
 and the kit's records (its failures, blocks, heartbeats). An attempt that read them would fail
 with the last attempt's error, or connect to a dead rank.
 
-So the ranks of an attempt agree on its number first, and keep everything else under
-:func:`~.keys.attempt_prefix` of it. No environment variable names an attempt on every node
+Where the agent hosts the store (:func:`.access.agent_hosts_store`; a store hosted by rank 0,
+under bare env vars, ``srun`` or ``mpirun``, dies with the attempt), the ranks of an attempt
+agree on its number first, and keep everything else under :func:`~.keys.attempt_prefix` of it. No environment variable names an attempt on every node
 alike (``TORCHELASTIC_RESTART_COUNT`` counts one node's restarts; a membership change restarts
 with the same count), so the number comes from the store, and a rank must tell a fresh answer
 from a stale one. The handshake (:func:`agree`):
@@ -33,30 +34,21 @@ rank per attempt).
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, Iterator, List
 
 from ...errors import DistributedEnvError
-from ..base.constants import AGENT_STORE_ENV_VAR
 from . import keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["outlives_attempts", "agree", "attempt_store"]
+__all__ = ["agree", "attempt_store"]
 
 #: Seconds between rank 0's looks at the tokens: the first, then growing by half to the last.
 _FIRST_LOOK, _LAST_LOOK = 0.001, 0.05
-
-
-def outlives_attempts() -> bool:
-    """Whether the ranks' store may hold an earlier attempt's keys: torch elastic's agent hosts
-    it (torchrun, ``axolotl-dist``, ``accelerate launch``) and keeps it across restarts. A store
-    hosted by rank 0 (bare env vars, ``srun``, ``mpirun``) dies with the attempt."""
-    return os.environ.get(AGENT_STORE_ENV_VAR) == "True"
 
 
 def agree(store: "Store", rank: int, world_size: int, timeout: timedelta) -> int:
@@ -69,15 +61,22 @@ def agree(store: "Store", rank: int, world_size: int, timeout: timedelta) -> int
     return _join(store, rank, timeout, deadline)
 
 
+def _pauses() -> Iterator[float]:
+    """The pauses between looks: :data:`_FIRST_LOOK`, growing by half, then :data:`_LAST_LOOK`."""
+    pause = _FIRST_LOOK
+    while True:
+        yield pause
+        pause = min(_LAST_LOOK, pause * 1.5)
+
+
 def _until(store: "Store", wanted: List[str], deadline: float) -> bool:
     """Poll until every key of ``wanted`` exists (True) or ``deadline`` passes (False). Not
     ``store.wait``: one that times out makes torch print C++ warnings."""
-    pause = _FIRST_LOOK
+    pauses = _pauses()
     while not store.check(wanted):
         if time.monotonic() > deadline:
             return False
-        time.sleep(pause)
-        pause = min(_LAST_LOOK, pause * 1.5)
+        time.sleep(next(pauses))
     return True
 
 
@@ -88,7 +87,7 @@ def _lead(store: "Store", world_size: int, deadline: float) -> int:
     if not _until(store, tokens, deadline):  # a rank's first token ever (the run's first attempt)
         raise DistributedEnvError(_late(store, attempt, world_size))
     answered: Dict[int, bytes] = {}
-    pause = _FIRST_LOOK
+    pauses = _pauses()
     while True:
         fresh = [(r, t) for r, t in enumerate(store.multi_get(tokens), 1) if answered.get(r) != t]
         if fresh:
@@ -99,8 +98,7 @@ def _lead(store: "Store", world_size: int, deadline: float) -> int:
             return attempt
         if time.monotonic() > deadline:
             raise DistributedEnvError(_late(store, attempt, world_size))
-        time.sleep(pause)
-        pause = min(_LAST_LOOK, pause * 1.5)
+        time.sleep(next(pauses))
 
 
 def _late(store: "Store", attempt: int, world_size: int) -> str:
