@@ -129,7 +129,8 @@ def all_reduce(
 
 
 _MAX_NDIM = 12
-_DTYPES: List[torch.dtype] = [
+#: The dtypes the kit's gathers send (their index is the code on the wire).
+DTYPES: List[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
 ] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
@@ -149,10 +150,10 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
         return [tensor]
     if tensor.dim() > _MAX_NDIM:
         raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
-    if tensor.dtype not in _DTYPES:
+    if tensor.dtype not in DTYPES:
         raise ValueError(f"all_gather does not support dtype {tensor.dtype}")
     ws, device = g.size, g.device
-    meta = [_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
+    meta = [DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))
     metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
     if _STATE.trace is not None:
@@ -163,7 +164,7 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
     for r, m in enumerate(metas):
         if m[0] != meta[0]:
             raise ValueError(
-                f"all_gather: group rank {r} sent dtype {_DTYPES[m[0]]} but group rank "
+                f"all_gather: group rank {r} sent dtype {DTYPES[m[0]]} but group rank "
                 f"{g.rank} sent {tensor.dtype}: cast every rank's tensor to one dtype"
             )
     elem = tensor.element_size()

@@ -14,6 +14,10 @@ This module only re-exports; the code lives in small modules a reader would gues
 * :mod:`axolotl_dist.log`: ``get_logger``;
 * :mod:`axolotl_dist.process`: Accelerate- and composer-style names: ``main_process_first``,
   ``run_local_rank_zero_first``, ``on_main_process``-style decorators, ``tqdm``, ``print``;
+* :mod:`axolotl_dist.operations`: accelerate's ``gather``, ``gather_object``, ``reduce``,
+  ``pad_across_processes``; :mod:`axolotl_dist.metrics`: ``gather_for_metrics``;
+  :mod:`axolotl_dist.partial_state`: ``PartialState``, ``wait_for_everyone``;
+  :mod:`axolotl_dist.seeding`: ``set_seed`` (docs/porting.md maps accelerate's names);
 * :mod:`axolotl_dist.debug`: debug mode (``AXOLOTL_DIST_DEBUG=1``), which checks every
   helper call across ranks;
 * :mod:`axolotl_dist.tracing`: the cross-rank timeline (``AXOLOTL_DIST_TRACE=<dir>``,
@@ -29,6 +33,10 @@ from .env import validate_env_vars
 from .hf_data import shared_map
 from .initialize import cleanup_distributed, default_backend, init_distributed, initialize_dist
 from .log import get_logger
+from .metrics import gather_for_metrics, reset_metrics_count
+from .operations import gather, gather_object, pad_across_processes, reduce
+from .partial_state import PartialState, wait_for_everyone
+from .seeding import set_seed
 from .ordering import do_n_at_a_time, zero_first, zero_only
 from .process import (
     ProgressBar,
@@ -61,6 +69,7 @@ from .ranks import (
     is_available,
     is_distributed,
     is_initialized,
+    is_last_process,
     is_local_main_process,
     is_main_process,
 )
@@ -82,7 +91,7 @@ __all__ = [
     "is_available", "is_initialized", "is_distributed", "get_rank", "get_world_size",
     "get_global_rank", "get_group_rank", "get_local_rank", "get_local_world_size",
     "get_node_rank", "get_num_nodes", "get_fs_local_rank", "is_main_process",
-    "is_local_main_process", "get_backend", "backend_supports_cuda", "backend_supports_cpu",
+    "is_local_main_process", "is_last_process", "get_backend", "backend_supports_cuda", "backend_supports_cpu",
     "get_mesh_coordinates",
     # init
     "init_distributed", "initialize_dist", "validate_env_vars", "cleanup_distributed",
@@ -99,6 +108,9 @@ __all__ = [
     "main_process_first", "local_main_process_first", "run_local_rank_zero_first",
     "on_main_process", "on_local_main_process", "on_last_process", "on_process",
     "on_local_process", "tqdm", "ProgressBar",
+    # accelerate's operations and state (docs/porting.md)
+    "gather", "gather_object", "reduce", "pad_across_processes", "gather_for_metrics",
+    "reset_metrics_count", "PartialState", "wait_for_everyone", "set_seed",
     # not "print": `from axolotl_dist import *` must never shadow the builtin (use ad.print)
     # data and logging
     "get_sampler", "split_between_processes", "get_logger", "shared_map",

@@ -39,7 +39,8 @@ from typing import (
 
 from ._runtime.base import kitlog as _logs
 from .ordering import zero_first, zero_only
-from .ranks import get_local_rank, get_local_world_size, get_rank, get_world_size, is_main_process
+from .ranks import (get_local_rank, get_local_world_size, get_rank, get_world_size,
+                    is_last_process, is_main_process)
 
 if sys.version_info >= (3, 10):
     from typing import ParamSpec
@@ -157,7 +158,7 @@ def on_local_main_process(function: Callable[P, R]) -> Callable[P, Optional[R]]:
 def on_last_process(function: Callable[P, R]) -> Callable[P, Optional[R]]:
     """Run ``function`` on the last process (global rank world size - 1) only; None elsewhere."""
     _require_function(function, "on_last_process")
-    return _run_where(function, lambda: get_rank() == get_world_size() - 1)
+    return _run_where(function, is_last_process)
 
 
 def _on_index(index: int, argument: str, decorator: str, rank: Callable[[], int],

@@ -35,6 +35,7 @@ __all__ = [
     "get_fs_local_rank",
     "is_main_process",
     "is_local_main_process",
+    "is_last_process",
     "backend_supports_cuda",
     "backend_supports_cpu",
     "get_backend",
@@ -223,6 +224,12 @@ def is_main_process(group: Optional["ProcessGroup"] = None) -> bool:
 def is_local_main_process() -> bool:
     """True on local rank 0 of each node, and in a single process."""
     return get_local_rank() == 0
+
+
+def is_last_process(group: Optional["ProcessGroup"] = None) -> bool:
+    """True on the last global rank (world size - 1; of ``group`` if given), and in a single
+    process (accelerate's ``is_last_process``)."""
+    return get_rank(group) == get_world_size(group) - 1
 
 
 def get_backend(group: Optional["ProcessGroup"] = None) -> Optional[str]:

@@ -15,7 +15,10 @@ __all__ = ["HELPERS", "FAULTS", "call_helper", "fault_body"]
 
 HELPERS = ("compute_and_broadcast", "gather_from_all_ranks", "gather_scalar_from_all_ranks",
            "reduce_and_broadcast", "broadcast_object", "all_gather_object", "barrier",
-           "all_reduce", "zero_first", "do_n_at_a_time")
+           "all_reduce", "zero_first", "do_n_at_a_time",
+           # accelerate's names (docs/porting.md)
+           "gather", "gather_object", "reduce", "pad_across_processes", "gather_for_metrics",
+           "wait_for_everyone")
 FAULTS = ("raises", "killed", "exits")
 
 
@@ -44,6 +47,19 @@ def call_helper(helper, value, faulty):
             return value()
     if helper == "do_n_at_a_time":
         return ad.do_n_at_a_time(value, n=1)
+    if helper == "gather":
+        return ad.gather({"x": torch.tensor([value()])})
+    if helper == "gather_object":
+        return ad.gather_object([value()])
+    if helper == "reduce":
+        return ad.reduce(torch.tensor([float(value())]))
+    if helper == "pad_across_processes":
+        return ad.pad_across_processes(torch.zeros(value()))
+    if helper == "gather_for_metrics":
+        return ad.gather_for_metrics(torch.tensor([value()]), ad.get_world_size())
+    if helper == "wait_for_everyone":
+        value()
+        return ad.wait_for_everyone()
     raise AssertionError(helper)
 
 

@@ -123,3 +123,24 @@ def test_examples_run_under_the_launcher_without_warnings_or_lines_glued_to_bars
     assert glued_to_a_bar(proc.stdout) == [], proc.stdout[-3000:]
     if example == "hf_finetune.py":
         assert "step 40 loss=" in proc.stdout and "train: 100%" in proc.stdout
+
+
+EVALUATE_SCRIPT = os.path.join(ROOT, "examples", "evaluate.py")
+
+
+def test_evaluation_example_on_2_and_3_ranks_reports_what_one_process_does(tmp_path):
+    """10 uneven evaluation rows: gather_for_metrics counts each once, so the metric (and a
+    loss sum independent of row order) is the same on 1, 2 and 3 ranks."""
+    env = subprocess_env(tmp_path, **NO_WARNINGS)
+    seen = {}
+    for ranks in (1, 2, 3):
+        launch = [sys.executable] if ranks == 1 else [
+            sys.executable, "-m", "axolotl_dist.launch", "-n", str(ranks)]
+        proc = subprocess.run(launch + [EVALUATE_SCRIPT], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        [(shown, metrics)] = re.findall(r"ranks=(\d) (rows=.*)", proc.stdout)
+        assert shown == str(ranks)
+        seen[ranks] = metrics
+    assert seen[1].startswith("rows=10 correct=")
+    assert seen[1] == seen[2] == seen[3], seen

@@ -60,6 +60,8 @@ field              what it is, who writes it
 ``answer_keys``    (run, rank) whose snapshot key this process made sure exists
                    (:mod:`..liveness.whereabouts`)
 ``bells``          the bells long waits of this process sleep on (:mod:`..store.sleep`)
+``eval_rows``      (data source, world size) -> rows each rank has sent in the evaluation
+                   pass in progress (:mod:`axolotl_dist.metrics`)
 =================  ==========================================================================
 
 What lives outside :data:`STATE`, and why :func:`reset` may leave it (:data:`SURVIVES_RESET`,
@@ -105,7 +107,7 @@ class ProcessState:
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
                  "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
                  "ending", "store_spy", "trace", "folding", "warn_hook", "fs_answers", "my_run",
-                 "answer_keys", "bells")
+                 "answer_keys", "bells", "eval_rows")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -144,6 +146,7 @@ class ProcessState:
         self.my_run: Dict[str, Any] = {}
         self.answer_keys: Set[Tuple[str, int]] = set()
         self.bells: List[Any] = []
+        self.eval_rows: Dict[Tuple[Any, int], List[int]] = {}
 
 
 STATE = ProcessState()
@@ -165,6 +168,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "filesystem": ("fs_answers",),
     "runs": ("my_run", "answer_keys"),
     "bells": ("bells",),
+    "metrics": ("eval_rows",),
 }
 
 #: Module-level values outside :data:`STATE` (``module: name``), and why :func:`reset` leaves
@@ -200,6 +204,7 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist.env.RANK_SOURCES": "a table",
     "axolotl_dist.env._RANK_CACHE": "a cache: raw env values -> parsed ranks",
     "axolotl_dist.hf_data._parts.MAP_DEFAULTS": "a table",
+    "axolotl_dist.operations.REDUCTIONS": "a table",
     "axolotl_dist.launch._fold._LABELS": "a cache: ranks -> their label (the launcher)",
     "axolotl_dist.launch._output._STREAMS": "a table",
     "axolotl_dist.parallel.mesh._CONFIG_TYPES": "a table",

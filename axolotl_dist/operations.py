@@ -1,0 +1,301 @@
+"""accelerate's tensor operations (``accelerate.utils.operations``) with the kit's guarantees.
+
+:func:`gather`, :func:`gather_object`, :func:`reduce` and :func:`pad_across_processes` take
+what accelerate's take (a tensor, or lists, tuples, namedtuples and dicts of tensors, nested)
+and return what accelerate's return for the same inputs (docs/porting.md lists each
+difference), on top of the kit's collectives, so a failing rank is named on every rank instead
+of a hang, and a mismatch between ranks is a clear error naming the tensor and the ranks.
+
+What they do differently from accelerate's, on purpose:
+
+* :func:`gather` moves a whole structure in two collectives, however many tensors it holds
+  (accelerate: one per tensor), and takes tensors whose first dimension differs across ranks
+  (an uneven last batch); other dimensions must agree: :func:`pad_across_processes` first.
+* With one process, :func:`gather` turns a 0-d tensor into a 1-element tensor, as it does on
+  several ranks, and :func:`gather_object` returns a list, as it does on several ranks
+  (docs/design.md, decision 3); accelerate returns the input unchanged there.
+* :func:`gather_object` flattens lists and tuples one level and keeps any other object whole
+  (accelerate iterates it: a dict became its keys, accelerate #2188).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from ._runtime.base.groups import Group
+from ._runtime.protocols.helpers import collective
+from .collectives import DTYPES, all_gather, all_reduce, comm_device
+from .values import all_gather_object
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
+
+__all__ = ["gather", "gather_object", "reduce", "pad_across_processes", "REDUCTIONS"]
+
+#: The reductions :func:`reduce` takes, and the collective op each runs.
+REDUCTIONS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+Leaves = List[torch.Tensor]
+Rebuild = Callable[[Sequence[Any]], Any]
+
+
+# --------------------------------------------------------------------------- nested data
+def _is_namedtuple(data: Any) -> bool:
+    return isinstance(data, tuple) and hasattr(data, "_fields")
+
+
+def flatten(data: Any, what: str, path: str = "data") -> Tuple[List[Any], List[str], Rebuild]:
+    """The tensors of a nested ``data`` (lists, tuples, namedtuples, dicts), their paths
+    (``data['labels'][0]``) and a function that puts new leaves back in the same structure.
+
+    Anything but a tensor in a leaf's place raises ``TypeError`` naming its path and ``what``.
+    """
+    if isinstance(data, torch.Tensor):
+        return [data], [path], lambda leaves: leaves[0]
+    if isinstance(data, (list, tuple)):
+        parts = [flatten(item, what, f"{path}[{i}]") for i, item in enumerate(data)]
+        kind = type(data)
+
+        def rebuild_seq(leaves: Sequence[Any]) -> Any:
+            items, at = [], 0
+            for part in parts:
+                n = len(part[0])
+                items.append(part[2](leaves[at:at + n]))
+                at += n
+            if _is_namedtuple(data):
+                return kind(*items)
+            return kind(items)
+        return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], rebuild_seq
+    if isinstance(data, Mapping):
+        keys = list(data)
+        parts = [flatten(data[k], what, f"{path}[{k!r}]") for k in keys]
+        mapping = type(data)
+
+        def rebuild_map(leaves: Sequence[Any]) -> Any:
+            out, at = {}, 0
+            for k, part in zip(keys, parts):
+                n = len(part[0])
+                out[k] = part[2](leaves[at:at + n])
+                at += n
+            return mapping(out)  # type: ignore[call-arg]
+        return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], rebuild_map
+    raise TypeError(
+        f"{what}: {path} is a {type(data).__name__}, not a tensor: {what} takes a tensor or "
+        "lists, tuples and dicts of tensors; use gather_object for other Python objects")
+
+
+# --------------------------------------------------------------------------- gather
+_ALIGN = 16  # every part of a packet starts on a 16-byte boundary, so it views as any dtype
+
+
+def _padded(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _pack(leaves: Leaves, paths: List[str], device: torch.device, what: str) -> torch.Tensor:
+    """One uint8 tensor holding every leaf: an int64 description (leaf count, then dtype code,
+    number of dims and shape per leaf) and each leaf's bytes, every part 16-byte aligned."""
+    meta: List[int] = [len(leaves)]
+    for leaf, path in zip(leaves, paths):
+        if leaf.dtype not in DTYPES:
+            raise TypeError(f"{what}: {path} has dtype {leaf.dtype}, which the kit cannot send")
+        meta += [DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
+    head = torch.tensor([len(meta)] + meta, dtype=torch.int64).view(torch.uint8)
+    parts = [head.to(device)]
+    used = head.numel()
+    for leaf in leaves:
+        if used % _ALIGN:
+            parts.append(torch.zeros(_ALIGN - used % _ALIGN, dtype=torch.uint8, device=device))
+            used = _padded(used)
+        data = leaf.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
+        parts.append(data)
+        used += data.numel()
+    if used % _ALIGN:
+        parts.append(torch.zeros(_ALIGN - used % _ALIGN, dtype=torch.uint8, device=device))
+    return torch.cat(parts)
+
+
+def _unpack(packet: torch.Tensor) -> List[torch.Tensor]:
+    """The leaves of one rank's packet (views into it)."""
+    count = int(packet[:8].view(torch.int64).item())
+    meta = packet[8:8 + 8 * count].view(torch.int64).tolist()
+    leaves, at, used = [], 1, _padded(8 + 8 * count)
+    for _ in range(meta[0]):
+        dtype, ndim = DTYPES[meta[at]], meta[at + 1]
+        shape = meta[at + 2:at + 2 + ndim]
+        at += 2 + ndim
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        chunk = packet[used:used + nbytes]
+        leaves.append(chunk.view(dtype).reshape(shape) if nbytes else
+                      torch.empty(shape, dtype=dtype, device=packet.device))
+        used = _padded(used + nbytes)
+    return leaves
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def _check_alike(per_rank: List[Leaves], paths: List[str], me: int, what: str,
+                 fix: str) -> None:
+    """Every rank sent as many tensors as this one, each of the same dtype and dims past the
+    first; else ``ValueError`` naming the first tensor that differs and two ranks."""
+    mine = per_rank[me]
+    for r, theirs in enumerate(per_rank):
+        if len(theirs) != len(mine):
+            raise ValueError(
+                f"{what}: rank {me} passed {len(mine)} tensor(s) but rank {r} passed "
+                f"{len(theirs)}: pass the same structure on every rank")
+        for path, a, b in zip(paths, mine, theirs):
+            if a.dtype != b.dtype or a.shape[1:] != b.shape[1:]:
+                raise ValueError(
+                    f"{what}: {path} is {_shape(a)} on rank {me} but {_shape(b)} on rank {r}: "
+                    f"{fix}")
+
+
+def gather_parts(g: Optional[Group], data: Any, what: str,
+                 group: Optional["ProcessGroup"]) -> Tuple[List[Leaves], List[str], Rebuild]:
+    """Every rank's leaves of ``data`` (0-d tensors as 1-element ones), this rank's paths and
+    the structure's rebuild function: :func:`gather`'s exchange, before the concatenation."""
+    leaves, paths, rebuild = flatten(data, what)
+    leaves = [t.reshape(1) if t.dim() == 0 else t for t in leaves]
+    if g is None:
+        return [leaves], paths, rebuild
+    packets = all_gather(_pack(leaves, paths, comm_device(group), what), group)
+    per_rank = [_unpack(p) for p in packets]
+    _check_alike(per_rank, paths, g.rank, what,
+                 "tensors are joined on dim 0, so every other dim must agree: "
+                 "pad_across_processes(data, dim=...) first, or use gather_object")
+    return per_rank, paths, rebuild
+
+
+def join_ranks(per_rank: List[Leaves], originals: Leaves) -> Leaves:
+    """Leaf ``i`` of every rank concatenated on dim 0, on the device of this rank's leaf ``i``."""
+    if len(per_rank) == 1:
+        return per_rank[0]
+    return [torch.cat([rank[i] for rank in per_rank]).to(orig.device)
+            for i, orig in enumerate(originals)]
+
+
+@collective("gather")
+def gather(g: Optional[Group], tensor: Any, group: Optional["ProcessGroup"] = None) -> Any:
+    """accelerate's ``gather``: every rank's tensors concatenated on dim 0, on every rank.
+
+    ``tensor`` is a tensor or lists/tuples/dicts of tensors; the result has the same
+    structure. A 0-d tensor counts as one row. First dimensions may differ across ranks (an
+    uneven last batch); other dimensions and dtypes must agree, else ``ValueError`` names the
+    tensor and the ranks. Two collectives for the whole structure. One process: the input
+    (0-d tensors as 1-element ones).
+    """
+    per_rank, _, rebuild = gather_parts(g, tensor, "gather", group)
+    return rebuild(join_ranks(per_rank, per_rank[0] if g is None else per_rank[g.rank]))
+
+
+@collective("gather_object")
+def gather_object(g: Optional[Group], object: Any,  # noqa: A002 - accelerate's name
+                  group: Optional["ProcessGroup"] = None) -> List[Any]:
+    """accelerate's ``gather_object``: every rank's items in one list, in rank order.
+
+    A list or tuple gives its items (accelerate's use: ``gather_object([x])``); any other
+    object is one item. The objects are pickled, as accelerate's and torch's are: pass only
+    what your ranks trust. One process: the same list.
+    """
+    parts = [object] if g is None else all_gather_object(object, group)
+    out: List[Any] = []
+    for part in parts:
+        if isinstance(part, (list, tuple)):
+            out.extend(part)
+        else:
+            out.append(part)
+    return out
+
+
+# --------------------------------------------------------------------------- reduce
+def _check_reduction(reduction: Any, scale: Any) -> str:
+    if reduction not in REDUCTIONS:
+        raise ValueError(
+            f"reduce(reduction={reduction!r}): pass one of {sorted(REDUCTIONS)} (accelerate's "
+            "'none' sums; leave the call out to keep each rank's tensor)")
+    if scale != 1.0:
+        raise ValueError(
+            f"reduce(scale={scale!r}): only accelerate's XLA path applies scale; multiply the "
+            "result instead")
+    return REDUCTIONS[reduction]
+
+
+def _reduce_one(t: torch.Tensor, op: str, mean: bool, size: int, path: str,
+                group: Optional["ProcessGroup"]) -> torch.Tensor:
+    if mean and not (t.is_floating_point() or t.is_complex()):
+        raise ValueError(
+            f"reduce(reduction='mean'): {path} is {t.dtype}, and a mean of integers is not "
+            "one: cast it to a float dtype first, or pass reduction='sum'")
+    out = t.clone()
+    if size > 1:
+        all_reduce(out, op, group)
+    if mean:
+        out /= size
+    return out
+
+
+@collective("reduce", lambda a: {"reduction": a["reduction"]})
+def reduce(g: Optional[Group], tensor: Any, reduction: str = "mean", scale: float = 1.0,
+           group: Optional["ProcessGroup"] = None) -> Any:
+    """accelerate's ``reduce``: each tensor summed, averaged, maxed or mined over the ranks.
+
+    ``reduction``: ``"mean"`` (the default of ``accelerate.utils.reduce``; ``Accelerator.reduce``
+    defaults to ``"sum"``), ``"sum"``, ``"max"`` or ``"min"``; a mean of an integer tensor
+    raises instead of failing inside torch. Returns copies; the inputs are untouched. One
+    ``all_reduce`` per tensor, as accelerate's, so the values are the same to the bit.
+    """
+    op = _check_reduction(reduction, scale)
+    leaves, paths, rebuild = flatten(tensor, "reduce")
+    size = 1 if g is None else g.size
+    return rebuild([_reduce_one(t, op, reduction == "mean", size, p, group)
+                    for t, p in zip(leaves, paths)])
+
+
+# --------------------------------------------------------------------------- pad
+def _pad_one(t: torch.Tensor, dim: int, size: int, pad_index: Any, pad_first: bool
+             ) -> torch.Tensor:
+    if t.shape[dim] == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size
+    out = t.new_full(shape, pad_index)
+    start = size - t.shape[dim] if pad_first else 0
+    out.narrow(dim, start, t.shape[dim]).copy_(t)
+    return out
+
+
+@collective("pad_across_processes", lambda a: {"dim": a["dim"]})
+def pad_across_processes(g: Optional[Group], tensor: Any, dim: int = 0, pad_index: Any = 0,
+                         pad_first: bool = False,
+                         group: Optional["ProcessGroup"] = None) -> Any:
+    """accelerate's ``pad_across_processes``: pad each tensor along ``dim`` to the largest size
+    any rank has there, with ``pad_index``, at the end (or the start: ``pad_first``).
+
+    As accelerate's, a tensor with fewer than ``dim + 1`` dimensions is left as it is (a 1-D
+    ``labels`` beside 2-D ``logits`` padded on ``dim=1``). One small collective for the whole
+    structure; ranks whose structures differ raise ``ValueError`` naming both. One process:
+    the input.
+    """
+    if type(dim) is not int:
+        raise TypeError(f"pad_across_processes(dim={dim!r}) must be an int")
+    leaves, paths, rebuild = flatten(tensor, "pad_across_processes")
+    if g is None:
+        return tensor
+    sizes = [t.shape[dim] if -t.dim() <= dim < t.dim() else -1 for t in leaves]
+    rows = all_gather(torch.tensor(sizes, dtype=torch.int64), group)
+    everyone = [r.tolist() for r in rows]
+    for r, theirs in enumerate(everyone):
+        if len(theirs) != len(sizes) or [s < 0 for s in theirs] != [s < 0 for s in sizes]:
+            raise ValueError(
+                f"pad_across_processes: rank {g.rank} passed {len(sizes)} tensor(s) with "
+                f"dim {dim} sizes {sizes} but rank {r} passed {theirs} (-1: no dim {dim}): "
+                "pass the same structure, with the same number of dims, on every rank")
+    return rebuild([t if s < 0 else _pad_one(t, dim, max(e[i] for e in everyone), pad_index,
+                                            pad_first)
+                    for i, (t, s) in enumerate(zip(leaves, sizes))])

@@ -1,0 +1,171 @@
+"""accelerate's process-state names: :class:`PartialState` and :func:`wait_for_everyone`.
+
+A script written against accelerate's ``PartialState`` keeps its attribute names with the kit:
+``process_index``, ``local_process_index``, ``num_processes``, ``is_main_process``,
+``is_local_main_process``, ``is_last_process``, ``device``, ``backend``, ``use_distributed``,
+``wait_for_everyone()``, ``main_process_first()``, ``split_between_processes()``, the
+``on_*_process`` decorators and ``print``. Unlike accelerate's (a singleton that freezes its
+values when first built), every attribute is a live query of :mod:`axolotl_dist.ranks`, so it
+is right before and after init, and the blocks and barriers are the kit's (failure-safe,
+bounded, named in stall reports). Constructing one starts the process group when the launcher
+asked for several processes, as accelerate's does; with one process it starts nothing.
+docs/porting.md maps every other name of accelerate's.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Union
+
+import torch
+
+from . import data as _data
+from . import process as _process
+from .collectives import barrier, comm_device
+from .initialize import cleanup_distributed, init_distributed
+from .ranks import (get_backend, get_local_rank, get_local_world_size, get_rank,
+                    get_world_size, is_initialized, is_last_process)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
+
+__all__ = ["PartialState", "wait_for_everyone"]
+
+
+def wait_for_everyone(group: Optional["ProcessGroup"] = None) -> None:
+    """accelerate's ``wait_for_everyone()``: :func:`~axolotl_dist.barrier` by its name (a
+    no-op for one process; a rank that fails meanwhile is named instead of a hang)."""
+    barrier(group)
+
+
+class PartialState:
+    """accelerate's ``PartialState``, as live queries of the kit.
+
+    ``cpu=True`` asks for the gloo backend (as ``PartialState(cpu=True)`` does); ``backend``
+    and ``timeout`` (seconds or a timedelta) go to :func:`~axolotl_dist.init_distributed` when
+    this starts the group. Other keyword arguments raise ``TypeError`` naming them.
+    """
+
+    def __init__(self, cpu: bool = False, *, backend: Optional[str] = None,
+                 timeout: Union[timedelta, float, None] = None, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(
+                f"PartialState() got {sorted(kwargs)}: the kit's PartialState takes cpu=, "
+                "backend= and timeout=; call axolotl_dist.init_distributed(...) yourself for "
+                "other init_process_group arguments")
+        if cpu and backend not in (None, "gloo"):
+            raise ValueError(f"PartialState(cpu=True, backend={backend!r}): cpu=True means "
+                             "backend='gloo'; drop one of them")
+        self._cpu = cpu
+        if get_world_size() > 1 and not is_initialized():
+            if timeout is None:
+                init_distributed(backend="gloo" if cpu else backend)
+            else:
+                init_distributed(backend="gloo" if cpu else backend, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return (f"PartialState(process_index={self.process_index}, num_processes="
+                f"{self.num_processes}, local_process_index={self.local_process_index}, "
+                f"device={self.device}, backend={self.backend})")
+
+    # ---- ranks and sizes (live) ----
+    @property
+    def process_index(self) -> int:
+        """This process's global rank (``ad.get_rank()``)."""
+        return get_rank()
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its node (``ad.get_local_rank()``)."""
+        return get_local_rank()
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes the run has (``ad.get_world_size()``)."""
+        return get_world_size()
+
+    @property
+    def num_local_processes(self) -> int:
+        """How many processes run on this node (``ad.get_local_world_size()``)."""
+        return get_local_world_size()
+
+    @property
+    def is_main_process(self) -> bool:
+        """Global rank 0 (and a single process)."""
+        return get_rank() == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Local rank 0 of each node (and a single process)."""
+        return get_local_rank() == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """The last global rank (and a single process)."""
+        return is_last_process()
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether the run has several processes."""
+        return get_world_size() > 1
+
+    @property
+    def initialized(self) -> bool:
+        """Always True, as accelerate's once built."""
+        return True
+
+    @property
+    def backend(self) -> Optional[str]:
+        """The process group's backend, or None without one."""
+        return get_backend()
+
+    @property
+    def device(self) -> torch.device:
+        """Where this process's tensors go: the group's device once it exists; before, CUDA
+        device ``local_process_index`` where CUDA is usable and ``cpu`` was not asked, else
+        the CPU."""
+        if is_initialized():
+            return comm_device()
+        if not self._cpu and torch.cuda.is_available():
+            return torch.device("cuda", get_local_rank() % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    # ---- collectives, blocks, decorators ----
+    def wait_for_everyone(self) -> None:
+        """:func:`wait_for_everyone`."""
+        barrier()
+
+    def main_process_first(self, *, timeout: Optional[float] = None,
+                           desc: Optional[str] = None) -> ContextManager[None]:
+        """:func:`~axolotl_dist.main_process_first`."""
+        return _process.main_process_first(timeout=timeout, desc=desc)
+
+    def local_main_process_first(self, *, timeout: Optional[float] = None,
+                                 desc: Optional[str] = None) -> ContextManager[None]:
+        """:func:`~axolotl_dist.local_main_process_first`."""
+        return _process.local_main_process_first(timeout=timeout, desc=desc)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False
+                                ) -> ContextManager[Any]:
+        """:func:`~axolotl_dist.split_between_processes`."""
+        return _data.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only (:func:`axolotl_dist.print`)."""
+        _process.print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Optional["ProcessGroup"] = None) -> None:
+        """:func:`~axolotl_dist.cleanup_distributed` (the world's group; ``group`` must be
+        None)."""
+        if group is not None:
+            raise ValueError("PartialState.destroy_process_group(group=...): the kit destroys "
+                             "the world's group only; call torch.distributed."
+                             "destroy_process_group(group) for a subgroup")
+        cleanup_distributed()
+
+    # accelerate's decorators, checked per call as the kit's are
+    on_main_process = staticmethod(_process.on_main_process)
+    on_local_main_process = staticmethod(_process.on_local_main_process)
+    on_last_process = staticmethod(_process.on_last_process)
+    on_process: Callable[..., Any] = staticmethod(_process.on_process)
+    on_local_process: Callable[..., Any] = staticmethod(_process.on_local_process)
