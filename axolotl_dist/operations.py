@@ -20,14 +20,20 @@ What they do differently from accelerate's, on purpose:
 
 from __future__ import annotations
 
+import ctypes
+import math
+import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ._runtime.base.groups import Group
+from ._runtime.base.state import STATE
+from ._runtime.protocols import recorder as trace
+from ._runtime.protocols.exchange import all_gather_into, run
 from ._runtime.protocols.helpers import collective
-from .collectives import DTYPES, all_gather, all_reduce, comm_device
+from .collectives import DTYPES, all_reduce
 from .values import all_gather_object
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,51 +94,109 @@ def flatten(data: Any, what: str, path: str = "data") -> Tuple[List[Any], List[s
 
 
 # --------------------------------------------------------------------------- gather
-_ALIGN = 16  # every part of a packet starts on a 16-byte boundary, so it views as any dtype
+# A rank's structure travels as one *packet*: int64 words [packet bytes, description words,
+# description...] (the description: leaf count, then per leaf its dtype code, number of dims
+# and shape), then each leaf's bytes; every part starts on a 16-byte boundary, so it views as
+# any dtype. All ranks send packets of one size, the *slot*: the largest packet of the same
+# helper's last call on the group (a batch's shapes rarely change; kept per helper, so a pad
+# between two gathers does not shrink the gathers' slot), so a call is one all-gather; a
+# packet that does not fit is cut, every rank sees its length and the ranks send again with
+# the new slot (two all-gathers).
+_ALIGN = 16
+_PEEK = 64  # int64 words read at once from a packet's start (its description, usually)
+_ITEMSIZE = tuple(torch.empty((), dtype=d).element_size() for d in DTYPES)
 
 
 def _padded(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _pack(leaves: Leaves, paths: List[str], device: torch.device, what: str) -> torch.Tensor:
-    """One uint8 tensor holding every leaf: an int64 description (leaf count, then dtype code,
-    number of dims and shape per leaf) and each leaf's bytes, every part 16-byte aligned."""
-    meta: List[int] = [len(leaves)]
+def _describe(leaves: Leaves, paths: List[str], what: str) -> Tuple[List[int], List[int]]:
+    """A packet's description words and each leaf's size in bytes."""
+    desc: List[int] = [len(leaves)]
+    sizes: List[int] = []
     for leaf, path in zip(leaves, paths):
         if leaf.dtype not in DTYPES:
             raise TypeError(f"{what}: {path} has dtype {leaf.dtype}, which the kit cannot send")
-        meta += [DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
-    head = torch.tensor([len(meta)] + meta, dtype=torch.int64).view(torch.uint8)
-    parts = [head.to(device)]
-    used = head.numel()
-    for leaf in leaves:
-        if used % _ALIGN:
-            parts.append(torch.zeros(_ALIGN - used % _ALIGN, dtype=torch.uint8, device=device))
-            used = _padded(used)
-        data = leaf.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
-        parts.append(data)
-        used += data.numel()
-    if used % _ALIGN:
-        parts.append(torch.zeros(_ALIGN - used % _ALIGN, dtype=torch.uint8, device=device))
-    return torch.cat(parts)
+        desc += [DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
+        sizes.append(leaf.numel() * leaf.element_size())
+    return desc, sizes
 
 
-def _unpack(packet: torch.Tensor) -> List[torch.Tensor]:
-    """The leaves of one rank's packet (views into it)."""
-    count = int(packet[:8].view(torch.int64).item())
-    meta = packet[8:8 + 8 * count].view(torch.int64).tolist()
-    leaves, at, used = [], 1, _padded(8 + 8 * count)
-    for _ in range(meta[0]):
-        dtype, ndim = DTYPES[meta[at]], meta[at + 1]
-        shape = meta[at + 2:at + 2 + ndim]
-        at += 2 + ndim
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        chunk = packet[used:used + nbytes]
-        leaves.append(chunk.view(dtype).reshape(shape) if nbytes else
+def _pack(leaves: Leaves, paths: List[str], device: torch.device, room: int,
+          what: str) -> Tuple[torch.Tensor, int]:
+    """``(buffer, packet bytes)``: a uint8 buffer of at least ``room`` bytes starting with the
+    packet of ``leaves``. On CPU it is built as Python bytes (each torch call costs
+    microseconds, the bytes nanoseconds), elsewhere with tensor copies."""
+    desc, sizes = _describe(leaves, paths, what)
+    at = _padded(8 * (2 + len(desc)))
+    total = at + sum(_padded(n) for n in sizes)
+    if device.type == "cpu" and all(leaf.device.type == "cpu" for leaf in leaves):
+        data = bytearray(struct.pack(f"<{2 + len(desc)}q", total, len(desc), *desc))
+        for leaf, n in zip(leaves, sizes):
+            data += bytes(_padded(len(data)) - len(data))
+            if n:
+                src = leaf if leaf.is_contiguous() else leaf.contiguous()
+                data += ctypes.string_at(src.data_ptr(), n)
+        data += bytes(max(total, room) - len(data))
+        return torch.frombuffer(data, dtype=torch.uint8), total
+    buf = torch.empty(max(total, room), dtype=torch.uint8, device=device)
+    head = torch.tensor([total, len(desc)] + desc, dtype=torch.int64)
+    buf[:8 * head.numel()].copy_(head.view(torch.uint8))
+    for leaf, n in zip(leaves, sizes):
+        if n:
+            buf[at:at + n].copy_(leaf.detach().reshape(-1).view(torch.uint8))
+        at += _padded(n)
+    return buf, total
+
+
+def _words(rows: torch.Tensor, count: int) -> List[List[int]]:
+    """The first ``count`` int64 words of every row of ``rows`` (ranks x slot bytes)."""
+    if rows.device.type == "cpu":
+        slot, base = rows.shape[1], rows.data_ptr()
+        fmt = struct.Struct(f"<{count}q")
+        return [list(fmt.unpack(ctypes.string_at(base + r * slot, 8 * count)))
+                for r in range(rows.shape[0])]
+    return rows[:, :8 * count].view(torch.int64).tolist()
+
+
+def _unpack(packet: torch.Tensor, words: List[int]) -> Leaves:
+    """The leaves of one rank's packet (views into it); ``words``: its first int64 words."""
+    if 2 + words[1] > len(words):
+        words = _words(packet[None], 2 + words[1])[0]
+    desc = words[2:2 + words[1]]
+    leaves, i, at = [], 1, _padded(8 * (2 + len(desc)))
+    for _ in range(desc[0]):
+        dtype, ndim = DTYPES[desc[i]], desc[i + 1]
+        shape = desc[i + 2:i + 2 + ndim]
+        n = math.prod(shape) * _ITEMSIZE[desc[i]]
+        i += 2 + ndim
+        leaves.append(packet[at:at + n].view(dtype).reshape(shape) if n else
                       torch.empty(shape, dtype=dtype, device=packet.device))
-        used = _padded(used + nbytes)
+        at += _padded(n)
     return leaves
+
+
+def _exchange(g: Group, leaves: Leaves, paths: List[str], what: str) -> List[Leaves]:
+    """Every rank's leaves: one all-gather of ``gather_slot`` bytes per rank, or two."""
+    slot = max(g.gather_slots.get(what, 0), _ALIGN)
+    buf, total = _pack(leaves, paths, g.device, slot, what)
+    while True:
+        out = torch.empty(g.size * slot, dtype=torch.uint8, device=g.device)
+        if STATE.trace is not None:
+            trace.add_bytes(slot)
+        run(g, what, all_gather_into, out, buf[:slot], group=g.arg, async_op=True)
+        rows = out.view(g.size, slot)
+        heads = _words(rows, min(_PEEK, slot // 8))
+        need = max(h[0] for h in heads)
+        if need <= slot:
+            g.gather_slots[what] = need
+            return [_unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
+        slot = need  # a packet was cut: every rank saw its length, every rank sends again
+        if buf.numel() < slot:
+            grown = torch.empty(slot, dtype=torch.uint8, device=g.device)
+            grown[:total].copy_(buf[:total])
+            buf = grown
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -164,8 +228,7 @@ def gather_parts(g: Optional[Group], data: Any, what: str,
     leaves = [t.reshape(1) if t.dim() == 0 else t for t in leaves]
     if g is None:
         return [leaves], paths, rebuild
-    packets = all_gather(_pack(leaves, paths, comm_device(group), what), group)
-    per_rank = [_unpack(p) for p in packets]
+    per_rank = _exchange(g, leaves, paths, what)
     _check_alike(per_rank, paths, g.rank, what,
                  "tensors are joined on dim 0, so every other dim must agree: "
                  "pad_across_processes(data, dim=...) first, or use gather_object")
@@ -175,7 +238,7 @@ def gather_parts(g: Optional[Group], data: Any, what: str,
 def join_ranks(per_rank: List[Leaves], originals: Leaves) -> Leaves:
     """Leaf ``i`` of every rank concatenated on dim 0, on the device of this rank's leaf ``i``."""
     if len(per_rank) == 1:
-        return per_rank[0]
+        return [t.to(orig.device) for t, orig in zip(per_rank[0], originals)]
     return [torch.cat([rank[i] for rank in per_rank]).to(orig.device)
             for i, orig in enumerate(originals)]
 
@@ -288,8 +351,8 @@ def pad_across_processes(g: Optional[Group], tensor: Any, dim: int = 0, pad_inde
     if g is None:
         return tensor
     sizes = [t.shape[dim] if -t.dim() <= dim < t.dim() else -1 for t in leaves]
-    rows = all_gather(torch.tensor(sizes, dtype=torch.int64), group)
-    everyone = [r.tolist() for r in rows]
+    everyone = [r[0].tolist() for r in _exchange(g, [torch.tensor(sizes, dtype=torch.int64)],
+                                                 ["sizes"], "pad_across_processes")]
     for r, theirs in enumerate(everyone):
         if len(theirs) != len(sizes) or [s < 0 for s in theirs] != [s < 0 for s in sizes]:
             raise ValueError(

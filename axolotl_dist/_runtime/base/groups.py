@@ -93,7 +93,7 @@ class Group:
                  "abandoned", "node_first", "calls",
                  "open_blocks", "_ranks", "opts", "allgather", "hdr_arr", "hdr", "all_arr",
                  "hdr_all", "a2a", "a2a_opts", "a2a_arr", "a2a_in", "bcast", "bcast_opts",
-                 "__weakref__")
+                 "gather_slots", "__weakref__")
 
     def __init__(self, pg: Any, rank: int, size: int, device: torch.device) -> None:
         self.pg_ref: Callable[[], Any] = weakref.ref(pg)
@@ -116,6 +116,9 @@ class Group:
         self.abandoned = False
         self.open_blocks: Dict[int, Any] = {}
         self._ranks: Optional[List[int]] = None
+        #: helper -> bytes per rank of its last structure gather (:mod:`axolotl_dist.operations`):
+        #: its next one sends that many in its first all-gather; the same on every rank
+        self.gather_slots: Dict[str, int] = {}
         # The value helpers' header exchange (:mod:`..protocols.exchange`): a scalar is a 32-byte
         # header, so per-call Python work shows directly in their latency. On CPU the header
         # goes through preallocated buffers backed by an ``array`` (a Python store into it
