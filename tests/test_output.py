@@ -2,7 +2,8 @@
 processes: what several ranks print alike is printed once with the ranks that printed it;
 different lines carry their rank; a progress bar updates in place; a traceback comes out whole;
 one rank's lines keep their order; ``--log-dir`` keeps every rank's every line; ``--no-fold``
-and ``AXOLOTL_DIST_FOLD=0`` print every rank's lines as they come. The kit's folding of
+and ``AXOLOTL_DIST_FOLD=0`` print every rank's lines as they come. torch's C++ warnings that
+differ only in their time and pid or thread id are one line (issue #46). The kit's folding of
 warnings under other launchers is in tests/test_warnings_fold.py."""
 
 import re
@@ -140,3 +141,73 @@ def test_a_log_file_that_cannot_be_written_is_said_once_and_the_rest_kept(tmp_pa
     assert len(said) == 1 and re.fullmatch(
         r"axolotl-dist: cannot write logs/rank0\.log \(.+\); --log-dir is off for the rest "
         r"of the run", said[0]), err
+
+
+CPP_LINES = """
+import os, sys
+import axolotl_dist as ad
+
+ad.init_distributed()
+r, pid = ad.get_rank(), os.getpid()
+ad.barrier()
+sys.stderr.write(
+    # alike but for the time and the pid or thread id: one line each
+    f"[rank{r}]:[W1126 21:40:0{r}.12345678{r} reducer.cpp:1529] Warning: c10's (function f)\\n"
+    f"[W1126 21:40:08.12345678{r} {pid} ProcessGroupGloo.cpp:12] Warning: with a pid\\n"
+    f"W1126 21:40:08.12345{r} {pid % 10 ** (4 + r):5d} file.cpp:123] glog's\\n"
+    f"I20261126 21:40:08.12345{r} {pid} file.cpp:9] glog's with the year\\n"
+    # differ in something else: a line each
+    f"[W1126 21:40:08.123456789 a.cpp:{10 + r}] Warning: another line of the file\\n"
+    f"[W1126 21:40:08.123456789 a.cpp:5] Warning: rank {r}'s own\\n"
+    f"[{'EW'[r]}1126 21:40:08.12345678{r} b.cpp:7] another severity\\n")
+sys.stderr.flush()
+ad.barrier()
+"""
+
+DDP_UNUSED = """
+import torch
+import axolotl_dist as ad
+from torch.nn.parallel import DistributedDataParallel
+
+ad.init_distributed(backend="gloo")
+model = DistributedDataParallel(torch.nn.Linear(4, 2), find_unused_parameters=True)
+model(torch.randn(3, 4)).sum().backward()  # every parameter used: torch's C++ warns on each rank
+ad.barrier()
+"""
+
+
+def test_cpp_log_lines_alike_but_for_time_and_pid_are_one_line(tmp_path):
+    code, out, err = _launch(tmp_path, CPP_LINES, 2)
+    assert code == 0, err
+    lines = err.splitlines()
+
+    def shown(pattern, end, ending=1):  # one line matches; ``ending`` lines end with ``end``
+        assert sum(bool(re.fullmatch(pattern, line)) for line in lines) == 1, (pattern, err)
+        assert sum(line.endswith(end) for line in lines) == ending, (end, err)
+
+    # once, the first rank's line with the ranks
+    shown(r"\[ranks 0, 1\]:\[W1126 21:40:0\d\.12345678\d reducer\.cpp:1529\] Warning: c10's "
+          r"\(function f\)", "c10's (function f)")
+    shown(r"\[ranks 0, 1\] \[W1126 21:40:08\.12345678\d \d+ ProcessGroupGloo\.cpp:12\] "
+          r"Warning: with a pid", "with a pid")
+    shown(r"\[ranks 0, 1\] W1126 21:40:08\.12345\d +\d+ file\.cpp:123\] glog's", "glog's")
+    shown(r"\[ranks 0, 1\] I20261126 21:40:08\.12345\d \d+ file\.cpp:9\] glog's with the year",
+          "glog's with the year")
+    # a line each
+    for r in range(2):
+        shown(rf"\[rank {r}\] \[W1126 21:40:08\.123456789 a\.cpp:{10 + r}\] Warning: another "
+              r"line of the file", "another line of the file", 2)
+        shown(rf"\[rank {r}\] \[W1126 21:40:08\.123456789 a\.cpp:5\] Warning: rank {r}'s own",
+              f"rank {r}'s own")
+        shown(rf"\[rank {r}\] \[{'EW'[r]}1126 21:40:08\.12345678{r} b\.cpp:7\] another severity",
+              "another severity", 2)
+
+
+def test_torchs_ddp_warning_of_every_rank_is_shown_once(tmp_path):
+    code, out, err = _launch(tmp_path, DDP_UNUSED, 2)
+    assert code == 0, err
+    found = [line for line in (out + err).splitlines()
+             if "find_unused_parameters=True was specified" in line]
+    assert len(found) == 1, out + err
+    assert re.match(r"\[ranks 0, 1\]:\[W\d+ \d\d:\d\d:\d\d\.\d+ reducer\.cpp:\d+\] Warning: "
+                    r"find_unused_parameters=True was specified in DDP constructor", found[0]), err

@@ -5,9 +5,12 @@ gives back what the launcher writes, in order:
 
 * a complete line (with the indented lines that came with it in one write: a log record's or
   a warning's continuation) that other ranks print alike within :data:`WINDOW` seconds is
-  written once, with the set of ranks: ``[ranks 0-3] UserWarning: ...``. "Alike" ignores a leading time of
-  day (``12:00:01``, ``2026-01-01 12:00:01,123``) and the rank's own tag (the kit's
-  ``[rank 1/4]``, torch's ``[rank1]:``), which becomes the set (``[ranks 0-3/4]``);
+  written once, with the set of ranks: ``[ranks 0-3] UserWarning: ...``. "Alike" ignores a
+  leading time of day (``12:00:01``, ``2026-01-01 12:00:01,123``), the rank's own tag (the
+  kit's ``[rank 1/4]``, torch's ``[rank1]:``), which becomes the set (``[ranks 0-3/4]``), and
+  the date, time and pid or thread id in torch's C++ log prefix (c10's ``[W1126
+  21:40:08.123456789 reducer.cpp:1529]``, glog's ``W1126 21:40:08.123456 12345 file.cpp:12]``:
+  its severity, file and line still count); the line written is the first rank's;
 * a line no other rank printed alike is written after the window with its rank (``[rank 2]``,
   or as it is where it carries its tag); one every local rank printed, as soon as the last did;
 * no line waits longer than :data:`WINDOW`, and one rank's lines are never reordered: a group
@@ -44,6 +47,11 @@ _TIME = re.compile(rb"(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)? ")
 #: A rank's own tag near the start of a line: the kit's ``[rank 1/4]``, torch's ``[rank1]:``.
 _TAG = re.compile(rb"\[rank ?(\d+)(/\d+)?\](:? ?)")
 _TAG_WITHIN = 160  # a tag further in is part of the message
+#: torch's C++ log prefix at the start (after the rank's tag): its severity, then the date and
+#: time (c10: ``[W1126 21:40:08.123456789 ``; glog: ``W1126 21:40:08.123456 ``, or with the
+#: year, ``W20261126``), then a pid or thread id where it has one, before ``file.cpp:123] ``.
+_CPP = re.compile(rb"(\[?[FEWIV])\d{3,8} \d\d:\d\d:\d\d\.\d+(?: +\d+)?(?= [^ \]]+:\d+\] )")
+_CPP_FIRST = frozenset(b"[FEWIV")
 _INDENT = (b" ", b"\t")
 
 
@@ -85,7 +93,8 @@ class _Block:
 
 
 def _parse(line: bytes) -> Tuple[bytes, Optional[Tuple[int, int, bytes]]]:
-    """``(key, tag)``: the line as compared across ranks (no leading time, no rank tag), and
+    """``(key, tag)``: the line as compared across ranks (no leading time, no rank tag, a C++
+    log prefix as its severity, file and line only: ``b"[W reducer.cpp:1529] ..."``), and
     where its tag was (start, end, what follows the rank in it: ``b"/4]"``, ``b"]:"``)."""
     key, tag = line, None
     if line[:1].isdigit():
@@ -101,6 +110,10 @@ def _parse(line: bytes) -> Tuple[bytes, Optional[Tuple[int, int, bytes]]]:
             start = m.start() - (len(line) - len(key))
             if start >= 0:
                 key = key[:start] + key[start + (m.end() - m.start()):]
+    if key[:1] and key[0] in _CPP_FIRST:
+        m = _CPP.match(key)
+        if m is not None:
+            key = m.group(1) + key[m.end():]
     return key, tag
 
 
