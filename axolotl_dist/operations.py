@@ -8,9 +8,10 @@ of a hang, and a mismatch between ranks is a clear error naming the tensor and t
 
 What they do differently from accelerate's, on purpose:
 
-* :func:`gather` moves a whole structure in two collectives, however many tensors it holds
-  (accelerate: one per tensor), and takes tensors whose first dimension differs across ranks
-  (an uneven last batch); other dimensions must agree: :func:`pad_across_processes` first.
+* :func:`gather` moves a whole structure in one all-gather, however many tensors it holds
+  (accelerate: one per tensor; two when the structure grew since the helper's last call, see
+  "gather" below), and takes tensors whose first dimension differs across ranks (an uneven
+  last batch); other dimensions must agree: :func:`pad_across_processes` first.
 * With one process, :func:`gather` turns a 0-d tensor into a 1-element tensor, as it does on
   several ranks, and :func:`gather_object` returns a list, as it does on several ranks
   (docs/design.md, decision 3); accelerate returns the input unchanged there.
@@ -250,8 +251,8 @@ def gather(g: Optional[Group], tensor: Any, group: Optional["ProcessGroup"] = No
     ``tensor`` is a tensor or lists/tuples/dicts of tensors; the result has the same
     structure. A 0-d tensor counts as one row. First dimensions may differ across ranks (an
     uneven last batch); other dimensions and dtypes must agree, else ``ValueError`` names the
-    tensor and the ranks. Two collectives for the whole structure. One process: the input
-    (0-d tensors as 1-element ones).
+    tensor and the ranks. One all-gather for the whole structure (two when it grew since the
+    last call). One process: the input (0-d tensors as 1-element ones).
     """
     per_rank, _, rebuild = gather_parts(g, tensor, "gather", group)
     return rebuild(join_ranks(per_rank, per_rank[0] if g is None else per_rank[g.rank]))
