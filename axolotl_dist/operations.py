@@ -178,8 +178,10 @@ def _unpack(packet: torch.Tensor, words: List[int]) -> Leaves:
     return leaves
 
 
-def _exchange(g: Group, leaves: Leaves, paths: List[str], what: str) -> List[Leaves]:
-    """Every rank's leaves: one all-gather of ``gather_slot`` bytes per rank, or two."""
+def _exchange(g: Group, leaves: Leaves, paths: List[str], what: str
+              ) -> Tuple[torch.Tensor, List[List[int]]]:
+    """Every rank's packet (a row of ranks x slot bytes) and its first int64 words: one
+    all-gather of the helper's slot, or two."""
     slot = max(g.gather_slots.get(what, 0), _ALIGN)
     buf, total = _pack(leaves, paths, g.device, slot, what)
     while True:
@@ -192,7 +194,7 @@ def _exchange(g: Group, leaves: Leaves, paths: List[str], what: str) -> List[Lea
         need = max(h[0] for h in heads)
         if need <= slot:
             g.gather_slots[what] = need
-            return [_unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
+            return rows, heads
         slot = need  # a packet was cut: every rank saw its length, every rank sends again
         if buf.numel() < slot:
             grown = torch.empty(slot, dtype=torch.uint8, device=g.device)
@@ -229,11 +231,31 @@ def gather_parts(g: Optional[Group], data: Any, what: str,
     leaves = [t.reshape(1) if t.dim() == 0 else t for t in leaves]
     if g is None:
         return [leaves], paths, rebuild
-    per_rank = _exchange(g, leaves, paths, what)
-    _check_alike(per_rank, paths, g.rank, what,
-                 "tensors are joined on dim 0, so every other dim must agree: "
-                 "pad_across_processes(data, dim=...) first, or use gather_object")
+    rows, heads = _exchange(g, leaves, paths, what)
+    per_rank = [_unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
+    _check_alike(per_rank, paths, g.rank, what, _JOIN_FIX)
     return per_rank, paths, rebuild
+
+
+_JOIN_FIX = ("tensors are joined on dim 0, so every other dim must agree: "
+             "pad_across_processes(data, dim=...) first, or use gather_object")
+
+
+def _joined_alike(rows: torch.Tensor, words: List[int]) -> Leaves:
+    """Leaf ``i`` of every rank joined on dim 0, when every rank's packet has ``words`` as its
+    description: each leaf sits at the same offset of every row, so one strided copy joins it."""
+    desc = words[2:2 + words[1]]
+    leaves, i, at = [], 1, _padded(8 * (2 + len(desc)))
+    for _ in range(desc[0]):
+        dtype, ndim = DTYPES[desc[i]], desc[i + 1]
+        shape = desc[i + 2:i + 2 + ndim]
+        n = math.prod(shape) * _ITEMSIZE[desc[i]]
+        i += 2 + ndim
+        joined = [rows.shape[0] * shape[0]] + shape[1:]
+        leaves.append(rows[:, at:at + n].view(dtype).reshape(joined) if n else
+                      torch.empty(joined, dtype=dtype, device=rows.device))
+        at += _padded(n)
+    return leaves
 
 
 def join_ranks(per_rank: List[Leaves], originals: Leaves) -> Leaves:
@@ -254,8 +276,19 @@ def gather(g: Optional[Group], tensor: Any, group: Optional["ProcessGroup"] = No
     tensor and the ranks. One all-gather for the whole structure (two when it grew since the
     last call). One process: the input (0-d tensors as 1-element ones).
     """
-    per_rank, _, rebuild = gather_parts(g, tensor, "gather", group)
-    return rebuild(join_ranks(per_rank, per_rank[0] if g is None else per_rank[g.rank]))
+    leaves, paths, rebuild = flatten(tensor, "gather")
+    leaves = [t.reshape(1) if t.dim() == 0 else t for t in leaves]
+    if g is None:
+        return rebuild(leaves)
+    rows, heads = _exchange(g, leaves, paths, "gather")
+    mine = heads[g.rank]
+    if 2 + mine[1] <= len(mine) and all(h == mine for h in heads):  # the common case
+        joined = _joined_alike(rows, mine)
+    else:
+        per_rank = [_unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
+        _check_alike(per_rank, paths, g.rank, "gather", _JOIN_FIX)
+        joined = join_ranks(per_rank, leaves)
+    return rebuild([t.to(orig.device) for t, orig in zip(joined, leaves)])
 
 
 @collective("gather_object")
@@ -352,8 +385,9 @@ def pad_across_processes(g: Optional[Group], tensor: Any, dim: int = 0, pad_inde
     if g is None:
         return tensor
     sizes = [t.shape[dim] if -t.dim() <= dim < t.dim() else -1 for t in leaves]
-    everyone = [r[0].tolist() for r in _exchange(g, [torch.tensor(sizes, dtype=torch.int64)],
-                                                 ["sizes"], "pad_across_processes")]
+    rows, heads = _exchange(g, [torch.tensor(sizes, dtype=torch.int64)], ["sizes"],
+                            "pad_across_processes")
+    everyone = [_unpack(rows[r, :h[0]], h)[0].tolist() for r, h in enumerate(heads)]
     for r, theirs in enumerate(everyone):
         if len(theirs) != len(sizes) or [s < 0 for s in theirs] != [s < 0 for s in sizes]:
             raise ValueError(
