@@ -229,6 +229,11 @@ def zero_first(
     :class:`~axolotl_dist.errors.CollectiveMismatchError`, naming both sites, on the ranks
     whose wait (or confirmation) it breaks; a rank released by the ranks it is paired with
     learns of it at its next collective. A single process just runs the block.
+
+    On the group's rank 0, a Hugging Face ``datasets`` map in the body that writes no cache
+    file the other ranks can load (an in-memory dataset, ``keep_in_memory=True``, a function
+    ``datasets`` cannot hash) is said once per process, with the fix
+    (docs/preprocessing.md, "A map that writes no cache").
     """
     return _ZeroFirst(is_main, group, timeout, desc, path)
 

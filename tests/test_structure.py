@@ -9,7 +9,8 @@ Read from the source (module- and function-level imports alike):
 * no import cycle between the package's modules;
 * no module takes another module's underscore names (``from .env import _raw``,
   ``ranks._WORLD``); importing a private *module* (``from ._runtime import store``) is fine;
-* no ``sys.modules`` lookup of a sibling (a dependency no import shows);
+* no ``sys.modules`` lookup of a sibling (a dependency no import shows); the one module that
+  asks whether the user imported a library the kit must not import is listed, with why;
 * runtime modules import only runtime modules and the vocabulary (``errors``, ``env``,
   ``ranks``), never the public layer built on them;
 * one function turns a ``group=`` argument into the kit's ``Group`` (``group_of``); public
@@ -155,9 +156,18 @@ def test_no_import_cycle():
     assert _cycles(graph) == []
 
 
+#: The modules that may read ``sys.modules``, and why: never for a module of the kit.
+READS_SYS_MODULES = {
+    f"{RUNTIME}.protocols.map_cache": "whether the user's script imported datasets, which the "
+                                      "kit never imports itself",
+}
+
+
 def test_no_private_names_or_sys_modules_lookups_across_modules():
     _, problems = _scan()
-    assert problems == []
+    allowed = tuple(f"{m}:" for m in READS_SYS_MODULES)
+    assert [p for p in problems if not (p.startswith(allowed) and p.endswith("sys.modules"))] \
+        == []
 
 
 def test_the_runtime_never_imports_the_public_layer():

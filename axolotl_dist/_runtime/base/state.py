@@ -23,7 +23,8 @@ field              what it is, who writes it
 ``exit_store``     the heartbeat's store connection, kept for the exit record (:mod:`..liveness.peers`)
 ``debug_*``        debug mode's switches (:mod:`axolotl_dist.debug`)
 ``first_runs``     per thread: the ``zero_first`` blocks this thread is running first, nested,
-                   and those finished inside them (:mod:`..protocols.blocks`)
+                   those finished inside them (:mod:`..protocols.blocks`), and how many of
+                   them it runs as its group's rank 0 (:mod:`..protocols.map_cache`)
 ``inside_helper``  per thread: a checked helper is running, so helpers it calls are not
                    checked again (:mod:`axolotl_dist.debug`)
 ``unconfirmed``    ``zero_first`` blocks this rank ran first (as the sole first rank) whose
@@ -62,6 +63,8 @@ field              what it is, who writes it
 ``bells``          the bells long waits of this process sleep on (:mod:`..store.sleep`)
 ``eval_rows``      (data source, world size) -> rows each rank has sent in the evaluation
                    pass in progress (:mod:`axolotl_dist.metrics`)
+``map_noted``      this process said that a ``datasets`` map in a ``zero_first`` block wrote
+                   no cache file the other ranks load (:mod:`..protocols.map_cache`)
 =================  ==========================================================================
 
 What lives outside :data:`STATE`, and why :func:`reset` may leave it (:data:`SURVIVES_RESET`,
@@ -86,12 +89,14 @@ __all__ = ["ProcessState", "FirstRuns", "STATE", "PARTS", "reset", "SURVIVES_RES
 
 
 class FirstRuns(threading.local):
-    """The ``zero_first`` blocks this thread runs first: how deeply nested, and the blocks
-    that finished inside the outermost one (their arrivals are awaited when it ends)."""
+    """The ``zero_first`` blocks this thread runs first: how deeply nested, the blocks that
+    finished inside the outermost one (their arrivals are awaited when it ends), and how many
+    of them it runs as its group's rank 0 (a ``datasets`` map there is looked at)."""
 
     def __init__(self) -> None:
         self.depth = 0
         self.pending: List[Any] = []
+        self.main = 0  # of the ``depth`` blocks, those run as the group's rank 0
 
 
 class _Inside(threading.local):
@@ -107,7 +112,7 @@ class ProcessState:
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
                  "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
                  "ending", "store_spy", "trace", "folding", "warn_hook", "fs_answers", "my_run",
-                 "answer_keys", "bells", "eval_rows")
+                 "answer_keys", "bells", "eval_rows", "map_noted")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -147,6 +152,7 @@ class ProcessState:
         self.answer_keys: Set[Tuple[str, int]] = set()
         self.bells: List[Any] = []
         self.eval_rows: Dict[Tuple[Any, int], List[int]] = {}
+        self.map_noted = False
 
 
 STATE = ProcessState()
@@ -169,6 +175,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "runs": ("my_run", "answer_keys"),
     "bells": ("bells",),
     "metrics": ("eval_rows",),
+    "notes": ("map_noted",),
 }
 
 #: Module-level values outside :data:`STATE` (``module: name``), and why :func:`reset` leaves
@@ -195,6 +202,7 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.protocols.codes.CODES": "a registry: the helpers' header codes",
     "axolotl_dist._runtime.protocols.codes.GATHERS": "a registry: the gathers among them",
     "axolotl_dist._runtime.protocols.exchange._NO_SPLITS": "a constant (equal splits)",
+    "axolotl_dist._runtime.protocols.map_cache._FIXES": "a table",
     "axolotl_dist._runtime.protocols.recorder._SYNC": "a registry: how each call's ranks "
                                                       "synchronize",
     "axolotl_dist._runtime.protocols.shared_fs._EXPORTED": "mirrors os.environ (what this "

@@ -6,6 +6,8 @@
 * :mod:`.codes`: which helper sent a value header (registered where each is decorated).
 * :mod:`.blocks`: blocks through the store: bit words, pairing, failures; ``do_n_at_a_time``.
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
+* :mod:`.map_cache`: a ``datasets`` map in a ``zero_first`` block that leaves the other ranks
+  no cache file, said once.
 * :mod:`.guards`: collectives the other ranks cannot join are errors at once.
 * :mod:`.threads`: one thread per group at a time.
 * :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.

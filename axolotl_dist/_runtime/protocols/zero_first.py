@@ -9,7 +9,7 @@ from typing import List, Sequence
 
 from ..base.state import STATE
 from ..liveness.peers import store_errors
-from . import guards
+from . import guards, map_cache
 from .blocks import FAILED_MASK, RELEASED, Block
 from ...errors import CollectiveMismatchError, RankFailedError
 
@@ -113,8 +113,13 @@ def _never_entered(block: ZeroFirstBlock, lost: RankFailedError) -> CollectiveMi
 # --- the first-run stack ---------------------------------------------------------------------
 
 def first_run_begin(block: ZeroFirstBlock) -> None:
-    """This thread starts the body of a block it runs first."""
-    STATE.first_runs.depth += 1
+    """This thread starts the body of a block it runs first (as its group's rank 0, a
+    ``datasets`` map in the body that the others cannot reuse is said: :mod:`.map_cache`)."""
+    runs = STATE.first_runs
+    runs.depth += 1
+    if block.rank == 0:
+        runs.main += 1
+        map_cache.watch()
     block.guard = guards.enter("shared_first_run" if block.explicit else "first_run",
                                block.group, lambda: block.what, block.seq)
 
@@ -132,6 +137,8 @@ def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
     # are kept, in order, and all awaited once nothing encloses them any more.
     runs = STATE.first_runs
     runs.depth -= 1
+    if block.rank == 0:
+        runs.main -= 1
     if block.guard is not None:
         guards.leave(block.guard)
         block.guard = None
