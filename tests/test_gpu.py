@@ -691,3 +691,39 @@ def test_example_on_two_ranks_sharing_the_gpu_over_gloo(name, launcher, tmp_path
         pytest.skip(f"axolotl-dist needs torch 2.12 (LaunchConfig.shutdown_timeout); this is "
                     f"{torch.__version__}")
     assert _example(name, tmp_path, _LAUNCHERS[launcher], "--backend", "gloo") == "2"
+
+
+# --- accelerate's names (docs/porting.md) ------------------------------------------------------
+
+
+def _porting_body(device: str) -> Any:
+    rank, ws = ad.get_rank(), ad.get_world_size()
+    mine = on(device, rank)
+    ragged = torch.ones(rank + 1, 2, device=device)
+    halves = torch.tensor([0.5 * (rank + 1), 2.0**-3], dtype=torch.float64, device=device)
+    rows = torch.arange(3, device=device) + 3 * rank  # 2 * ws + 1 rows: 3 per rank, 1 repeated
+    return here(device), {
+        "gather": describe(ad.gather(mine)),
+        "pad": describe(ad.pad_across_processes(ragged, pad_index=5)),
+        "mean": describe(ad.reduce(halves)),
+        "metrics": describe(ad.gather_for_metrics(rows, 2 * ws + 1)),
+        "state": (ad.PartialState().device.type, ws)}
+
+
+@pytest.mark.parametrize("config", HELPER_CONFIGS)
+def test_accelerates_names(config):
+    ws = config.world_size
+
+    def expect(rank, dev):
+        every = [tensors_of(r) for r in range(ws)]
+        padded = torch.full((ws, 2), 5.0)
+        padded[:rank + 1] = 1.0
+        kept = torch.cat([torch.arange(3 if r == 0 else 2) + 3 * r for r in range(ws)])
+        return {"gather": describe({n: torch.cat([t[n].reshape(-1) if t[n].dim() == 0 else t[n]
+                                                  for t in every]) for n in every[0]}, dev),
+                "pad": describe(padded, dev),
+                "mean": describe(sum(torch.tensor([0.5 * (r + 1), 2.0**-3], dtype=torch.float64)
+                                     for r in range(ws)) / ws, dev),
+                "metrics": describe(kept, dev),
+                "state": (dev.split(":")[0], ws)}
+    check_ranks(run_on(config, _porting_body), expect)
