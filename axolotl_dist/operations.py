@@ -62,36 +62,29 @@ def flatten(data: Any, what: str, path: str = "data") -> Tuple[List[Any], List[s
     """
     if isinstance(data, torch.Tensor):
         return [data], [path], lambda leaves: leaves[0]
+    kind = type(data)
+    make: Callable[[List[Any]], Any]
     if isinstance(data, (list, tuple)):
-        parts = [flatten(item, what, f"{path}[{i}]") for i, item in enumerate(data)]
-        kind = type(data)
-
-        def rebuild_seq(leaves: Sequence[Any]) -> Any:
-            items, at = [], 0
-            for part in parts:
-                n = len(part[0])
-                items.append(part[2](leaves[at:at + n]))
-                at += n
-            if _is_namedtuple(data):
-                return kind(*items)
-            return kind(items)
-        return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], rebuild_seq
-    if isinstance(data, Mapping):
+        keys: List[Any] = list(range(len(data)))
+        labels = [f"{path}[{k}]" for k in keys]
+        make = (lambda items: kind(*items)) if _is_namedtuple(data) else kind
+    elif isinstance(data, Mapping):
         keys = list(data)
-        parts = [flatten(data[k], what, f"{path}[{k!r}]") for k in keys]
-        mapping = type(data)
+        labels = [f"{path}[{k!r}]" for k in keys]
+        make = lambda items: kind(dict(zip(keys, items)))  # noqa: E731 - as accelerate builds it
+    else:
+        raise TypeError(
+            f"{what}: {path} is a {type(data).__name__}, not a tensor: {what} takes a tensor or "
+            "lists, tuples and dicts of tensors; use gather_object for other Python objects")
+    parts = [flatten(data[k], what, label) for k, label in zip(keys, labels)]
 
-        def rebuild_map(leaves: Sequence[Any]) -> Any:
-            out, at = {}, 0
-            for k, part in zip(keys, parts):
-                n = len(part[0])
-                out[k] = part[2](leaves[at:at + n])
-                at += n
-            return mapping(out)  # type: ignore[call-arg]
-        return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], rebuild_map
-    raise TypeError(
-        f"{what}: {path} is a {type(data).__name__}, not a tensor: {what} takes a tensor or "
-        "lists, tuples and dicts of tensors; use gather_object for other Python objects")
+    def rebuild(leaves: Sequence[Any]) -> Any:
+        items, at = [], 0
+        for part_leaves, _, part_rebuild in parts:
+            items.append(part_rebuild(leaves[at:at + len(part_leaves)]))
+            at += len(part_leaves)
+        return make(items)
+    return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], rebuild
 
 
 # --------------------------------------------------------------------------- gather
@@ -367,6 +360,17 @@ def _pad_one(t: torch.Tensor, dim: int, size: int, pad_index: Any, pad_first: bo
     return out
 
 
+def _check_pad_sizes(everyone: List[List[int]], me: int, dim: int) -> None:
+    """Every rank has as many tensors as this one, with ``dim`` in the same ones."""
+    sizes = everyone[me]
+    for r, theirs in enumerate(everyone):
+        if len(theirs) != len(sizes) or [s < 0 for s in theirs] != [s < 0 for s in sizes]:
+            raise ValueError(
+                f"pad_across_processes: rank {me} passed {len(sizes)} tensor(s) with "
+                f"dim {dim} sizes {sizes} but rank {r} passed {theirs} (-1: no dim {dim}): "
+                "pass the same structure, with the same number of dims, on every rank")
+
+
 @collective("pad_across_processes", lambda a: {"dim": a["dim"]})
 def pad_across_processes(g: Optional[Group], tensor: Any, dim: int = 0, pad_index: Any = 0,
                          pad_first: bool = False,
@@ -388,12 +392,7 @@ def pad_across_processes(g: Optional[Group], tensor: Any, dim: int = 0, pad_inde
     rows, heads = _exchange(g, [torch.tensor(sizes, dtype=torch.int64)], ["sizes"],
                             "pad_across_processes")
     everyone = [_unpack(rows[r, :h[0]], h)[0].tolist() for r, h in enumerate(heads)]
-    for r, theirs in enumerate(everyone):
-        if len(theirs) != len(sizes) or [s < 0 for s in theirs] != [s < 0 for s in sizes]:
-            raise ValueError(
-                f"pad_across_processes: rank {g.rank} passed {len(sizes)} tensor(s) with "
-                f"dim {dim} sizes {sizes} but rank {r} passed {theirs} (-1: no dim {dim}): "
-                "pass the same structure, with the same number of dims, on every rank")
+    _check_pad_sizes(everyone, g.rank, dim)
     return rebuild([t if s < 0 else _pad_one(t, dim, max(e[i] for e in everyone), pad_index,
                                             pad_first)
                     for i, (t, s) in enumerate(zip(leaves, sizes))])
