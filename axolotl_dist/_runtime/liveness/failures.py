@@ -25,7 +25,7 @@ from .heartbeat import exit_connection
 from .judge import ASLEEP_LOOKS, Watch, lost_error
 from .peers import peer_record, store_host_gone, store_lost_error
 from .whereabouts import same_machine
-from ...errors import AxolotlDistError, RankFailedError
+from ...errors import AxolotlDistError, DistributedEnvError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -73,14 +73,17 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
     """The :class:`RankFailedError` for a report stored with :func:`publish_error`; with ``me``
     (this rank's rank in the group), acknowledge it for :func:`await_readers`."""
     try:
-        error = learn(RankFailedError.from_report(store.get(key)))
+        data = store.get(key)
         if me is not None:
             store.set(keys.ack(key, me), b"")
     except Exception as exc:  # noqa: BLE001
         if is_store_error(exc):
             raise store_lost_error(exc, "reading another rank's failure") from exc
         raise
-    return error
+    try:
+        return learn(RankFailedError.from_report(data))
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(key, None, exc)) from None
 
 
 def linger_timeout() -> float:

@@ -67,7 +67,7 @@ from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.polls import poll_until
 from . import recorder as trace
 from . import guards
-from ...errors import CollectiveMismatchError
+from ...errors import CollectiveMismatchError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -261,7 +261,7 @@ class Block:
             calls={other: f"{self.noun} {label(other_desc, other_site, other)}",
                    self.rank: f"{self.noun} {label(self.desc, str(self.site), self.rank)}"})
         key = f"{self.base}/mismatch"
-        payload = records.block_report(self.rank, error)
+        payload = records.mismatch(error, self.rank)
         ours = self.store.compare_set(key, "", payload) == payload  # the first report wins
         for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
             if self.store.add(word0, MISMATCH) & bells.BELL:
@@ -299,7 +299,11 @@ class Block:
         store."""
         if name == "mismatch":
             key = f"{self.base}/mismatch"
-            publisher, error = records.read_block_report(self.store.get(key))
+            try:
+                publisher, message, calls, missing = records.read_mismatch(self.store.get(key))
+            except records.BadRecord as exc:
+                raise DistributedEnvError(records.unreadable(key, None, exc)) from None
+            error = CollectiveMismatchError(message, calls, missing)
             self.store.set(keys.ack(key, self.rank), b"")
         else:
             key = f"{self.keys[0]}/error"

@@ -71,12 +71,17 @@ class Call:
         self.site = site
         self.pid, self.host = os.getpid(), HOST
 
-    def __getstate__(self) -> tuple:
+    def fields(self) -> tuple:
+        """What :func:`..store.records.call_record` stores."""
         return tuple(getattr(self, s) for s in self.__slots__)
 
-    def __setstate__(self, state: tuple) -> None:
-        for slot, value in zip(self.__slots__, state):
-            setattr(self, slot, value)
+    @classmethod
+    def from_fields(cls, fields: tuple) -> "Call":
+        """The call another rank stored (:func:`..store.records.read_call_record`)."""
+        call = cls.__new__(cls)
+        for slot, value in zip(cls.__slots__, fields):
+            setattr(call, slot, value)
+        return call
 
     def digest(self) -> str:
         """What must be equal on every rank, hashed (the same on every rank and host)."""
@@ -175,7 +180,7 @@ def _store_lost(exc: BaseException, seq: int, me: Call, group: Group
 def _post(ctx: _Ctx) -> None:
     """Store this rank's record and count it, digest first (see :meth:`_Ctx.counts`)."""
     store, p = ctx.store, ctx.prefix
-    store.set(f"{p}/c/{ctx.me.rank}", records.call_record(ctx.me))
+    store.set(f"{p}/c/{ctx.me.rank}", records.call_record(ctx.me.fields()))
     store.add(f"{p}/d/{ctx.digest}", 1)
     ctx.log.posted[ctx.seq] = ctx.digest
     if store.add(f"{p}/n", 1) > ABORT:  # the others gave up on this call before we came
@@ -291,7 +296,7 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
         raise _mismatch_error(ctx, calls)
     error = _missing_error(ctx, calls, dead)
     try:
-        ctx.store.set(f"{ctx.prefix}/abort", records.call_record(error))
+        ctx.store.set(f"{ctx.prefix}/abort", records.mismatch(error, ctx.me.rank))
         ctx.store.add(f"{ctx.prefix}/n", ABORT)
     except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
         raise error from None
@@ -314,7 +319,7 @@ def _records(ctx: _Ctx, seq: Optional[int] = None, ranks: Optional[Sequence[int]
         ranks = _present(ctx, seq)
     if not ranks:
         return []
-    return [records.read_call_record(b)
+    return [Call.from_fields(records.read_call_record(b))
             for b in ctx.store.multi_get([f"{p}/c/{r}" for r in ranks])]
 
 
@@ -419,7 +424,8 @@ def _missing_error(ctx: _Ctx, calls: List[Call], dead: Dict[int, str]) -> Collec
 
 def _read_abort(ctx: _Ctx, late: bool) -> CollectiveMismatchError:
     """The error a rank published when it gave up on this call."""
-    error = records.read_call_record(ctx.store.get(f"{ctx.prefix}/abort"))
+    _, message, calls, missing = records.read_mismatch(ctx.store.get(f"{ctx.prefix}/abort"))
+    error = CollectiveMismatchError(message, calls, missing)
     _acknowledge(ctx, f"{ctx.prefix}/abort", [r for r in range(ctx.ws) if r not in error.missing])
     if not isinstance(error, CollectiveMismatchError):  # pragma: no cover - defensive
         return CollectiveMismatchError(str(error))

@@ -7,9 +7,9 @@ helpers' own encoding, which crosses collectives, is :mod:`..protocols.exchange`
 record             key (:mod:`.keys`)                         encoding
 =================  =========================================  =================================
 failure report     a block's ``error``, an exit record's       the fields of a
-                   report, shared_map's ``error/<rank>``       ``RankFailedError`` (pickled)
+                   report, shared_map's ``error/<rank>``       ``RankFailedError`` (JSON)
 exit record        ``axd/exit/<rank>``                          ``(report or None, time)``
-                                                               (pickled)
+                                                               (JSON)
 peer record        ``axolotl_dist/<run>/who/<rank>``            ``host|pid|machine|by_store|``
                                                                ``launcher``
 document           the run note, the judge's verdicts, a       JSON
@@ -17,52 +17,132 @@ document           the run note, the judge's verdicts, a       JSON
                    wait's description, shared_map's entries
 stuck mark         ``axolotl_dist/<run>/stuck/<rank>``          ``serial|deadlock index``
 block site         a block's ``site``                          ``rank|tag|desc|site``
-block report       a block's ``error`` / ``mismatch``           ``(publisher, error)`` (pickled)
-call record        debug mode's ``c/<rank>``, ``abort``         the record object (pickled)
+mismatch           a block's ``mismatch``, debug mode's         publisher, message, calls,
+                   ``abort``                                   missing ranks (JSON)
+call record        debug mode's ``c/<rank>``                    the call's fields (JSON)
 warning entry      ``axd/warn_log``                             ``rank<TAB>text<RS>`` appended
 clock              ``axd/clk/.../pong``                         rank 0's clock, decimal
 =================  =========================================  =================================
 
-Which of these may be unpickled (and the plan to make them plain data) is the trust model's
-business (docs/design.md, "Store keys"); that change is one module's.
+Nothing here is pickled (docs/design.md, decision 19): a JSON record carries its version and
+kind, is refused unread past :data:`MAX_RECORD` bytes, and is checked field by field; anything
+else is a :class:`BadRecord`, which its reader turns into an error naming the key.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover - errors imports this module
+    from ...errors import CollectiveMismatchError
 
 __all__ = [
     "failure", "read_failure", "exit_record", "read_exit", "peer", "read_peer", "document",
-    "read_document", "stuck_mark", "read_stuck_mark", "site", "read_site", "block_report",
-    "read_block_report", "call_record", "read_call_record", "warning_entry",
+    "read_document", "stuck_mark", "read_stuck_mark", "site", "read_site",
+    "mismatch", "read_mismatch", "call_record", "read_call_record",
+    "warning_entry", "VERSION", "MAX_RECORD", "BadRecord", "unreadable",
     "read_warning_entries", "WARNING_END", "clock", "read_clock",
 ]
 
 
+# --- the plain encoding ----------------------------------------------------------------------
+
+#: The version of the kit's records; a record of another version is refused, not guessed at.
+VERSION = 1
+#: The most bytes a record may hold (a report's traceback is most of it): more is refused
+#: before it is parsed.
+MAX_RECORD = 1 << 20
+
+
+class BadRecord(ValueError):
+    """A record this version of the kit did not write: truncated, too large, garbled, another
+    version's or another program's (a reader names the key and the writer)."""
+
+
+def unreadable(key: str, writer: Optional[int], exc: BadRecord) -> str:
+    """What a reader says of a bad record: the key, who wrote it, why, and what it means."""
+    who = f", written as rank {writer}'s," if writer is not None else ""
+    return (f"the kit's record at store key {key!r}{who} is not one this version of "
+            f"axolotl_dist writes ({exc}): every rank must run the same axolotl_dist, and "
+            "only the job's own processes may write to its c10d store (MASTER_ADDR:MASTER_PORT "
+            "reachable by others lets them; docs/design.md, \"Trust model\")")
+
+
+def _encode(kind: str, body: Any) -> bytes:
+    return json.dumps({"v": VERSION, "k": kind, "b": body}, separators=(",", ":")).encode()
+
+
+def _decode(kind: str, data: Any) -> Any:
+    """The body of a ``kind`` record; :class:`BadRecord` saying why for anything else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadRecord(f"a {kind} record is bytes, got {type(data).__name__}")
+    if len(data) > MAX_RECORD:
+        raise BadRecord(f"{len(data)} bytes, over the {MAX_RECORD}-byte bound of a record")
+    try:
+        doc = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRecord(f"not a record of the kit ({len(data)} bytes that are not its JSON: "
+                        f"{type(exc).__name__})") from None
+    if not isinstance(doc, dict) or "b" not in doc:
+        raise BadRecord("not a record of the kit (JSON without its fields)")
+    if doc.get("v") != VERSION:
+        raise BadRecord(f"a record of version {doc.get('v')!r}, this kit reads {VERSION}: every "
+                        "rank must run the same axolotl_dist")
+    if doc.get("k") != kind:
+        raise BadRecord(f"a {doc.get('k')!r} record where a {kind} record belongs")
+    return doc["b"]
+
+
+def _check(kind: str, body: Any, types: Tuple[Any, ...]) -> list:
+    """``body`` as a list of fields of the given types (``None`` allowed where a type is a
+    tuple holding ``type(None)``)."""
+    if not isinstance(body, list) or len(body) != len(types):
+        raise BadRecord(f"a {kind} record has {len(types)} fields")
+    for i, (value, want) in enumerate(zip(body, types)):
+        if isinstance(value, bool) and want is int or not isinstance(value, want):
+            raise BadRecord(f"field {i} of a {kind} record is {type(value).__name__}")
+    return body
+
+
+def _ints(kind: str, values: Any) -> Tuple[int, ...]:
+    if not isinstance(values, list) or not all(type(v) is int for v in values):
+        raise BadRecord(f"a {kind} record's ranks are not a list of ints")
+    return tuple(values)
+
+
 # --- failures and exits ----------------------------------------------------------------------
+
+_OPT = (str, type(None))
+_FAILURE = (int, str, str, _OPT, str, list, _OPT)
+
 
 def failure(fields: tuple) -> bytes:
     """A failure report: the fields of a ``RankFailedError`` (``errors.RankFailedError``'s
-    ``to_report`` calls this)."""
-    return pickle.dumps(fields)
+    ``to_report`` calls this): rank, exception type, message, traceback text, where, ranks,
+    machine."""
+    rank, exc_type, message, tb, where, ranks, machine = fields
+    return _encode("failure", [rank, exc_type, message, tb, where, list(ranks), machine])
 
 
 def read_failure(data: bytes) -> tuple:
-    """The fields of a failure report made by :func:`failure`."""
-    return tuple(pickle.loads(data))
+    """The fields of a failure report made by :func:`failure` (:class:`BadRecord` if not)."""
+    body = _check("failure", _decode("failure", data), _FAILURE)
+    body[5] = _ints("failure", body[5])
+    return tuple(body)
 
 
 def exit_record(report: Optional[bytes], when: float) -> bytes:
     """A rank's exit record: the failure it exits on (a report, or None) and the time."""
-    return pickle.dumps((report, when))
+    return _encode("exit", [None if report is None else report.decode("utf-8"), when])
 
 
 def read_exit(data: bytes) -> Tuple[Optional[bytes], float]:
     """``(report or None, time)`` of an exit record made by :func:`exit_record`."""
-    report, when = pickle.loads(data)
-    return report, when
+    report, when = _check("exit", _decode("exit", data), (_OPT, (int, float)))
+    if report is not None:
+        read_failure(report.encode("utf-8"))  # validated here, used later
+    return (None if report is None else report.encode("utf-8")), float(when)
 
 
 # --- peers -------------------------------------------------------------------------------------
@@ -119,27 +199,42 @@ def read_site(data: str) -> Tuple[int, str, Optional[str], str]:
     return int(rank), tag, desc or None, where
 
 
-def block_report(publisher: int, error: BaseException) -> bytes:
-    """A block's failure or mismatch as its publisher stored it."""
-    return pickle.dumps((publisher, error))
+def mismatch(error: "CollectiveMismatchError", publisher: int = -1) -> bytes:
+    """A ``CollectiveMismatchError`` a rank publishes (a block's mismatch, debug mode giving
+    up): its message, its calls and missing ranks, and who published it."""
+    return _encode("mismatch", [publisher, str(error.args[0]) if error.args else "",
+                                {str(k): v for k, v in error.calls.items()},
+                                list(error.missing)])
 
 
-def read_block_report(data: bytes) -> Tuple[int, BaseException]:
-    """``(publisher, error)`` of a :func:`block_report`."""
-    publisher, error = pickle.loads(data)
-    return publisher, error
+def read_mismatch(data: bytes) -> Tuple[int, str, Dict[int, str], Tuple[int, ...]]:
+    """``(publisher, message, calls, missing)`` of a :func:`mismatch` record: the arguments of
+    the ``CollectiveMismatchError`` it describes, and who published it."""
+    publisher, message, calls, missing = _check("mismatch", _decode("mismatch", data),
+                                                (int, str, dict, list))
+    if not all(k.lstrip("-").isdigit() and isinstance(v, str) for k, v in calls.items()):
+        raise BadRecord("a mismatch record's calls are not rank -> text")
+    return (publisher, message, {int(k): v for k, v in calls.items()},
+            _ints("mismatch", missing))
 
 
 # --- debug mode --------------------------------------------------------------------------------
 
-def call_record(record: Any) -> bytes:
-    """Debug mode's record of one rank's call, or the error a rank published on giving up."""
-    return pickle.dumps(record)
+_CALL = (int, int, str, dict, str, int, str)
 
 
-def read_call_record(data: bytes) -> Any:
-    """What :func:`call_record` stored."""
-    return pickle.loads(data)
+def call_record(fields: tuple) -> bytes:
+    """Debug mode's record of one rank's call: rank, global rank, helper, the arguments that
+    must agree (name -> a number, text, bool or None), call site, pid, host."""
+    return _encode("call", list(fields))
+
+
+def read_call_record(data: bytes) -> tuple:
+    """The fields of a :func:`call_record`."""
+    body = _check("call", _decode("call", data), _CALL)
+    if not all(isinstance(v, (int, float, str, bool, type(None))) for v in body[3].values()):
+        raise BadRecord("a call record's arguments are not plain values")
+    return tuple(body)
 
 
 # --- warnings and clocks -----------------------------------------------------------------------
