@@ -186,7 +186,10 @@ class _Heartbeat:
         key = keys.exit_record(self.host)
         if self.host in STATE.exits or not self.store.check([key]):
             return
-        STATE.exits[self.host] = records.read_exit(self.store.get(key))  # type: ignore[index]
+        try:
+            STATE.exits[self.host] = records.read_exit(self.store.get(key))  # type: ignore[index]
+        except records.BadRecord:
+            STATE.exits[self.host] = (None, time.time())  # type: ignore[index] # unreadable
         if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
             bells.release_all()
         self.store.set(keys.ack(key, self.rank), b"")

@@ -240,8 +240,13 @@ class Watch:
                       if serial and int(index) < len(deadlocks) else None)
 
     def _read_exit(self, rank: int) -> None:
-        report, when = records.read_exit(self.store.get(keys.exit_record(rank)))
-        self.store.set(keys.ack(keys.exit_record(rank), self.me), b"")
+        key = keys.exit_record(rank)
+        try:
+            report, when = records.read_exit(self.store.get(key))
+        except records.BadRecord as exc:  # not the kit's: the rank is gone all the same
+            report, when = records.failure((rank, "DistributedEnvError", records.unreadable(
+                key, rank, exc), None, "its exit", (), None)), time.time()
+        self.store.set(keys.ack(key, self.me), b"")
         STATE.exits.setdefault(rank, (report, when))
         self.exited[rank] = self._from_record(rank, report, when)
 

@@ -172,7 +172,12 @@ def read_document(data: Optional[bytes], empty: Any = None) -> Any:
     """The value of a JSON document; ``empty`` (default ``{}``) for an empty or missing one."""
     if not data:
         return {} if empty is None else empty
-    return json.loads(data)
+    if len(data) > MAX_RECORD:
+        raise BadRecord(f"{len(data)} bytes, over the {MAX_RECORD}-byte bound of a record")
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRecord(f"not a JSON document ({type(exc).__name__})") from None
 
 
 def stuck_mark(serial: int, index: int) -> str:
