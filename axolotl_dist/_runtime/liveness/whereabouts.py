@@ -197,8 +197,13 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
         for i, rank in enumerate(ranks):
             beats[rank] = int(values[len(ranks) + i]) & BEATS
             if rank not in got:
-                data = records.read_document(values[i])
-                if data.get("request", 0) >= wanted[rank][0]:
+                try:
+                    data = records.read_document(values[i])
+                except records.BadRecord as exc:
+                    data = {"unreadable": records.unreadable(names[i], rank, exc)}
+                if not isinstance(data, dict):
+                    data = {"unreadable": f"the answer at {names[i]} is not a JSON object"}
+                if "unreadable" in data or data.get("request", 0) >= wanted[rank][0]:
                     got[rank] = data
         if len(got) == len(wanted) or time.monotonic() >= deadline:
             break
@@ -211,6 +216,8 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
 
 def _describe(data: Dict[str, Any], waiting: str = "") -> str:
     """Where one rank is; ``waiting`` (what a group of ranks waits for) follows its kit call."""
+    if "unreadable" in data:
+        return str(data["unreadable"])
     user = data.get("user") or []  # innermost first
     call = data.get("call")
     if call is not None:
@@ -357,8 +364,12 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
     """The report of the run whose root store is ``store`` (all ranks by default)."""
     if not store.check([keys.RUN_NOTE]):
         return "  no axolotl_dist run has registered with this store (yet)"
-    info = records.read_document(store.get(keys.RUN_NOTE))
-    run, world = info["run"], int(info["world"])
+    try:
+        info = records.read_document(store.get(keys.RUN_NOTE))
+        run, world = str(info["run"]), int(info["world"])
+    except (records.BadRecord, TypeError, KeyError, ValueError) as exc:
+        return (f"  the run's note at store key {keys.RUN_NOTE!r} is not one this version of "
+                f"axolotl_dist writes ({type(exc).__name__}: {exc})")
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
     peers: Dict[int, Peer] = {}
