@@ -229,8 +229,13 @@ atexit.register(mark, "exit")
 ad.init_distributed()
 assert ad.get_rank() == rank, (ad.get_rank(), rank)
 """
-#: Seconds a launcher may take to exit after the last rank of the run ended.
-_EXIT_LAG = 5.0
+#: Seconds every rank's exit hooks (the kit's exit work) may end after the run's last rank line.
+_HOOKS_LAG = 3.0
+#: Seconds a launcher may take to exit after the last rank of the run ended: torch elastic's
+#: agent (torchrun's, and axolotl-dist's on several nodes) polls its workers and shuts down in
+#: a few seconds, more on a loaded machine (6.3 s measured under a CI run beside another suite);
+#: a launcher left waiting on a dead peer or a store's linger takes tens of seconds.
+_EXIT_LAG = 12.0
 #: The longest a launched run may take before the test fails (and kills it).
 _RUN_TIMEOUT = 120.0
 
@@ -298,6 +303,16 @@ def _lags(tmp_path, launched, ranks: Sequence[int] = range(4)) -> str:
 
     return (f"last lines {since(ends)}, exit hooks done {since(exits)}, launchers exited "
             f"{[round((l.ended_at or zero) - zero, 2) for l in launched]}")
+
+
+def _assert_prompt_exit(tmp_path, launched, last_line: float) -> None:
+    """Every rank's exit hooks ended within :data:`_HOOKS_LAG` s of ``last_line`` (the kit's
+    exit work), and every launcher within :data:`_EXIT_LAG` s."""
+    hooks = [round(t - last_line, 2) for t in _marks(tmp_path, "exit").values()]
+    lags = [round(node.ended_at - last_line, 2) for node in launched]
+    detail = (hooks, lags, _lags(tmp_path, launched), [l.describe() for l in launched])
+    assert len(hooks) == 4 and all(h < _HOOKS_LAG for h in hooks), detail
+    assert all(lag < _EXIT_LAG for lag in lags), detail
 
 
 def _wait_marks(tmp_path, name: str, ranks: Sequence[int], launched, timeout: float = 90.0):
@@ -409,8 +424,7 @@ def test_two_launched_nodes_run_clean_and_each_launcher_exits_promptly(tmp_path,
     lags = [round(node.ended_at - max(ends.values()), 2) for node in launched]
     print(f"{launcher}: launchers exited {lags} s after the last rank's last line "
           f"({_lags(tmp_path, launched)})")
-    assert all(lag < _EXIT_LAG for lag in lags), (lags, _lags(tmp_path, launched),
-                                                  [l.describe() for l in launched])
+    _assert_prompt_exit(tmp_path, launched, max(ends.values()))
 
 
 @needs_network
@@ -435,8 +449,7 @@ def test_a_node_whose_ranks_ended_says_why_it_waits_and_exits_with_the_last_rank
           f"exited {lags} s after rank 0's last line ({_lags(tmp_path, launched)})")
     err = launched[1].stderr
     assert "this node's ranks have ended; waiting for the other node(s) to finish" in err, err
-    assert all(lag < _EXIT_LAG for lag in lags), (lags, _lags(tmp_path, launched),
-                                                  [l.describe() for l in launched])
+    _assert_prompt_exit(tmp_path, launched, last)
 
 
 #: Rank 0 holds a zero_first block (until the file "go", at most 60 s); the others wait at its
