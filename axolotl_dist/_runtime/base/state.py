@@ -202,8 +202,8 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.protocols.codes.CODES": "a registry: the helpers' header codes",
     "axolotl_dist._runtime.protocols.codes.GATHERS": "a registry: the gathers among them",
     "axolotl_dist._runtime.protocols.exchange._NO_SPLITS": "a constant (equal splits)",
-    "axolotl_dist._runtime.protocols.exchange._DTYPES_BY_NAME": "a table",
-    "axolotl_dist._runtime.protocols.exchange._NAME_OF_DTYPE": "a table",
+    "axolotl_dist._runtime.store.records._DTYPES_BY_NAME": "a table",
+    "axolotl_dist._runtime.store.records._NAME_OF_DTYPE": "a table",
     "axolotl_dist._runtime.protocols.map_cache._FIXES": "a table",
     "axolotl_dist._runtime.protocols.recorder._SYNC": "a registry: how each call's ranks "
                                                       "synchronize",

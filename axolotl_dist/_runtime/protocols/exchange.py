@@ -43,7 +43,6 @@ that translation happens.
 from __future__ import annotations
 
 import ctypes
-import math
 import pickle
 import reprlib
 import struct
@@ -59,6 +58,7 @@ from ..base.groups import HEADER_LEN, Group, learn
 from ..base.state import STATE
 from ..base.tracebacks import safe_str
 from ..liveness import waits as wait
+from ..store import records
 from ..liveness.failures import diagnose_lost_peer, failure_report
 from . import recorder as trace
 from .codes import CODES, GATHERS, mismatch_error
@@ -165,7 +165,7 @@ def encode(value: Any, what: str = "value") -> Encoded:
         return Encoded(list(header))
     if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.layout == torch.strided:
         flat = resolved(value.detach())
-        meta = _tensor_meta(flat, value.requires_grad)
+        meta = records.tensor_description(flat, value.requires_grad)
         if flat.device.type == "meta":
             return Encoded([TENSOR, len(meta), 0, 0], _bytes_tensor(meta))
         flat = flat.reshape(-1)
@@ -178,7 +178,7 @@ def encode(value: Any, what: str = "value") -> Encoded:
         payload = torch.cat([_bytes_tensor(meta), data])
         return Encoded([TENSOR, len(meta), int(data.numel()), 0], payload)
     if type(value) is int:  # beyond int64: decimal text, not a pickle
-        data = str(value).encode()
+        data = records.bigint(value)
         return Encoded([BIGINT, len(data), 0, 0], _bytes_tensor(data))
     data = _pickle(value, what)
     return Encoded([PICKLE, len(data), 0, 0], _bytes_tensor(data))
@@ -218,10 +218,10 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
     if kind == ERROR:
         raise learn(RankFailedError.from_report(raw))
     if kind == BIGINT:
-        return _read_bigint(raw)
+        return records.read_bigint(raw)
     if kind == TENSOR:
         meta_len, data_len = header[1], header[2]
-        dtype, shape, device_type, requires_grad = _read_tensor_meta(
+        dtype, shape, device_type, requires_grad = records.read_tensor_description(
             tensor_bytes(payload[:meta_len]), data_len)
         target = _target_device(device_type, device)
         if device_type == "meta":
@@ -237,51 +237,6 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
             out.requires_grad_(True)
         return out
     raise ValueError(f"corrupt header {header}: ranks are running different helpers")
-
-
-#: Every dtype torch has, by its name as a tensor's description carries it (24 bytes, NUL
-#: padded), with its item size: what a description may name (nothing else is looked up on
-#: the torch module, whose ``__getattr__`` imports submodules).
-_META = struct.Struct("<24s16sB?")
-_DTYPES_BY_NAME = {str(d).replace("torch.", "").encode().ljust(24, b"\0"): (d, d.itemsize)
-                   for d in vars(torch).values() if isinstance(d, torch.dtype)}
-_NAME_OF_DTYPE = {d: name for name, (d, _) in _DTYPES_BY_NAME.items()}
-_MAX_NDIM = 64
-
-
-def _tensor_meta(flat: torch.Tensor, requires_grad: bool) -> bytes:
-    """A tensor's description: dtype and device type names, number of dims, requires_grad,
-    then the shape (int64 each)."""
-    ndim = flat.dim()
-    return _META.pack(_NAME_OF_DTYPE[flat.dtype], flat.device.type.encode(), ndim,
-                      requires_grad) + struct.pack(f"<{ndim}q", *flat.shape)
-
-
-def _read_tensor_meta(meta: bytes, data_len: int) -> Tuple[torch.dtype, List[int], str, bool]:
-    """``(dtype, shape, device type, requires_grad)`` of a :func:`_tensor_meta`, checked
-    against the bytes that follow it; ``ValueError`` for anything a rank of the kit would not
-    have sent."""
-    if len(meta) < _META.size:
-        raise ValueError(f"a tensor's description is {len(meta)} bytes, under {_META.size}")
-    name, device, ndim, requires_grad = _META.unpack_from(meta)
-    known = _DTYPES_BY_NAME.get(name)
-    device_type = device.rstrip(b"\0").decode("ascii", "replace")
-    if known is None or not device_type.isidentifier() or ndim > _MAX_NDIM \
-            or len(meta) != _META.size + 8 * ndim:
-        raise ValueError("a tensor's description is not one the kit writes")
-    shape = list(struct.unpack_from(f"<{ndim}q", meta, _META.size))
-    if min(shape, default=0) < 0 or (device_type != "meta"
-                                     and math.prod(shape) * known[1] != data_len):
-        raise ValueError(f"a tensor's description (shape {shape}) does not match its "
-                         f"{data_len} bytes")
-    return known[0], shape, device_type, bool(requires_grad)
-
-
-def _read_bigint(raw: bytes) -> int:
-    text = raw.decode("ascii", "replace")
-    if not 0 < len(text) <= 10_000 or not text.lstrip("-").isdigit():
-        raise ValueError("an int's decimal text is not one the kit writes")
-    return int(text)
 
 
 def _target_device(device_type: str, device: Optional[torch.device]) -> torch.device:

@@ -24,6 +24,9 @@ warning entry      ``axd/warn_log``                             ``rank<TAB>text<
 clock              ``axd/clk/.../pong``                         rank 0's clock, decimal
 =================  =========================================  =================================
 
+It also packs what the value helpers send beside a tensor's bytes (its description) and an
+int beyond int64, which cross collectives (:mod:`..protocols.exchange` frames them).
+
 Nothing here is pickled (docs/design.md, decision 19): a JSON record carries its version and
 kind, is refused unread past :data:`MAX_RECORD` bytes, and is checked field by field; anything
 else is a :class:`BadRecord`, which its reader turns into an error naming the key.
@@ -32,16 +35,18 @@ else is a :class:`BadRecord`, which its reader turns into an error naming the ke
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+import math
+import struct
+from typing import Any, Dict, List, Optional, Tuple
 
-if TYPE_CHECKING:  # pragma: no cover - errors imports this module
-    from ...errors import CollectiveMismatchError
+import torch
 
 __all__ = [
     "failure", "read_failure", "exit_record", "read_exit", "peer", "read_peer", "document",
     "read_document", "stuck_mark", "read_stuck_mark", "site", "read_site",
     "mismatch", "read_mismatch", "call_record", "read_call_record",
     "warning_entry", "VERSION", "MAX_RECORD", "BadRecord", "unreadable",
+    "tensor_description", "read_tensor_description", "bigint", "read_bigint",
     "read_warning_entries", "WARNING_END", "clock", "read_clock",
 ]
 
@@ -145,6 +150,59 @@ def read_exit(data: bytes) -> Tuple[Optional[bytes], float]:
     return (None if report is None else report.encode("utf-8")), float(when)
 
 
+# --- the value helpers' payloads (they cross collectives, not the store) -----------------
+
+#: Every dtype torch has, by its name as a tensor's description carries it (24 bytes, NUL
+#: padded), with its item size: what a description may name (nothing else is looked up on
+#: the torch module, whose ``__getattr__`` imports submodules).
+_META = struct.Struct("<24s16sB?")
+_DTYPES_BY_NAME = {str(d).replace("torch.", "").encode().ljust(24, b"\0"): (d, d.itemsize)
+                   for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_NAME_OF_DTYPE = {d: name for name, (d, _) in _DTYPES_BY_NAME.items()}
+_MAX_NDIM = 64
+
+
+def tensor_description(flat: torch.Tensor, requires_grad: bool) -> bytes:
+    """A tensor's description: dtype and device type names, number of dims, requires_grad,
+    then the shape (int64 each)."""
+    ndim = flat.dim()
+    return _META.pack(_NAME_OF_DTYPE[flat.dtype], flat.device.type.encode(), ndim,
+                      requires_grad) + struct.pack(f"<{ndim}q", *flat.shape)
+
+
+def read_tensor_description(meta: bytes, data_len: int) -> Tuple[torch.dtype, List[int], str, bool]:
+    """``(dtype, shape, device type, requires_grad)`` of a :func:`tensor_description`, checked
+    against the bytes that follow it; :class:`BadRecord` for anything a rank of the kit would
+    not have sent."""
+    if len(meta) < _META.size:
+        raise BadRecord(f"a tensor's description is {len(meta)} bytes, under {_META.size}")
+    name, device, ndim, requires_grad = _META.unpack_from(meta)
+    known = _DTYPES_BY_NAME.get(name)
+    device_type = device.rstrip(b"\0").decode("ascii", "replace")
+    if known is None or not device_type.isidentifier() or ndim > _MAX_NDIM \
+            or len(meta) != _META.size + 8 * ndim:
+        raise BadRecord("a tensor's description is not one the kit writes")
+    shape = list(struct.unpack_from(f"<{ndim}q", meta, _META.size))
+    if min(shape, default=0) < 0 or (device_type != "meta"
+                                     and math.prod(shape) * known[1] != data_len):
+        raise BadRecord(f"a tensor's description (shape {shape}) does not match its "
+                         f"{data_len} bytes")
+    return known[0], shape, device_type, bool(requires_grad)
+
+
+def bigint(value: int) -> bytes:
+    """An int beyond int64, as the value helpers send it: decimal text."""
+    return str(value).encode()
+
+
+def read_bigint(raw: bytes) -> int:
+    """The int of a :func:`bigint`."""
+    text = raw.decode("ascii", "replace")
+    if not 0 < len(text) <= 10_000 or not text.lstrip("-").isdigit():
+        raise BadRecord("an int's decimal text is not one the kit writes")
+    return int(text)
+
+
 # --- peers -------------------------------------------------------------------------------------
 
 def peer(host: str, pid: int, machine: str, by_store: bool, launcher: str) -> str:
@@ -204,8 +262,8 @@ def read_site(data: str) -> Tuple[int, str, Optional[str], str]:
     return int(rank), tag, desc or None, where
 
 
-def mismatch(error: "CollectiveMismatchError", publisher: int = -1) -> bytes:
-    """A ``CollectiveMismatchError`` a rank publishes (a block's mismatch, debug mode giving
+def mismatch(error: Any, publisher: int = -1) -> bytes:
+    """A ``CollectiveMismatchError`` (``error``) a rank publishes (a block's mismatch, debug mode giving
     up): its message, its calls and missing ranks, and who published it."""
     return _encode("mismatch", [publisher, str(error.args[0]) if error.args else "",
                                 {str(k): v for k, v in error.calls.items()},
