@@ -25,7 +25,7 @@ import ctypes
 import math
 import struct
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -154,21 +154,27 @@ def _words(rows: torch.Tensor, count: int) -> List[List[int]]:
     return rows[:, :8 * count].view(torch.int64).tolist()
 
 
+def _layout(words: List[int]) -> Iterator[Tuple[torch.dtype, List[int], int, int]]:
+    """``(dtype, shape, offset, bytes)`` of each leaf a packet describes (``words``: its first
+    int64 words, the description whole)."""
+    desc = words[2:2 + words[1]]
+    i, at = 1, _padded(8 * (2 + len(desc)))
+    for _ in range(desc[0]):
+        ndim = desc[i + 1]
+        shape = desc[i + 2:i + 2 + ndim]
+        n = math.prod(shape) * _ITEMSIZE[desc[i]]
+        yield DTYPES[desc[i]], shape, at, n
+        i += 2 + ndim
+        at += _padded(n)
+
+
 def _unpack(packet: torch.Tensor, words: List[int]) -> Leaves:
     """The leaves of one rank's packet (views into it); ``words``: its first int64 words."""
     if 2 + words[1] > len(words):
         words = _words(packet[None], 2 + words[1])[0]
-    desc = words[2:2 + words[1]]
-    leaves, i, at = [], 1, _padded(8 * (2 + len(desc)))
-    for _ in range(desc[0]):
-        dtype, ndim = DTYPES[desc[i]], desc[i + 1]
-        shape = desc[i + 2:i + 2 + ndim]
-        n = math.prod(shape) * _ITEMSIZE[desc[i]]
-        i += 2 + ndim
-        leaves.append(packet[at:at + n].view(dtype).reshape(shape) if n else
-                      torch.empty(shape, dtype=dtype, device=packet.device))
-        at += _padded(n)
-    return leaves
+    return [packet[at:at + n].view(dtype).reshape(shape) if n else
+            torch.empty(shape, dtype=dtype, device=packet.device)
+            for dtype, shape, at, n in _layout(words)]
 
 
 def _exchange(g: Group, leaves: Leaves, paths: List[str], what: str
@@ -216,12 +222,17 @@ def _check_alike(per_rank: List[Leaves], paths: List[str], me: int, what: str,
                     f"{fix}")
 
 
+def _rows_of(data: Any, what: str) -> Tuple[Leaves, List[str], Rebuild]:
+    """:func:`flatten` of ``data``, each 0-d tensor as a 1-element one (a row)."""
+    leaves, paths, rebuild = flatten(data, what)
+    return [t.reshape(1) if t.dim() == 0 else t for t in leaves], paths, rebuild
+
+
 def gather_parts(g: Optional[Group], data: Any, what: str,
                  group: Optional["ProcessGroup"]) -> Tuple[List[Leaves], List[str], Rebuild]:
     """Every rank's leaves of ``data`` (0-d tensors as 1-element ones), this rank's paths and
     the structure's rebuild function: :func:`gather`'s exchange, before the concatenation."""
-    leaves, paths, rebuild = flatten(data, what)
-    leaves = [t.reshape(1) if t.dim() == 0 else t for t in leaves]
+    leaves, paths, rebuild = _rows_of(data, what)
     if g is None:
         return [leaves], paths, rebuild
     rows, heads = _exchange(g, leaves, paths, what)
@@ -237,18 +248,12 @@ _JOIN_FIX = ("tensors are joined on dim 0, so every other dim must agree: "
 def _joined_alike(rows: torch.Tensor, words: List[int]) -> Leaves:
     """Leaf ``i`` of every rank joined on dim 0, when every rank's packet has ``words`` as its
     description: each leaf sits at the same offset of every row, so one strided copy joins it."""
-    desc = words[2:2 + words[1]]
-    leaves, i, at = [], 1, _padded(8 * (2 + len(desc)))
-    for _ in range(desc[0]):
-        dtype, ndim = DTYPES[desc[i]], desc[i + 1]
-        shape = desc[i + 2:i + 2 + ndim]
-        n = math.prod(shape) * _ITEMSIZE[desc[i]]
-        i += 2 + ndim
-        joined = [rows.shape[0] * shape[0]] + shape[1:]
-        leaves.append(rows[:, at:at + n].view(dtype).reshape(joined) if n else
-                      torch.empty(joined, dtype=dtype, device=rows.device))
-        at += _padded(n)
-    return leaves
+    joined = []
+    for dtype, shape, at, n in _layout(words):
+        rows_shape = [rows.shape[0] * shape[0]] + shape[1:]
+        joined.append(rows[:, at:at + n].view(dtype).reshape(rows_shape) if n else
+                      torch.empty(rows_shape, dtype=dtype, device=rows.device))
+    return joined
 
 
 def join_ranks(per_rank: List[Leaves], originals: Leaves) -> Leaves:
@@ -269,19 +274,16 @@ def gather(g: Optional[Group], tensor: Any, group: Optional["ProcessGroup"] = No
     tensor and the ranks. One all-gather for the whole structure (two when it grew since the
     last call). One process: the input (0-d tensors as 1-element ones).
     """
-    leaves, paths, rebuild = flatten(tensor, "gather")
-    leaves = [t.reshape(1) if t.dim() == 0 else t for t in leaves]
+    leaves, paths, rebuild = _rows_of(tensor, "gather")
     if g is None:
         return rebuild(leaves)
     rows, heads = _exchange(g, leaves, paths, "gather")
     mine = heads[g.rank]
     if 2 + mine[1] <= len(mine) and all(h == mine for h in heads):  # the common case
-        joined = _joined_alike(rows, mine)
-    else:
-        per_rank = [_unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
-        _check_alike(per_rank, paths, g.rank, "gather", _JOIN_FIX)
-        joined = join_ranks(per_rank, leaves)
-    return rebuild([t.to(orig.device) for t, orig in zip(joined, leaves)])
+        return rebuild([t.to(orig.device) for t, orig in zip(_joined_alike(rows, mine), leaves)])
+    per_rank = [_unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
+    _check_alike(per_rank, paths, g.rank, "gather", _JOIN_FIX)
+    return rebuild(join_ranks(per_rank, leaves))
 
 
 @collective("gather_object")
