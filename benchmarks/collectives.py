@@ -160,10 +160,20 @@ def _rank_body(iters: int, warmup: int, block: int = 10) -> Dict[str, List[float
     assert ad.compute_and_broadcast(lambda: value) == 0.1
     assert acc_gather_object([value]) == [0.1 * (r + 1) for r in range(ws)]
 
+    return time_interleaved(fns, iters, warmup, block)
+
+
+def time_interleaved(fns: Dict[str, Callable[[], object]], iters: int, warmup: int,
+                     block: int = 1) -> Dict[str, List[float]]:
+    """Microseconds per call of each function, per round: every round runs them all in a
+    fresh order (the same on every rank, so the collectives pair up), each after a barrier
+    and timed over ``block`` calls; the first ``warmup`` rounds are not kept."""
+    import torch.distributed as dist
+
     names = list(fns)
     times: Dict[str, List[float]] = {n: [] for n in names}
     clock = time.perf_counter_ns
-    order = random.Random(1234)  # the same sequence on every rank, so the collectives pair up
+    order = random.Random(1234)
     for i in range(warmup + iters):
         # a fresh order every round: no function always follows the same one
         order.shuffle(names)
@@ -179,7 +189,7 @@ def _rank_body(iters: int, warmup: int, block: int = 10) -> Dict[str, List[float
     return times
 
 
-def _slower_rank_median(per_rank: Sequence[Dict[str, List[float]]]) -> Dict[str, float]:
+def slower_rank_median(per_rank: Sequence[Dict[str, List[float]]]) -> Dict[str, float]:
     """Each function's per-call latency as the slower rank sees it: the larger of the ranks'
     medians (how long a call takes on the rank that waits longest)."""
     names = per_rank[0].keys()
@@ -385,7 +395,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ad.cleanup_distributed()
         if rank != 0:
             return 0
-        runs = [(_slower_rank_median(gathered), _median_of_max(gathered), loop)]  # type: ignore[arg-type]
+        runs = [(slower_rank_median(gathered), _median_of_max(gathered), loop)]  # type: ignore[arg-type]
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             os.environ.pop(name, None)  # the query costs are measured with no launcher env
         launcher = "torchrun"
@@ -399,7 +409,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             loops = run_distributed(_loop_body, args.world_size,
                                     args=(args.loop_blocks, args.loop_repeats), timeout=3600)
             loop = {k: max(r[k] for r in loops) for k in loops[0]}
-            runs.append((_slower_rank_median(per_rank), _median_of_max(per_rank), loop))
+            runs.append((slower_rank_median(per_rank), _median_of_max(per_rank), loop))
         launcher = "axolotl_dist.testing.run_distributed (forked ranks)"
     queries = _query_costs()
     imports = _import_costs(args.import_repeats)

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
-import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 # this checkout's axolotl_dist, not whichever one is installed (as benchmarks/mesh.py does)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from collectives import slower_rank_median, time_interleaved  # noqa: E402 - beside this file
 
 #: (kit's helper, what it is compared with)
 PAIRS: List[Tuple[str, str]] = [
@@ -99,25 +99,7 @@ def _rank_body(iters: int, warmup: int) -> Dict[str, List[float]]:
     assert torch.equal(ad.pad_across_processes(ragged), a_pad(ragged))
     assert ad.gather_object(obj) == a_gather_object(obj)
 
-    names = list(fns)
-    times: Dict[str, List[float]] = {n: [] for n in names}
-    clock = time.perf_counter_ns
-    order = random.Random(1234)  # the same sequence on every rank, so the collectives pair up
-    for i in range(warmup + iters):
-        order.shuffle(names)
-        for name in names:
-            fn = fns[name]
-            dist.barrier()
-            t0 = clock()
-            fn()
-            t1 = clock()
-            if i >= warmup:
-                times[name].append((t1 - t0) / 1e3)
-    return times
-
-
-def _slower_rank_median(per_rank: Sequence[Dict[str, List[float]]]) -> Dict[str, float]:
-    return {n: max(statistics.median(r[n]) for r in per_rank) for n in per_rank[0]}
+    return time_interleaved(fns, iters, warmup)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -130,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from axolotl_dist.testing import run_distributed
 
-    runs = [_slower_rank_median(run_distributed(_rank_body, args.world_size,
+    runs = [slower_rank_median(run_distributed(_rank_body, args.world_size,
                                                 args=(args.iters, args.warmup), timeout=3600))
             for _ in range(args.runs)]
     print(f"\n## accelerate's names: the kit vs accelerate {_accelerate_version()}, "
