@@ -236,7 +236,7 @@ def learn(error: RankFailedError) -> RankFailedError:
     the exception itself records nothing. Kept as the report, not the error: a raised error's
     traceback keeps every frame it passed through alive, with their tensors."""
     pg = default_pg()
-    if pg is not None:
+    if pg is not None and error.rank != pg.rank():  # its own failure relayed back: not learnt
         STATE.learnt = (weakref.ref(pg), error.to_report())
     return error
 

@@ -398,7 +398,12 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
             payload = encoded.payload.to(g.device)
         else:
             payload = torch.empty(payload_len(values), dtype=_U8, device=g.device)
-        _broadcast(g, payload, src, where)
+        try:
+            _broadcast(g, payload, src, where)
+        except Exception:
+            if own is None:
+                raise
+            raise own from None  # see _gather_payloads
     if own is not None:
         del header  # the cached buffer: the traceback keeps this frame (see await_released)
         raise own
@@ -458,7 +463,15 @@ def _gather_payloads(g: Group, flat: List[int], encoded: Optional[Encoded],
     if encoded is not None and encoded.payload is not None:
         mine[: encoded.payload.numel()] = encoded.payload.to(cdev)
     flat_payload = torch.empty(ws * stride, dtype=_U8, device=cdev)
-    run(g, where, all_gather_into, flat_payload, mine, group=g.pg_ref(), async_op=True)
+    try:
+        run(g, where, all_gather_into, flat_payload, mine, group=g.pg_ref(), async_op=True)
+    except Exception:
+        if own is None:
+            raise
+        # This rank's own exception is its account. A peer may have read the report, raised
+        # it and exited before this rank's side of the collective completed; the lost peer's
+        # exit record then names this rank's failure, which is not news here.
+        raise own from None
     payloads = [flat_payload[i * stride:i * stride + payload_len(h)] if payload_len(h) else None
                 for i, h in enumerate(headers)]
     failed = [h[0] for h in headers].index(ERROR) if any(h[0] == ERROR for h in headers) else None
