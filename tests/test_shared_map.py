@@ -5,8 +5,10 @@ import glob
 import io
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -20,6 +22,8 @@ from axolotl_dist.testing import run_distributed, run_distributed_outcomes  # no
 PG_TIMEOUT = 300.0  # the group's collective timeout: failures must surface long before it
 ROWS = 30
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Where a dataset held in memory is mapped through temporary parts: this user's own directory.
+_TEMP_PARTS = os.path.join(tempfile.gettempdir(), f"axolotl_dist-{os.geteuid()}", "shared_map")
 
 
 # ------------------------------------------------------------------ functions the ranks map
@@ -181,8 +185,7 @@ def test_formatted_dataset_keeps_its_format_and_in_memory_dataset_works(tmp_path
     def body():
         ds = _source().with_format("numpy", columns=["a"], output_all_columns=True)
         out = ad.shared_map(ds, double)
-        return _summary(out), out.cache_files, os.listdir(os.path.join(
-            __import__("tempfile").gettempdir(), "axolotl_dist_shared_map"))
+        return _summary(out), out.cache_files, os.listdir(_TEMP_PARTS)
 
     results = run_distributed(body, 2, env=_env(tmp_path), timeout=90)
     expected = _source().with_format("numpy", columns=["a"], output_all_columns=True).map(double)
@@ -191,9 +194,11 @@ def test_formatted_dataset_keeps_its_format_and_in_memory_dataset_works(tmp_path
         assert {k: list(v) for k, v in data.items()} == {k: list(v) for k, v in expected.to_dict().items()}
         assert cache_files == []  # held in memory, like datasets' own in-memory map
     assert _rows_mapped(tmp_path, 2) == [15, 15]
-    leftovers = glob.glob(os.path.join(__import__("tempfile").gettempdir(), "axolotl_dist_shared_map",
-                                       f"{expected._fingerprint}-*"))
+    leftovers = glob.glob(os.path.join(_TEMP_PARTS, f"{expected._fingerprint}-*"))
     assert leftovers == []  # the temporary parts are removed once every rank has read them
+    for path in (_TEMP_PARTS, os.path.dirname(_TEMP_PARTS)):  # this user's alone
+        info = os.lstat(path)
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), 0o700), path
 
 
 # ------------------------------------------------------------------ caching

@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -40,6 +39,7 @@ from .._runtime.protocols import recorder as _trace
 from .._runtime.base.callsite import call_site
 from .._runtime.protocols.helpers import call
 from .._runtime.base.groups import Group, group_of
+from .._runtime.base.private import private_dir, user_dir
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
 from .._runtime.base.state import STATE as _STATE
 from .._runtime.store import keys as _keys, records as _records
@@ -64,8 +64,9 @@ INSTALL_HINT = (f'pip install datasets (or, in a clone of axolotl_dist, pip inst
                 f'".[{DATASETS_EXTRA}]")')
 #: Seconds between a mapping rank's progress reports (and its checks for failed peers).
 PROGRESS_INTERVAL = 0.5
-#: Under the system temporary directory: parts of datasets held in memory.
-TEMP_DIR_NAME = "axolotl_dist_shared_map"
+#: In this user's own directory under the system's temporary one
+#: (``<tmp>/axolotl_dist-<uid>``, mode 0700): parts of datasets held in memory.
+TEMP_DIR_NAME = "shared_map"
 
 log = logging.getLogger("axolotl_dist")
 
@@ -325,7 +326,7 @@ class _SharedMap:
                 "rank can read>, or set AXOLOTL_DIST_SHARED_FS=0 to split the work per node")
         leader = self.entries[members[0]]["pid"]
         self.directory = self.temp_dir = os.path.join(
-            tempfile.gettempdir(), TEMP_DIR_NAME, f"{self.fingerprint}-{leader}-{self.seq}")
+            _temp_parent(), f"{self.fingerprint}-{leader}-{self.seq}")
         return members
 
     # --- waiting, failures, progress --------------------------------------------------------
@@ -414,6 +415,14 @@ class _SharedMap:
         if self.store.add(self.key("failed"), 0):
             keys += [self.key("error", r) for r in range(self.ws)]
         return keys
+
+
+def _temp_parent() -> str:
+    """Where the temporary parts of a call go: this user's alone (docs/design.md, "Local
+    channels"); raises OSError (:class:`~.._runtime.base.private.NotPrivateError`: another
+    user's directory is there) with the path and the fix."""
+    fix = "or pass shared_map(cache_dir=<a directory of your own>)"
+    return private_dir(os.path.join(user_dir(fix), TEMP_DIR_NAME), fix)
 
 
 def _caching_enabled() -> bool:

@@ -170,13 +170,13 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
     _set_loopback_gloo(opts.nnodes)
     os.environ[LAUNCHER_PID_ENV_VAR] = str(os.getpid())
     end_dir = os.environ[END_DIR_ENV_VAR] = os.path.join(tmp_dir, "ends")
-    os.makedirs(end_dir, exist_ok=True)
+    os.makedirs(end_dir, mode=0o700, exist_ok=True)  # in tmp_dir, this user's alone (0700)
     config = _options.launch_config(opts, tmp_dir)
     note = _options.rendezvous_note(opts)
     watcher = Watcher(PROG, end_dir, (lambda: note) if note else None,
                       script=args.training_script, world=opts.nproc * opts.nnodes,
                       stop_signals=tuple(opts.signals), report=True)
-    output = _start_output(opts)
+    output = _start_output(opts, tmp_dir)
     restarts = Restarts(opts.restarts, end_dir, output.announce if output is not None else None)
     first = opts.node_rank * opts.nproc
     try:
@@ -202,18 +202,20 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
         _merge_trace()
 
 
-def _start_output(opts: _options.Options) -> Optional[Output]:
+def _start_output(opts: _options.Options, tmp_dir: str) -> Optional[Output]:
     """Take the ranks' output (docs/launching.md, "Output from N ranks"): folded where
     several ranks print, kept in ``--log-dir``, on a pseudo-terminal per stream where the
     launcher's is a terminal; None where none of it applies (one rank, ``--no-fold`` without a
     log directory, or ``--tee``/``--redirects``: torch's files take the streams): the ranks
-    then write to what torch gives them, as under torchrun."""
+    then write to what torch gives them, as under torchrun. Its socket goes in ``tmp_dir``,
+    the launcher's own directory (docs/design.md, "Local channels")."""
     args = opts.args
     if not args.fold:
         os.environ[FOLD_ENV_VAR] = "0"  # no folding anywhere: the ranks' warnings neither
     if opts.torch_streams or (opts.kit_log_dir is None and (opts.nproc < 2 or not args.fold)):
         return None
-    output = Output(opts.nproc, args.fold and opts.nproc > 1, opts.kit_log_dir, opts.shown)
+    output = Output(opts.nproc, args.fold and opts.nproc > 1, opts.kit_log_dir, opts.shown,
+                    directory=tmp_dir)
     os.environ[LAUNCHER_FOLDS_ENV_VAR] = output.address
     os.environ[LAUNCHER_TTY_ENV_VAR] = output.ttys  # "" where neither stream is a terminal
     return output

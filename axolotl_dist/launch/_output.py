@@ -1,13 +1,14 @@
 """The ranks' output through the launcher: folded on screen, kept whole in ``--log-dir``.
 
-The launcher listens on a Unix socket (an abstract name on Linux: nothing on disk) whose
-address it gives its ranks in ``AXOLOTL_DIST_LAUNCHER_FOLDS``. Each rank, first thing in its
-bootstrap (:func:`connect`), opens two connections, says which rank and stream each is, and
-puts them in place of its stdout and stderr (file descriptors 1 and 2, so C code, subprocesses
-and data loader workers write there too). One thread of the launcher (:class:`Output`) reads
-every connection, hands the bytes to :class:`._fold.Folder` and writes what it returns to the
-launcher's own stdout and stderr (stderr stays stderr), and, with a log directory, each rank's
-every line, unfolded, to ``<dir>/rank<r>.log`` with its time and stream.
+The launcher listens on a Unix socket, mode 0600 in its own 0700 directory, whose path it
+gives its ranks in ``AXOLOTL_DIST_LAUNCHER_FOLDS``; a connection of another user (Linux's
+``SO_PEERCRED``) is closed unread (docs/design.md, "Local channels"). Each rank, first
+thing in its bootstrap (:func:`connect`), opens two connections, says which rank and stream
+each is, and puts them in place of its stdout and stderr (file descriptors 1 and 2, so C
+code, subprocesses and data loader workers write there too). One thread of the launcher
+(:class:`Output`) reads every connection, hands the bytes to :class:`._fold.Folder` and writes
+what it returns to the launcher's own stdout and stderr (stderr stays stderr), and, with a log
+directory, each rank's every line, unfolded, to ``<dir>/rank<r>.log`` with its time and stream.
 
 Where the launcher's stdout or stderr is a terminal (``AXOLOTL_DIST_LAUNCHER_TTY`` says which,
 and its size), the rank makes that stream a pseudo-terminal instead (:func:`_pseudo_terminal`):
@@ -29,18 +30,18 @@ import errno
 import fcntl
 import os
 import selectors
+import shutil
 import socket
 import struct
-import sys
 import tempfile
 import termios
 import threading
 import time
 import tty
-import uuid
 from typing import Dict, List, Optional, Set, Tuple, Union
 
 from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR, LAUNCHER_TTY_ENV_VAR
+from .._runtime.base.private import FILE_MODE, my_uid, peer_uid, private_dir
 from .._runtime.base.procs import flush_standard_streams
 from ._fold import Folder
 
@@ -54,6 +55,9 @@ _DRAIN, _QUIET = 3.0, 0.2
 _STREAMS = {1: b"stdout", 2: b"stderr"}
 #: Seconds the thread lets the ranks' writes gather after a read (fewer, larger reads).
 _GATHER = 0.002
+_SOCKET_NAME = "out.sock"
+#: The longest path a Unix socket takes everywhere, in bytes (macOS: 104 with its NUL).
+_PATH_MAX = 103
 
 
 def log_name(rank: int) -> str:
@@ -61,13 +65,22 @@ def log_name(rank: int) -> str:
     return f"rank{rank}.log"
 
 
-def _address() -> Tuple[str, object]:
-    """``(env text, bind address)`` of a fresh socket name: abstract on Linux, else a file."""
-    name = f"axolotl_dist-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    if sys.platform.startswith("linux"):
-        return "@" + name, "\0" + name
-    path = os.path.join(tempfile.gettempdir(), name + ".sock")
-    return path, path
+def _socket_place(directory: Optional[str]) -> Tuple[str, Optional[str]]:
+    """``(path, made)``: where the socket goes, in ``directory`` (this user's alone) where its
+    path is short enough for a socket's, else in a fresh directory of mode 0700 (``made``,
+    removed at :meth:`Output.close`) under the temporary one, or ``/tmp`` where that is long
+    too."""
+    if directory is not None:
+        path = os.path.join(private_dir(directory), _SOCKET_NAME)
+        if len(os.fsencode(path)) <= _PATH_MAX:
+            return path, None
+    for parent in (None, "/tmp"):
+        made = tempfile.mkdtemp(prefix="axolotl_dist_out_", dir=parent)  # 0700, a fresh name
+        path = os.path.join(made, _SOCKET_NAME)
+        if len(os.fsencode(path)) <= _PATH_MAX:
+            return path, made
+        os.rmdir(made)
+    raise OSError(errno.ENAMETOOLONG, "no directory with a path short enough for a socket")
 
 
 def tty_note() -> str:
@@ -108,10 +121,9 @@ def _pseudo_terminal(size: Tuple[int, int]) -> Tuple[int, int]:
 def connect() -> bool:
     """In a rank started by ``axolotl-dist``: send this process's stdout and stderr to the
     launcher (see the module docstring). False where there is no launcher to send them to."""
-    text = os.environ.get(LAUNCHER_FOLDS_ENV_VAR, "")
-    if not text:
+    where = os.environ.get(LAUNCHER_FOLDS_ENV_VAR, "")
+    if not where:
         return False
-    where = "\0" + text[1:] if text.startswith("@") else text
     rank = os.environ.get("RANK", "0").strip() or "0"
     local = os.environ.get("LOCAL_RANK", "-1").strip() or "-1"
     ttys, size = _tty_wanted()
@@ -212,11 +224,15 @@ class _Log:
 class Output:
     """See the module docstring. ``local``: how many ranks this launcher starts; ``fold``:
     fold their lines (else pass them through as they come); ``log_dir``: where each rank's
-    whole output goes (None: nowhere)."""
+    whole output goes (None: nowhere); ``directory``: the launcher's own directory (mode
+    0700), where the socket goes (None: a directory made for it)."""
 
     def __init__(self, local: int, fold: bool, log_dir: Optional[str],
-                 shown: Optional[Set[int]] = None) -> None:
-        self.address, bind = _address()
+                 shown: Optional[Set[int]] = None, directory: Optional[str] = None) -> None:
+        #: The socket's path (``AXOLOTL_DIST_LAUNCHER_FOLDS``); the directory made for it.
+        self.address, self._made = _socket_place(directory)
+        #: The uids whose connections were refused (said once each: :meth:`_accept`).
+        self.refused: Set[int] = set()
         #: ``--local-ranks-filter``: the local ranks whose lines are shown (None: all).
         self.shown = shown
         #: For the ranks (``AXOLOTL_DIST_LAUNCHER_TTY``): which streams are terminals.
@@ -224,7 +240,8 @@ class Output:
         self._notes: List[bytes] = []
         self._notes_lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(bind)  # type: ignore[arg-type]
+        self.server.bind(self.address)
+        os.chmod(self.address, FILE_MODE)  # in a 0700 directory already: no one else comes in
         self.server.listen(max(16, 2 * local))
         self.server.setblocking(False)
         self.log_dir = log_dir
@@ -281,10 +298,23 @@ class Output:
         try:
             while True:
                 sock, _ = self.server.accept()
+                uid = peer_uid(sock)
+                if uid is not None and uid != my_uid():  # not one of this run's ranks
+                    sock.close()  # nothing read: nothing it sent is shown
+                    self._refuse(uid)
+                    continue
                 sock.setblocking(False)
                 self.selector.register(sock, selectors.EVENT_READ, _Conn(sock))
         except (BlockingIOError, InterruptedError):
             return
+
+    def _refuse(self, uid: int) -> None:
+        """Say once per user that a connection of ``uid`` was closed unread."""
+        if uid in self.refused or len(self.refused) > 16:
+            return
+        self.refused.add(uid)
+        self.announce(f"axolotl-dist: closed a connection to the ranks' output socket from uid "
+                      f"{uid}, not this run's user (uid {my_uid()}); nothing it sent is shown")
 
     def _drop(self, conn: _Conn) -> None:
         self.selector.unregister(conn.fileobj())
@@ -444,11 +474,12 @@ class Output:
             self.server.close()
         except OSError:
             pass
-        if isinstance(self.address, str) and not self.address.startswith("@"):
-            try:
-                os.unlink(self.address)
-            except OSError:
-                pass
+        try:
+            os.unlink(self.address)
+        except OSError:
+            pass
+        if self._made is not None:
+            shutil.rmtree(self._made, ignore_errors=True)
 
 
 def _isatty(fd: int) -> bool:

@@ -35,6 +35,7 @@ from typing import List, Optional
 
 from .._runtime.base import procs
 from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
+from .._runtime.base.private import DIR_MODE, create_private, write_private
 from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
 from .._runtime.base.tracebacks import format_exception, install, safe_str
 from ._output import connect as _connect_output
@@ -93,8 +94,13 @@ def _note_guard(pid: int) -> None:
     if not directory:
         return
     try:
-        os.makedirs(os.path.join(directory, GUARDS_DIR), exist_ok=True)
-        open(os.path.join(directory, GUARDS_DIR, str(pid)), "w").close()
+        guards = os.path.join(directory, GUARDS_DIR)
+        for made in (directory, guards):  # inside the launcher's own 0700 directory
+            try:
+                os.mkdir(made, DIR_MODE)
+            except FileExistsError:
+                pass
+        os.close(create_private(os.path.join(guards, str(pid))))
     except OSError:  # pragma: no cover - the launcher then reports it if it outlives the rank
         pass
 
@@ -177,9 +183,7 @@ def _write_error_file(exc: BaseException, formatted: str, now: float, printed_to
                          "exc_type": type(exc).__name__, "printed_to": printed_to},
     }
     try:  # whole or absent: torch's agent json-loads the file the moment this process is gone
-        with open(path + ".tmp", "w") as fh:
-            json.dump(data, fh)
-        os.replace(path + ".tmp", path)
+        write_private(path, json.dumps(data).encode())
     except OSError:  # pragma: no cover - unwritable log dir: the traceback is still on stderr
         pass
 
@@ -197,10 +201,8 @@ def _record_end(code: int) -> None:
     if not directory or rank is None:
         return
     try:
-        path = os.path.join(directory, f"{rank}.json")
-        with open(path + ".tmp", "w") as fh:
-            json.dump({"rank": int(rank), "code": code, "time": time.time(), "pid": os.getpid()}, fh)
-        os.replace(path + ".tmp", path)
+        write_private(os.path.join(directory, f"{rank}.json"), json.dumps(
+            {"rank": int(rank), "code": code, "time": time.time(), "pid": os.getpid()}).encode())
     except (OSError, ValueError):  # pragma: no cover - the launcher then knows less
         pass
 

@@ -114,7 +114,8 @@ class Watcher:
         except (OSError, ValueError, KeyError, TypeError):
             return  # not yet
         self._entry = runs.record(run, addr, port, int(note.get("world") or self.world),
-                                  self.prog, self.script) or ""
+                                  self.prog, self.script,
+                                  warn=lambda text: _say(self.prog, text)) or ""
 
     def _why_alone(self, since: float) -> Optional[str]:
         """Why this thread, not the main one, must stop the launcher on a signal sent at

@@ -4,7 +4,8 @@ Told an address (``--master-port`` / ``MASTER_PORT``, ``--master-addr`` / ``MAST
 asks the c10d store there (any launcher's; torchrun's ``--rdzv-endpoint`` too). Told none, it
 reads this host's run directory (:mod:`.runs`), where every run of this user records its
 store: one run is reported, several are listed and each reported, none is one line saying how
-to point it at a run. Where nothing listens at the address (connection refused), it says so
+to point it at a run (as is a run directory that is not this user's alone: nothing in it is
+read). Where nothing listens at the address (connection refused), it says so
 in one line and exits 1 at once; an address that does not answer at all is waited for until
 ``--timeout``. The run is left untouched.
 """
@@ -68,7 +69,11 @@ def _report(addr: str, port: int, timeout: float, title: str = "") -> int:
 def _recorded(addr: Optional[str], timeout: float) -> int:
     """``where`` without a port: the runs this host's run directory records (those at
     ``addr`` where given)."""
-    found: List[Dict[str, Any]] = runs.live_runs()
+    try:
+        found: List[Dict[str, Any]] = runs.live_runs()
+    except runs.NotPrivateError as exc:  # nothing in it is read: another user could write it
+        _fail(f"{exc}; or point it at a run with --master-addr A --master-port P")
+        return 1
     if addr is not None:
         found = [e for e in found if e.get("addr") == addr]
     if not found:

@@ -10,6 +10,7 @@
 * :mod:`.kitlog`: log lines with time, level and ``[rank r/n]``.
 * :mod:`.tracebacks`: tracebacks without the kit's frames.
 * :mod:`.procs`: processes (``/proc``, children, killing a tree, loopback, listeners).
+* :mod:`.private`: the kit's own directories, files and sockets on a host, its user's alone.
 * :mod:`.pickling`: the kit's modules pickle by name.
 * :mod:`.slurm`: SLURM's host lists and task counts.
 * :mod:`.args`: checks of the helpers' arguments, with messages that say what to pass.

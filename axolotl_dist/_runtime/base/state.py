@@ -58,6 +58,8 @@ field              what it is, who writes it
                    (:mod:`..protocols.shared_fs`)
 ``my_run``         the run file this process recorded last (path, pid) in this host's run
                    directory (:mod:`..liveness.runs`)
+``runs_refused``   the refusals of a run directory this process said (once each:
+                   :mod:`..liveness.runs`)
 ``answer_keys``    (run, rank) whose snapshot key this process made sure exists
                    (:mod:`..liveness.whereabouts`)
 ``bells``          the bells long waits of this process sleep on (:mod:`..store.sleep`)
@@ -112,7 +114,7 @@ class ProcessState:
                  "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
                  "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
                  "ending", "store_spy", "trace", "folding", "warn_hook", "fs_answers", "my_run",
-                 "answer_keys", "bells", "eval_rows", "map_noted")
+                 "runs_refused", "answer_keys", "bells", "eval_rows", "map_noted")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -149,6 +151,7 @@ class ProcessState:
         self.warn_hook: Optional[Callable[..., Any]] = None
         self.fs_answers: Dict[Tuple[Any, ...], Optional[bool]] = {}
         self.my_run: Dict[str, Any] = {}
+        self.runs_refused: Set[str] = set()
         self.answer_keys: Set[Tuple[str, int]] = set()
         self.bells: List[Any] = []
         self.eval_rows: Dict[Tuple[Any, int], List[int]] = {}
@@ -172,7 +175,7 @@ PARTS: Dict[str, Tuple[str, ...]] = {
     "trace": ("trace",),
     "warnings": ("folding",),
     "filesystem": ("fs_answers",),
-    "runs": ("my_run", "answer_keys"),
+    "runs": ("my_run", "runs_refused", "answer_keys"),
     "bells": ("bells",),
     "metrics": ("eval_rows",),
     "notes": ("map_noted",),

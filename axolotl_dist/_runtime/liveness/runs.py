@@ -3,12 +3,14 @@
 
 The directory is per user: ``AXOLOTL_DIST_RUN_DIR`` if set, else
 ``$XDG_RUNTIME_DIR/axolotl_dist/runs`` where that directory is set and writable, else
-``<tempfile.gettempdir()>/axolotl_dist-<uid>/runs``. A directory the kit makes is mode 0700,
-and one under the shared temporary directory is used only if it is this user's and not a
-link. Each file, ``<run id>.json``, holds the store's address and port, the run id, the world
-size, the pid of the process that recorded it (the ``axolotl-dist`` launcher, or under other
-launchers the rank that recorded it at init), that process's machine
-(:func:`..base.procs.machine_id`), the script, the launcher's name and the start time.
+``<tempfile.gettempdir()>/axolotl_dist-<uid>/runs``. Each directory the kit names there is
+mode 0700 and this user's alone: made with that mode, or, where it was there already, used
+only if it is this user's, not a link and writable by nobody else (else refused, said once:
+:mod:`..base.private`). Each file, ``<run id>.json`` (mode 0600), holds the store's address
+and port, the run id, the world size, the pid of the process that recorded it (the
+``axolotl-dist`` launcher, or under other launchers the rank that recorded it at init), that
+process's machine (:func:`..base.procs.machine_id`), the script, the launcher's name and the
+start time.
 
 Who records: the ``axolotl-dist`` launcher once its first local rank told it the ranks' store
 (:func:`note_address`); under other launchers, at the heartbeat's start, local rank 0,
@@ -22,62 +24,77 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..base import procs
 from ..base.callsite import short_path
 from ..base.constants import END_DIR_ENV_VAR, RUN_DIR_ENV_VAR
 from ..base.envvars import kit_path
+from ..base.kitlog import kit as log
+from ..base.private import NotPrivateError, create_private, my_uid, private_dir, write_private
 from ..base.state import STATE
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",
-           "STORE_NOTE", "note_address"]
+           "STORE_NOTE", "note_address", "NotPrivateError"]
 
 
+#: What a user whose run directory is refused can do, besides what the refusal says.
+_FIX = f"or set {RUN_DIR_ENV_VAR} to a directory of your own"
 
-def _private(path: str) -> bool:
-    """Make ``path`` (and missing parents) a directory; for one the kit makes under a shared
-    directory, check that it is this user's own, not a link, and mode 0700."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
-        return False
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return True
+
+def _levels() -> List[str]:
+    """The directories to make and check, outermost first; the last is the run directory."""
+    chosen = kit_path(RUN_DIR_ENV_VAR)
+    if chosen is not None:
+        return [os.path.abspath(chosen)]
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
+        base = os.path.join(xdg, "axolotl_dist")
+    else:
+        base = os.path.join(tempfile.gettempdir(), f"axolotl_dist-{max(my_uid(), 0)}")
+    return [base, os.path.join(base, "runs")]
+
+
+def _verified() -> str:
+    """This user's run directory, made where missing, every level the kit names checked to be
+    this user's alone (:func:`..base.private.private_dir`). Raises
+    :class:`~..base.private.NotPrivateError` (or OSError)."""
+    levels = _levels()
+    parent = os.path.dirname(levels[0])
+    if parent and not os.path.isdir(parent):  # AXOLOTL_DIST_RUN_DIR's parents: the user's
+        os.makedirs(parent, exist_ok=True)
+    for level in levels:
+        private_dir(level, _FIX)
+    return levels[-1]
 
 
 def run_dir(create: bool = True) -> Optional[str]:
-    """This user's run directory on this host (made if ``create``); None where none can be
-    used (then nothing is recorded, and nothing listed)."""
+    """This user's run directory on this host (``create``: made and checked, else only its
+    path); None where none can be used (then nothing is recorded). A directory that is not
+    this user's alone is refused, said once per process (a kit warning)."""
     try:
-        chosen = kit_path(RUN_DIR_ENV_VAR)
-        if chosen is not None:
-            if create:
-                os.makedirs(chosen, mode=0o700, exist_ok=True)
-            return chosen
-        xdg = os.environ.get("XDG_RUNTIME_DIR", "")
-        if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
-            path = os.path.join(xdg, "axolotl_dist", "runs")
-            if not create:
-                return path
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            return path
-        uid = os.getuid() if hasattr(os, "getuid") else 0
-        base = os.path.join(tempfile.gettempdir(), f"axolotl_dist-{uid}")
         if not create:
-            return os.path.join(base, "runs")
-        if not _private(base):
-            return None
-        path = os.path.join(base, "runs")
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        return path
+            return _levels()[-1]
+        return _verified()
+    except NotPrivateError as exc:
+        _warn(exc, None)
+        return None
     except Exception:  # noqa: BLE001 - no directory: nothing recorded, nothing listed
         return None
+
+
+def _warn(exc: NotPrivateError, warn: Optional[Callable[[str], None]]) -> None:
+    text = f"{exc}; until then no run is recorded for `axolotl-dist where`"
+    if text in STATE.runs_refused:
+        return
+    STATE.runs_refused.add(text)
+    if warn is not None:
+        warn(text)
+    else:
+        log.warning("%s", text)
 
 
 def _file_name(run: str) -> str:
@@ -105,21 +122,26 @@ def _read(path: str) -> Optional[Dict[str, Any]]:
 
 
 def record(run: str, addr: str, port: int, world: int, launcher: str,
-           script: Optional[str] = None, pid: Optional[int] = None) -> Optional[str]:
+           script: Optional[str] = None, pid: Optional[int] = None,
+           warn: Optional[Callable[[str], None]] = None) -> Optional[str]:
     """Record run ``run`` (its store at ``addr:port``) for this host; return the file's path,
     or None where nothing was written (no directory, or a live process recorded this run
-    first). ``pid``: the process whose life the entry follows (default: this one). Best
-    effort: never raises."""
+    first). ``pid``: the process whose life the entry follows (default: this one); ``warn``:
+    how to say that the run directory is refused (default: a kit warning). The file is mode
+    0600 in a directory of mode 0700. Best effort: never raises."""
     tmp = None
     try:
-        directory = run_dir()
-        if directory is None:
+        try:
+            directory = _verified()
+        except NotPrivateError as exc:
+            _warn(exc, warn)
             return None
         pid = os.getpid() if pid is None else pid
         entry = _entry(run, addr, port, world, launcher, script, pid)
         path = os.path.join(directory, _file_name(run))
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
+        _remove(tmp)  # left by a recorder of the same pid that died
+        with os.fdopen(create_private(tmp), "w") as fh:
             json.dump(entry, fh)
         if not _place(tmp, path):
             return None
@@ -173,9 +195,13 @@ def forget(path: Optional[str], pid: Optional[int] = None) -> None:
 
 def live_runs() -> List[Dict[str, Any]]:
     """The runs recorded on this host whose recording process still runs, oldest first; stale
-    entries are removed on the way."""
-    directory = run_dir(create=False)
-    if directory is None or not os.path.isdir(directory):
+    entries are removed on the way. Raises :class:`~..base.private.NotPrivateError` where
+    the run directory is not this user's alone (nothing in it is read)."""
+    try:
+        directory = _verified()
+    except NotPrivateError:
+        raise
+    except Exception:  # noqa: BLE001 - no directory: nothing listed
         return []
     found = []
     for name in sorted(os.listdir(directory)):
@@ -239,9 +265,7 @@ def note_address(run: str, rank: int, world: int = 0, launcher: str = "env vars"
         record(run, addr, int(port), world, launcher)
         return
     try:
-        path = os.path.join(directory, STORE_NOTE)
-        with open(path + ".tmp", "w") as fh:
-            json.dump({"addr": addr, "port": int(port), "run": run, "world": world}, fh)
-        os.replace(path + ".tmp", path)
+        write_private(os.path.join(directory, STORE_NOTE), json.dumps(
+            {"addr": addr, "port": int(port), "run": run, "world": world}).encode())
     except (OSError, ValueError):  # pragma: no cover - the launcher then cannot ask
         pass
