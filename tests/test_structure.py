@@ -375,7 +375,7 @@ def test_public_modules_export_only_documented_names():
 
     documented = _documented_names()
     undocumented = []
-    for module in _public_modules():
+    for module in [*_public_modules(), "pytest_axolotl_dist"]:  # and the pytest plugin's
         for name in getattr(importlib.import_module(module), "__all__", ()):
             if not name.startswith("__") and name not in documented:
                 undocumented.append(f"{module}.{name}")
@@ -490,6 +490,7 @@ SERIALIZERS = {
     f"{PACKAGE}.launch._rank_main": "the ranks' error files and end notes",
     f"{PACKAGE}.testing._harness": "the ranks' results, through a pipe",
     f"{PACKAGE}.testing._rank": "the ranks' results, through a pipe",
+    f"{PACKAGE}.testing._marked": "a marked test's notes from its ranks, through files",
 }
 
 
