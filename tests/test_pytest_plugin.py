@@ -288,3 +288,32 @@ def test_identical_failures_fold_and_xfail_is_xfail(tmp_path):
     assert "ranks 0-2 of 3 failed (AssertionError):" in out, out
     assert out.count("EVERY-RANK") == 1, out
     assert re.search(r"^XFAIL test_user.py::test_xfails - KNOWN \(ranks 0, 1\)$", out, re.M), out
+
+
+#: Rank 1 hangs; the marker sets no timeout.
+HANG = '''
+import time
+
+import pytest
+
+import axolotl_dist as ad
+
+
+@pytest.mark.distributed(world_size=2)
+def test_hangs():
+    if ad.get_rank() == 1:
+        time.sleep(3600)
+    ad.barrier()
+'''
+
+
+def test_without_a_marker_timeout_pytest_timeouts_limit_applies_report_first(tmp_path):
+    pytest.importorskip("pytest_timeout")
+    code, out, _ = _pytest(tmp_path, "--timeout", "16", tests=HANG, timeout=90)
+    assert code == 1, out
+    assert "timed out: ranks 0, 1 of 2 still running after 8 s (pytest-timeout's 16 s less 8 s " \
+           "for this report)" in out, out
+    sleep = HANG.splitlines().index("        time.sleep(3600)") + 1
+    assert f"  rank 1: in test_hangs at test_user.py:{sleep}\n" in out, out
+    assert "+++ Timeout +++" not in out, out  # pytest-timeout's own stack dump never came
+    assert _seconds(tmp_path, "test_hangs") < 16, out
