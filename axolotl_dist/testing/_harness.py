@@ -171,13 +171,17 @@ def _stop_stragglers(procs: List[Any], outcomes: List[Optional[RankOutcome]],
                      start: float, store: _Store) -> List[RankOutcome]:
     """SIGKILL every rank without an outcome (and its children), once the kit's where report
     said where each is; they count as timed out."""
-    wheres = _ask_where(store, [r for r, o in enumerate(outcomes) if o is None])
+    stuck = [r for r, o in enumerate(outcomes) if o is None]
+    wheres = _ask_where(store, stuck)
+    stopped_at = time.monotonic() - start
+    for rank in stuck:  # frozen together first: none outlives a peer's kill to react to it
+        signal_tree(procs[rank].pid, signal.SIGSTOP)
+    for rank in stuck:
+        kill_tree(procs[rank].pid)
     done: List[RankOutcome] = []
     for rank, proc in enumerate(procs):
         outcome = outcomes[rank]
         if outcome is None:
-            stopped_at = time.monotonic() - start
-            kill_tree(proc.pid)
             proc.join(timeout=5.0)
             outcome = RankOutcome(rank=rank, timed_out=True, exitcode=proc.exitcode,
                                   elapsed=stopped_at, where=wheres.get(rank))

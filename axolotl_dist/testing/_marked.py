@@ -167,11 +167,10 @@ def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, str]],
         note: Optional[Mapping[str, str]] = notes.get(o.rank)
         if o.ok and note is None:
             continue
-        if note is None:
-            if o.timed_out:
-                stuck.append(o)
-            else:
-                failed.append((o.rank, _end(o)))
+        if o.timed_out and (note is None or note["kind"] == "stopped"):
+            stuck.append(o)  # a note the kill of a peer prompted is not what it was doing
+        elif note is None:
+            failed.append((o.rank, _end(o)))
         elif note["kind"] == "fail":
             failed.append((o.rank, f"({note.get('type', 'an exception')}):\n{note['text']}"))
         elif note["kind"] == "stopped":
