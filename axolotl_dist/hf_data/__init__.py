@@ -32,6 +32,7 @@ import os
 import shutil
 import socket
 import time
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .._runtime.base import kitlog as _logs
@@ -293,8 +294,9 @@ class _SharedMap:
         self.store.set(self.key("who", self.rank), _records.document(entry))
         self.store.add(self.key("arrived"), 1)
         self._wait("arrived", self.ws)
-        raw = self.store.multi_get([self.key("who", r) for r in range(self.ws)])
-        self.entries = [_records.read_document(v) for v in raw]
+        names = [self.key("who", r) for r in range(self.ws)]
+        self.entries = [_entry(v, key, r) for r, (v, key) in
+                        enumerate(zip(self.store.multi_get(names), names))]
 
     def _plan(self) -> List[int]:
         """Check that the ranks agree; return the group ranks that share this rank's files."""
@@ -415,6 +417,20 @@ class _SharedMap:
         if self.store.add(self.key("failed"), 0):
             keys += [self.key("error", r) for r in range(self.ws)]
         return keys
+
+
+_ENTRY = MappingProxyType({"fs": str, "host": str, "pid": int, "fp": (str, type(None)),
+                           "rows": int, "temp": (bool, int)})
+
+
+def _entry(data: bytes, key: str, rank: int) -> Dict[str, Any]:
+    """Group rank ``rank``'s facts as :meth:`_SharedMap._arrive` posts them (rank 0's with the
+    fingerprint of the result, ``new``); DistributedEnvError naming ``key`` for anything else."""
+    fields = dict(_ENTRY, new=str) if rank == 0 else _ENTRY
+    try:
+        return _records.read_object(data, fields, "a rank's shared_map facts")
+    except _records.BadRecord as exc:
+        raise DistributedEnvError(_records.unreadable(key, rank, exc)) from None
 
 
 def _temp_parent() -> str:

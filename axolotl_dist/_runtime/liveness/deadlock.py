@@ -26,6 +26,8 @@ rules and what the graph cannot see.
 from __future__ import annotations
 
 import itertools
+import re
+from types import MappingProxyType
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..base.groups import Group
@@ -34,7 +36,7 @@ from ..base.text import ranks_text
 from ..store import records
 
 __all__ = ["Point", "Stuck", "describe", "new_serial", "find_stuck",
-           "explain", "Judge", "KINDS", "CALLS_PER_RANK"]
+           "explain", "Judge", "KINDS", "CALLS_PER_RANK", "read_desc"]
 
 #: The kinds of meeting, in the order of a rank's progress counters: the group's kit
 #: collectives (counted by :func:`..protocols.exchange.run`), then the per-kind call counters
@@ -100,6 +102,32 @@ def describe(point: Point, serial: int, what: str, thread: int,
         "f": int(point.finish), "a": None if awaits is None else list(awaits),
         "w": what, "c": {_name(h): _counters(h) for h in list(STATE.groups.values())},
         "i": inside}, compact=True)
+
+
+_DESC = MappingProxyType({"s": int, "g": str, "m": (str, type(None)), "r": int, "k": int,
+                          "n": int, "l": str, "f": int, "a": (list, type(None)), "w": str,
+                          "c": dict, "i": list})
+_PACKED = re.compile(r"\d+:\d+:\d+|(\d+,)*\d*")
+
+
+def read_desc(data: bytes) -> Dict[str, Any]:
+    """A wait's description as :func:`describe` writes it, checked field by field;
+    :class:`~..store.records.BadRecord` for anything else (the judge then leaves that wait
+    unjudged)."""
+    d = records.read_object(data, _DESC, "a wait's description")
+    if not 0 <= d["k"] < len(KINDS) or d["m"] is not None and not _PACKED.fullmatch(d["m"]) \
+            or d["m"] is not None and ":" in d["m"] and int(d["m"].split(":")[2]) == 0:
+        raise records.BadRecord("a wait's description names no kind or group it could have")
+    if d["a"] is not None:
+        records.int_list(d["a"], "a wait's awaited ranks")
+    for counters in d["c"].values():
+        records.int_list(counters, "a group's counters")
+        if len(counters) != len(KINDS):
+            raise records.BadRecord("a group's counters are not one per kind")
+    if not all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+               and type(x[1]) is int for x in d["i"]):
+        raise records.BadRecord("a wait's enclosing blocks are not [group, seq] pairs")
+    return d
 
 
 # --- the graph ---------------------------------------------------------------------------------
@@ -307,6 +335,6 @@ class Judge:
                 self.descs.pop(rank, None)
                 continue
             try:
-                self.descs[rank] = records.read_document(value)
-            except ValueError:  # pragma: no cover - a torn value: read next round
+                self.descs[rank] = read_desc(value)
+            except records.BadRecord:  # not the kit's: this rank's wait is not judged
                 self.descs.pop(rank, None)

@@ -277,6 +277,8 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
             while True:
                 now = time.monotonic()
                 lost = watcher.find_lost(ranks, now, what)  # the store host first
+                if not lost and limit is None and watcher.read_exits_of(ranks):
+                    lost = watcher.find_lost(ranks, now, what)  # the log did not name them
                 if lost:
                     return lost_error(lost, what)
                 if limit is None:  # the first look fetched the peers' records

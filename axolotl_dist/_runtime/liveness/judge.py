@@ -32,7 +32,7 @@ from ..store.access import store_host, world_store
 from . import deadlock
 from .peers import (EVENTS, JUDGE_INTERVAL, JUDGED, check_store_host, fetch_peers, host_leaving, same_machine)
 from .whereabouts import BEATS, raw_store
-from ...errors import RankFailedError
+from ...errors import DistributedEnvError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -185,6 +185,18 @@ class Watch:
                 lost.append(verdict)
         return lost
 
+    def read_exits_of(self, ranks: Sequence[int]) -> bool:
+        """Read the exit records of ``ranks`` that exist though the exit log does not name
+        them (a log another process overwrote; a failed collective's diagnosis, one ``check``
+        per rank); whether one was found."""
+        found = False
+        for rank in ranks:
+            if rank != self.me and rank not in self.exited and \
+                    self.store.check([keys.exit_record(rank)]):
+                self._read_exit(rank)
+                found = True
+        return found
+
     def check(self, ranks: Sequence[int], now: float, what: str = "") -> None:
         """Raise :class:`RankFailedError` for the first lost rank among ``ranks``."""
         lost = self.find_lost(ranks, now, what)
@@ -221,15 +233,22 @@ class Watch:
             names.append(keys.stuck(run, self.me))
         log, verdicts, *mine = self.store.multi_get(names)
         self._read_exits(log)
-        judged = records.read_document(verdicts)
-        self.silent = {int(r): (float(secs), now) for r, secs in judged.get("silent", {}).items()}
+        try:
+            silent, deadlocks = _verdicts(verdicts)
+        except records.BadRecord as exc:
+            raise DistributedEnvError(records.unreadable(keys.VERDICTS, 0, exc)) from None
+        self.silent = {r: (secs, now) for r, secs in silent.items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
             mine = [self.raw.get(keys.stuck(run, self.me))]
-        self._read_verdict(mine[0] if mine else b"", judged.get("deadlocks", []))
+        try:
+            self._read_verdict(mine[0] if mine else b"", deadlocks)
+        except records.BadRecord as exc:
+            raise DistributedEnvError(records.unreadable(keys.stuck(run or "", self.me), 0,
+                                                         exc)) from None
 
     def _read_exits(self, log: bytes) -> None:
         """Read the exit records of the ranks the exit log names that are new to this rank."""
-        for item in log.decode().split(","):
+        for item in log.decode("ascii", "replace").split(","):
             if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
                 self._read_exit(int(item))
 
@@ -324,6 +343,23 @@ class Watch:
         if last is None or now - last >= self.warn_every:
             self.warned[rank] = now
             log.warning("rank %d: %s", self.me, message)
+
+
+def _verdicts(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
+    """``(silent rank -> seconds, deadlocks as [text, {rank: call}])`` of the judge's verdicts
+    (``{}`` before its first); :class:`~..store.records.BadRecord` for anything else."""
+    if data in (b"", b"{}"):
+        return {}, []
+    doc = records.read_object(data, {"silent": dict, "deadlocks": list}, "the judge's verdicts")
+    silent = doc["silent"]
+    if not all(r.isdigit() and type(s) in (int, float) for r, s in silent.items()):
+        raise records.BadRecord("the judge's silent ranks are not rank -> seconds")
+    for item in doc["deadlocks"]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], dict)
+                and all(r.isdigit() and isinstance(c, str) for r, c in item[1].items())):
+            raise records.BadRecord("a deadlock of the judge's is not [text, {rank: call}]")
+    return {int(r): float(s) for r, s in silent.items()}, doc["deadlocks"]
 
 
 def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:

@@ -11,6 +11,7 @@ docs/design.md, "Heartbeat and peer records".
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
 
@@ -189,8 +190,9 @@ def check_store_host() -> None:
                                  f"store, is gone from this host ({how})")
 
 
-def store_lost_error(exc: BaseException, what: str) -> Exception:
-    """The error to raise when the store vanished while this rank was in ``what``."""
+def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
+    """The error to raise when the store vanished while this rank was in ``what`` (``key``:
+    the counter it was adding to, if any)."""
     first = (str(exc).splitlines() or [""])[0]
     host = store_host()
     relayed = STATE.exits.get(host)[0] if host is not None and host in STATE.exits else None
@@ -205,6 +207,14 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
         note = f" (then its store at {store_address()} went away with it)"
         return learn(RankFailedError(host, error.exc_type, error.exc_message + note,
                                      error.remote_traceback, where=what, machine=error.machine))
+    if host is None and _store_answers():
+        return DistributedEnvError(
+            f"the c10d store at {store_address()} closed this rank's connection while in "
+            f"{what}, and it still answers: it refused a request of this rank, as it does when "
+            + (f"store key {key!r}, where the kit keeps a number," if key else
+               "a key the kit keeps a number in (a block's word, a counter)")
+            + " holds something else. Only the job's own processes may write to its store "
+            '(docs/design.md, "Trust model")' f" ({type(exc).__name__}: {first})")
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""
@@ -228,6 +238,23 @@ def store_lost_error(exc: BaseException, what: str) -> Exception:
         f"lost the c10d store at {store_address()} while in {what}: the launcher process that "
         f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "
         f"({type(exc).__name__}: {first})")
+
+
+def _store_answers() -> bool:
+    """Whether the store at ``MASTER_ADDR:MASTER_PORT``, on this host, still answers a fresh
+    connection (asked only where a socket listens on that port: a store that is gone is not
+    connected to, which would make torch print its connection errors)."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.isdigit() or not procs.is_loopback(addr) \
+            or procs.listening(int(port)) is not True:
+        return False
+    try:
+        probe = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=2),
+                              wait_for_workers=False)
+        probe.check([keys.RUN_NOTE])
+        return True
+    except Exception:  # noqa: BLE001 - it does not answer: it is lost
+        return False
 
 
 @contextmanager

@@ -24,6 +24,7 @@ import sysconfig
 import threading
 import time
 from datetime import timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..base import procs
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["REQUEST", "BEATS", "raw_store",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "where_command", "Refused", "connect", "rendezvous_target",
-           "where", "where_each", "placed"]
+           "where", "where_each", "placed", "read_answer"]
 
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
@@ -182,6 +183,41 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
     return asked
 
 
+_NUMBER = (int, float)
+_ANSWER = MappingProxyType({"rank": int, "pid": int, "host": str, "time": _NUMBER,
+                            "user": list, "call": (str, type(None)),
+                            "wait": (dict, type(None)), "first_runs": list, "request": int})
+_WAIT = MappingProxyType({"what": str, "since": _NUMBER, "ranks": list})
+
+
+def read_answer(data: bytes) -> Dict[str, Any]:
+    """A rank's answer as :func:`answer` writes it, checked field by field (``{}`` for the
+    empty one :func:`ask` leaves); :class:`~..store.records.BadRecord` for anything else."""
+    if data == b"{}":
+        return {}
+    doc = records.read_object(data, _ANSWER, "a rank's answer")
+    for frame in doc["user"]:
+        if not (isinstance(frame, list) and len(frame) == 4 and isinstance(frame[0], str)
+                and type(frame[1]) is int and isinstance(frame[2], str)
+                and isinstance(frame[3], (str, type(None)))):
+            raise records.BadRecord("a rank's answer has a frame that is not [file, line, "
+                                    "function, callee]")
+    if not all(isinstance(text, str) for text in doc["first_runs"]):
+        raise records.BadRecord("a rank's answer has blocks that are not text")
+    if doc["wait"] is not None:
+        records.read_object(records.document(doc["wait"]).encode(), _WAIT, "a rank's wait")
+        records.int_list(doc["wait"]["ranks"], "a rank's awaited ranks")
+    return doc
+
+
+def _beats(data: bytes) -> int:
+    """The beats a heartbeat counter holds (0 for a value the kit's ``add`` did not leave)."""
+    try:
+        return records.read_number(data, "a heartbeat") & BEATS
+    except records.BadRecord:
+        return 0
+
+
 def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
             within: float = ANSWER_WITHIN) -> Tuple[Dict[int, Dict[str, Any]], Dict[int, int]]:
     """The answers to ``wanted`` (:func:`ask`'s) that came within ``within`` seconds, and, for
@@ -195,14 +231,12 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
     while True:
         values = store.multi_get(names)
         for i, rank in enumerate(ranks):
-            beats[rank] = int(values[len(ranks) + i]) & BEATS
+            beats[rank] = _beats(values[len(ranks) + i])
             if rank not in got:
                 try:
-                    data = records.read_document(values[i])
+                    data = read_answer(values[i])
                 except records.BadRecord as exc:
                     data = {"unreadable": records.unreadable(names[i], rank, exc)}
-                if not isinstance(data, dict):
-                    data = {"unreadable": f"the answer at {names[i]} is not a JSON object"}
                 if "unreadable" in data or data.get("request", 0) >= wanted[rank][0]:
                     got[rank] = data
         if len(got) == len(wanted) or time.monotonic() >= deadline:
@@ -367,17 +401,23 @@ def _rendezvous_port_keys(store: "Store") -> List[str]:
     return found
 
 
+#: The most ranks a run's note may name (torch's ranks are int32; no run has more).
+_MAX_WORLD = 1 << 17
+
+
 def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any:
     """``(answers, silent, peers)`` of the run whose root store is ``store``, or the line that
     says why there is none."""
     if not store.check([keys.RUN_NOTE]):
         return "no axolotl_dist run has registered with this store (yet)"
     try:
-        info = records.read_document(store.get(keys.RUN_NOTE))
-        run, world = str(info["run"]), int(info["world"])
-    except (records.BadRecord, TypeError, KeyError, ValueError) as exc:
-        return (f"the run's note at store key {keys.RUN_NOTE!r} is not one this version of "
-                f"axolotl_dist writes ({type(exc).__name__}: {exc})")
+        info = records.read_object(store.get(keys.RUN_NOTE), {"run": str, "world": int},
+                                   "the run's note")
+        run, world = records.read_token(info["run"].encode(), "a run id", 12), info["world"]
+        if not 0 < world <= _MAX_WORLD:
+            raise records.BadRecord(f"a world of {world} ranks")
+    except records.BadRecord as exc:
+        return records.unreadable(keys.RUN_NOTE, None, exc)
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
     peers: Dict[int, Peer] = {}

@@ -148,7 +148,7 @@ class Block:
                 bells.ring(self.store, self.keys[0])
         except Exception as exc:  # noqa: BLE001
             if is_store_error(exc):
-                raise store_lost_error(exc, self.what) from exc
+                raise store_lost_error(exc, self.what, self.keys[word]) from exc
             raise
 
     releases = False  # group rank 0's bit releases the waiters (a default zero_first block)
@@ -165,7 +165,7 @@ class Block:
                 value = self.words[w] = self.store.add(self.keys[w], 0)
             except Exception as exc:  # noqa: BLE001
                 if is_store_error(exc):
-                    raise store_lost_error(exc, self.what) from exc
+                    raise store_lost_error(exc, self.what, self.keys[w]) from exc
                 raise
             if value == 0 and mine:
                 self.words = [_WORD_MASK] * len(self.keys)
@@ -240,7 +240,10 @@ class Block:
         if have == mine:
             self.wrote_site = True  # deleted when this rank is done with the block
             return
-        other, tag, desc, site = records.read_site(have)
+        try:
+            other, tag, desc, site = records.read_site(have)
+        except records.BadRecord as exc:
+            raise DistributedEnvError(records.unreadable(f"{self.base}/site", None, exc)) from None
         if tag != self.tag:
             self._publish_mismatch(other, tag, desc, site)
 

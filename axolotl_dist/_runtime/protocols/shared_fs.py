@@ -104,7 +104,7 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
         if rank != 0:
             poll_until(lambda: store.check([key]), watch=lambda: [0], timeout=None,
                        what=f"the shared-filesystem probe of {path}", me=rank)
-            made = store.get(key).decode()
+            made = store.get(key)[:4096].decode(errors="replace")  # a path: only looked at
         answer = _UNKNOWN if not made else _FOUND if os.path.exists(made) else _NOT_FOUND
     else:
         answer = 0

@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Dict, Iterator, List
 
 from ...errors import DistributedEnvError
-from . import keys
+from . import keys, records
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -59,6 +59,9 @@ def agree(store: "Store", rank: int, world_size: int, timeout: timedelta) -> int
     if rank == 0:
         return _lead(store, world_size, deadline)
     return _join(store, rank, timeout, deadline)
+
+
+_TOKEN_LEN = 32  # uuid4().hex
 
 
 def _pauses() -> Iterator[float]:
@@ -91,7 +94,7 @@ def _lead(store: "Store", world_size: int, deadline: float) -> int:
     while True:
         fresh = [(r, t) for r, t in enumerate(store.multi_get(tokens), 1) if answered.get(r) != t]
         if fresh:
-            store.multi_set([keys.attempt_answer(r, t.decode()) for r, t in fresh],
+            store.multi_set([keys.attempt_answer(r, _token(t, r)) for r, t in fresh],
                             [str(attempt)] * len(fresh))
             answered.update(fresh)
         if store.check(joined):
@@ -120,9 +123,21 @@ def _join(store: "Store", rank: int, timeout: timedelta, deadline: float) -> int
             f"rank {rank} waited {timeout.total_seconds():.0f} s in init_distributed for rank 0 "
             "to begin this attempt of the run: is rank 0 started, under the same launcher? "
             "(raise init_distributed(timeout=...) if it starts late)")
-    attempt = int(store.get(answer))
+    try:
+        attempt = records.read_number(store.get(answer), "an attempt's number")
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(answer, 0, exc)) from None
     store.set(keys.attempt_joined(attempt, rank), "")
     return attempt
+
+
+def _token(data: bytes, rank: int) -> str:
+    """Global ``rank``'s join token as rank 0 read it; DistributedEnvError naming the key for
+    bytes the kit did not draw."""
+    try:
+        return records.read_token(data, "a join token", _TOKEN_LEN)
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(keys.attempt_join(rank), rank, exc)) from None
 
 
 def attempt_store(addr: str, port: int, rank: int, world_size: int,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -47,7 +47,8 @@ __all__ = [
     "mismatch", "read_mismatch", "call_record", "read_call_record",
     "warning_entry", "VERSION", "MAX_RECORD", "BadRecord", "unreadable",
     "tensor_description", "read_tensor_description", "bigint", "read_bigint",
-    "read_warning_entries", "WARNING_END", "clock", "read_clock",
+    "read_warning_entries", "WARNING_END", "clock", "read_clock", "read_number", "read_token",
+    "read_object", "int_list",
 ]
 
 
@@ -238,6 +239,26 @@ def read_document(data: Optional[bytes], empty: Any = None) -> Any:
         raise BadRecord(f"not a JSON document ({type(exc).__name__})") from None
 
 
+def read_object(data: Optional[bytes], fields: Mapping[str, Any], what: str) -> Dict[str, Any]:
+    """A JSON object with exactly ``fields`` (name -> a type or a tuple of types; an int is
+    never a bool), as the kit writes ``what``: :class:`BadRecord` for anything else."""
+    doc = read_document(data, empty=b"")
+    if not isinstance(doc, dict) or set(doc) != set(fields):
+        raise BadRecord(f"{what} is not a JSON object of the fields {sorted(fields)}")
+    for name, want in fields.items():
+        value = doc[name]
+        if isinstance(value, bool) and want is int or not isinstance(value, want):
+            raise BadRecord(f"{what}'s {name!r} is {type(value).__name__}")
+    return doc
+
+
+def int_list(value: Any, what: str) -> List[int]:
+    """``value`` as a list of ints (never bools): :class:`BadRecord` for anything else."""
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise BadRecord(f"{what} is not a list of ints")
+    return value
+
+
 def stuck_mark(serial: int, index: int) -> str:
     """The judge's mark on a wait that can never end: its serial and its deadlock's index."""
     return f"{serial}|{index}"
@@ -245,7 +266,9 @@ def stuck_mark(serial: int, index: int) -> str:
 
 def read_stuck_mark(data: bytes) -> Tuple[str, str]:
     """``(serial, index)`` of a :func:`stuck_mark` as text (both empty for no mark)."""
-    serial, _, index = data.decode().partition("|")
+    serial, _, index = data.decode("ascii", "replace").partition("|")
+    if len(data) > 64 or not (serial == index == "" or serial.isdigit() and index.isdigit()):
+        raise BadRecord("a wait's mark is not two numbers")
     return serial, index
 
 
@@ -258,7 +281,11 @@ def site(rank: int, tag: str, desc: Optional[str], where: str) -> str:
 
 def read_site(data: str) -> Tuple[int, str, Optional[str], str]:
     """``(rank, tag, desc or None, site)`` of a :func:`site` record (decoded text)."""
-    rank, tag, desc, where = data.split("|", 3)
+    parts = data.split("|", 3)
+    if len(data) > MAX_RECORD or len(parts) != 4 or not parts[0].isdigit() \
+            or len(parts[0]) > 9 or not parts[1].isalnum():
+        raise BadRecord("a block's pairing record is not rank|tag|label|site")
+    rank, tag, desc, where = parts
     return int(rank), tag, desc or None, where
 
 
@@ -328,4 +355,22 @@ def clock(now: int) -> str:
 
 def read_clock(data: bytes) -> int:
     """The clock in a :func:`clock` value."""
-    return int(data)
+    return read_number(data, "a clock")
+
+
+def read_number(data: bytes, what: str) -> int:
+    """The decimal int (at most 20 digits) the kit wrote as ``what`` (a counter's value, an
+    attempt's number, a clock): :class:`BadRecord` for anything else."""
+    text = bytes(data[:32]).decode("ascii", "replace").strip()
+    if len(data) > 32 or not text.lstrip("-").isdigit() or len(text) > 21:
+        raise BadRecord(f"{what} is not a number")
+    return int(text)
+
+
+def read_token(data: bytes, what: str, length: int) -> str:
+    """A hex token of ``length`` characters the kit drew (a run id, an attempt's join token):
+    :class:`BadRecord` for anything else."""
+    text = bytes(data[:length + 1]).decode("ascii", "replace")
+    if len(data) != length or any(c not in "0123456789abcdef" for c in text):
+        raise BadRecord(f"{what} is not {length} hex characters")
+    return text

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Optional, Tuple
 from ..base.groups import Group
 from ..base.state import STATE
 from .access import bounded
+from . import records
+from ...errors import DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -134,11 +136,20 @@ def arm(group: Group, store: "Store", word0: str, seen: int) -> Tuple[Optional["
     bell (None: the word changed, or no connection to sleep on: poll once more) and the word
     as now known."""
     if not seen & BELL:
-        have = int(store.compare_set(word0, str(seen), str(seen | BELL)))
+        have = _word(store.compare_set(word0, str(seen), str(seen | BELL)), word0)
         if have != seen | BELL:
             return None, have
         seen = have
     return sleep_on(group, group.store, bell_key(word0)), seen
+
+
+def _word(data: bytes, key: str) -> int:
+    """A block's word as ``compare_set`` returned it; DistributedEnvError naming ``key`` for
+    anything but the number the ranks' ``add`` calls keep there."""
+    try:
+        return records.read_number(data, "a block's word")
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(key, None, exc)) from None
 
 
 def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
