@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from axolotl_dist.testing import kill_tree  # noqa: E402 - this checkout's kit
+from probes import kill_tree  # noqa: E402 - this checkout's kit, the tests' plumbing
 
 _KIT = """\
 import os, signal

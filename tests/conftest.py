@@ -21,6 +21,11 @@ from axolotl_dist.env import LAUNCHER_ENV_VARS  # noqa: E402
 for _name in (*LAUNCHER_ENV_VARS, "AXOLOTL_DIST_DEBUG"):
     os.environ.pop(_name, None)
 
+# The kit's pytest plugin (@pytest.mark.distributed): an install of this checkout registers it
+# (setup.cfg's pytest11 entry point, of the same name, so it is never registered twice); a
+# checkout tested from PYTHONPATH beside another install takes it from here.
+pytest_plugins = ["pytest_axolotl_dist"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _session_run_dir(tmp_path_factory):

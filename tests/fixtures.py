@@ -19,8 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
-from axolotl_dist import testing as _testing
 from axolotl_dist.env import LAUNCHER_ENV_VARS
+from probes import kill_tree, process_state
 
 __all__ = ["ROOT", "NO_ENV", "LAUNCHER_PREFIXES", "subprocess_env", "start", "finish", "run",
            "launch_script", "run_bare_env", "fake_group", "free_port", "alive"]
@@ -74,12 +74,12 @@ def finish(proc: subprocess.Popen, timeout: float) -> Tuple[int, str, str]:
     try:
         out, err = _text(*proc.communicate(timeout=timeout))
     except subprocess.TimeoutExpired:
-        _testing.kill_tree(proc.pid)
+        kill_tree(proc.pid)
         out, err = _text(*proc.communicate())
         pytest.fail(f"{proc.args} did not finish in {timeout}s:\n{out}\n{err[-3000:]}")
     finally:
         if proc.poll() is None:  # interrupted (Ctrl-C, pytest-timeout): leave nothing behind
-            _testing.kill_tree(proc.pid)
+            kill_tree(proc.pid)
             proc.wait()
     return proc.returncode, out, err
 
@@ -165,5 +165,5 @@ def free_port() -> int:
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` still runs (not a zombie)."""
-    return _testing.process_state(pid) != "gone"
+    return process_state(pid) != "gone"
 

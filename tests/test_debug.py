@@ -14,7 +14,8 @@ import torch
 
 import axolotl_dist as ad
 from axolotl_dist import debug as ad_debug
-from axolotl_dist.testing import reset_process_state, run_distributed, run_distributed_outcomes
+from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from probes import reset_process_state
 
 PG_TIMEOUT = 300.0
 DEADLINE = 10.0  # seconds within which every surviving rank must raise
@@ -293,7 +294,7 @@ def test_subgroup_calls_are_checked_within_the_subgroup():
 @pytest.mark.parametrize("store", ["parent"])  # not a fault: one placement is enough
 def test_debug_off_writes_nothing_to_the_store():
     def body():
-        from axolotl_dist.testing import store_of
+        from probes import store_of
 
         ad.barrier()
         ad.compute_and_broadcast(lambda: 1)

@@ -66,7 +66,7 @@ def _caught_failure_frames(fault):
     import gc
 
     import axolotl_dist as ad
-    from axolotl_dist.testing import learnt_failure
+    from probes import learnt_failure
 
     def fn():
         raise ValueError("boom")
@@ -103,7 +103,7 @@ def _store_host_judged(placement):
     store call (``StoreHostGoneError``): by its pid while its record is known, then, with the
     records forgotten, by the loopback port alone."""
     import axolotl_dist as ad
-    from axolotl_dist.testing import known_peers, process_state, reset_process_state
+    from probes import known_peers, process_state, reset_process_state
 
     deadline = time.monotonic() + 20
     while ad.get_rank() == 1 and 0 not in known_peers() and time.monotonic() < deadline:

@@ -9,7 +9,8 @@ import time
 import pytest
 
 import axolotl_dist as ad
-from axolotl_dist.testing import count_store_calls, run_distributed, run_distributed_outcomes
+from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from probes import count_store_calls
 
 PG_TIMEOUT = 300.0  # the group's collective timeout: failures must surface long before it
 
@@ -424,7 +425,7 @@ def test_unpaired_zero_first_blocks_raise_on_both_ranks_naming_both_sites(store)
 
 def test_blocks_leave_no_keys_in_the_store(store):
     def body():
-        from axolotl_dist.testing import store_of
+        from probes import store_of
 
         count = store_of().num_keys
         ad.barrier()
@@ -490,7 +491,7 @@ def test_the_wide_block_layout_beyond_31_ranks(tmp_path):
     # above 31 ranks a block's arrival bits and counts move to separate keys: run ordering,
     # several first ranks, a failure and the cleanup on 32 real ranks
     def body():
-        from axolotl_dist.testing import store_of
+        from probes import store_of
 
         rank = ad.get_rank()
         count = store_of().num_keys

@@ -19,7 +19,8 @@ import torch
 
 import axolotl_dist as ad
 from fixtures import run, subprocess_env
-from axolotl_dist.testing import count_store_calls, run_distributed, run_distributed_outcomes, store_of
+from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from probes import count_store_calls, store_of
 
 HERE = os.path.basename(__file__)
 PG_TIMEOUT = 300.0

@@ -355,7 +355,7 @@ def test_store_keys_are_deleted_after_each_call(tmp_path):
     src = _on_disk(tmp_path)
 
     def body():
-        from axolotl_dist.testing import store_of
+        from probes import store_of
 
         ds = datasets.load_from_disk(src)
         for fn in (double, triple, double):

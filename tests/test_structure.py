@@ -20,8 +20,8 @@ Read from the source (module- and function-level imports alike):
 * every ``docs/...`` reference in the code, the tests and the benchmarks names a file that
   exists, and the heading (``docs/design.md, "Heading"``) or decision
   (``docs/design.md, decision 4``) it cites exists in it;
-* no test reaches into the runtime: tests use the public modules and
-  :func:`axolotl_dist.testing.reset_process_state`.
+* no test reaches into the runtime: tests use the public modules, and the project's own test
+  plumbing (``reset_process_state``, ``store_of``...) through ``tests/probes.py`` alone.
 """
 
 from __future__ import annotations
@@ -305,8 +305,9 @@ def test_no_reference_to_files_outside_the_repository():
 
 
 def test_tests_use_only_public_modules():
-    # a test that reaches into the runtime pins internals instead of behaviour; the one door
-    # is axolotl_dist.testing (reset_process_state, store_of, known_peers...)
+    # a test that reaches into the runtime pins internals instead of behaviour; the doors are
+    # the public modules, and tests/probes.py for the project's own plumbing (reset_process_state,
+    # store_of, known_peers...: kept out of the public axolotl_dist.testing)
     found = []
     for path in (ROOT / "tests").rglob("*.py"):
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -315,6 +316,22 @@ def test_tests_use_only_public_modules():
                     and path.name != "test_structure.py":
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_the_projects_probes_come_through_one_file():
+    # axolotl_dist.testing._probes is the testing feature's private module: the project's tests
+    # and benchmarks take it through tests/probes.py, and the public testing module does not
+    # export it
+    import axolotl_dist.testing as public
+
+    takers = sorted(str(p.relative_to(ROOT)) for folder in ("tests", "benchmarks", "examples")
+                    for p in (ROOT / folder).rglob("*.py")
+                    if "testing._probes" in p.read_text() and p.name != "test_structure.py")
+    assert takers == ["tests/probes.py"]
+    import probes
+
+    assert not set(probes.__all__) & set(public.__all__)
+    assert all(not hasattr(public, name) for name in probes.__all__)
 
 
 def test_the_harness_imports_without_pytest():
@@ -358,7 +375,7 @@ def test_public_modules_export_only_documented_names():
 
     documented = _documented_names()
     undocumented = []
-    for module in _public_modules():
+    for module in [*_public_modules(), "pytest_axolotl_dist"]:  # and the pytest plugin's
         for name in getattr(importlib.import_module(module), "__all__", ()):
             if not name.startswith("__") and name not in documented:
                 undocumented.append(f"{module}.{name}")
@@ -367,7 +384,7 @@ def test_public_modules_export_only_documented_names():
 
 def _construct_every_public_exception():
     import axolotl_dist as ad
-    from axolotl_dist.testing import learnt_failure
+    from probes import learnt_failure
 
     assert ad.is_distributed()  # under a process group, where a failure could be recorded
     before = learnt_failure()
@@ -473,6 +490,7 @@ SERIALIZERS = {
     f"{PACKAGE}.launch._rank_main": "the ranks' error files and end notes",
     f"{PACKAGE}.testing._harness": "the ranks' results, through a pipe",
     f"{PACKAGE}.testing._rank": "the ranks' results, through a pipe",
+    f"{PACKAGE}.testing._marked": "a marked test's notes from its ranks, through files",
 }
 
 

@@ -520,3 +520,34 @@ def test_where_at_a_port_nothing_listens_on_fails_at_once(tmp_path, capfd):
                           capture_output=True, text=True, timeout=60, cwd=str(ROOT))
     assert (done.returncode, done.stdout, done.stderr) == (1, "", line), done
     assert time.monotonic() - began < 30, done
+
+
+# ---------------------------------------------------------------- the harness's timeout
+
+
+def _one_rank_sleeps():
+    if ad.get_rank() == 0:
+        time.sleep(600)
+    ad.barrier()
+
+
+def test_the_harness_says_where_each_rank_was_before_it_killed_them(store):
+    # run_distributed's timeout asks every rank still running where it is (the kit's where
+    # report, a few seconds at most), then kills them
+    from axolotl_dist.testing import DistributedTestError, run_distributed_outcomes
+
+    start = time.monotonic()
+    outcomes = run_distributed_outcomes(_one_rank_sleeps, 2, store=store, timeout=5)
+    assert time.monotonic() - start < 5 + 8
+    assert [o.timed_out for o in outcomes] == [True, True]
+    first = _one_rank_sleeps.__code__.co_firstlineno
+    assert outcomes[0].where == f"in _one_rank_sleeps at tests/test_where.py:{first + 2}", \
+        outcomes[0].where
+    assert re.fullmatch(rf"barrier at tests/test_where.py:{first + 3} "
+                        r"\(waiting \d+ s for rank\(s\) \[0\]\)", outcomes[1].where), outcomes[1]
+    assert outcomes[1].describe() == f"rank 1: did not finish in time (killed): {outcomes[1].where}"
+    with pytest.raises(DistributedTestError, match="rank 0: did not finish in time .killed.: in "
+                                                   "_one_rank_sleeps"):
+        from axolotl_dist.testing import run_distributed
+
+        run_distributed(_one_rank_sleeps, 2, store=store, timeout=3)

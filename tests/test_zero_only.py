@@ -1,4 +1,5 @@
-"""zero_only: the decorator and the block really skip on other ranks, on real gloo ranks."""
+"""zero_only: the decorator and the block really skip on other ranks, on real gloo ranks
+(``@pytest.mark.distributed``: each test's body runs on every rank)."""
 
 import pytest
 
@@ -16,10 +17,8 @@ def _record_at_import(path):
     return "wrote"
 
 
-@pytest.mark.parametrize("ws", [1, 2, 3])
-def test_zero_only_decorator_runs_on_rank0_only(tmp_path, ws):
-    path = str(tmp_path / "log")
-
+@pytest.mark.distributed(world_size=[1, 2, 3])
+def test_zero_only_decorator_runs_on_rank0_only(tmp_path):
     @ad.zero_only()
     def with_parens():
         return "parens"
@@ -28,14 +27,10 @@ def test_zero_only_decorator_runs_on_rank0_only(tmp_path, ws):
     def with_default():
         return "ran"
 
-    def body():
-        return _record_at_import(path), with_parens(), with_default()
-
-    out = run_distributed(body, ws, timeout=60)
-    assert out[0] == ("wrote", "parens", "ran")
-    for r in range(1, ws):
-        assert out[r] == (None, None, "skipped")
-    assert open(path).read() == "0\n"
+    got = _record_at_import(str(tmp_path / "log")), with_parens(), with_default()
+    assert got == (("wrote", "parens", "ran") if ad.get_rank() == 0 else (None, None, "skipped"))
+    ad.barrier()
+    assert (tmp_path / "log").read_text() == "0\n"  # one tmp_path, shared by the ranks
 
 
 def test_zero_only_checks_rank_per_call_not_at_decoration():
@@ -49,57 +44,50 @@ def test_zero_only_checks_rank_per_call_not_at_decoration():
     assert run_distributed(body, 2, timeout=60) == ["ran", None]
 
 
+@pytest.mark.distributed(world_size=3)
 def test_zero_only_with_block_is_skipped_on_other_ranks(tmp_path):
-    def body():
-        effects = []
-        with ad.zero_only():
-            effects.append("body")
-            (tmp_path / f"touched-{ad.get_rank()}").write_text("x")
-        with ad.zero_only() as is_main:
-            effects.append(("flag", is_main))
-        effects.append("after")
-        return effects
-
-    out = run_distributed(body, 3, timeout=60)
-    assert out[0] == ["body", ("flag", True), "after"]
-    assert out[1] == out[2] == ["after"]
+    effects = []
+    with ad.zero_only():
+        effects.append("body")
+        (tmp_path / f"touched-{ad.get_rank()}").write_text("x")
+    with ad.zero_only() as is_main:
+        effects.append(("flag", is_main))
+    effects.append("after")
+    assert effects == (["body", ("flag", True), "after"] if ad.get_rank() == 0 else ["after"])
+    ad.barrier()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["touched-0"]
 
 
+@pytest.mark.distributed(world_size=2)
 def test_zero_only_with_block_restores_existing_tracer():
     import sys
 
-    def body():
-        calls = []
+    calls = []
 
-        def tracer(frame, event, arg):
-            calls.append(event)
-            return None
+    def tracer(frame, event, arg):
+        calls.append(event)
+        return None
 
-        sys.settrace(tracer)
-        try:
-            with ad.zero_only():
-                calls.append("body")
-            active = sys.gettrace() is tracer
-        finally:
-            sys.settrace(None)
-        return active, "body" in calls
-
-    out = run_distributed(body, 2, timeout=60)
-    assert out[0] == (True, True)
-    assert out[1] == (True, False)
+    sys.settrace(tracer)
+    try:
+        with ad.zero_only():
+            calls.append("body")
+        active = sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+    assert active
+    assert ("body" in calls) == (ad.get_rank() == 0)
 
 
+@pytest.mark.distributed(world_size=2)
 def test_zero_only_exception_in_body_on_rank0_propagates():
-    def body():
-        try:
-            with ad.zero_only():
-                raise RuntimeError("real error")
-        except RuntimeError as exc:
-            return str(exc)
-        return "no error"
-
-    assert run_distributed(body, 2, timeout=60) == ["real error", "no error"]
+    raised = []
+    try:
+        with ad.zero_only():
+            raise RuntimeError("real error")
+    except RuntimeError as exc:
+        raised.append(str(exc))
+    assert raised == (["real error"] if ad.get_rank() == 0 else [])
 
 
 def test_zero_only_rejects_non_callable():
@@ -109,15 +97,13 @@ def test_zero_only_rejects_non_callable():
 
 
 
+@pytest.mark.distributed(world_size=2)
 def test_zero_only_block_whose_body_starts_with_try_is_skipped():
     # a skip raised on a `try:` line used to escape the `with` statement (CPython 3.11)
-    def body():
-        ran = []
-        with ad.zero_only():
-            try:
-                ran.append("body")
-            except ValueError:
-                pass
-        return ran
-
-    assert run_distributed(body, 2, timeout=60) == [["body"], []]
+    ran = []
+    with ad.zero_only():
+        try:
+            ran.append("body")
+        except ValueError:
+            pass
+    assert ran == (["body"] if ad.get_rank() == 0 else [])

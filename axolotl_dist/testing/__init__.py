@@ -47,8 +47,6 @@ from .._runtime.base.procs import loopback_interface
 from ..env import LAUNCHER_ENV_VARS as _LAUNCHER_ENV_VARS
 from ._harness import run_distributed, run_distributed_outcomes
 from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
-from ._probes import (StoreCalls, count_store_calls, kill_tree, known_peers, learnt_failure,
-                     process_state, reset_process_state, store_of)
 
 __all__ = [
     "RankOutcome",
@@ -61,14 +59,6 @@ __all__ = [
     "requires_gpu",
     "requires_multi_gpu",
     "GPU_MARKS",
-    "reset_process_state",
-    "store_of",
-    "kill_tree",
-    "process_state",
-    "known_peers",
-    "learnt_failure",
-    "count_store_calls",
-    "StoreCalls",
 ]
 
 #: Variables the harness clears in each rank before setting its own, so an outer launcher

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .._runtime.base.procs import kill_tree, signal_tree
 from .._runtime.base.tracebacks import safe_str
+from .._runtime.liveness import whereabouts
 from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
 from ._rank import child_main
 
@@ -151,17 +152,39 @@ def _settle(rank: int, proc: Any, conn: Any, messages: Dict[int, tuple],
                     reported.get(rank, time.monotonic() - start))
 
 
+def _ask_where(store: _Store, ranks: List[int]) -> Dict[int, str]:
+    """Where each of ``ranks`` is, as the kit's where report says (its heartbeat answers
+    within a few seconds); a line saying why not where the store cannot be asked."""
+    if not ranks:
+        return {}
+    try:
+        client = store.server
+        if client is None:  # rank 0 hosts the store: ask it as any client would
+            client = whereabouts.connect("127.0.0.1", store.port, timeout=2.0,
+                                         retry_refused=False)
+        return whereabouts.where_each(client, ranks)
+    except Exception as exc:  # noqa: BLE001 - the report must never stop the kill
+        return {r: f"could not be asked ({type(exc).__name__}: {safe_str(exc)})" for r in ranks}
+
+
 def _stop_stragglers(procs: List[Any], outcomes: List[Optional[RankOutcome]],
-                     start: float) -> List[RankOutcome]:
-    """SIGKILL every rank without an outcome (and its children); they count as timed out."""
+                     start: float, store: _Store) -> List[RankOutcome]:
+    """SIGKILL every rank without an outcome (and its children), once the kit's where report
+    said where each is; they count as timed out."""
+    stuck = [r for r, o in enumerate(outcomes) if o is None]
+    wheres = _ask_where(store, stuck)
+    stopped_at = time.monotonic() - start
+    for rank in stuck:  # frozen together first: none outlives a peer's kill to react to it
+        signal_tree(procs[rank].pid, signal.SIGSTOP)
+    for rank in stuck:
+        kill_tree(procs[rank].pid)
     done: List[RankOutcome] = []
     for rank, proc in enumerate(procs):
         outcome = outcomes[rank]
         if outcome is None:
-            kill_tree(proc.pid)
             proc.join(timeout=5.0)
             outcome = RankOutcome(rank=rank, timed_out=True, exitcode=proc.exitcode,
-                                  elapsed=time.monotonic() - start)
+                                  elapsed=stopped_at, where=wheres.get(rank))
         done.append(outcome)
     return done
 
@@ -201,7 +224,8 @@ def run_distributed_outcomes(
     :param env: extra env vars for every rank (``None`` values delete a variable).
     :param rank_env: a function of the rank giving extra env vars for that rank.
     :param init: call :func:`axolotl_dist.init_distributed` in each rank before ``fn``.
-    :param timeout: wall-clock seconds for the whole run; stragglers are SIGKILLed.
+    :param timeout: wall-clock seconds for the whole run; stragglers are SIGKILLed, once the
+        kit's where report said where each is (:attr:`RankOutcome.where`; a few seconds).
     :param grace: once a rank has failed, seconds the others get before they are killed
         (default: wait for them until ``timeout``).
     :param pg_timeout: the process group's collective timeout, seconds.
@@ -231,7 +255,7 @@ def run_distributed_outcomes(
         where.handed_over()
         os.write(gate[1], b"g" * world_size)
         outcomes = _collect(procs, conns, start, timeout, grace)
-        return _stop_stragglers(procs, outcomes, start)
+        return _stop_stragglers(procs, outcomes, start, where)
     finally:
         _release(procs, conns, gate, where)
 

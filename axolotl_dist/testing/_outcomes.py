@@ -28,6 +28,9 @@ class RankOutcome:
     #: Seconds from the start of the run until this rank reported or died.
     elapsed: float = 0.0
     timed_out: bool = False
+    #: Where a rank killed on ``timeout`` (or ``grace``) was then, as the kit's where report
+    #: says (``barrier at test_x.py:12 (waiting 9 s for rank(s) [0])``); else None.
+    where: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -35,7 +38,8 @@ class RankOutcome:
 
     def describe(self) -> str:
         if self.timed_out:
-            return f"rank {self.rank}: did not finish in time (killed)"
+            where = f": {self.where}" if self.where else ""
+            return f"rank {self.rank}: did not finish in time (killed){where}"
         if self.error is not None:
             return f"rank {self.rank}: raised {self.error}\n{self.traceback or ''}".rstrip()
         if self.exitcode != 0:

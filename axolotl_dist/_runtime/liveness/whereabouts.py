@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["REQUEST", "BEATS", "raw_store",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "where_command", "Refused", "connect", "rendezvous_target",
-           "where", "read_answer"]
+           "where", "where_each", "placed", "read_answer"]
 
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
@@ -285,21 +285,21 @@ def _waiting(answers: List[Dict[str, Any]], ranks: List[int], now: float) -> str
     return f" (waiting {seconds:.0f} s{whom})"
 
 
-def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
-           peers: Dict[int, Peer]) -> str:
-    """One line per group of ranks in the same place; a line per rank that did not answer,
-    with its process state where this process can see it (``peers``: their peer records)."""
+def placed(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
+           peers: Dict[int, Peer]) -> List[Tuple[List[int], str]]:
+    """``(ranks, where they are)`` for each group of ranks in the same place, then one entry
+    per rank that did not answer, with its process state where this process can see it
+    (``peers``: their peer records)."""
     now = time.time()
     groups: Dict[str, List[int]] = {}
     for rank in sorted(answers):  # the same place: the same stack, call and kind of wait
         wait = answers[rank].get("wait") or {}
         key = _describe(answers[rank], f"\0{wait.get('what', '')}")
         groups.setdefault(key, []).append(rank)
-    lines = []
+    found = []
     for ranks in sorted(groups.values()):
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
         waiting = _waiting([answers[r] for r in ranks], ranks, now)
-        lines.append(f"  {who}: {_describe(answers[ranks[0]], waiting)}")
+        found.append((ranks, _describe(answers[ranks[0]], waiting)))
     for rank in sorted(silent):
         record = peers.get(rank)
         host, pid = (record.host, record.pid) if record is not None else ("?", 0)
@@ -309,11 +309,19 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
         where = f"process {pid} on {host}" if pid else "its process"
         extra = {"stopped": ", stopped (SIGSTOP or a debugger)", "gone": ", gone",
                  "running": ", running"}.get(state or "", "")
-        lines.append(f"  rank {rank}: did not answer within {ANSWER_WITHIN:g} s ({where}{extra}; "
-                     f"{seen})")
+        found.append(([rank], f"did not answer within {ANSWER_WITHIN:g} s ({where}{extra}; "
+                              f"{seen})"))
+    return found
+
+
+def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
+           peers: Dict[int, Peer]) -> str:
+    """One line per group of ranks in the same place (:func:`placed`)."""
+    lines = []
+    for ranks, text in placed(answers, silent, peers):
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        lines.append(f"  {who}: {text}")
     return "\n".join(lines)
-
-
 
 
 def where_command() -> Optional[str]:
@@ -397,11 +405,11 @@ def _rendezvous_port_keys(store: "Store") -> List[str]:
 _MAX_WORLD = 1 << 17
 
 
-def where(store: "Store", ranks: Optional[Sequence[int]] = None,
-          within: float = ANSWER_WITHIN) -> str:
-    """The report of the run whose root store is ``store`` (all ranks by default)."""
+def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any:
+    """``(answers, silent, peers)`` of the run whose root store is ``store``, or the line that
+    says why there is none."""
     if not store.check([keys.RUN_NOTE]):
-        return "  no axolotl_dist run has registered with this store (yet)"
+        return "no axolotl_dist run has registered with this store (yet)"
     try:
         info = records.read_object(store.get(keys.RUN_NOTE), {"run": str, "world": int},
                                    "the run's note")
@@ -409,7 +417,7 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
         if not 0 < world <= _MAX_WORLD:
             raise records.BadRecord(f"a world of {world} ranks")
     except records.BadRecord as exc:
-        return "  " + records.unreadable(keys.RUN_NOTE, None, exc)
+        return records.unreadable(keys.RUN_NOTE, None, exc)
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
     peers: Dict[int, Peer] = {}
@@ -418,4 +426,28 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
         record = decode_peer(store.get(key)) if store.check([key]) else None
         if record is not None:
             peers[rank] = record
-    return report(answers, silent, peers)
+    return answers, silent, peers
+
+
+def where(store: "Store", ranks: Optional[Sequence[int]] = None,
+          within: float = ANSWER_WITHIN) -> str:
+    """The report of the run whose root store is ``store`` (all ranks by default)."""
+    found = _asked(store, ranks, within)
+    return f"  {found}" if isinstance(found, str) else report(*found)
+
+
+def where_each(store: "Store", ranks: Sequence[int],
+               within: float = ANSWER_WITHIN) -> Dict[int, str]:
+    """Where each of ``ranks`` of the run whose root store is ``store`` is, by rank (what
+    :func:`where` says of it, without the rank's label)."""
+    found = _asked(store, ranks, within)
+    if isinstance(found, str):
+        return {r: found for r in ranks}
+    answers, silent, peers = found
+    each = {}
+    for rank in ranks:
+        mine = ({rank: answers[rank]} if rank in answers else {},
+                {rank: silent[rank]} if rank in silent else {})
+        for _, text in placed(*mine, peers):
+            each[rank] = text
+    return each
