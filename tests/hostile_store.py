@@ -22,7 +22,7 @@ import struct
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-__all__ = ["HostileStore", "family", "KIT_KEY"]
+__all__ = ["HostileStore", "family", "KIT_KEY", "CodeRunningPickle"]
 
 #: The kit's keys: group keys (``axd/...``, under whatever prefix the group's store adds) and
 #: root keys (``axolotl_dist/<run>/...``, ``axolotl_dist/run``, an attempt's join and answer;
@@ -38,6 +38,16 @@ _LAYOUTS: Dict[int, Tuple[str, ...]] = {
     10: ("blobs",), 11: ("pairs",), 12: (), 13: ("u32",), 14: ("blob", "blob"), 15: ("blob",),
     16: ("blob",), 17: (), 18: ("blob", "i64"),
 }
+
+
+class CodeRunningPickle:
+    """Pickled, an attacker's bytes: unpickling them creates ``path`` (the test's canary)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Tuple[object, Tuple[str, str]]:
+        return (open, (self.path, "w"))
 
 
 def family(key: str) -> str:

@@ -10,23 +10,14 @@ import random
 import time
 
 import axolotl_dist as ad
-
-
-class _Payload:
-    """Unpickling this creates ``path``: what an attacker's bytes in the store would do."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
+from hostile_store import CodeRunningPickle
 
 
 def _cases(tmp_path):
     good = ad.RankFailedError(1, "ValueError", "boom", "Traceback ...\n", where="barrier",
                               ranks=(1,)).to_report()
     rng = random.Random(47)
-    cases = {"pickle that runs code": pickle.dumps(_Payload(str(tmp_path / "ran"))),
+    cases = {"pickle that runs code": pickle.dumps(CodeRunningPickle(str(tmp_path / "ran"))),
              "pickle of a tuple": pickle.dumps((1, "ValueError", "boom", None, "", (), None)),
              "empty": b"", "oversized": b"{" + b" " * (2 << 20) + b"}",
              "not utf-8": b"\xff\xfe" * 10}

@@ -32,7 +32,7 @@ import pytest
 import axolotl_dist as ad
 from axolotl_dist.testing import run_distributed_outcomes
 from fixtures import ROOT, subprocess_env
-from hostile_store import HostileStore, family
+from hostile_store import CodeRunningPickle, HostileStore, family
 
 #: The kit's own errors: what a rank may raise on a bad record.
 KIT_ERRORS = ("DistributedEnvError", "RankFailedError", "CollectiveMismatchError",
@@ -41,16 +41,6 @@ WORLD = 2
 #: An attacker can stall a run until its timeouts (docs/design.md, "Trust model"): the ranks'
 #: init and collectives get STALL seconds; a run may take BOUND.
 STALL, BOUND = 8.0, 25.0
-
-
-class _Payload:
-    """Unpickling this creates ``path``: what an attacker's bytes would do if run."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
 
 
 def _payloads(seed):
@@ -164,7 +154,7 @@ def test_no_record_an_attacker_writes_runs_or_hangs(phase, tmp_path):
     families = sorted({family(k) for k in recorder.written})
     assert MUST[phase] <= set(families), families
     canary = tmp_path / "ran"
-    bomb = [pickle.dumps(_Payload(str(canary)))]
+    bomb = [pickle.dumps(CodeRunningPickle(str(canary)))]
     tally, problems, keys, sent, slowest = Counter(), [], set(), 0, 0.0
     for n, fam in enumerate(families):
         for payloads in (bomb, _payloads(n)[n % 8:] + _payloads(n)[:n % 8]):
@@ -208,7 +198,7 @@ def _root(note):
                                          ("payloads", False)])
 def test_where_reads_every_rank_answer_as_data(attack, note, tmp_path):
     canary = tmp_path / "ran"
-    payloads = [pickle.dumps(_Payload(str(canary)))] if attack == "pickle" else _payloads(7)
+    payloads = [pickle.dumps(CodeRunningPickle(str(canary)))] if attack == "pickle" else _payloads(7)
     hostile = HostileStore(WORLD, _root(note), payloads)
     answer = {}
 

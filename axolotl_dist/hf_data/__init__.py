@@ -44,7 +44,7 @@ from .._runtime.base.private import private_dir, user_dir
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
 from .._runtime.base.state import STATE as _STATE
 from .._runtime.store import keys as _keys, records as _records
-from .._runtime.store.access import group_store
+from .._runtime.store.access import checked, group_store
 from .._runtime.liveness.deadlock import Point
 from .._runtime.liveness.polls import poll_until
 from ..env import env_shared_filesystem
@@ -427,10 +427,8 @@ def _entry(data: bytes, key: str, rank: int) -> Dict[str, Any]:
     """Group rank ``rank``'s facts as :meth:`_SharedMap._arrive` posts them (rank 0's with the
     fingerprint of the result, ``new``); DistributedEnvError naming ``key`` for anything else."""
     fields = dict(_ENTRY, new=str) if rank == 0 else _ENTRY
-    try:
-        return _records.read_object(data, fields, "a rank's shared_map facts")
-    except _records.BadRecord as exc:
-        raise DistributedEnvError(_records.unreadable(key, rank, exc)) from None
+    return checked(lambda raw: _records.read_object(raw, fields, "a rank's shared_map facts"),
+                   data, key, rank)
 
 
 def _temp_parent() -> str:

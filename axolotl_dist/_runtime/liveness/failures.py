@@ -20,12 +20,12 @@ from ..base.procs import MACHINE
 from ..base.state import STATE
 from ..base.tracebacks import format_exception, safe_str
 from ..store import keys, records
-from ..store.access import hosts_store, is_store_error, world_store
+from ..store.access import checked, hosts_store, is_store_error, world_store
 from .heartbeat import exit_connection
 from .judge import ASLEEP_LOOKS, Watch, lost_error
 from .peers import peer_record, store_host_gone, store_lost_error
 from .whereabouts import same_machine
-from ...errors import AxolotlDistError, DistributedEnvError, RankFailedError
+from ...errors import AxolotlDistError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -80,10 +80,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
         if is_store_error(exc):
             raise store_lost_error(exc, "reading another rank's failure") from exc
         raise
-    try:
-        return learn(RankFailedError.from_report(data))
-    except records.BadRecord as exc:
-        raise DistributedEnvError(records.unreadable(key, None, exc)) from None
+    return learn(checked(RankFailedError.from_report, data, key))
 
 
 def linger_timeout() -> float:

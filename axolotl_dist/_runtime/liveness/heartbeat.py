@@ -30,8 +30,7 @@ from ..base.groups import default_pg
 from ..base.state import STATE
 from ..store import sleep as bells
 from ..store import keys, records
-from ...errors import DistributedEnvError
-from ..store.access import store_host, world_store
+from ..store.access import checked, store_host, world_store
 from . import runs, whereabouts as where
 from .judge import RankZeroJudge
 from .peers import (JUDGE_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
@@ -45,10 +44,8 @@ __all__ = ["Rider", "ride", "start_heartbeat", "stop_heartbeat", "exit_connectio
 def _run_id(base: "Store") -> str:
     """The id every rank of this group agrees on: the first rank to propose one wins."""
     mine = uuid.uuid4().hex[:12]
-    try:
-        return records.read_token(base.compare_set(keys.RUN, "", mine), "a run id", len(mine))
-    except records.BadRecord as exc:
-        raise DistributedEnvError(records.unreadable(keys.RUN, None, exc)) from None
+    return checked(lambda data: records.read_token(data, "a run id", len(mine)),
+                   base.compare_set(keys.RUN, "", mine), keys.RUN)
 
 
 # --- what rides on rank 0's heartbeat ---------------------------------------------------------

@@ -28,11 +28,11 @@ from ..base.groups import learn
 from ..base.kitlog import kit as log
 from ..base.state import STATE
 from ..store import keys, records
-from ..store.access import store_host, world_store
+from ..store.access import checked, store_host, world_store
 from . import deadlock
 from .peers import (EVENTS, JUDGE_INTERVAL, JUDGED, check_store_host, fetch_peers, host_leaving, same_machine)
 from .whereabouts import BEATS, raw_store
-from ...errors import DistributedEnvError, RankFailedError
+from ...errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -233,18 +233,13 @@ class Watch:
             names.append(keys.stuck(run, self.me))
         log, verdicts, *mine = self.store.multi_get(names)
         self._read_exits(log)
-        try:
-            silent, deadlocks = _verdicts(verdicts)
-        except records.BadRecord as exc:
-            raise DistributedEnvError(records.unreadable(keys.VERDICTS, 0, exc)) from None
+        silent, deadlocks = checked(_verdicts, verdicts, keys.VERDICTS, 0)
         self.silent = {r: (secs, now) for r, secs in silent.items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
             mine = [self.raw.get(keys.stuck(run, self.me))]
-        try:
-            self._read_verdict(mine[0] if mine else b"", deadlocks)
-        except records.BadRecord as exc:
-            raise DistributedEnvError(records.unreadable(keys.stuck(run or "", self.me), 0,
-                                                         exc)) from None
+        mark = checked(records.read_stuck_mark, mine[0] if mine else b"",
+                       keys.stuck(run or "", self.me), 0)
+        self._read_verdict(mark, deadlocks)
 
     def _read_exits(self, log: bytes) -> None:
         """Read the exit records of the ranks the exit log names that are new to this rank."""
@@ -252,9 +247,10 @@ class Watch:
             if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
                 self._read_exit(int(item))
 
-    def _read_verdict(self, mark: bytes, deadlocks: List[Any]) -> None:
-        """This rank's wait as the judge marked it: stuck in one of ``deadlocks``, or not."""
-        serial, index = records.read_stuck_mark(mark)
+    def _read_verdict(self, mark: Tuple[str, str], deadlocks: List[Any]) -> None:
+        """This rank's wait as the judge marked it (``mark``: its serial and deadlock index,
+        read): stuck in one of ``deadlocks``, or not."""
+        serial, index = mark
         self.stuck = ((int(serial), deadlocks[int(index)])
                       if serial and int(index) < len(deadlocks) else None)
 

@@ -11,8 +11,8 @@ docs/design.md, "Heartbeat and peer records".
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
 
 import torch.distributed as dist

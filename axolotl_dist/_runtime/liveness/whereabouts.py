@@ -205,7 +205,7 @@ def read_answer(data: bytes) -> Dict[str, Any]:
     if not all(isinstance(text, str) for text in doc["first_runs"]):
         raise records.BadRecord("a rank's answer has blocks that are not text")
     if doc["wait"] is not None:
-        records.read_object(records.document(doc["wait"]).encode(), _WAIT, "a rank's wait")
+        records.check_fields(doc["wait"], _WAIT, "a rank's wait")
         records.int_list(doc["wait"]["ranks"], "a rank's awaited ranks")
     return doc
 

@@ -60,14 +60,14 @@ from ..base.groups import Group
 from ..base.state import STATE
 from ..store import sleep as bells, sweep as cleanup
 from ..store import keys, records
-from ..store.access import group_store, is_store_error
+from ..store.access import checked, group_store, is_store_error
 from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.polls import poll_until
 from . import recorder as trace
 from . import guards
-from ...errors import CollectiveMismatchError, DistributedEnvError
+from ...errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -240,10 +240,7 @@ class Block:
         if have == mine:
             self.wrote_site = True  # deleted when this rank is done with the block
             return
-        try:
-            other, tag, desc, site = records.read_site(have)
-        except records.BadRecord as exc:
-            raise DistributedEnvError(records.unreadable(f"{self.base}/site", None, exc)) from None
+        other, tag, desc, site = checked(records.read_site, have, f"{self.base}/site")
         if tag != self.tag:
             self._publish_mismatch(other, tag, desc, site)
 
@@ -302,10 +299,8 @@ class Block:
         store."""
         if name == "mismatch":
             key = f"{self.base}/mismatch"
-            try:
-                publisher, message, calls, missing = records.read_mismatch(self.store.get(key))
-            except records.BadRecord as exc:
-                raise DistributedEnvError(records.unreadable(key, None, exc)) from None
+            publisher, message, calls, missing = checked(records.read_mismatch,
+                                                         self.store.get(key), key)
             error = CollectiveMismatchError(message, calls, missing)
             self.store.set(keys.ack(key, self.rank), b"")
         else:

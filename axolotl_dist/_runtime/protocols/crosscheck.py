@@ -35,11 +35,10 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.groups import Group
-from ..store.access import group_store, store_host
+from ..store.access import checked, group_store, store_host
 from ..liveness.failures import await_readers
 from ..liveness.judge import Watch
-from ...errors import (AxolotlDistError, CollectiveMismatchError, DistributedEnvError,
-                       RankFailedError)
+from ...errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -321,16 +320,8 @@ def _records(ctx: _Ctx, seq: Optional[int] = None, ranks: Optional[Sequence[int]
     if not ranks:
         return []
     names = [f"{p}/c/{r}" for r in ranks]
-    return [Call.from_fields(_read(records.read_call_record, b, key, rank))
+    return [Call.from_fields(checked(records.read_call_record, b, key, rank))
             for b, key, rank in zip(ctx.store.multi_get(names), names, ranks)]
-
-
-def _read(reader: Any, data: bytes, key: str, writer: Optional[int]) -> Any:
-    """``reader(data)``; a bad record is a DistributedEnvError naming ``key`` and its writer."""
-    try:
-        return reader(data)
-    except records.BadRecord as exc:
-        raise DistributedEnvError(records.unreadable(key, writer, exc)) from None
 
 
 def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
@@ -435,11 +426,9 @@ def _missing_error(ctx: _Ctx, calls: List[Call], dead: Dict[int, str]) -> Collec
 def _read_abort(ctx: _Ctx, late: bool) -> CollectiveMismatchError:
     """The error a rank published when it gave up on this call."""
     key = f"{ctx.prefix}/abort"
-    _, message, calls, missing = _read(records.read_mismatch, ctx.store.get(key), key, None)
+    _, message, calls, missing = checked(records.read_mismatch, ctx.store.get(key), key)
     error = CollectiveMismatchError(message, calls, missing)
-    _acknowledge(ctx, f"{ctx.prefix}/abort", [r for r in range(ctx.ws) if r not in error.missing])
-    if not isinstance(error, CollectiveMismatchError):  # pragma: no cover - defensive
-        return CollectiveMismatchError(str(error))
+    _acknowledge(ctx, key, [r for r in range(ctx.ws) if r not in error.missing])
     if not late:
         return error
     me = ctx.me

@@ -11,14 +11,18 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import torch.distributed as dist
 
 from ..base.constants import AGENT_STORE_ENV_VAR
+from . import records
+from ...errors import DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
+
+T = TypeVar("T")
 
 __all__ = [
     "group_store",
@@ -32,6 +36,7 @@ __all__ = [
     "Job",
     "submit",
     "bounded",
+    "checked",
 ]
 
 
@@ -171,3 +176,13 @@ def bounded(fn: Callable[[], Any], seconds: float, default: Any = None) -> Any:
     if not job.done.wait(seconds) or job.error is not None:
         return default
     return job.value
+
+
+def checked(reader: Callable[[Any], T], data: Any, key: str, writer: Optional[int] = None) -> T:
+    """``reader(data)`` (a :mod:`.records` reader of the value at store ``key``); a record the
+    kit did not write is a :class:`~axolotl_dist.errors.DistributedEnvError` naming ``key`` and
+    the rank it was written as (``writer``), not a :class:`.records.BadRecord`."""
+    try:
+        return reader(data)
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(key, writer, exc)) from None

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List
 
 from ...errors import DistributedEnvError
 from . import keys, records
+from .access import checked
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -123,10 +124,8 @@ def _join(store: "Store", rank: int, timeout: timedelta, deadline: float) -> int
             f"rank {rank} waited {timeout.total_seconds():.0f} s in init_distributed for rank 0 "
             "to begin this attempt of the run: is rank 0 started, under the same launcher? "
             "(raise init_distributed(timeout=...) if it starts late)")
-    try:
-        attempt = records.read_number(store.get(answer), "an attempt's number")
-    except records.BadRecord as exc:
-        raise DistributedEnvError(records.unreadable(answer, 0, exc)) from None
+    attempt = checked(lambda data: records.read_number(data, "an attempt's number"),
+                      store.get(answer), answer, 0)
     store.set(keys.attempt_joined(attempt, rank), "")
     return attempt
 
@@ -134,10 +133,8 @@ def _join(store: "Store", rank: int, timeout: timedelta, deadline: float) -> int
 def _token(data: bytes, rank: int) -> str:
     """Global ``rank``'s join token as rank 0 read it; DistributedEnvError naming the key for
     bytes the kit did not draw."""
-    try:
-        return records.read_token(data, "a join token", _TOKEN_LEN)
-    except records.BadRecord as exc:
-        raise DistributedEnvError(records.unreadable(keys.attempt_join(rank), rank, exc)) from None
+    return checked(lambda raw: records.read_token(raw, "a join token", _TOKEN_LEN), data,
+                   keys.attempt_join(rank), rank)
 
 
 def attempt_store(addr: str, port: int, rank: int, world_size: int,

@@ -48,7 +48,7 @@ __all__ = [
     "warning_entry", "VERSION", "MAX_RECORD", "BadRecord", "unreadable",
     "tensor_description", "read_tensor_description", "bigint", "read_bigint",
     "read_warning_entries", "WARNING_END", "clock", "read_clock", "read_number", "read_token",
-    "read_object", "int_list",
+    "read_object", "check_fields", "int_list",
 ]
 
 
@@ -198,9 +198,16 @@ def bigint(value: int) -> bytes:
 
 def read_bigint(raw: bytes) -> int:
     """The int of a :func:`bigint`."""
-    text = raw.decode("ascii", "replace")
-    if not 0 < len(text) <= 10_000 or not text.lstrip("-").isdigit():
-        raise BadRecord("an int's decimal text is not one the kit writes")
+    return _decimal(raw, 10_000, "an int's decimal text is not one the kit writes")
+
+
+def _decimal(data: bytes, digits: int, refusal: str) -> int:
+    """The int whose decimal text (at most ``digits`` characters, a sign included) is
+    ``data``; :class:`BadRecord` saying ``refusal`` for anything else (nothing longer is
+    decoded)."""
+    text = bytes(data[:digits + 1]).decode("ascii", "replace")
+    if not 0 < len(data) <= digits or not text.lstrip("-").isdigit():
+        raise BadRecord(refusal)
     return int(text)
 
 
@@ -242,7 +249,12 @@ def read_document(data: Optional[bytes], empty: Any = None) -> Any:
 def read_object(data: Optional[bytes], fields: Mapping[str, Any], what: str) -> Dict[str, Any]:
     """A JSON object with exactly ``fields`` (name -> a type or a tuple of types; an int is
     never a bool), as the kit writes ``what``: :class:`BadRecord` for anything else."""
-    doc = read_document(data, empty=b"")
+    return check_fields(read_document(data, empty=b""), fields, what)
+
+
+def check_fields(doc: Any, fields: Mapping[str, Any], what: str) -> Dict[str, Any]:
+    """``doc`` (a decoded JSON value: a record, or an object inside one) as :func:`read_object`
+    checks it."""
     if not isinstance(doc, dict) or set(doc) != set(fields):
         raise BadRecord(f"{what} is not a JSON object of the fields {sorted(fields)}")
     for name, want in fields.items():
@@ -361,10 +373,7 @@ def read_clock(data: bytes) -> int:
 def read_number(data: bytes, what: str) -> int:
     """The decimal int (at most 20 digits) the kit wrote as ``what`` (a counter's value, an
     attempt's number, a clock): :class:`BadRecord` for anything else."""
-    text = bytes(data[:32]).decode("ascii", "replace").strip()
-    if len(data) > 32 or not text.lstrip("-").isdigit() or len(text) > 21:
-        raise BadRecord(f"{what} is not a number")
-    return int(text)
+    return _decimal(data, 21, f"{what} is not a number")
 
 
 def read_token(data: bytes, what: str, length: int) -> str:

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..base.groups import Group
 from ..base.state import STATE
-from .access import bounded
 from . import records
-from ...errors import DistributedEnvError
+from .access import bounded, checked
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -146,10 +145,7 @@ def arm(group: Group, store: "Store", word0: str, seen: int) -> Tuple[Optional["
 def _word(data: bytes, key: str) -> int:
     """A block's word as ``compare_set`` returned it; DistributedEnvError naming ``key`` for
     anything but the number the ranks' ``add`` calls keep there."""
-    try:
-        return records.read_number(data, "a block's word")
-    except records.BadRecord as exc:
-        raise DistributedEnvError(records.unreadable(key, None, exc)) from None
+    return checked(lambda raw: records.read_number(raw, "a block's word"), data, key)
 
 
 def sleep_on(group: Group, store: "Store", key: str) -> Optional[Bell]:
