@@ -25,7 +25,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
-# pytest finds the hooks (pytest_configure, pytest_generate_tests, pytest_pyfunc_call) by name
+# pytest finds the hooks (pytest_configure, pytest_generate_tests, pytest_pyfunc_call,
+# pytest_runtest_makereport) by name
 __all__ = ["MARKER", "DEFAULT_TIMEOUT", "TIMEOUT_MARGIN"]
 
 #: The marker's name: ``@pytest.mark.distributed(...)``.
@@ -187,3 +188,29 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Optional[bool]:
                 world_size=world_size, store=store, backend=options.backend,
                 init=options.init, timeout=timeout, timeout_source=source)
     return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """A marked test's failure, as pytest reports its own: the ranks' account as the failure's
+    text, and one line (``rank 1 of 2 failed: AssertionError: ...``, at the failing rank's
+    file:line) as its crash, which the short summary, ``--tb=line`` and JUnit's ``message``
+    show. Without it, pytest prints a ``pytest.fail`` message whole in the summary too on
+    CI or under ``-vv``."""
+    outcome = yield
+    report = outcome.get_result()
+    verdict = getattr(call.excinfo.value, "axolotl_dist_verdict", None) \
+        if call.excinfo is not None else None
+    if verdict is None or report.when != "call":
+        return
+    from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
+
+    if verdict.site is not None:
+        path, line = verdict.site
+    else:  # a hang, or a rank that died: the test's own line
+        path, first, _ = item.reportinfo()
+        line = (first or 0) + 1
+    text = verdict.message.rstrip("\n") + "\n"
+    report.longrepr = ReprExceptionInfo(
+        reprtraceback=ReprTracebackNative(text.splitlines(keepends=True)),
+        reprcrash=ReprFileLocation(str(path), line, verdict.summary))

@@ -115,14 +115,29 @@ def _pytest(tmp_path: Path, *args: str, tests: str = USER_TESTS,
     (work / "pytest.ini").write_text("[pytest]\n")
     _installed(tmp_path / "site")
     env = subprocess_env(tmp_path, PYTHONPATH=f"{ROOT}:{tmp_path / 'site'}")
-    for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+    for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
+                 "BUILD_NUMBER"):
         env.pop(name, None)
+    # as on CI, where pytest's short summary prints a failure's message whole, not cut
+    env["CI"] = "true"
     env = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST")}
     start = time.monotonic()
     code, out, err = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
                           "--junitxml", str(work / "report.xml"), *args], env, timeout,
                          cwd=work)
     return code, out + err, time.monotonic() - start
+
+
+def _failures(out: str) -> str:
+    """The FAILURES section of pytest's output: the accounts of failed tests."""
+    return out.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
+
+
+def _messages(tmp_path: Path) -> Dict[str, str]:
+    """Each failed test's ``message``, from the run's JUnit report."""
+    return {case.get("name", ""): failure.get("message", "")
+            for case in ET.parse(tmp_path / "work" / "report.xml").getroot().iter("testcase")
+            for failure in case.iter("failure")}
 
 
 def _outcomes(tmp_path: Path) -> Dict[str, str]:
@@ -158,7 +173,13 @@ def test_marked_tests_run_on_their_ranks_and_fail_with_one_account(tmp_path):
     assert code == 1, out
     assert _outcomes(tmp_path) == EXPECTED, out
     # the failing rank's assertion, rewritten by pytest, once; the rank it stopped, one line
-    assert out.count("RANK-ONE-SAYS-NO") == 1, out
+    assert _failures(out).count("RANK-ONE-SAYS-NO") == 1, out
+    # the short summary says it in one line, as pytest's own failures
+    assert re.search(r"^FAILED test_user.py::test_rank1_fails - rank 1 of 2 failed: "
+                     r"AssertionError: RANK-ONE-SAYS-NO$", out, re.M), out
+    assert out.count("RANK-ONE-SAYS-NO") == 2, out
+    assert _messages(tmp_path)["test_rank1_fails"] == \
+        "rank 1 of 2 failed: AssertionError: RANK-ONE-SAYS-NO", out
     assert "rank 1 of 2 failed (AssertionError):" in out, out
     assert re.search(rf"^E +AssertionError: RANK-ONE-SAYS-NO\nE +assert 1 != 1$", out, re.M), out
     assert f"test_user.py:{_line('assert ad.get_rank() != 1')}: AssertionError" in out, out
@@ -177,6 +198,8 @@ def test_a_hang_fails_at_its_timeout_saying_where_each_rank_is(tmp_path):
     barrier = sleep + 1  # rank 1's
     assert "timed out: ranks 0, 1 of 2 still running after 12 s (the marker's timeout=12); " \
            "where each was, before every rank was killed:" in out, out
+    assert re.search(r"^FAILED test_user.py::test_rank0_hangs - timed out: ranks 0, 1 of 2 still "
+                     r"running after 12 s \(the marker's timeout=12\)$", out, re.M), out
     assert f"  rank 0: in test_rank0_hangs at test_user.py:{sleep}\n" in out, out
     assert re.search(rf"^  rank 1: barrier at test_user.py:{barrier} \(waiting 1\d s for "
                      r"rank\(s\) \[0\]\)$", out, re.M), out
@@ -187,7 +210,9 @@ def test_the_same_file_under_xdist(tmp_path):
     assert code == 1, out
     assert _outcomes(tmp_path) == dict(EXPECTED, test_rank0_hangs="failed",
                                        test_after_the_hang="passed"), out
-    assert out.count("RANK-ONE-SAYS-NO") == 1, out
+    assert _failures(out).count("RANK-ONE-SAYS-NO") == 1, out
+    assert re.search(r"^FAILED test_user.py::test_rank1_fails - rank 1 of 2 failed: "
+                     r"AssertionError: RANK-ONE-SAYS-NO$", out, re.M), out
     assert _seconds(tmp_path, "test_rank0_hangs") < 20, out
 
 
@@ -286,7 +311,9 @@ def test_identical_failures_fold_and_xfail_is_xfail(tmp_path):
                                    "test_marked_xfail[store-parent]": "skipped",
                                    "test_marked_xfail[store-rank0]": "skipped"}, out
     assert "ranks 0-2 of 3 failed (AssertionError):" in out, out
-    assert out.count("EVERY-RANK") == 1, out
+    assert _failures(out).count("EVERY-RANK") == 1, out
+    assert re.search(r"^FAILED test_user.py::test_every_rank_fails - ranks 0-2 of 3 failed: "
+                     r"AssertionError: EVERY-RANK$", out, re.M), out
     assert re.search(r"^XFAIL test_user.py::test_xfails - KNOWN \(ranks 0, 1\)$", out, re.M), out
 
 
