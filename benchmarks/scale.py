@@ -21,7 +21,8 @@ The script every rank runs (written to a temporary file), one configuration afte
 Configurations: ``plain/torchrun`` (``python -m torch.distributed.run --standalone``),
 ``kit/torchrun`` and ``kit/axolotl-dist`` (``python -m axolotl_dist.launch``). Per run
 (medians over the ranks unless said): **start** (the launcher's start to the script's first
-line), **ready** (to ``import torch`` done: what a script can do first), **init**, **block 1**
+line), **ready** (to ``import torch`` done: what a script can do first), **import** (the
+kit's ``import axolotl_dist``; 0 for plain torch), **init**, **block 1**
 and **block 2** (the slowest rank: rank 0 sleeps 2.0 s in each), **helpers**, **barriers**,
 **hooks** (the last rank's last line to the last rank's exit handlers done: the kit's exit
 work), **exit** (the last rank's last line to the launcher's exit), **whole** (the launcher's
@@ -63,8 +64,10 @@ mode = sys.argv[1]
 import torch
 import torch.distributed as dist
 ready = time.time()
+imported = ready
 if mode == "kit":
     import axolotl_dist as ad
+    imported = time.time()
     ad.init_distributed()
     rank, ws = ad.get_rank(), ad.get_world_size()
     t_init = time.time()
@@ -102,7 +105,8 @@ else:
     for _ in range(20):
         dist.barrier()
 t_end = time.time()
-print(f"SCALE rank={rank} start={first - t0:.3f} ready={ready - t0:.3f} init={t_init - ready:.3f} "
+print(f"SCALE rank={rank} start={first - t0:.3f} ready={ready - t0:.3f} "
+      f"import={imported - ready:.3f} init={t_init - imported:.3f} "
       f"block1={t_b1 - t_init:.3f} block2={t_b2 - t_b1:.3f} helpers={t_h - t_b2:.4f} "
       f"barriers={t_end - t_h:.4f} done={t_end - t0:.3f}", flush=True)
 if mode != "kit":
@@ -110,8 +114,8 @@ if mode != "kit":
 '''
 
 CONFIGS = ("plain/torchrun", "kit/torchrun", "kit/axolotl-dist")
-COLUMNS = ("whole", "start", "ready", "init", "block1", "block2", "helpers", "barriers", "hooks",
-           "exit")
+COLUMNS = ("whole", "start", "ready", "import", "init", "block1", "block2", "helpers", "barriers",
+           "hooks", "exit")
 
 
 def launch_command(config: str, world: int, script: str) -> List[str]:
@@ -150,7 +154,8 @@ def run_once(config: str, world: int, script: str, timeout: float) -> Dict[str, 
 
     return {
         "whole": whole, "start": statistics.median(col("start")),
-        "ready": statistics.median(col("ready")), "init": statistics.median(col("init")),
+        "ready": statistics.median(col("ready")), "import": statistics.median(col("import")),
+        "init": statistics.median(col("init")),
         "block1": max(col("block1")), "block2": max(col("block2")),
         "helpers": statistics.median(col("helpers")), "barriers": statistics.median(col("barriers")),
         "exit": whole - max(col("done")),

@@ -566,6 +566,46 @@ def test_sigkilled_launcher_leaves_no_rank_or_child_behind(tmp_path: Path) -> No
     assert [p for p in pids if alive(p)] == []
 
 
+GUARD_SEEN_SCRIPT = r'''
+import json, os, sys
+import torch  # a rank as users run them: torch's heap is what a forked guard would share
+import axolotl_dist as ad
+mine = []
+for entry in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{entry}/stat") as fh:
+            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{entry}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+        with open(f"/proc/{entry}/status") as fh:
+            rss = [int(l.split()[1]) for l in fh if l.startswith("VmRSS:")][0]
+    except (OSError, ValueError, IndexError):
+        continue
+    if ppid == os.getpid():
+        mine.append({"pid": int(entry), "argv": [a.decode() for a in argv[-5:-1]],
+                     "rss_kb": rss, "pgid": os.getpgid(int(entry))})
+with open(os.path.join(sys.argv[1], f"rank{ad.get_rank()}.json"), "w") as fh:
+    json.dump({"children": mine, "pgid": os.getpgid(0), "pid": os.getpid()}, fh)
+'''
+
+
+def test_each_rank_has_one_small_guard_of_its_own(tmp_path: Path) -> None:
+    """The guard is a fresh small Python, not a fork of the rank (which would share, then copy,
+    the rank's torch-sized heap), in a process group of its own."""
+    script = tmp_path / "guard_seen.py"
+    script.write_text(GUARD_SEEN_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    code, _, err = _finish(_launcher(["-n", "2", str(script), str(out)]))
+    assert code == 0, err
+    for info in _results(out, 2):
+        guards = [c for c in info["children"] if c["argv"][:1] == ["axolotl-dist-guard"]]
+        assert len(guards) == 1, info
+        assert guards[0]["argv"][1] == str(info["pid"]), info  # it watches this rank
+        assert guards[0]["pgid"] != info["pgid"], info  # signals to the rank's group miss it
+        assert guards[0]["rss_kb"] < 40_000, info  # a rank with torch is ~200 MB
+
+
 def test_version_and_help_say_what_the_cli_has():
     env = subprocess_env()
     version = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "--version"],
