@@ -148,7 +148,7 @@ def _rendered(exc: BaseException, item: Any) -> str:
         return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-def _read_notes(notes: str) -> Dict[int, Dict[str, str]]:
+def _read_notes(notes: str) -> Dict[int, Dict[str, Any]]:
     found = {}
     for name in os.listdir(notes):
         if name.startswith("rank") and name.endswith(".json"):
@@ -196,7 +196,7 @@ def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
     xfails: List[Tuple[int, str]] = []
     stuck: List[RankOutcome] = []
     for o in outcomes:
-        note: Optional[Mapping[str, str]] = notes.get(o.rank)
+        note: Optional[Mapping[str, Any]] = notes.get(o.rank)
         if o.ok and note is None:
             continue
         if o.timed_out and (note is None or note["kind"] == "stopped"):
