@@ -62,7 +62,9 @@ def _prctl_pdeathsig(sig: int) -> bool:
 
 #: What the guard runs, in a Python of its own (``-I -S``: no site, no user paths, a few
 #: megabytes): argv is ``[label, rank pid, launcher pid, rank's process group]``. SIGTERM comes
-#: blocked (posix_spawn's mask), so it is only ever taken by ``sigwait``.
+#: blocked (posix_spawn's mask), so it is only ever taken by ``sigwait``. ``alive`` is
+#: ``procs.alive``'s rule and ``prctl(1, ...)`` is :func:`_prctl_pdeathsig`, written out:
+#: importing anything of the kit would import torch, the heap the guard must not have.
 _GUARD_PROGRAM = """
 import ctypes, os, signal, sys
 rank, launcher, group = (int(a) for a in sys.argv[2:5])

@@ -43,9 +43,8 @@ __all__ = ["Rider", "ride", "start_heartbeat", "stop_heartbeat", "exit_connectio
 
 def _run_id(base: "Store") -> str:
     """The id every rank of this group agrees on: the first rank to propose one wins."""
-    mine = uuid.uuid4().hex[:12]
-    return checked(lambda data: records.read_token(data, "a run id", len(mine)),
-                   base.compare_set(keys.RUN, "", mine), keys.RUN)
+    mine = uuid.uuid4().hex[:records.RUN_ID_LENGTH]
+    return checked(records.read_run_id, base.compare_set(keys.RUN, "", mine), keys.RUN)
 
 
 # --- what rides on rank 0's heartbeat ---------------------------------------------------------

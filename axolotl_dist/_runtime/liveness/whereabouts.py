@@ -413,7 +413,7 @@ def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any
     try:
         info = records.read_object(store.get(keys.RUN_NOTE), {"run": str, "world": int},
                                    "the run's note")
-        run, world = records.read_token(info["run"].encode(), "a run id", 12), info["world"]
+        run, world = records.read_run_id(info["run"].encode()), info["world"]
         if not 0 < world <= _MAX_WORLD:
             raise records.BadRecord(f"a world of {world} ranks")
     except records.BadRecord as exc:

@@ -48,7 +48,7 @@ __all__ = [
     "warning_entry", "VERSION", "MAX_RECORD", "BadRecord", "unreadable",
     "tensor_description", "read_tensor_description", "bigint", "read_bigint",
     "read_warning_entries", "WARNING_END", "clock", "read_clock", "read_number", "read_token",
-    "read_object", "check_fields", "int_list",
+    "read_object", "check_fields", "int_list", "RUN_ID_LENGTH", "read_run_id",
 ]
 
 
@@ -374,6 +374,16 @@ def read_number(data: bytes, what: str) -> int:
     """The decimal int (at most 20 digits) the kit wrote as ``what`` (a counter's value, an
     attempt's number, a clock): :class:`BadRecord` for anything else."""
     return _decimal(data, 21, f"{what} is not a number")
+
+
+#: Hex characters of a run id (the first rank's proposal at init, read back by every rank and
+#: by ``axolotl-dist where``).
+RUN_ID_LENGTH = 12
+
+
+def read_run_id(data: bytes) -> str:
+    """A run id as the ranks drew it: :class:`BadRecord` for anything else."""
+    return read_token(data, "a run id", RUN_ID_LENGTH)
 
 
 def read_token(data: bytes, what: str, length: int) -> str:
