@@ -16,11 +16,18 @@ test can fuzz each family of them in turn.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import struct
+import sys
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+# the wire protocol's one table: the store-traffic benchmark's, which documents it
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from store_traffic import LAYOUTS, QUERY_NAMES  # noqa: E402
 
 __all__ = ["HostileStore", "family", "KIT_KEY", "CodeRunningPickle"]
 
@@ -30,14 +37,13 @@ __all__ = ["HostileStore", "family", "KIT_KEY", "CodeRunningPickle"]
 #: (``axolotl_dist/attempt/<n>/...`` without ``axd/``) are not the kit's.
 KIT_KEY = re.compile(r"(^|/)axd/|^/?axolotl_dist/(?!attempt/\d+/)")
 
-_SET, _COMPARE_SET, _APPEND, _MULTI_SET = 1, 2, 9, 11
-#: Fields after the type byte (u32, i64, blob, blobs: count + blobs, pairs: count + 2 blobs).
-_LAYOUTS: Dict[int, Tuple[str, ...]] = {
-    0: ("u32",), 1: ("blob", "blob"), 2: ("blob", "blob", "blob"), 3: ("blob",),
-    4: ("blob", "i64"), 5: ("blobs",), 6: ("blobs",), 7: (), 8: ("blob",), 9: ("blob", "blob"),
-    10: ("blobs",), 11: ("pairs",), 12: (), 13: ("u32",), 14: ("blob", "blob"), 15: ("blob",),
-    16: ("blob",), 17: (), 18: ("blob", "i64"),
-}
+_TYPES = {name: qtype for qtype, name in QUERY_NAMES.items()}
+_SET, _COMPARE_SET, _APPEND, _MULTI_SET = (_TYPES[name] for name in
+                                           ("SET", "COMPARE_SET", "APPEND", "MULTI_SET"))
+#: Fields after the type byte, by type byte (u32, i64, blob, blobs: count + blobs, pairs:
+#: count + 2 blobs).
+_LAYOUTS: Dict[int, Tuple[str, ...]] = {qtype: LAYOUTS[name] for qtype, name in
+                                        QUERY_NAMES.items()}
 
 
 class CodeRunningPickle:
