@@ -25,6 +25,8 @@ from .distributed import print  # noqa: F401,A004 - ad.print, kept out of __all_
 from .errors import (
     AxolotlDistError,
     CollectiveMismatchError,
+    DistributedOperationException,
+    TensorMismatchError,
     ThreadConflictError,
     DistributedConfigError,
     DistributedEnvError,
@@ -37,6 +39,8 @@ __version__ = "0.1.0"
 __all__ = list(_functional) + [
     "AxolotlDistError",
     "CollectiveMismatchError",
+    "DistributedOperationException",
+    "TensorMismatchError",
     "ThreadConflictError",
     "DistributedConfigError",
     "DistributedEnvError",

@@ -5,28 +5,41 @@ return shape (docs/design.md, decision 3); with ``WORLD_SIZE > 1`` in the env bu
 :class:`~axolotl_dist.errors.DistributedEnvError` telling you to call ``init_distributed()``.
 ``src`` arguments are ranks *within* ``group`` (the global rank when ``group`` is None).
 Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved and moved back.
+
+:func:`all_reduce` and :func:`broadcast` first check, in one exchange of small headers (each
+rank's description length and hash), that the ranks passed tensors the collective can pair: ranks that disagree
+raise :class:`~axolotl_dist.errors.TensorMismatchError` together, naming each rank's dtype and
+shape, where the backend would abort, hang or return a wrong value (docs/design.md, "Shape
+checks").
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any, List, Optional, TypeVar, Union
 
 import torch
 import torch.distributed as dist
 
 from ._runtime.base import backends as _backends
 from ._runtime.protocols import recorder as _trace
-from ._runtime.protocols.helpers import collective, tensor_signature
+from ._runtime.protocols.helpers import collective
 from ._runtime.protocols.exchange import all_gather_into, resolved, run
+from ._runtime.protocols.packets import DTYPES, check_alike, describe_ranks, flatten
 from ._runtime.base.groups import Group, group_of
 from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
+from ._runtime.base.callsite import call_site
 from ._runtime.base.state import STATE as _STATE
+from .errors import tensor_mismatch
 from .ranks import get_backend
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
 __all__ = ["REDUCE_OPS", "barrier", "broadcast", "all_reduce", "all_gather", "comm_device"]
+
+T = TypeVar("T")
+#: What a shape mismatch's message tells the user to do.
+SAME_FIX = "every rank must pass the same dtypes and shapes to this call"
 
 
 # What dist.barrier(async_op=True) passes a CPU group's barrier, built once (a barrier's
@@ -74,21 +87,61 @@ def _to_comm(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return resolved(tensor).clone() if tensor.is_conj() or tensor.is_neg() else tensor
 
 
-@collective("broadcast", lambda a: {"src": a["src"], "tensor": tensor_signature(a["tensor"])},
-            src="src")
-def broadcast(g: Optional[Group], tensor: torch.Tensor, src: int = 0,
-              group: Optional["ProcessGroup"] = None) -> torch.Tensor:
-    """Broadcast ``tensor`` in place from group rank ``src``; returns it."""
-    check_src(src, 1 if g is None else g.size, group)
-    if g is None:
-        return tensor
+def broadcast_into(g: Group, tensor: torch.Tensor, src: int, what: str) -> None:
+    """Broadcast ``tensor`` in place from group rank ``src`` of ``g``, unchecked (the caller
+    checked the ranks' shapes)."""
     work = _to_comm(tensor, g.device)
     if _STATE.trace is not None:
         _trace.add_bytes(tensor.nbytes)
-    run(g, "broadcast", dist.broadcast, work, group=g.arg, group_src=src, async_op=True)
+    run(g, what, dist.broadcast, work, group=g.arg, group_src=src, async_op=True)
     if work is not tensor:
         tensor.copy_(work)
+
+
+def check_ranks_alike(g: Group, leaves: List[torch.Tensor], paths: List[str], what: str
+                      ) -> None:
+    """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless
+    every rank passed the same structure, dtypes and shapes (one exchange of small headers;
+    ``what`` is a helper decorated with ``exchanges=True``)."""
+    check_alike(g, leaves, paths, what, SAME_FIX)
+
+
+@collective("broadcast", lambda a: {"src": a["src"]}, src="src", exchanges=True)
+def broadcast(g: Optional[Group], tensor: T, src: int = 0,
+              group: Optional["ProcessGroup"] = None) -> T:
+    """Broadcast ``tensor`` in place from group rank ``src``; returns it.
+
+    ``tensor`` is a tensor or, as accelerate's ``broadcast`` takes, lists, tuples and dicts of
+    tensors (each broadcast in place). Every rank must pass the same structure, dtypes and
+    shapes, else :class:`~axolotl_dist.errors.TensorMismatchError` on every rank."""
+    check_src(src, 1 if g is None else g.size, group)
+    leaves, paths, _ = flatten(tensor, "broadcast", objects="broadcast_object")
+    if g is None:
+        return tensor
+    check_ranks_alike(g, leaves, paths, "broadcast")
+    if len(leaves) == 1:
+        broadcast_into(g, leaves[0], src, "broadcast")
+    elif leaves:
+        _broadcast_joined(g, leaves, src)
     return tensor
+
+
+def _broadcast_joined(g: Group, leaves: List[torch.Tensor], src: int) -> None:
+    """Broadcast several tensors in place from group rank ``src`` as one buffer of their bytes
+    (each part on a 16-byte boundary, so that it views as its dtype again): one collective
+    where accelerate's ``broadcast`` runs one per tensor."""
+    parts = [resolved(t.detach()).reshape(-1).view(torch.uint8).to(g.device) for t in leaves]
+    pads = [-p.numel() % 16 for p in parts]
+    buf = torch.cat([q for p, pad in zip(parts, pads)
+                     for q in (p, p.new_zeros(pad))])
+    broadcast_into(g, buf, src, "broadcast")
+    if g.rank == src:
+        return
+    at = 0
+    with torch.no_grad():
+        for t, p, pad in zip(leaves, parts, pads):
+            t.copy_(buf[at:at + p.numel()].view(t.dtype).reshape(t.shape))
+            at += p.numel() + pad
 
 
 def _check_avg(name: str, tensor: torch.Tensor, native_avg: bool) -> None:
@@ -100,41 +153,53 @@ def _check_avg(name: str, tensor: torch.Tensor, native_avg: bool) -> None:
         )
 
 
-@collective("all_reduce", lambda a: {"reduce_operation": reduce_name(a["reduce_operation"]),
-                                     "tensor": tensor_signature(a["tensor"])})
+def all_reduce_into(g: Group, tensor: torch.Tensor, name: str, what: str) -> None:
+    """All-reduce ``tensor`` in place over ``g`` with the kit's op ``name`` (``"SUM"``,
+    ``"AVG"``...), unchecked (the caller checked the ranks' shapes and the op's dtype)."""
+    native_avg = g.device.type == "cuda"  # NCCL's AVG
+    work = _to_comm(tensor, g.device)
+    if _STATE.trace is not None:
+        _trace.add_bytes(tensor.nbytes)
+    op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
+    run(g, what, dist.all_reduce, work, op=op, group=g.arg, async_op=True)
+    if name == "AVG" and not native_avg:
+        work.div_(g.size)
+    if work is not tensor:
+        tensor.copy_(work)
+
+
+@collective("all_reduce", lambda a: {"reduce_operation": reduce_name(a["reduce_operation"])},
+            exchanges=True)
 def all_reduce(
     g: Optional[Group],
     tensor: torch.Tensor,
     reduce_operation: Union[str, Any] = "SUM",
     group: Optional["ProcessGroup"] = None,
 ) -> torch.Tensor:
-    """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it."""
+    """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it.
+
+    Every rank must pass the same dtype and shape, else
+    :class:`~axolotl_dist.errors.TensorMismatchError` on every rank."""
     name = as_reduce_op(reduce_operation)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_reduce(tensor=...) takes a tensor, got {type(tensor).__name__}: "
+                        "use all_reduce_value for a number, reduce for a structure")
     if g is None:
         # checked as on several ranks, so one rank fails like N ranks do
         _check_avg(name, tensor, _backends.device_type(get_backend(group) or "gloo") == "cuda")
         return tensor
-    native_avg = g.device.type == "cuda"  # NCCL's AVG
-    _check_avg(name, tensor, native_avg)
-    work = _to_comm(tensor, g.device)
-    if _STATE.trace is not None:
-        _trace.add_bytes(tensor.nbytes)
-    op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
-    run(g, "all_reduce", dist.all_reduce, work, op=op, group=g.arg, async_op=True)
-    if name == "AVG" and not native_avg:
-        work.div_(g.size)
-    if work is not tensor:
-        tensor.copy_(work)
+    check_ranks_alike(g, [tensor], ["tensor"], "all_reduce")
+    _check_avg(name, tensor, g.device.type == "cuda")
+    all_reduce_into(g, tensor, name, "all_reduce")
     return tensor
 
 
 _MAX_NDIM = 12
-#: The dtypes the kit's gathers send (their index is the code on the wire).
-DTYPES: List[torch.dtype] = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
-     if hasattr(torch, n)]
+
+
+def _meta_text(meta: List[int]) -> str:
+    """``float32[2, 3]`` from an :func:`all_gather` meta row."""
+    return f"{str(DTYPES[meta[0]]).replace('torch.', '')}{meta[3:3 + meta[1]]}"
 
 
 @collective("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype",
@@ -161,12 +226,11 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
     run(g, "all_gather", all_gather_into, metas_t,
         torch.tensor(meta, dtype=torch.int64, device=device), group=g.arg, async_op=True)
     metas = metas_t.view(ws, len(meta)).tolist()
-    for r, m in enumerate(metas):
-        if m[0] != meta[0]:
-            raise ValueError(
-                f"all_gather: group rank {r} sent dtype {DTYPES[m[0]]} but group rank "
-                f"{g.rank} sent {tensor.dtype}: cast every rank's tensor to one dtype"
-            )
+    if any(m[0] != meta[0] for m in metas):
+        raise tensor_mismatch(
+            f"all_gather: tensor differs across ranks: "
+            f"{describe_ranks([_meta_text(m) for m in metas])}: shapes may differ, dtypes may "
+            f"not: cast every rank's tensor to one dtype (called at {call_site()})")
     elem = tensor.element_size()
     stride = max(m[2] for m in metas) * elem
     mine = _to_comm(resolved(tensor.detach()).reshape(-1), device).contiguous().view(torch.uint8)

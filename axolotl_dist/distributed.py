@@ -15,8 +15,9 @@ This module only re-exports; the code lives in small modules a reader would gues
 * :mod:`axolotl_dist.process`: Accelerate- and composer-style names: ``main_process_first``,
   ``run_local_rank_zero_first``, ``on_main_process``-style decorators, ``tqdm``, ``print``;
 * :mod:`axolotl_dist.operations`: accelerate's ``gather``, ``gather_object``, ``reduce``,
-  ``pad_across_processes``; :mod:`axolotl_dist.metrics`: ``gather_for_metrics``;
-  :mod:`axolotl_dist.partial_state`: ``PartialState``, ``wait_for_everyone``;
+  ``pad_across_processes``, ``copy_tensor_to_devices``; :mod:`axolotl_dist.metrics`:
+  ``gather_for_metrics``; :mod:`axolotl_dist.partial_state`: ``PartialState``,
+  ``DistributedType``, ``wait_for_everyone``;
   :mod:`axolotl_dist.seeding`: ``set_seed`` (docs/porting.md maps accelerate's names);
 * :mod:`axolotl_dist.debug`: debug mode (``AXOLOTL_DIST_DEBUG=1``), which checks every
   helper call across ranks;
@@ -34,8 +35,9 @@ from .hf_data import shared_map
 from .initialize import cleanup_distributed, default_backend, init_distributed, initialize_dist
 from .log import get_logger
 from .metrics import gather_for_metrics, reset_metrics_count
-from .operations import gather, gather_object, pad_across_processes, reduce
-from .partial_state import PartialState, wait_for_everyone
+from .operations import (copy_tensor_to_devices, gather, gather_object, pad_across_processes,
+                         reduce)
+from .partial_state import DistributedType, PartialState, wait_for_everyone
 from .seeding import set_seed
 from .ordering import do_n_at_a_time, zero_first, zero_only
 from .process import (
@@ -109,8 +111,9 @@ __all__ = [
     "on_main_process", "on_local_main_process", "on_last_process", "on_process",
     "on_local_process", "tqdm", "ProgressBar",
     # accelerate's operations and state (docs/porting.md)
-    "gather", "gather_object", "reduce", "pad_across_processes", "gather_for_metrics",
-    "reset_metrics_count", "PartialState", "wait_for_everyone", "set_seed",
+    "gather", "gather_object", "reduce", "pad_across_processes", "copy_tensor_to_devices",
+    "gather_for_metrics", "reset_metrics_count", "PartialState", "DistributedType",
+    "wait_for_everyone", "set_seed",
     # not "print": `from axolotl_dist import *` must never shadow the builtin (use ad.print)
     # data and logging
     "get_sampler", "split_between_processes", "get_logger", "shared_map",

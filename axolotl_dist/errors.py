@@ -9,7 +9,8 @@ relays it, in ``axolotl_dist._runtime``).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+import sys
+from typing import Dict, Optional, Sequence, Type
 
 from ._runtime.store import records as _records
 
@@ -22,6 +23,8 @@ __all__ = [
     "RankTimeoutError",
     "CollectiveMismatchError",
     "ThreadConflictError",
+    "TensorMismatchError",
+    "DistributedOperationException",
 ]
 
 
@@ -171,3 +174,42 @@ class ThreadConflictError(CollectiveMismatchError):
 
     def __reduce__(self):
         return (ThreadConflictError, (self.args[0], self.calls, self.missing))
+
+
+class TensorMismatchError(DistributedConfigError):
+    """The ranks passed tensors one collective cannot pair: different structures, dtypes or
+    shapes (``all_reduce`` of 3 elements on one rank and 4 on another, ``broadcast`` of a
+    ``[2, 5]`` against a ``[1, 2, 5]``). Raised on every rank of the call, before the
+    collective runs; the message names each rank's dtype and shape.
+
+    A ``ValueError``. Where the script has imported accelerate, the instance raised is also an
+    ``accelerate.utils.operations.DistributedOperationException`` (see :func:`tensor_mismatch`),
+    so a ported ``except DistributedOperationException`` still catches it.
+    """
+
+    def __reduce__(self):
+        return (tensor_mismatch, (self.args[0],))
+
+
+#: accelerate's name for a shape mismatch between ranks (docs/porting.md).
+DistributedOperationException = TensorMismatchError
+
+#: accelerate's module that defines its ``DistributedOperationException``.
+_ACCELERATE_OPERATIONS = "accelerate.utils.operations"
+_WITH_ACCELERATES: Dict[type, Type[TensorMismatchError]] = {}
+
+
+def tensor_mismatch(message: str) -> TensorMismatchError:
+    """A :class:`TensorMismatchError`; where the script imported accelerate (its operations
+    module is loaded: the kit never imports accelerate itself), one that is also accelerate's
+    ``DistributedOperationException``."""
+    theirs = getattr(sys.modules.get(_ACCELERATE_OPERATIONS), "DistributedOperationException",
+                     None)
+    if not isinstance(theirs, type) or not issubclass(theirs, BaseException):
+        return TensorMismatchError(message)
+    cls = _WITH_ACCELERATES.get(theirs)
+    if cls is None:
+        cls = type("TensorMismatchError", (TensorMismatchError, theirs),
+                   {"__module__": __name__, "__doc__": TensorMismatchError.__doc__})
+        _WITH_ACCELERATES[theirs] = cls
+    return cls(message)

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Hashable, List, Optional, Tuple
 from ._runtime.base.groups import Group
 from ._runtime.base.state import STATE
 from ._runtime.protocols.helpers import collective
-from .operations import flatten, gather_parts, join_ranks
+from ._runtime.protocols.packets import flatten
+from .operations import gather_parts, join_ranks
 from .values import all_gather_object
 
 if TYPE_CHECKING:  # pragma: no cover

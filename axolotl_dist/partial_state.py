@@ -14,6 +14,8 @@ docs/porting.md maps every other name of accelerate's.
 
 from __future__ import annotations
 
+import enum
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional, Union
 
@@ -29,7 +31,50 @@ from .ranks import (get_backend, get_local_rank, get_local_world_size, get_rank,
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["PartialState", "wait_for_everyone"]
+__all__ = ["PartialState", "DistributedType", "wait_for_everyone"]
+
+
+class DistributedType(str, enum.Enum):
+    """accelerate's ``DistributedType`` values (``accelerate.utils.DistributedType``): a str
+    enum whose members equal accelerate's of the same name (``==``, ``in``, hashing), so
+    ``state.distributed_type == DistributedType.MULTI_GPU`` reads the same with either import.
+    The kit reports ``NO``, ``MULTI_CPU``, ``MULTI_GPU`` and the other ``MULTI_*`` of an
+    accelerator torch knows; the rest are accelerate's plugins' (DeepSpeed, FSDP, Megatron-LM,
+    XLA), never reported by the kit."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+
+#: The device type of a multi-process run's collectives -> its DistributedType.
+_MULTI = {"cpu": DistributedType.MULTI_CPU, "cuda": DistributedType.MULTI_GPU,
+          "npu": DistributedType.MULTI_NPU, "mlu": DistributedType.MULTI_MLU,
+          "sdaa": DistributedType.MULTI_SDAA, "musa": DistributedType.MULTI_MUSA,
+          "xpu": DistributedType.MULTI_XPU, "hpu": DistributedType.MULTI_HPU}
+#: accelerate's module that defines its DistributedType.
+_ACCELERATE_DATACLASSES = "accelerate.utils.dataclasses"
+
+
+def _as_accelerates(value: DistributedType) -> Any:
+    """``value`` as accelerate's own member where the script imported accelerate (the kit never
+    imports it), else the kit's equal one."""
+    theirs = getattr(sys.modules.get(_ACCELERATE_DATACLASSES), "DistributedType", None)
+    try:
+        return theirs(value.value) if theirs is not None else value
+    except (TypeError, ValueError):  # an accelerate without this member
+        return value
 
 
 def wait_for_everyone(group: Optional["ProcessGroup"] = None) -> None:
@@ -57,6 +102,9 @@ class PartialState:
             raise ValueError(f"PartialState(cpu=True, backend={backend!r}): cpu=True means "
                              "backend='gloo'; drop one of them")
         self._cpu = cpu
+        #: accelerate's debug flag; the kit's shape checks are always on, so it changes
+        #: nothing (the kit's own debug mode: :func:`axolotl_dist.enable_debug`)
+        self.debug = False
         if get_world_size() > 1 and not is_initialized():
             if timeout is None:
                 init_distributed(backend="gloo" if cpu else backend)
@@ -64,7 +112,9 @@ class PartialState:
                 init_distributed(backend="gloo" if cpu else backend, timeout=timeout)
 
     def __repr__(self) -> str:
-        return (f"PartialState(process_index={self.process_index}, num_processes="
+        kind = getattr(self.distributed_type, "value", self.distributed_type)
+        return (f"PartialState(distributed_type={kind}, "
+                f"process_index={self.process_index}, num_processes="
                 f"{self.num_processes}, local_process_index={self.local_process_index}, "
                 f"device={self.device}, backend={self.backend})")
 
@@ -113,6 +163,27 @@ class PartialState:
     def initialized(self) -> bool:
         """Always True, as accelerate's once built."""
         return True
+
+    @property
+    def distributed_type(self) -> Any:
+        """accelerate's :class:`DistributedType` of this run: ``NO`` for one process, else
+        ``MULTI_CPU``, ``MULTI_GPU`` (CUDA) or the ``MULTI_*`` of the device the collectives
+        use. accelerate's own member where the script imported accelerate, else the kit's
+        (equal to it)."""
+        if get_world_size() <= 1:
+            return _as_accelerates(DistributedType.NO)
+        return _as_accelerates(_MULTI.get(self.device.type, DistributedType.MULTI_CPU))
+
+    @property
+    def default_device(self) -> torch.device:
+        """accelerate's ``default_device``: :attr:`device`."""
+        return self.device
+
+    @property
+    def fork_launched(self) -> bool:
+        """accelerate's ``fork_launched`` (``notebook_launcher``'s forked processes): False, the
+        kit's ranks are launched processes."""
+        return False
 
     @property
     def backend(self) -> Optional[str]:

@@ -52,6 +52,8 @@ PAIRS: List[Tuple[str, str, Optional[float]]] = [
     ("reduce_and_broadcast", "dist.all_gather_into_tensor", 1.3),
     ("synchronize_value", "dist.broadcast", None),
     ("all_reduce_value", "dist.all_reduce", None),
+    ("all_reduce (tensor)", "dist.all_reduce", None),
+    ("broadcast (tensor)", "dist.broadcast", None),
     ("all_gather_object (dict)", "dist.all_gather_object (dict)", None),
     ("broadcast_object (dict)", "dist.broadcast_object_list (dict)", None),
     ("barrier", "dist.barrier", 1.3),
@@ -150,6 +152,8 @@ def _rank_body(iters: int, warmup: int, block: int = 10) -> Dict[str, List[float
         "reduce_and_broadcast": lambda: ad.reduce_and_broadcast(lambda: rank + 3, min),
         "synchronize_value": lambda: ad.synchronize_value(value),
         "all_reduce_value": lambda: ad.all_reduce_value(rank),
+        "all_reduce (tensor)": lambda: ad.all_reduce(red.fill_(rank)),
+        "broadcast (tensor)": lambda: ad.broadcast(bcast.fill_(value) if rank == 0 else bcast),
         "all_gather_object (dict)": lambda: ad.all_gather_object(obj),
         "broadcast_object (dict)": lambda: ad.broadcast_object(obj),
     }

@@ -36,6 +36,12 @@ PAIRS: List[Tuple[str, str]] = [
     ("pad_across_processes (tensor)", "accelerate pad_across_processes (tensor)"),
     ("pad_across_processes (dict of 3)", "accelerate pad_across_processes (dict of 3)"),
     ("gather_for_metrics (pair)", "accelerate gather_for_metrics (pair)"),
+    ("broadcast (dict of 3)", "accelerate broadcast (dict of 3)"),
+    ("broadcast (tensor)", "dist.broadcast (tensor)"),
+    ("all_reduce (tensor)", "dist.all_reduce (tensor)"),
+    # accelerate's copy_tensor_to_devices raises on every rank without the tensor (1.15:
+    # torch.zeros of a shape tensor): compared with the broadcast a user writes instead
+    ("copy_tensor_to_devices", "dist.broadcast (tensor)"),
     ("wait_for_everyone", "accelerate wait_for_everyone"),
     ("set_seed", "accelerate set_seed"),
 ]
@@ -45,6 +51,7 @@ def _rank_body(iters: int, warmup: int) -> Dict[str, List[float]]:
     import torch
     import torch.distributed as dist
     from accelerate import Accelerator
+    from accelerate.utils import broadcast as a_broadcast
     from accelerate.utils import gather as a_gather
     from accelerate.utils import gather_object as a_gather_object
     from accelerate.utils import pad_across_processes as a_pad
@@ -71,6 +78,9 @@ def _rank_body(iters: int, warmup: int) -> Dict[str, List[float]]:
     def raw_reduce() -> None:
         dist.all_reduce(logits.clone())
 
+    held = logits if rank == 0 else None
+    in_place = logits.clone()
+
     fns: Dict[str, Callable[[], object]] = {
         "gather (tensor)": lambda: ad.gather(logits),
         "accelerate gather (tensor)": lambda: a_gather(logits),
@@ -88,16 +98,28 @@ def _rank_body(iters: int, warmup: int) -> Dict[str, List[float]]:
         "accelerate pad_across_processes (dict of 3)": lambda: a_pad(ragged3),
         "gather_for_metrics (pair)": lambda: ad.gather_for_metrics(pair, rows),
         "accelerate gather_for_metrics (pair)": lambda: acc.gather_for_metrics(pair),
+        "broadcast (dict of 3)": lambda: ad.broadcast(triple),  # a tensor only, before #55
+        "accelerate broadcast (dict of 3)": lambda: a_broadcast(triple),
+        "broadcast (tensor)": lambda: ad.broadcast(in_place),
+        "dist.broadcast (tensor)": lambda: dist.broadcast(in_place, 0),
+        "all_reduce (tensor)": lambda: ad.all_reduce(in_place, "MAX"),
+        "dist.all_reduce (tensor)": lambda: dist.all_reduce(in_place, dist.ReduceOp.MAX),
+        "copy_tensor_to_devices": lambda: ad.copy_tensor_to_devices(held),
         "wait_for_everyone": ad.wait_for_everyone,
         "accelerate wait_for_everyone": acc.wait_for_everyone,
         "set_seed": lambda: ad.set_seed(1234),
         "accelerate set_seed": lambda: a_set_seed(1234),
     }
+    if not hasattr(ad, "copy_tensor_to_devices"):  # a checkout before issue #55, for "before"
+        for name in ("broadcast (dict of 3)", "copy_tensor_to_devices"):
+            del fns[name]
     # a broken helper must not look fast: the kit's results are accelerate's
     assert torch.equal(ad.gather(logits), a_gather(logits))
     assert torch.equal(ad.reduce(logits), a_reduce(logits))
     assert torch.equal(ad.pad_across_processes(ragged), a_pad(ragged))
     assert ad.gather_object(obj) == a_gather_object(obj)
+    if "copy_tensor_to_devices" in fns:
+        assert torch.equal(ad.copy_tensor_to_devices(held), ad.broadcast(logits.clone()))
 
     return time_interleaved(fns, iters, warmup)
 
@@ -120,6 +142,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("| kit | median (us) | compared with | median (us) | ratio per run | median ratio |")
     print("|---|---:|---|---:|---|---:|")
     for mine, other in PAIRS:
+        if mine not in runs[0]:
+            print(f"| `{mine}` | - | `{other}` | - | - | - |")
+            continue
         ratios = [r[mine] / r[other] for r in runs]
         print(f"| `{mine}` | {statistics.median(r[mine] for r in runs):.0f} | `{other}` | "
               f"{statistics.median(r[other] for r in runs):.0f} | "

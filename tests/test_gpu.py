@@ -707,6 +707,7 @@ def _porting_body(device: str) -> Any:
         "pad": describe(ad.pad_across_processes(ragged, pad_index=5)),
         "mean": describe(ad.reduce(halves)),
         "metrics": describe(ad.gather_for_metrics(rows, 2 * ws + 1)),
+        "broadcast": describe(ad.broadcast({"a": torch.full((2,), float(rank), device=device)})),
         "state": (ad.PartialState().device.type, ws)}
 
 
@@ -725,5 +726,6 @@ def test_accelerates_names(config):
                 "mean": describe(sum(torch.tensor([0.5 * (r + 1), 2.0**-3], dtype=torch.float64)
                                      for r in range(ws)) / ws, dev),
                 "metrics": describe(kept, dev),
+                "broadcast": describe({"a": torch.zeros(2)}, dev),
                 "state": (dev.split(":")[0], ws)}
     check_ranks(run_on(config, _porting_body), expect)

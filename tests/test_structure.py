@@ -160,6 +160,10 @@ def test_no_import_cycle():
 READS_SYS_MODULES = {
     f"{RUNTIME}.protocols.map_cache": "whether the user's script imported datasets, which the "
                                       "kit never imports itself",
+    "axolotl_dist.partial_state": "whether the user's script imported accelerate, whose own "
+                                  "DistributedType member distributed_type then returns",
+    "axolotl_dist.errors": "whether the user's script imported accelerate's operations, whose "
+                           "DistributedOperationException a shape mismatch then also is",
 }
 
 
@@ -392,7 +396,8 @@ def _construct_every_public_exception():
             ad.RankFailedError.from_report(ad.RankFailedError(3, "KeyError", "k").to_report()),
             ad.RankTimeoutError("slow", (1,)), ad.CollectiveMismatchError("m", {0: "a"}, (1,)),
             ad.ThreadConflictError("t"), ad.DistributedEnvError("e"),
-            ad.DistributedConfigError("c"), ad.errors.MeshUsageError("u"), ad.AxolotlDistError("x")]
+            ad.DistributedConfigError("c"), ad.errors.MeshUsageError("u"), ad.AxolotlDistError("x"),
+            ad.TensorMismatchError("s"), ad.errors.tensor_mismatch("s")]
     return before, learnt_failure(), all(isinstance(e, ad.AxolotlDistError) for e in made)
 
 

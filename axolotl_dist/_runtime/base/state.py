@@ -184,6 +184,9 @@ PARTS: Dict[str, Tuple[str, ...]] = {
 #: Module-level values outside :data:`STATE` (``module: name``), and why :func:`reset` leaves
 #: them (see the module docstring).
 SURVIVES_RESET: Dict[str, str] = {
+    "axolotl_dist.errors._WITH_ACCELERATES": "a cache: accelerate's exception class -> the "
+                                             "kit's error class that also is it",
+    "axolotl_dist.partial_state._MULTI": "a table",
     "axolotl_dist.__init__._KEPT_IN_SUBPACKAGES": "a table",
     "axolotl_dist._runtime.base.backends._NAME_DEVICE": "a table",
     "axolotl_dist._runtime.base.callsite._OURS": "a cache: file name -> whether it is the kit's",

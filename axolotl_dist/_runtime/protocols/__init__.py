@@ -3,6 +3,9 @@
 * :mod:`.helpers`: the wrapper every communicating helper wears.
 * :mod:`.exchange`: the value helpers' engine: values encoded, headers exchanged, collectives
   run and waited for.
+* :mod:`.packets`: the tensor operations' structures in one all-gather (with their data, or
+  their dtypes and shapes alone) and the shape check that makes a mismatch an error on every
+  rank.
 * :mod:`.codes`: which helper sent a value header (registered where each is decorated).
 * :mod:`.blocks`: blocks through the store: bit words, pairing, failures; ``do_n_at_a_time``.
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.

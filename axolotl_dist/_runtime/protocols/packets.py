@@ -1,0 +1,308 @@
+"""Tensor packets: a rank's tensors (or only their description) in one all-gather, and the
+check that every rank passed tensors a collective can pair.
+
+A rank's structure travels as one *packet*: int64 words ``[packet bytes, description words,
+description...]`` (the description: leaf count, then per leaf its dtype code, number of dims
+and shape), then each leaf's bytes unless only the description is sent; every part starts on
+a 16-byte boundary, so it views as any dtype. All ranks send packets of one size, the *slot*:
+the largest packet of the same helper's last call on the group (a batch's shapes rarely change;
+kept per helper, so a pad between two gathers does not shrink the gathers' slot), so a call is
+one all-gather; a packet that does not fit is cut, every rank sees its length and the ranks
+send again with the new slot (two all-gathers).
+
+:func:`check_same` is the tensor operations' shape check (docs/design.md, "Shape checks"):
+every rank learns every rank's description in one small all-gather before a collective whose
+buffers must match (``all_reduce``, ``broadcast``, ``reduce``), so ranks that disagree raise
+:class:`~axolotl_dist.errors.TensorMismatchError` together, naming each rank's dtype and shape,
+instead of an abort in the backend, a wrong value or a hang.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..base.callsite import call_site
+from ..base.groups import HEADER_LEN, Group
+from ..base.state import STATE
+from . import recorder as trace
+from .codes import helper_code, mismatch_error
+from .exchange import all_gather_into, exchange as exchange_headers, run
+from ...errors import tensor_mismatch
+
+__all__ = ["DTYPES", "Leaves", "Spec", "Rebuild", "flatten", "exchange", "unpack", "layout", "words", "specs",
+           "specs_of", "describe_all", "check_same", "check_alike", "describe_ranks", "spec_text"]
+
+#: The dtypes the kit's gathers send (their index is the code on the wire).
+DTYPES: List[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+] + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+     if hasattr(torch, n)]
+
+Leaves = List[torch.Tensor]
+Rebuild = Callable[[Sequence[Any]], Any]
+#: A leaf as a packet describes it: its dtype and shape.
+Spec = Tuple[torch.dtype, Tuple[int, ...]]
+
+_ALIGN = 16
+_PEEK = 64  # int64 words read at once from a packet's start (its description, usually)
+_ITEMSIZE = tuple(torch.empty((), dtype=d).element_size() for d in DTYPES)
+
+
+def _padded(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _describe(leaves: Leaves, paths: Sequence[str], what: str) -> Tuple[List[int], List[int]]:
+    """A packet's description words and each leaf's size in bytes."""
+    desc: List[int] = [len(leaves)]
+    sizes: List[int] = []
+    for leaf, path in zip(leaves, paths):
+        if leaf.dtype not in DTYPES:
+            raise TypeError(f"{what}: {path} has dtype {leaf.dtype}, which the kit cannot send")
+        desc += [DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
+        sizes.append(leaf.numel() * leaf.element_size())
+    return desc, sizes
+
+
+def _pack(leaves: Leaves, paths: Sequence[str], device: torch.device, room: int, what: str,
+          data: bool) -> Tuple[torch.Tensor, int]:
+    """``(buffer, packet bytes)``: a uint8 buffer of at least ``room`` bytes starting with the
+    packet of ``leaves`` (their description alone unless ``data``). On CPU it is built as
+    Python bytes (each torch call costs microseconds, the bytes nanoseconds), elsewhere with
+    tensor copies."""
+    desc, sizes = _describe(leaves, paths, what)
+    at = _padded(8 * (2 + len(desc)))
+    total = at + (sum(_padded(n) for n in sizes) if data else 0)
+    if device.type == "cpu" and all(leaf.device.type == "cpu" for leaf in leaves):
+        buf = bytearray(struct.pack(f"<{2 + len(desc)}q", total, len(desc), *desc))
+        if data:
+            for leaf, n in zip(leaves, sizes):
+                buf += bytes(_padded(len(buf)) - len(buf))
+                if n:
+                    src = leaf if leaf.is_contiguous() else leaf.contiguous()
+                    buf += ctypes.string_at(src.data_ptr(), n)
+        buf += bytes(max(total, room) - len(buf))
+        return torch.frombuffer(buf, dtype=torch.uint8), total
+    out = torch.empty(max(total, room), dtype=torch.uint8, device=device)
+    head = torch.tensor([total, len(desc)] + desc, dtype=torch.int64)
+    out[:8 * head.numel()].copy_(head.view(torch.uint8))
+    if data:
+        for leaf, n in zip(leaves, sizes):
+            if n:
+                out[at:at + n].copy_(leaf.detach().reshape(-1).view(torch.uint8))
+            at += _padded(n)
+    return out, total
+
+
+def words(rows: torch.Tensor, count: int) -> List[List[int]]:
+    """The first ``count`` int64 words of every row of ``rows`` (ranks x slot bytes)."""
+    if rows.device.type == "cpu":
+        slot, base = rows.shape[1], rows.data_ptr()
+        fmt = struct.Struct(f"<{count}q")
+        return [list(fmt.unpack(ctypes.string_at(base + r * slot, 8 * count)))
+                for r in range(rows.shape[0])]
+    return rows[:, :8 * count].view(torch.int64).tolist()
+
+
+def _whole(row: torch.Tensor, head: List[int]) -> List[int]:
+    """``head`` (a packet's first words) with its description whole."""
+    if 2 + head[1] > len(head):
+        return words(row[None], 2 + head[1])[0]
+    return head
+
+
+def layout(head: List[int]) -> Iterator[Tuple[torch.dtype, List[int], int, int]]:
+    """``(dtype, shape, offset, bytes)`` of each leaf a packet describes (``head``: its first
+    int64 words, the description whole)."""
+    desc = head[2:2 + head[1]]
+    i, at = 1, _padded(8 * (2 + len(desc)))
+    for _ in range(desc[0]):
+        ndim = desc[i + 1]
+        shape = desc[i + 2:i + 2 + ndim]
+        n = math.prod(shape) * _ITEMSIZE[desc[i]]
+        yield DTYPES[desc[i]], shape, at, n
+        i += 2 + ndim
+        at += _padded(n)
+
+
+def specs(head: List[int]) -> List[Spec]:
+    """The ``(dtype, shape)`` of each leaf a packet describes (the description whole)."""
+    return [(dtype, tuple(shape)) for dtype, shape, _, _ in layout(head)]
+
+
+def unpack(packet: torch.Tensor, head: List[int]) -> Leaves:
+    """The leaves of one rank's packet (views into it); ``head``: its first int64 words."""
+    head = _whole(packet, head)
+    return [packet[at:at + n].view(dtype).reshape(shape) if n else
+            torch.empty(shape, dtype=dtype, device=packet.device)
+            for dtype, shape, at, n in layout(head)]
+
+
+def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bool = True
+             ) -> Tuple[torch.Tensor, List[List[int]]]:
+    """Every rank's packet (a row of ranks x slot bytes) and its first int64 words: one
+    all-gather of the helper's slot, or two. ``data=False``: the description alone (its slot
+    is kept apart from the helper's data packets)."""
+    key = what if data else what + " (shapes)"
+    slot = max(g.gather_slots.get(key, 0), _ALIGN)
+    buf, total = _pack(leaves, paths, g.device, slot, what, data)
+    while True:
+        out = torch.empty(g.size * slot, dtype=torch.uint8, device=g.device)
+        if STATE.trace is not None:
+            trace.add_bytes(slot)
+        run(g, what, all_gather_into, out, buf[:slot], group=g.arg, async_op=True)
+        rows = out.view(g.size, slot)
+        heads = words(rows, min(_PEEK, slot // 8))
+        need = max(h[0] for h in heads)
+        if need <= slot:
+            g.gather_slots[key] = need
+            return rows, heads
+        slot = need  # a packet was cut: every rank saw its length, every rank sends again
+        if buf.numel() < slot:
+            grown = torch.empty(slot, dtype=torch.uint8, device=g.device)
+            grown[:total].copy_(buf[:total])
+            buf = grown
+
+
+def specs_of(rows: torch.Tensor, heads: List[List[int]]) -> List[List[Spec]]:
+    """Every rank's ``(dtype, shape)`` of each leaf, from :func:`exchange`'s result."""
+    return [specs(_whole(rows[r], h)) for r, h in enumerate(heads)]
+
+
+def describe_all(g: Group, leaves: Leaves, paths: Sequence[str], what: str
+                 ) -> List[List[Spec]]:
+    """Every rank's ``(dtype, shape)`` of each leaf, in group-rank order: one small
+    all-gather."""
+    return specs_of(*exchange(g, leaves, paths, what, data=False))
+
+
+# --------------------------------------------------------------------------- nested data
+def _is_namedtuple(data: Any) -> bool:
+    return isinstance(data, tuple) and hasattr(data, "_fields")
+
+
+def flatten(data: Any, what: str, path: str = "data", objects: str = "gather_object"
+            ) -> Tuple[List[Any], List[str], Rebuild]:
+    """The tensors of a nested ``data`` (lists, tuples, namedtuples, dicts), their paths
+    (``data['labels'][0]``) and a function that puts new leaves back in the same structure.
+
+    Anything but a tensor in a leaf's place raises ``TypeError`` naming its path and ``what``
+    (and ``objects``, the helper that moves other Python objects).
+    """
+    if isinstance(data, torch.Tensor):
+        return [data], [path], lambda leaves: leaves[0]
+    kind = type(data)
+    make: Callable[[List[Any]], Any]
+    if isinstance(data, (list, tuple)):
+        keys: List[Any] = list(range(len(data)))
+        labels = [f"{path}[{k}]" for k in keys]
+        make = (lambda items: kind(*items)) if _is_namedtuple(data) else kind
+    elif isinstance(data, Mapping):
+        keys = list(data)
+        labels = [f"{path}[{k!r}]" for k in keys]
+        make = lambda items: kind(dict(zip(keys, items)))  # noqa: E731 - as accelerate builds it
+    else:
+        raise TypeError(
+            f"{what}: {path} is a {type(data).__name__}, not a tensor: {what} takes a tensor or "
+            f"lists, tuples and dicts of tensors; use {objects} for other Python objects")
+    parts = [flatten(data[k], what, label, objects) for k, label in zip(keys, labels)]
+
+    def rebuild(leaves: Sequence[Any]) -> Any:
+        items, at = [], 0
+        for part_leaves, _, part_rebuild in parts:
+            items.append(part_rebuild(leaves[at:at + len(part_leaves)]))
+            at += len(part_leaves)
+        return make(items)
+    return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], rebuild
+
+
+# --------------------------------------------------------------------------- the check
+def spec_text(spec: Spec) -> str:
+    """``float32[2, 5]``."""
+    return f"{str(spec[0]).replace('torch.', '')}{list(spec[1])}"
+
+
+def _rank_list(ranks: List[int]) -> str:
+    """``rank 1``, ``ranks 0, 2-5``."""
+    parts: List[str] = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [-2]:
+        if r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def describe_ranks(texts: Sequence[str]) -> str:
+    """Each distinct text with the ranks that have it, in the order of their first rank:
+    ``float32[1, 5] on ranks 0, 2-63; float32[1, 2, 5] on rank 1``."""
+    by: Dict[str, List[int]] = {}
+    for r, text in enumerate(texts):
+        by.setdefault(text, []).append(r)
+    return "; ".join(f"{text} on {_rank_list(ranks)}" for text, ranks in by.items())
+
+
+def check_same(everyone: List[List[Spec]], paths: Sequence[str], what: str, fix: str,
+               key: Optional[Callable[[Spec], object]] = None,
+               shown: Callable[[Spec], str] = spec_text) -> None:
+    """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank unless every rank
+    passed as many tensors as the others and ``key`` of each (default: dtype and shape) is
+    the same on every rank. The message names the first tensor that differs, each rank's
+    ``shown`` of it, ``fix`` and this rank's call site. Every rank sees the same
+    ``everyone``, so every rank raises, or none."""
+    counts = [len(mine) for mine in everyone]
+    if len(set(counts)) > 1:
+        raise tensor_mismatch(
+            f"{what}: the ranks passed different numbers of tensors: "
+            f"{describe_ranks([f'{c} tensor(s)' for c in counts])}: pass the same structure "
+            f"on every rank (called at {call_site()})")
+    pick = key or (lambda s: s)
+    for i, path in enumerate(paths):
+        column = [mine[i] for mine in everyone]
+        if len({pick(s) for s in column}) > 1:
+            raise tensor_mismatch(
+                f"{what}: {path} differs across ranks: "
+                f"{describe_ranks([shown(s) for s in column])}: {fix} (called at {call_site()})")
+
+
+def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: str) -> None:
+    """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless
+    every rank passed the same structure, dtypes and shapes.
+
+    One exchange of 4-word headers (the description's length and hash, and the helper's code,
+    through the value engine's cheapest collective: :func:`.exchange.exchange` on CPU): equal
+    everywhere, done. Else every rank gathers every description (:func:`describe_all`) and
+    :func:`check_same` names the difference; a hash that differed over equal descriptions
+    (Pythons hashing differently) passes there. ``what`` must be a registered helper
+    (``collective(..., exchanges=True)``); a rank in another helper is
+    :class:`~axolotl_dist.errors.CollectiveMismatchError`, as in the value helpers."""
+    if g.size <= 1:
+        return
+    desc, _ = _describe(leaves, paths, what)
+    mine = [len(desc), hash(tuple(desc)), 0, helper_code(what)]
+    if g.cpu:
+        a = g.hdr_arr
+        a[0], a[1], a[2], a[3] = mine
+        flat = exchange_headers(g, what)
+    else:
+        out = torch.empty(g.size * HEADER_LEN, dtype=torch.int64, device=g.device)
+        run(g, what, all_gather_into, out, torch.tensor(mine, dtype=torch.int64,
+                                                        device=g.device),
+            group=g.arg, async_op=True)
+        flat = out.tolist()
+    codes = flat[3::HEADER_LEN]
+    if codes.count(mine[3]) != g.size:  # another helper met this one
+        raise mismatch_error(dict(enumerate(codes)), g.rank, lambda: str(call_site()))
+    if (flat[0::HEADER_LEN].count(mine[0]) == g.size
+            and flat[1::HEADER_LEN].count(mine[1]) == g.size):
+        return
+    check_same(describe_all(g, leaves, paths, what), paths, what, fix)
