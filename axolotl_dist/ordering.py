@@ -18,8 +18,8 @@ import functools
 import linecache
 import os
 import sys
-from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List, Optional, TypeVar,
-                    Union, overload)
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List, Optional,
+                    ParamSpec, TypeVar, Union, overload)
 
 
 from . import env as _env
@@ -36,10 +36,6 @@ from ._runtime.protocols.threads import enter_block, leave_block
 from .debug import is_debug_enabled
 from .ranks import get_fs_local_rank, get_local_rank, get_num_nodes, get_rank, is_main_process
 
-if sys.version_info >= (3, 10):
-    from typing import ParamSpec
-else:  # pragma: no cover - Python 3.9
-    from typing_extensions import ParamSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup

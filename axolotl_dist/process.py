@@ -31,6 +31,7 @@ from typing import (
     Iterable,
     Iterator,
     Optional,
+    ParamSpec,
     Protocol,
     TypeVar,
     Union,
@@ -42,10 +43,6 @@ from .ordering import zero_first, zero_only
 from .ranks import (get_local_rank, get_local_world_size, get_rank, get_world_size,
                     is_last_process, is_main_process)
 
-if sys.version_info >= (3, 10):
-    from typing import ParamSpec
-else:  # pragma: no cover - Python 3.9
-    from typing_extensions import ParamSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup

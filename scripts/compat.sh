@@ -8,12 +8,16 @@
 #      hosts the store): the core helpers, gloo chosen, no NumPy warning;
 #   3. a wheel built from the checkout, installed over it: core_check again from outside the
 #      checkout, and two examples under axolotl-dist;
-#   4. the test suite on that torch (--quick: the core modules below; default: all of tests/;
-#      tests needing an extra skip themselves).
+#   4. the test suite on that torch (--quick: the core modules below, the exit path of a
+#      script that never calls cleanup_distributed() and the harness's forks; default: all of
+#      tests/; tests needing an extra skip themselves).
 #
-# usage: scripts/compat.sh [--quick] [TORCH_VERSION ...]
+# usage: scripts/compat.sh [--quick] [--python X.Y[.Z]] [TORCH_VERSION ...]
 #   default versions: the newest torch installable here and the floor setup.cfg declares.
-#   PYTHON=python3.X picks the interpreter (default python3.11, else python3);
+#   --python X.Y[.Z] runs the legs on that Python: pyenv's build of it (`pyenv versions`), else
+#   pythonX.Y on PATH; torch then comes from PyPI (this machine's wheels are for 3.11). The
+#   Pythons the kit supports and their legs: docs/testing.md, "Pythons".
+#   PYTHON=path picks the interpreter otherwise (default python3.11, else python3);
 #   COMPAT_DIR=dir keeps the venvs (default $TMPDIR/axolotl_dist_compat); a venv whose torch
 #   is already VERSION is reused, the package is always reinstalled.
 # Prints one summary line per version; exits non-zero at the first failing step, with its log.
@@ -24,20 +28,35 @@ NEWEST=2.14.1  # the newest torch this machine's package index offers (a CUDA bu
 FLOOR=$(sed -n 's/^ *torch>=\([0-9.]*\).*/\1/p' "$REPO/setup.cfg" | head -n 1)
 QUICK_TESTS=(tests/test_installs.py tests/test_queries.py tests/test_init.py tests/test_values.py
              tests/test_collectives.py tests/test_ordering.py tests/test_zero_only.py
-             tests/test_errors.py)
+             tests/test_errors.py tests/test_pythons.py
+             tests/test_launch.py::test_a_rank_that_exits_early_with_code_0_is_reported_first
+             tests/test_launch.py::test_version_and_help_say_what_the_cli_has)
 
 quick=0
+want_python=
 versions=()
-for arg in "$@"; do
-  case "$arg" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    -*) echo "compat.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
-    *) versions+=("$arg") ;;
+    --python) want_python=${2:?compat.sh: --python needs a version, e.g. 3.12.1}; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) versions+=("$1") ;;
   esac
+  shift
 done
 [ ${#versions[@]} -eq 0 ] && versions=("$NEWEST" "$FLOOR")
 
+find_python() {  # find_python X.Y[.Z]: pyenv's build of that Python, else pythonX.Y on PATH
+  local want=$1 root found
+  root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+  found=$(ls -d "$root/versions/$want"* 2>/dev/null | sort -V | tail -n 1)
+  if [ -n "$found" ] && [ -x "$found/bin/python" ]; then echo "$found/bin/python"; return; fi
+  command -v "python${want%.*}" 2>/dev/null || command -v "python$want" 2>/dev/null || {
+    echo "compat.sh: no Python $want here (pyenv versions; python$want on PATH)" >&2; exit 2; }
+}
+
+if [ -n "$want_python" ]; then PYTHON=$(find_python "$want_python"); fi
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 WORK=${COMPAT_DIR:-${TMPDIR:-/tmp}/axolotl_dist_compat}
 INSTALL=$(awk '/<!-- install-command -->/{f=1; next} f && /^```/{if (s) exit; s=1; next} f && s' \
@@ -67,6 +86,8 @@ core_check() {  # core_check VENV LOGDIR LABEL: under axolotl-dist, then bare en
     >"$log" 2>&1 || fail "$label: core_check under axolotl-dist -n 2" "$log"
   [ "$(grep -cE '^(\[rank [01]\] )?core check passed' "$log")" -eq 2 ] || fail "$label: not every rank passed" "$log"
   ! grep -q NumPy "$log" || fail "$label: a NumPy warning was printed" "$log"
+  # core_check ends without cleanup_distributed(): the exit hook's path, on this Python
+  ! grep -qE 'Traceback|Exception ignored' "$log" || fail "$label: a traceback at exit" "$log"
   port=$(free_port)
   local pids=()
   for r in 0 1; do
@@ -78,11 +99,13 @@ core_check() {  # core_check VENV LOGDIR LABEL: under axolotl-dist, then bare en
   for r in 0 1; do
     wait "${pids[$r]}" || fail "$label: core_check rank $r under bare env vars" "$logs/$label-env$r.log"
     ! grep -q NumPy "$logs/$label-env$r.log" || fail "$label: NumPy warning" "$logs/$label-env$r.log"
+    ! grep -qE 'Traceback|Exception ignored' "$logs/$label-env$r.log" \
+      || fail "$label: a traceback at exit (rank $r, bare env vars)" "$logs/$label-env$r.log"
   done
 }
 
 for version in "${versions[@]}"; do
-  pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  pyver=$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
   venv="$WORK/py$pyver-torch$version"
   logs="$WORK/logs-py$pyver-torch$version"
   rm -rf "$logs"; mkdir -p "$logs"

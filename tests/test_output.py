@@ -20,13 +20,20 @@ from tqdm import tqdm
 
 ad.init_distributed()
 r = ad.get_rank()
+# Lines fold when the launcher reads them within its 0.25 s window of each other. Together
+# from here (ranks leave init up to a second apart on a loaded 2-core machine), and at a
+# pace the launcher keeps up with on 2 cores beside 4 ranks: a flood of 4 x 220 lines at
+# once left one rank's lines in its socket past the window (1 run in 6 failed).
+ad.barrier()
 warnings.warn("the same warning on every rank")
 print("the same line on every rank")
 print(f"a line of rank {r} alone")
+time.sleep(0.3)
 for i in range(200):  # alike on every rank, with lines of each rank's own between
     print(f"step {i}")
     if i % 10 == 0:
         print(f"rank {r} passed step {i}")
+    time.sleep(0.002)
 ad.barrier()
 if r == 0:
     for _ in tqdm(range(20), desc="bar of rank 0", mininterval=0, file=sys.stderr):

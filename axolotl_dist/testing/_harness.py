@@ -8,6 +8,7 @@ import pickle
 import signal
 import socket
 import time
+import warnings
 from datetime import timedelta
 from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -19,6 +20,10 @@ from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
 from ._rank import child_main
 
 __all__ = ["run_distributed", "run_distributed_outcomes"]
+
+#: CPython 3.12+'s warning at a fork of a process with several threads (see _fork_ranks).
+_FORK_WARNING = (r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to "
+                 r"deadlocks")
 
 
 class _Store:
@@ -73,7 +78,17 @@ def _fork_ranks(ctx: Any, world_size: int, store: _Store, fn: Callable[..., Any]
                   pg_timeout, writer, gate, store.listen_fd()),
             daemon=False,
         )
-        proc.start()
+        with warnings.catch_warnings():
+            # CPython 3.12+ warns at every fork of a process with other threads (the store
+            # server's, pytest-xdist's execnet I/O thread). This fork is safe: the child never
+            # touches an object another thread owns (it connects a store of its own and ends in
+            # os._exit, so no inherited object is ever destroyed), the locks it does take are
+            # reinitialised at fork by CPython (GIL, imports, logging) and glibc (malloc), and
+            # no rank resolves an address while another is forked (the gate below). Only that
+            # warning is silenced, and only around this fork.
+            warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                    message=_FORK_WARNING)
+            proc.start()
         writer.close()
         procs.append(proc)
         conns.append(reader)

@@ -47,7 +47,7 @@ import signal
 import sys
 import time
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -103,6 +103,7 @@ def start_services() -> None:
         STATE.exit_hook = True
         atexit.register(_at_exit)
         tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
+        store.start_worker()  # the exit hook's store calls need it: no thread at shutdown
     if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
         heartbeat.start_heartbeat()  # torch's fake group (layouts in one process): no peers
 
@@ -240,12 +241,13 @@ def _release_kit_frames(exc: Optional[BaseException]) -> None:
 
 
 def teardown(exc: Optional[BaseException] = None) -> None:
-    """Steps 1-4 of the module docstring; ``exc``: the exception this process is ending on."""
+    """Steps 1-4 of the module docstring; ``exc``: the exception this process is ending on.
+    A step that fails never skips the steps after it (:func:`_step`)."""
     if not (dist.is_available() and dist.is_initialized()):
         heartbeat.stop_heartbeat()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    recorder = trace.finish(exc)  # the trace's last line says how this process ended
+    recorder = _step(trace.finish, exc)  # the trace's last line says how this process ended
     if recorder is not None:
         STATE.closed_trace = recorder
     hosts = store.hosts_store()
@@ -257,18 +259,25 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     # about to go: a call in flight then makes torch print a C++ trace)
     record = store.bounded(lambda: records.publish_exit(exc), _STORE_CALLS) \
         if world_size > 1 and not peers.host_leaving() else None
-    _release_kit_frames(exc)
+    _step(_release_kit_frames, exc)
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
-    try:
-        cleanup()
-    except Exception:  # noqa: BLE001 - exiting anyway; never turn an exit into a crash
-        pass
+    _step(cleanup)  # exiting anyway: never turn an exit into a crash
     if record is not None:
-        _last_store_calls(record, hosts, rank, world_size, exc)
+        _step(_last_store_calls, record, hosts, rank, world_size, exc)
     del server
-    _await_groups_released(groups)
+    _step(_await_groups_released, groups)
     if not hosts and isinstance(exc, RankFailedError) and under_elastic_agent():
-        _await_agent_stop(exc, world_size)
+        _step(_await_agent_stop, exc, world_size)
+
+
+def _step(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, one step of the exit path; an error in it (a store or group already
+    gone) ends that step only: the process is exiting anyway, and the steps after it (the
+    exit record, the last store calls, the groups' release) still run. None if it failed."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
 
 
 def _last_store_calls(record: Tuple[Any, int, bool], hosts: bool, rank: int, world_size: int,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, TypeVar, Union
@@ -47,10 +46,7 @@ from . import codes, crosscheck as debug_check, guards, recorder as trace, threa
 from .zero_first import confirm_all
 from ...errors import CollectiveMismatchError, DistributedEnvError
 
-if sys.version_info >= (3, 10):
-    from typing import Concatenate, ParamSpec
-else:  # pragma: no cover
-    from typing_extensions import Concatenate, ParamSpec
+from typing import Concatenate, ParamSpec
 
 __all__ = ["Kind", "collective", "block", "rounds", "call", "debug_timeout", "first_rank_block",
            "tensor_signature"]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 T = TypeVar("T")
 
 __all__ = [
+    "start_worker",
     "group_store",
     "world_store",
     "agent_hosts_store",
@@ -140,14 +141,31 @@ class _StoreWorker:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[[], Any]) -> Job:
+    def start(self) -> bool:
+        """Start the thread unless it runs; whether it runs now. Called while the run is
+        alive (:func:`start_worker`): CPython 3.12.0-3.12.2 refuse a new thread once the
+        interpreter is shutting down, where the exit hook makes its last store calls."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="axolotl-dist-store",
-                                                daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="axolotl-dist-store",
+                                          daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    return False
+                self._thread = thread
+            return True
+
+    def submit(self, fn: Callable[[], Any]) -> Job:
         job = Job(fn)
-        self._jobs.put(job)
+        if self.start():
+            self._jobs.put(job)
+        else:  # no thread to be had: made here, without the worker's own clock
+            try:
+                job.value = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                job.error = exc
+            job.done.set()
         return job
 
     def _run(self) -> None:
@@ -161,6 +179,12 @@ class _StoreWorker:
 
 
 _WORKER = _StoreWorker()
+
+
+def start_worker() -> None:
+    """Start the store worker now, while the run is alive, so that the exit path finds it
+    running (no thread is started at interpreter shutdown)."""
+    _WORKER.start()
 
 
 def submit(fn: Callable[[], Any]) -> Job:

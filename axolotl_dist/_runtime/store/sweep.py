@@ -50,9 +50,17 @@ class _Cleanup:
                 return  # awake: it will find the job
             self._idle.clear()
             if not alive:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="axolotl-dist-cleanup")
-                self._thread.start()
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name="axolotl-dist-cleanup")
+                try:
+                    thread.start()
+                except RuntimeError:  # at interpreter shutdown (CPython 3.12.0-3.12.2)
+                    self._idle.set()
+                    todo, self._todo, self._queued = self._todo, [], 0
+                    for group, store, keys in todo:
+                        self._delete(group, store, keys)
+                    return
+                self._thread = thread
             self._work.set()
 
     def flush(self, seconds: float) -> bool:
