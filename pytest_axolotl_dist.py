@@ -117,8 +117,10 @@ def timeout_of(item: Any, options: Options) -> Tuple[float, str]:
         return options.timeout, f"the marker's timeout={options.timeout:g}"
     limit = _pytest_timeout(item)
     if limit:
-        return max(limit - TIMEOUT_MARGIN, limit / 2), \
-            f"pytest-timeout's {limit:g} s less {TIMEOUT_MARGIN:g} s for this report"
+        if limit - TIMEOUT_MARGIN >= limit / 2:
+            return limit - TIMEOUT_MARGIN, \
+                f"pytest-timeout's {limit:g} s less {TIMEOUT_MARGIN:g} s for this report"
+        return limit / 2, f"half of pytest-timeout's {limit:g} s, the rest for this report"
     return DEFAULT_TIMEOUT, f"the default {DEFAULT_TIMEOUT:g} s"
 
 
@@ -148,6 +150,10 @@ def _pytest_timeout(item: Any) -> Optional[float]:
 
 
 def pytest_configure(config: Any) -> None:
+    # torch's notice at import where NumPy is missing: the kit needs no NumPy, and the notice
+    # would close every session that imports torch (the kit filters it the same way)
+    config.addinivalue_line("filterwarnings",
+                            "ignore:Failed to initialize NumPy:UserWarning")
     config.addinivalue_line(
         "markers",
         f"{MARKER}(world_size=2, store='parent', backend='gloo', init=True, timeout=None): run "

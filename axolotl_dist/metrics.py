@@ -116,7 +116,7 @@ def _all_tensors(data: Any) -> bool:
 
 
 @collective("gather_for_metrics")
-def gather_for_metrics(g: Optional[Group], input_data: Any, data_source: Any,
+def gather_for_metrics(g: Optional[Group], input_data: Any, data_source: Any = None,
                        use_gather_object: bool = False,
                        group: Optional["ProcessGroup"] = None) -> Any:
     """accelerate's ``gather_for_metrics``: :func:`~axolotl_dist.gather` (or, for objects,
@@ -128,6 +128,12 @@ def gather_for_metrics(g: Optional[Group], input_data: Any, data_source: Any,
     that sends more rows in a pass than its share raises ``ValueError`` on every rank (a
     wrong ``data_source``, or unsharded data). One process: the input.
     """
+    if data_source is None:
+        raise TypeError(
+            "gather_for_metrics(input_data) needs data_source=: accelerate's reads the loader "
+            "Accelerator.prepare wrapped; pass the evaluation DataLoader (or its sampler, the "
+            "dataset or its length): gather_for_metrics(preds, loader) "
+            '(docs/porting.md, "Evaluation: every sample once")')
     ws, me = (1, 0) if g is None else (g.size, g.rank)
     source = _source(data_source)
     key = (_identity(source), ws)

@@ -662,3 +662,27 @@ def test_ctrl_c_to_a_running_launcher_is_accounted_for_once(tmp_path: Path) -> N
     assert code == 128 + signal.SIGINT, err
     accounts = [line for line in err.splitlines() if "SIGINT" in line]
     assert accounts == ["axolotl-dist: got SIGINT, stopped every rank"], err
+
+
+FILTERED_FAILURE = r'''
+import axolotl_dist as ad
+ad.init_distributed()
+if ad.get_rank() == 1:
+    raise ValueError("FILTERED-" + "OUT")
+ad.barrier()
+'''
+
+
+def test_a_filtered_rank_that_fails_has_its_traceback_in_the_summary(tmp_path: Path) -> None:
+    """--local-ranks-filter 0 hides rank 1's lines, so the launcher's account cannot say its
+    traceback is above: it prints it."""
+    script = tmp_path / "filtered.py"
+    script.write_text(FILTERED_FAILURE)
+    code, out, err = _finish(_launcher(["-n", "2", "--local-ranks-filter", "0", str(script)]))
+    assert code == 1, err
+    summary = err[err.index("axolotl-dist: rank 1"):]
+    assert "failed first: it raised ValueError" in summary, err
+    assert "its traceback is above" not in summary, err
+    assert "--- traceback of rank 1 ---" in summary, err
+    assert re.search(r'File ".*filtered\.py", line 5, in <module>', summary), err
+    assert summary.count("FILTERED-OUT") == 1, err  # once there; rank 0's account names it too

@@ -238,6 +238,7 @@ def _errors():
         "pad structure": lambda: ad.pad_across_processes(torch.zeros([2] * (rank + 1)), dim=1),
         "unsharded": lambda: ad.gather_for_metrics(torch.arange(9), 9),
         "source": lambda: ad.gather_for_metrics(torch.arange(2), "nine"),
+        "no source": lambda: ad.gather_for_metrics(torch.arange(2)),
         "rows differ": lambda: ad.gather_for_metrics((torch.arange(2), torch.arange(3)), 8),
         "objects": lambda: ad.gather_for_metrics({"a": "b"}, 4),
         "replicas": lambda: ad.gather_for_metrics(torch.arange(1), ad.get_sampler(
@@ -276,6 +277,8 @@ EXPECTED = {
     "unsharded": "gather_for_metrics: rank 0 has sent 9 rows in this pass, but 9 samples over "
                  "2 ranks give each rank at most 5: shard the evaluation data with "
                  "get_sampler(dataset)",
+    "no source": "TypeError: gather_for_metrics(input_data) needs data_source=: accelerate's "
+                 "reads the loader Accelerator.prepare wrapped; pass the evaluation DataLoader",
     "source": "TypeError: gather_for_metrics(data_source='nine'): pass the evaluation "
               "DataLoader, its DistributedSampler, the dataset, or its number of samples",
     "rows differ": "rank 0's tensors have different numbers of rows (data[0]: 2, data[1]: 3)",

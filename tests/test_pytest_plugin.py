@@ -185,7 +185,10 @@ def test_marked_tests_run_on_their_ranks_and_fail_with_one_account(tmp_path):
     assert f"test_user.py:{_line('assert ad.get_rank() != 1')}: AssertionError" in out, out
     assert re.search(r"^rank 0: failed because rank 1 did \(RankFailedError in barrier at "
                      rf"test_user.py:{_line('assert ad.get_rank() != 1') + 1}\)$", out, re.M), out
-    assert re.search(r"^SKIPPED \[1\] .*NO-GPU-HERE \(ranks 0, 1\)$", out, re.M), out
+    # the skip is the test's, at its own line (not the plugin's)
+    skip = _line("def test_skipped_everywhere")  # the def's line or its decorator's
+    assert re.search(rf"^SKIPPED \[1\] test_user\.py:({skip - 1}|{skip}): "
+                     r"NO-GPU-HERE \(ranks 0, 1\)$", out, re.M), out
 
 
 def test_a_hang_fails_at_its_timeout_saying_where_each_rank_is(tmp_path):
@@ -344,3 +347,102 @@ def test_without_a_marker_timeout_pytest_timeouts_limit_applies_report_first(tmp
     assert f"  rank 1: in test_hangs at test_user.py:{sleep}\n" in out, out
     assert "+++ Timeout +++" not in out, out  # pytest-timeout's own stack dump never came
     assert _seconds(tmp_path, "test_hangs") < 16, out
+
+
+#: Accounts of what a rank did that is not an exception of its own (tests/test_pytest_plugin.py,
+#: issue #56): a peer that passed and returned, a raw torch collective after it, a mismatch.
+ACCOUNTS = '''
+import pytest
+import torch.distributed as dist
+
+import axolotl_dist as ad
+
+
+@pytest.mark.distributed(world_size=2)
+def test_peer_passed():
+    if ad.get_rank() == 0:
+        ad.barrier()  # a save's barrier rank 1 never calls
+
+
+@pytest.mark.distributed(world_size=2)
+def test_raw_barrier_after_peer_passed():
+    if ad.get_rank() == 0:
+        dist.barrier()
+
+
+@pytest.mark.distributed(world_size=3)
+def test_mismatch():
+    if ad.get_rank() == 0:
+        ad.barrier()
+    else:
+        ad.all_reduce_value(1)
+'''
+
+
+def _account(out: str, test: str) -> str:
+    """The FAILURES section's part for ``test``."""
+    part = _failures(out).split(f" {test} ", 1)[1]
+    return part.split("\n____", 1)[0].split("\n=====", 1)[0]
+
+
+def test_accounts_name_what_really_happened_in_few_lines(tmp_path):
+    code, out, _ = _pytest(tmp_path, tests=ACCOUNTS, timeout=200)
+    assert code == 1, out
+    lines = ACCOUNTS.splitlines()
+    at = {name: next(n for n, ln in enumerate(lines, 1) if name in ln)
+          for name in ("    ad.barrier()  # a save", "        dist.barrier()")}
+    passed = _account(out, "test_peer_passed")
+    assert re.search(r"^rank 0 of 2 failed \(waiting in barrier at test_user\.py:"
+                     rf"{at['    ad.barrier()  # a save']} for rank 1, which passed and returned",
+                     passed, re.M), out
+    assert "failed because rank 1 did" not in passed, out
+    raw = _account(out, "test_raw_barrier_after_peer_passed")
+    assert re.search(r"^rank 0 of 2 failed \(waiting in torch\.distributed\.barrier at "
+                     rf"test_user\.py:{at['        dist.barrier()']} for rank 1, which passed",
+                     raw, re.M), out
+    assert "Connection closed" not in raw and "distributed_c10d.py" not in raw, raw
+    assert len(raw.strip().splitlines()) <= 5, raw
+    mismatch = _account(out, "test_mismatch")
+    assert mismatch.count("CollectiveMismatchError") >= 2, mismatch
+    assert "_runtime" not in mismatch and "site-packages" not in mismatch, mismatch
+    assert re.search(r"^ranks? [12](, 2)?: failed with the same CollectiveMismatchError at "
+                     r"test_user\.py:\d+ \(told by rank \d above\)$", mismatch, re.M), mismatch
+    assert len(mismatch.strip().splitlines()) <= 25, mismatch
+
+
+#: Both ranks write at once, each line in two pieces (where block-buffered text merged:
+#: ``loading shardloading shard``), then fail, so that pytest shows what they printed.
+LOUD = '''
+import sys
+
+import pytest
+
+import axolotl_dist as ad
+
+
+@pytest.mark.distributed(world_size=2)
+@pytest.mark.parametrize("round", range(%d))
+def test_loud(round):
+    for i in range(300):
+        sys.stdout.write("loading ")
+        sys.stdout.write(f"shard {i}\\n")
+    ad.barrier()
+    assert False, "SHOW-THE-OUTPUT"
+'''
+
+
+def test_captured_output_is_labelled_by_rank_and_never_merged(tmp_path):
+    rounds = 20  # the same test 20 times: the merge showed in 1 run in 4
+    code, out, _ = _pytest(tmp_path, tests=LOUD % rounds, timeout=300)
+    assert code == 1, out
+    captured = re.findall(r"-+ Captured stdout call -+\n(.*?)(?=\n[-=_]{5,}|\n- generated|\Z)",
+                          out, re.S)
+    assert len(captured) == rounds, out[-3000:]
+    for text in captured:
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        bad = [ln for ln in lines if not re.fullmatch(r"\[rank [01]\] loading shard \d+", ln)]
+        assert bad == [], bad[:5]
+        assert len(lines) == 600, len(lines)
+        for r in (0, 1):
+            assert [int(ln.rsplit(" ", 1)[1]) for ln in lines
+                    if ln.startswith(f"[rank {r}]")] == list(range(300))

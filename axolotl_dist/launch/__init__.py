@@ -191,7 +191,8 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
         ends = read_ends(attempt_dir(end_dir, restarts.attempt))
         return report_failures(exc.failures, opts.nnodes, opts.node_rank, ends,
                                opts.nproc * opts.nnodes, range(first, first + opts.nproc),
-                               output=_output_note(output), attempt=restarts.label())
+                               output=_output_note(output), attempt=restarts.label(),
+                               shown=opts.shown)
     except SignalException as exc:
         if watcher.claim():  # else the watcher is saying why it stops the launcher
             print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 __all__ = ["PROG", "GUARDS_DIR", "RESTART_COUNT_ENV_VAR", "exit_code_of", "first_failure",
            "traceback_of", "read_ends", "report_failures", "attempt_dir", "attempts", "latest_attempt"]
@@ -222,7 +222,8 @@ def _closing_lines(rank: int, failures: Dict[int, object], tb: Optional[str],
 def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                     ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
                     local: Optional[Sequence[int]] = None,
-                    output: Optional[Callable[[int], str]] = None, attempt: str = "") -> int:
+                    output: Optional[Callable[[int], str]] = None, attempt: str = "",
+                    shown: Optional[Set[int]] = None) -> int:
     """Print the launcher's account of a failed run to stderr and return its exit code:
     the rank that ended first while others ran (``ends``: how each rank's script ended), the
     rank that failed first (its traceback only where its output did not show it), and the
@@ -230,7 +231,8 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     nodes, only those are said to be running (the other nodes' ranks are their launchers' to
     report). ``output``: where a rank's own lines are, when the launcher took them
     (:mod:`._output`). ``attempt``: which attempt failed (``"attempt 2 of 2: "``), with
-    ``--max-restarts``."""
+    ``--max-restarts``. ``shown``: the local ranks whose output is shown
+    (``--local-ranks-filter``; None: all): a filtered rank's traceback is printed here."""
     ends = ends or {}
     early = _early_exit(failures, ends)
     lines = _early_lines(early, failures, ends, nodes, world_size, local, attempt)
@@ -239,7 +241,7 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     rank, failure = first_failure(failures)
     how, code = _how_it_ended(failure)
     tb = traceback_of(failure)
-    above = bool(tb) and _shown_above(failure)
+    above = bool(tb) and _shown_above(failure) and (shown is None or failure.local_rank in shown)
     where = f"local rank {failure.local_rank}" + (f" on node {node_rank}" if nodes > 1 else "")
     if above:  # its own output, above, holds the traceback: no second copy
         how += "; its traceback is above" + (f" ({output(rank)})" if output else "")

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -22,7 +23,7 @@ from .._runtime.base.text import ranks_text
 from ._harness import run_distributed_outcomes
 from ._outcomes import RankOutcome
 
-__all__ = ["GRACE", "Verdict", "run", "on_rank", "account"]
+__all__ = ["GRACE", "Verdict", "run", "on_rank", "account", "LabelledLines"]
 
 #: Seconds the other ranks get to end once one rank has failed, before they are killed.
 GRACE = 3.0
@@ -58,7 +59,11 @@ def run(item: Any, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, world_s
     finally:
         shutil.rmtree(notes, ignore_errors=True)
     if verdict.kind == "skip":
-        pytest.skip(verdict.message)
+        try:  # reported at the test's own line, as a skip marker is, not at this one
+            skipped = pytest.skip.Exception(verdict.message, _use_item_location=True)
+        except TypeError:  # a pytest before 7
+            skipped = pytest.skip.Exception(verdict.message)
+        raise skipped
     elif verdict.kind == "xfail":
         pytest.xfail(verdict.message)
     elif verdict.kind == "fail":
@@ -69,42 +74,163 @@ def run(item: Any, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, world_s
 
 
 def on_rank(item: Any, fn: Callable[..., Any], kwargs: Dict[str, Any], notes: str) -> None:
-    """A rank's body: the test function; what it raised is noted, then raised on."""
+    """A rank's body: the test function; what it raised is noted, then raised on. What it
+    prints reaches pytest's capture line by line, each line labelled with the rank."""
     __tracebackhide__ = True  # pytest's rendering starts at the test function
+    rank = os.environ.get("RANK", "0")
+    sys.stdout = _labelled(sys.stdout, rank)
+    sys.stderr = _labelled(sys.stderr, rank)
     try:
         fn(**kwargs)
     except BaseException as exc:
         _note(exc, item, fn, notes)
         raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _labelled(stream: Any, rank: str) -> Any:
+    """``stream`` as :class:`LabelledLines` where it writes to a file descriptor (pytest's
+    ``--capture=fd``, the default, or ``-s``); as it is otherwise (``--capture=sys`` keeps a
+    forked rank's output in the rank's own memory)."""
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return stream
+    return LabelledLines(stream, rank)
+
+
+class LabelledLines(io.TextIOBase):
+    """A text stream that writes each whole line to ``stream``'s file descriptor in one
+    ``write()``, prefixed with ``label``: the ranks share pytest's capture file, and one
+    ``write()`` of a line is never split by another process's, where buffered text is
+    (``loading shardloading shard``). A line without its newline waits for it, or for
+    :meth:`flush`. A line that names its rank already (the kit's log lines: ``[rank 1/2]``)
+    is written as it is."""
+
+    def __init__(self, stream: Any, rank: str) -> None:
+        super().__init__()
+        self._stream, self._pending = stream, b""
+        self._label, self._own = f"[rank {rank}] ".encode(), f"[rank {rank}/".encode()
+        stream.flush()
+        self._fd = stream.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        data = self._pending + text.encode(self.encoding, "replace")
+        *whole, self._pending = data.split(b"\n")
+        if whole:
+            self._write(b"".join(self._line(line) for line in whole))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, b""
+            self._write(self._line(pending))
+
+    def _line(self, line: bytes) -> bytes:
+        if not line.strip() or self._own in line:  # a blank line, or one naming its rank
+            return line + b"\n"
+        return self._label + line + b"\n"
+
+    def _write(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self._fd, data):]
 
 
 def _note(exc: BaseException, item: Any, fn: Callable[..., Any], notes: str) -> None:
     """Write this rank's note: ``kind`` (skip, xfail, fail, or ``stopped``: another rank's
-    failure reached this one), ``text`` (the reason, or the rendered traceback) and ``type``
-    (the exception's type name)."""
+    failure or exit reached this one), ``text`` (the reason, or the rendered traceback),
+    ``type`` (the exception's type name) and, for ``stopped``, ``cause`` (the rank that
+    failed or left), ``how`` (how it did: an exception's type, ``exited``...) and ``waited``
+    (``barrier at test_x.py:25``: where this rank was)."""
     import pytest
 
-    from ..errors import RankFailedError
-
     rank = os.environ.get("RANK", "0")
+    fields: Dict[str, Any] = {"type": type(exc).__name__, "message": _first_line(str(exc)),
+                              "site": _site(exc, fn)}
+    lost = _lost_peer(exc)
     if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)):
         kind = "xfail" if isinstance(exc, pytest.xfail.Exception) else "skip"
         text = str(exc.msg or "")
-    elif isinstance(exc, RankFailedError):
+    elif lost is not None:
         kind = "stopped"
         site = _site(exc, fn)
-        where = f" in {exc.where}" if exc.where else ""
+        where = lost.where or _torch_call(exc) or "a collective"
         at = f" at {os.path.basename(site[0])}:{site[1]}" if site else ""
-        text = (f"failed because {ranks_text(exc.ranks[:1])} did ({type(exc).__name__}{where}"
-                f"{at})")
+        text = (f"failed because {ranks_text(lost.ranks[:1])} did ({type(lost).__name__} in "
+                f"{where}{at})")
+        fields.update(cause=lost.ranks[0], how=lost.exc_type, waited=f"{where}{at}")
     else:
         kind = "fail"
         text = _rendered(exc, item)
     path = os.path.join(notes, f"rank{rank}.json")
     with open(path + ".part", "w") as fh:
-        json.dump({"kind": kind, "text": text, "type": type(exc).__name__,
-                   "message": _first_line(str(exc)), "site": _site(exc, fn)}, fh)
+        json.dump(dict(fields, kind=kind, text=text), fh)
     os.replace(path + ".part", path)
+
+
+def _lost_peer(exc: BaseException) -> Any:
+    """The :class:`~axolotl_dist.errors.RankFailedError` that ended this rank's test: ``exc``
+    itself, or, for a raw ``torch.distributed`` collective that failed because a peer left
+    (gloo's "Connection closed by peer"), the kit's diagnosis naming that peer; else None."""
+    from .._runtime.base.groups import group_of
+    from .._runtime.liveness.failures import diagnose_lost_peer
+    from ..errors import AxolotlDistError, RankFailedError
+
+    if isinstance(exc, RankFailedError):
+        return exc
+    if not isinstance(exc, RuntimeError) or isinstance(exc, AxolotlDistError) \
+            or _torch_call(exc) is None:
+        return None
+    try:
+        g = group_of(None, "the test")
+        found = diagnose_lost_peer(exc, _torch_call(exc) or "a collective", g) \
+            if g is not None else exc
+    except Exception:  # noqa: BLE001 - no group or store left: the exception as it is
+        return None
+    return found if isinstance(found, RankFailedError) else None
+
+
+def _torch_call(exc: BaseException) -> Optional[str]:
+    """``torch.distributed.barrier``: the ``torch.distributed`` function ``exc`` went through
+    first (a raw collective the test called), or None."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        # the public function, not the logging wrapper torch puts around it (c10d_logger)
+        if code.co_filename.endswith(os.path.join("distributed", "distributed_c10d.py")):
+            return f"torch.distributed.{code.co_name}"
+        tb = tb.tb_next
+    return None
+
+
+def _internal(filename: str) -> Optional[str]:
+    """``"kit"`` or ``"torch"`` for a file of this package or of torch, else None."""
+    from .._runtime.base.tracebacks import kit_frame
+
+    if kit_frame(filename):
+        return "kit"
+    return "torch" if filename.startswith(_TORCH_DIR) else None
+
+
+def _torch_dir() -> str:
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+_TORCH_DIR = _torch_dir()
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -128,10 +254,16 @@ def _site(exc: BaseException, fn: Callable[..., Any]) -> Optional[Tuple[str, int
 
 def _rendered(exc: BaseException, item: Any) -> str:
     """pytest's own rendering of ``exc`` as the failure of the test ``item`` (its traceback
-    cut to the test function, ``--tb``, ``--showlocals``, fixture values), as text."""
+    cut to the test function, ``--tb``, ``--showlocals``, fixture values), as text; the
+    frames of the kit and of torch below the user's last one are left out (the user's line
+    and the error say what they did)."""
     import pytest
 
+    cut = _user_end(exc.__traceback__)
+    below = cut.tb_next if cut is not None else None
     try:
+        if cut is not None:
+            cut.tb_next = None
         info = pytest.ExceptionInfo.from_exception(exc)
         rendering = item.repr_failure(info)
         if isinstance(rendering, str):
@@ -146,6 +278,22 @@ def _rendered(exc: BaseException, item: Any) -> str:
         import traceback
 
         return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    finally:
+        if cut is not None:
+            cut.tb_next = below
+
+
+def _user_end(tb: Any) -> Any:
+    """The last entry of traceback ``tb`` in the user's code when every entry after it is the
+    kit's or torch's (where to cut it); None if there is nothing to cut."""
+    last_user, internal_after = None, False
+    while tb is not None:
+        if _internal(tb.tb_frame.f_code.co_filename) is None:
+            last_user, internal_after = tb, False
+        else:
+            internal_after = True
+        tb = tb.tb_next
+    return last_user if internal_after else None
 
 
 def _read_notes(notes: str) -> Dict[int, Dict[str, Any]]:
@@ -183,6 +331,42 @@ def _ended(outcome: RankOutcome) -> Tuple[str, str]:
     return first, rest
 
 
+#: Errors every rank of one mismatch raises, each in its own words: told once.
+_MISMATCHES = ("CollectiveMismatchError", "TensorMismatchError")
+
+
+def _passed(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
+            rank: Any) -> bool:
+    """Whether ``rank`` finished its test body without an exception."""
+    return (isinstance(rank, int) and 0 <= rank < len(outcomes) and outcomes[rank].ok
+            and rank not in notes)
+
+
+def _one_mismatch(failed: List[Tuple[int, str]], notes: Mapping[int, Mapping[str, Any]]
+                  ) -> Tuple[List[Tuple[int, str]], List[Tuple[int, str]]]:
+    """``failed`` with a mismatch error that several ranks raised told by its first rank
+    only, and a line for each other rank (its own call site)."""
+    kinds = [notes.get(rank, {}).get("type") for rank, _ in failed]
+    mismatch = next((k for k in kinds if k in _MISMATCHES), None)
+    if mismatch is None or kinds.count(mismatch) < 2:
+        return failed, []
+    kept: List[Tuple[int, str]] = []
+    same: List[Tuple[int, str]] = []
+    first: Optional[int] = None
+    for (rank, text), kind in zip(failed, kinds):
+        if kind != mismatch:
+            kept.append((rank, text))
+        elif first is None:
+            first = rank
+            kept.append((rank, text))
+        else:
+            site = notes[rank].get("site")
+            at = f" at {os.path.basename(site[0])}:{site[1]}" if site else ""
+            same.append((rank, f"failed with the same {mismatch}{at} (told by "
+                               f"{ranks_text([first])} above)"))
+    return kept, same
+
+
 def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
             timeout: float, timeout_source: str) -> Verdict:
     """The :class:`Verdict` of a marked test's run from each rank's ``outcomes`` and
@@ -209,12 +393,21 @@ def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
             failed.append((o.rank, f"({kind}):\n{note['text']}"))
             crash[o.rank] = f"{kind}: {note['message']}" if note.get("message") else kind
             sites += [tuple(note["site"])] if note.get("site") else []
+        elif note["kind"] == "stopped" and _passed(outcomes, notes, note.get("cause")):
+            # not a failure of the peer: it finished its test while this rank still waited
+            told = (f"waiting in {note['waited']} for {ranks_text([note['cause']])}, which "
+                    "passed and returned: every rank must make the same collective calls")
+            failed.append((o.rank, f"({told})"))
+            crash[o.rank] = told
+            sites += [tuple(note["site"])] if note.get("site") else []
         elif note["kind"] == "stopped":
             lines.append((o.rank, note["text"]))
         else:
             (skips if note["kind"] == "skip" else xfails).append((o.rank, note["text"]))
     lines += [(r, f"skipped: {t}") for r, t in skips] + [(r, f"xfailed: {t}") for r, t in xfails]
     if failed:
+        failed, same = _one_mismatch(failed, notes)
+        lines += same
         groups = _groups(failed)
         parts = [f"{ranks_text(ranks)} of {world} failed {text.rstrip()}" for ranks, text in groups]
         summary = "; ".join(f"{ranks_text(ranks)} of {world} failed: {crash[ranks[0]]}"
