@@ -190,13 +190,14 @@ def _lost_peer(exc: BaseException) -> Any:
 
     if isinstance(exc, RankFailedError):
         return exc
-    if not isinstance(exc, RuntimeError) or isinstance(exc, AxolotlDistError) \
-            or _torch_call(exc) is None:
+    if not isinstance(exc, RuntimeError) or isinstance(exc, AxolotlDistError):
+        return None
+    call = _torch_call(exc)
+    if call is None:
         return None
     try:
         g = group_of(None, "the test")
-        found = diagnose_lost_peer(exc, _torch_call(exc) or "a collective", g) \
-            if g is not None else exc
+        found = diagnose_lost_peer(exc, call, g) if g is not None else exc
     except Exception:  # noqa: BLE001 - no group or store left: the exception as it is
         return None
     return found if isinstance(found, RankFailedError) else None
