@@ -33,6 +33,32 @@ def test_single_process_bootstrap_without_env_or_port():
     assert (after, distributed, rank) == (False, False, 0)
 
 
+def _listening(port: int) -> set:
+    """(table, address) of every socket listening on ``port``, from /proc/net/tcp and tcp6."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hexport = local.rsplit(":", 1)
+                if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                    found.add((table, address))
+    return found
+
+
+def test_the_harness_store_listens_on_ipv4_loopback_only(store):
+    # torch's own TCPStore("127.0.0.1", 0) listens on every interface, IPv6 too, and looks up
+    # the name of each client (::ffff:127.0.0.1) in DNS inside its event loop: a dropped lookup
+    # stopped the store for seconds in a full suite run (the "has not answered" warning)
+    def body():
+        import os
+
+        return _listening(int(os.environ["MASTER_PORT"]))
+
+    for found in run_distributed(body, 2, store=store, timeout=60):
+        assert found == {("tcp", "0100007F")}, found  # 127.0.0.1, little-endian hex
+
+
 def test_init_distributed_under_torchrun_env(world_size):
     def body():
         before = (dist.is_initialized(), ad.get_rank())

@@ -26,6 +26,20 @@ _FORK_WARNING = (r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) m
                  r"deadlocks")
 
 
+def _loopback_listener() -> socket.socket:
+    """A listening IPv4 socket on 127.0.0.1 with a free port, for the store's server.
+
+    Not torch's own (``TCPStore("127.0.0.1", 0, ...)``): that one listens on every interface,
+    IPv6 included, so each connection reaches it from ``::ffff:127.0.0.1``, an address that
+    ``/etc/hosts`` does not name, and its server looks the name up in DNS inside its event
+    loop; where DNS drops the lookup the store answers nobody for the resolver's timeout (5 s:
+    docs/design.md, "Connections"). Handed a socket of its own, it looks nothing up."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    return listener
+
+
 class _Store:
     """Where the ranks' c10d store lives for one run (see ``store=``): a server in this process
     (``"parent"``), or a listening socket rank 0 inherits and serves on (``"rank0"``)."""
@@ -34,16 +48,13 @@ class _Store:
         import torch.distributed as dist
 
         self.server: Any = None
-        self.listener: Optional[socket.socket] = None
-        if placement == "parent":
-            self.server = dist.TCPStore("127.0.0.1", 0, world_size, True,
-                                        timedelta(seconds=pg_timeout), wait_for_workers=False)
-            self.port = self.server.port
-        else:
-            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self.listener.bind(("127.0.0.1", 0))
-            self.listener.listen(128)
-            self.port = self.listener.getsockname()[1]
+        self.listener: Optional[socket.socket] = _loopback_listener()
+        self.port = self.listener.getsockname()[1]
+        if placement == "parent":  # the server owns the socket from here (and closes it)
+            self.server = dist.TCPStore("127.0.0.1", self.port, world_size, True,
+                                        timedelta(seconds=pg_timeout), wait_for_workers=False,
+                                        master_listen_fd=self.listener.detach())
+            self.listener = None
 
     def listen_fd(self) -> Optional[int]:
         return None if self.listener is None else self.listener.fileno()
