@@ -122,6 +122,12 @@ def run_bare_env(tmp_path: Path, name: str, script: str, ranks: int,
 _LABEL = re.compile(r"^(\r?\x1b\[2K)?\[(ranks? [\d, -]+)\](:?) ?")
 
 
+def rank_tag(rank: int, launcher: str = "axolotl-dist") -> str:
+    """How a rank's traceback and error lines start: ``axolotl-dist``'s label (``[rank 1] ``,
+    in place of torch's), torch's excepthook prefix under any other launcher (``[rank1]: ``)."""
+    return f"[rank {rank}] " if launcher == "axolotl-dist" else f"[rank{rank}]: "
+
+
 def label_ranks(label: str) -> List[int]:
     """The ranks ``axolotl-dist`` names in a label: ``rank 3``, ``ranks 0-2, 5``."""
     found: List[int] = []
@@ -131,20 +137,22 @@ def label_ranks(label: str) -> List[int]:
     return found
 
 
-def unfold(text: str) -> str:
+def unfold(text: str, labelled: bool = False) -> str:
     """``axolotl-dist``'s folded output as every rank printed it: a line labelled with its
-    ranks (``[ranks 0-2] x``) once per rank without the label, torch's tag folded
-    (``[ranks 1, 2]: x``) back into one ``[rankN]: x`` per rank; other lines as they are.
-    For tests of other things than folding (tests/test_output.py checks the folding)."""
+    ranks (``[ranks 0-2] x``) once per rank without the label (``labelled``: with the label
+    of its one rank, ``[rank 0] x``), torch's tag folded (``[ranks 1, 2]: x``) back into one
+    ``[rankN]: x`` per rank; other lines as they are. For tests of other things than folding
+    (tests/test_output.py checks the folding)."""
     lines: List[str] = []
     for line in text.split("\n"):
         m = _LABEL.match(line)
-        if m is None or (m.group(2).startswith("rank ") and m.group(3)):
+        if m is None or (m.group(2).startswith("rank ") and (m.group(3) or labelled)):
             lines.append(line)
             continue
         rest = line[m.end():]
         for r in label_ranks(m.group(2)):
-            lines.append(f"[rank{r}]: {rest}" if m.group(3) else rest)
+            lines.append(f"[rank{r}]: {rest}" if m.group(3) else
+                         f"[rank {r}] {rest}" if labelled else rest)
     return "\n".join(lines)
 
 

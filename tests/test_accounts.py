@@ -10,7 +10,7 @@ tests/test_hosts.py."""
 import re
 import sys
 
-from fixtures import launch_script, run, run_bare_env, subprocess_env
+from fixtures import launch_script, rank_tag, run, run_bare_env, subprocess_env
 
 MESSAGE = "bad row 17 in data.jsonl"
 SCRIPT = """
@@ -21,28 +21,29 @@ with ad.zero_first():
         raise ValueError("bad row 17 in data.jsonl")
 ad.barrier()
 """
-#: rank 1's account: its own line, then rank 0, where it failed, its exception, and where the
-#: traceback is
-ACCOUNT = (r"^\[rank1\]: axolotl_dist\.errors\.RankFailedError at (\S*/)?e\.py:4 in <module>: "
+#: rank 1's account (after its tag): its own line, then rank 0, where it failed, its
+#: exception, and where the traceback is
+ACCOUNT = (r"axolotl_dist\.errors\.RankFailedError at (\S*/)?e\.py:4 in <module>: "
            r"rank 0 failed in zero_first block #1 at (\S*/)?e\.py:4 in <module>: ValueError: "
            + re.escape(MESSAGE) + r" \(its traceback is in rank 0's output\)$")
 TIMEOUT = 90
 
 
-def _check_accounts(output: str) -> None:
+def _check_accounts(output: str, launcher: str) -> None:
     """What every launcher's whole output holds: the message three times (rank 0's raise line
     and last line, rank 1's account), rank 0's traceback once, rank 1's account one line."""
     assert output.count(MESSAGE) == 3, output
-    assert output.count("[rank0]: Traceback (most recent call last)") == 1, output
-    assert len(re.findall(ACCOUNT, output, re.M)) == 1, output
-    assert len(re.findall(r"^\[rank1\]", output, re.M)) == 1, output  # nothing else from rank 1
+    assert output.count(rank_tag(0, launcher) + "Traceback (most recent call last)") == 1, output
+    one = "^" + re.escape(rank_tag(1, launcher))
+    assert len(re.findall(one + ACCOUNT, output, re.M)) == 1, output
+    assert len(re.findall(one, output, re.M)) == 1, output  # nothing else from rank 1
     assert "--- traceback" not in output and "Exception raised from" not in output, output
 
 
 def test_one_account_under_axolotl_dist(tmp_path):
     code, out, err = launch_script(tmp_path, "e.py", SCRIPT, 2, TIMEOUT)
     assert code == 1, err
-    _check_accounts(out + err)
+    _check_accounts(out + err, "axolotl-dist")
     assert err.count("Traceback (most recent call last)") == 1, err
     # the launcher: one line for rank 0, pointing above
     assert re.search(r"^axolotl-dist: rank 0 \(local rank 0, pid \d+\) failed first: it raised "
@@ -55,7 +56,7 @@ def test_one_account_with_bare_env_vars(tmp_path):
     results = run_bare_env(tmp_path, "e.py", SCRIPT, 2, TIMEOUT)
     assert [code for code, _, _ in results] == [1, 1], results
     output = "".join(out + err for _, out, err in results)
-    _check_accounts(output)
+    _check_accounts(output, "env")
     assert output.count("Traceback (most recent call last)") == 1, output
 
 
@@ -65,7 +66,7 @@ def test_one_account_under_torchrun(tmp_path):
                           "--nproc-per-node", "2", "e.py"], subprocess_env(tmp_path), TIMEOUT,
                          cwd=tmp_path)
     assert code == 1, err
-    _check_accounts(out + err)  # torchrun's own summary names exit codes, not the message
+    _check_accounts(out + err, "torchrun")  # its own summary names exit codes only
     assert "ChildFailedError" in err, err
 
 
@@ -111,7 +112,47 @@ def test_a_traceback_that_went_elsewhere_is_in_the_launchers_summary(tmp_path):
     assert summary[1].startswith("Traceback (most recent call last)"), err
     assert f"ValueError: {MESSAGE}" in summary[1], err
     assert "its traceback is above" not in err, err
-    assert len(re.findall(r"^\[rank1\]: axolotl_dist\.errors\.RankFailedError at ", err, re.M)) == 1
+    assert len(re.findall(r"^\[rank 1\] axolotl_dist\.errors\.RankFailedError at ", err, re.M)) == 1
+
+
+FORGED = """
+import os, re, threading, time
+from datetime import timedelta
+import torch.distributed as dist
+import axolotl_dist as ad
+
+ad.init_distributed()
+
+def forge():  # what any process that reaches the store can do: a text where the kit counts
+    s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                      is_master=False, timeout=timedelta(seconds=10))
+    for _ in range(200):
+        words = [k for k in s.list_keys() if re.search(r"/axd/zf/1/[0-9a-f]{10}$", k)]
+        if words:
+            s.set(words[0], "garbage")
+            return
+        time.sleep(0.02)
+
+if ad.get_rank() == 1:
+    threading.Thread(target=forge, daemon=True).start()
+with ad.zero_first():
+    if ad.get_rank() == 0:
+        time.sleep(3)  # rank 1 waits; the word is forged before rank 0 sets its bit
+"""
+
+
+def test_a_forged_record_that_ends_the_run_is_named_not_the_rank_stopped_after_it(tmp_path):
+    # the DistributedEnvError quotes torch's DistNetworkError; the launcher stops the other rank
+    # in the same second: the summary named that rank "killed by signal 15" in 1 run of 3
+    code, out, err = launch_script(tmp_path, "f.py", FORGED, 2, TIMEOUT)
+    assert code == 1, err
+    # whichever rank met the forged word first (rank 0 setting its bit, rank 1 polling it)
+    assert re.search(r"^axolotl-dist: rank (\d) \(local rank \1, pid \d+\) failed first: it raised "
+                     r"DistributedEnvError and exited with code 1;", err, re.M), err
+    assert "killed by signal" not in err, err
+    # the key and the trust model, read by the store's refusal of an add or by the kit itself
+    assert "store key 'axd/zf/1/" in err, err
+    assert "only the job's own processes may write to its" in err.lower(), err
 
 
 HARNESS = """

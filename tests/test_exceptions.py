@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fixtures import finish, free_port, start, subprocess_env
+from fixtures import finish, free_port, rank_tag, start, subprocess_env
 
 SCRIPT = """
 import sys, threading
@@ -58,20 +58,21 @@ HELPER = {"zero_first": "zero_first block #1 at boom.py:", "value": "compute_and
           "plain": "barrier"}
 
 
-def _check_rank_accounts(err, kind, where, ws):
+def _check_rank_accounts(err, kind, where, ws, launcher):
     # rank 0's traceback: in its own output only; each other rank's account of it is one line
     assert err.count("raise KINDS[kind]()") == 1, err
     assert err.count("Traceback (most recent call last)") == 1, err
     assert "Logging error" not in err and "Error in sys.excepthook" not in err, err
     assert "During handling of the above exception" not in err, err  # no second traceback
     for rank in range(1, ws):
-        accounts = re.findall(rf"^\[rank{rank}\]: axolotl_dist\.errors\.RankFailedError at "
+        tag = "^" + re.escape(rank_tag(rank, launcher))
+        accounts = re.findall(rf"{tag}axolotl_dist\.errors\.RankFailedError at "
                               rf"boom\.py:\d+ in <module>: rank 0 failed in "
                               rf"{re.escape(HELPER[where])}.*{re.escape(LINE[kind])} \(its "
                               r"traceback is in rank 0's output\)$", err, re.M)
         assert len(accounts) == 1, err
-        assert len(re.findall(rf"^\[rank{rank}\]: ", err, re.M)) == 1, err  # nothing else
-    assert err.count(f"[rank0]: {LINE[kind]}") == 1, err
+        assert len(re.findall(tag, err, re.M)) == 1, err  # nothing else
+    assert err.count(rank_tag(0, launcher) + LINE[kind]) == 1, err
 
 
 @pytest.mark.parametrize("kind", sorted(LINE))
@@ -81,7 +82,7 @@ def test_any_exception_is_reported_under_the_launcher(tmp_path, kind):
                                  "boom.py", kind, "zero_first"], subprocess_env(tmp_path),
                                 cwd=tmp_path), 90)
     assert code == 1, err
-    _check_rank_accounts(err, kind, "zero_first", 2)
+    _check_rank_accounts(err, kind, "zero_first", 2, "axolotl-dist")
     # the launcher's summary names the exception and points to the traceback above
     name = LINE[kind].split(":")[0]
     assert re.search(rf"^axolotl-dist: rank 0 \(local rank 0, pid \d+\) failed first: it raised "
@@ -101,4 +102,4 @@ def test_any_exception_is_reported_when_rank_0_hosts_the_store(tmp_path, kind, w
              for r in range(ws)]
     results = [finish(p, 60) for p in procs]
     assert [code for code, _, _ in results] == [1] * ws, results
-    _check_rank_accounts("".join(err for _, _, err in results), kind, where, ws)
+    _check_rank_accounts("".join(err for _, _, err in results), kind, where, ws, "env")

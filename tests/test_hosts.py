@@ -605,21 +605,21 @@ def test_a_failure_on_another_node_is_told_there_with_its_traceback(tmp_path, tw
     _finish(two_nodes, launched)
     here, there = launched[0].stderr, launched[1].stderr
     both = "\n".join(l.describe() for l in launched)
-    assert here.count("[rank0]: Traceback (most recent call last)") == 1, both
+    assert here.count("[rank 0] Traceback (most recent call last)") == 1, both
     assert here.count(message) == 3, both  # rank 0's raise line and last line, rank 1's account
-    assert re.search(r"^\[rank1\]: axolotl_dist\.errors\.RankFailedError at rank\.py:\d+ in "
+    assert re.search(r"^\[rank 1\] axolotl_dist\.errors\.RankFailedError at rank\.py:\d+ in "
                      rf"<module>: rank 0 failed in compute_and_broadcast: ValueError: {message} "
                      r"\(its traceback is in rank 0's output\)$", here, re.M), both
     assert re.search(r"^axolotl-dist: rank 0 .* failed first: it raised ValueError.*; its "
                      r"traceback is above( \(marked rank \d+\))?$", here, re.M), both
     for rank in (2, 3):
-        lines = [l for l in there.splitlines() if l.startswith(f"[rank{rank}]: ")]
-        assert re.fullmatch(rf"\[rank{rank}\]: axolotl_dist\.errors\.RankFailedError at "
+        lines = [l for l in there.splitlines() if l.startswith(f"[rank {rank}] ")]
+        assert re.fullmatch(rf"\[rank {rank}\] axolotl_dist\.errors\.RankFailedError at "
                             rf"rank\.py:\d+ in <module>: rank 0 failed in compute_and_broadcast: "
                             rf"ValueError: {message}", lines[0]), both
-        assert lines[1] == f"[rank{rank}]: --- traceback from rank 0 ---", both
-        assert lines[2] == f"[rank{rank}]: Traceback (most recent call last):", both
-        assert lines[-1] == f"[rank{rank}]: ValueError: {message}", both
+        assert lines[1] == f"[rank {rank}] --- traceback from rank 0 ---", both
+        assert lines[2] == f"[rank {rank}] Traceback (most recent call last):", both
+        assert lines[-1] == f"[rank {rank}] ValueError: {message}", both
         assert sum("Traceback (most recent call last)" in l for l in lines) == 1, both
     assert "its traceback is in rank 0's output" not in there, both
 

@@ -25,7 +25,7 @@ from axolotl_dist import launch
 from axolotl_dist.env import expand_nodelist, expand_tasks_per_node
 from axolotl_dist.errors import DistributedEnvError
 from axolotl_dist.testing import run_distributed
-from fixtures import alive, finish, free_port, start, subprocess_env, unfold
+from fixtures import alive, finish, free_port, label_ranks, start, subprocess_env, unfold
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -429,6 +429,42 @@ def test_first_failure_prefers_root_causes(tmp_path: Path) -> None:
     assert launch.first_failure(failures)[0] == 1
 
 
+def test_a_root_cause_quoting_a_network_error_beats_a_rank_stopped_in_the_same_second(
+        tmp_path: Path) -> None:
+    # A forged store record ended a run: rank 0 raised DistributedEnvError, whose message
+    # quotes torch's DistNetworkError; the launcher then stopped rank 1 in the same second.
+    # The report named rank 1 "killed by signal 15" (the quote read as a lost peer, and a
+    # signal death's unknown sub-second time sorted first).
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    now = float(int(time.time()))
+    path = tmp_path / "error0.json"
+    message = ("DistributedEnvError: the c10d store at 127.0.0.1:1 closed this rank's connection "
+               "... (DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed.)")
+    path.write_text(json.dumps({
+        "message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                      "timestamp": str(int(now))}},
+        "axolotl_dist": {"time": now + 0.5, "exc_type": "DistributedEnvError"}}))
+    for order in ((0, 1), (1, 0)):
+        made = {0: ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file=str(path)),
+                1: ProcessFailure(local_rank=1, pid=101, exitcode=-15, error_file="")}
+        for failure in made.values():
+            failure.timestamp = int(now)  # torch saw both fail in the same second
+        assert launch.first_failure({r: made[r] for r in order})[0] == 0
+    # a raw collective's lost peer and the kit's relay of another rank's failure stay secondary
+    for peer_lost in ("RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1",
+                      "RankFailedError: rank 2 failed in barrier: ..."):
+        path.write_text(json.dumps({"message": {"message": peer_lost, "extraInfo": {
+            "py_callstack": peer_lost, "timestamp": str(int(now))}}, "axolotl_dist": {"time": now}}))
+        lost = ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file=str(path))
+        root = tmp_path / "error2.json"
+        root.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {
+            "py_callstack": "ValueError: x", "timestamp": str(int(now))}},
+            "axolotl_dist": {"time": now + 0.9}}))
+        real = ProcessFailure(local_rank=2, pid=102, exitcode=1, error_file=str(root))
+        assert launch.first_failure({0: lost, 2: real})[0] == 2
+
+
 def test_rank_stopped_while_exiting_after_raising_reports_its_exception(tmp_path: Path, capsys) -> None:
     # Both ranks raise at about the same time; the launcher SIGTERMs the one still exiting.
     # The report names its exception and exits 1, not 143 ("killed by SIGTERM").
@@ -521,8 +557,8 @@ ad.barrier()
 def test_a_rank_that_exits_early_with_code_0_is_reported_first(tmp_path: Path) -> None:
     script = tmp_path / "early.py"
     script.write_text(EARLY_EXIT_SCRIPT)
-    code, _, err = _finish(_launcher(["-n", "3", str(script)]))
-    err = unfold(err)  # each rank's line, folded or not
+    code, _, raw = _finish(_launcher(["-n", "3", str(script)]))
+    err = unfold(raw)  # each rank's line, folded or not
     assert code == 1, err
     summary = err[err.index("axolotl-dist: rank 0"):]
     assert "axolotl-dist: rank 0 (pid " in summary
@@ -531,8 +567,9 @@ def test_a_rank_that_exits_early_with_code_0_is_reported_first(tmp_path: Path) -
                      r"RankFailedError .*; its traceback is above( \(marked rank \d+\))?$", summary, re.M)
     assert then, err
     # above: that rank's account, one line (the other may be stopped before it says one)
-    assert re.search(rf"^\[rank{then.group(1)}\]: axolotl_dist\.errors\.RankFailedError at "
-                     r"\S*early\.py:8 in <module>: rank 0 failed in barrier: exited", err, re.M), err
+    accounts = re.finditer(r"^\[(ranks? [\d, -]+)\] axolotl_dist\.errors\.RankFailedError at "
+                           r"\S*early\.py:8 in <module>: rank 0 failed in barrier: exited", raw, re.M)
+    assert any(int(then.group(1)) in label_ranks(m.group(1)) for m in accounts), raw
     assert "Traceback" not in err, err
 
 
@@ -686,3 +723,4 @@ def test_a_filtered_rank_that_fails_has_its_traceback_in_the_summary(tmp_path: P
     assert "--- traceback of rank 1 ---" in summary, err
     assert re.search(r'File ".*filtered\.py", line 5, in <module>', summary), err
     assert summary.count("FILTERED-OUT") == 1, err  # once there; rank 0's account names it too
+

@@ -119,7 +119,7 @@ def test_a_traceback_comes_out_whole_and_the_report_points_to_it(tmp_path):
     start = next(i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line)
     end = next(i for i, line in enumerate(lines) if line.endswith("ValueError: boom in rank 1"))
     block = lines[start:end + 1]
-    assert len(block) >= 8 and all(line.startswith("[rank1]: ") for line in block), block
+    assert len(block) >= 8 and all(line.startswith("[rank 1] ") for line in block), block
     assert any("Previous line repeated" in line for line in block), block
     assert err.count("Traceback (most recent call last)") == 1, err
     assert re.search(r"^axolotl-dist: rank 1 \(local rank 1, pid \d+\) failed first: it raised "
@@ -193,7 +193,7 @@ def test_cpp_log_lines_alike_but_for_time_and_pid_are_one_line(tmp_path):
         assert sum(line.endswith(end) for line in lines) == ending, (end, err)
 
     # once, the first rank's line with the ranks
-    shown(r"\[ranks 0, 1\]:\[W1126 21:40:0\d\.12345678\d reducer\.cpp:1529\] Warning: c10's "
+    shown(r"\[ranks 0, 1\] \[W1126 21:40:0\d\.12345678\d reducer\.cpp:1529\] Warning: c10's "
           r"\(function f\)", "c10's (function f)")
     shown(r"\[ranks 0, 1\] \[W1126 21:40:08\.12345678\d \d+ ProcessGroupGloo\.cpp:12\] "
           r"Warning: with a pid", "with a pid")
@@ -216,5 +216,33 @@ def test_torchs_ddp_warning_of_every_rank_is_shown_once(tmp_path):
     found = [line for line in (out + err).splitlines()
              if "find_unused_parameters=True was specified" in line]
     assert len(found) == 1, out + err
-    assert re.match(r"\[ranks 0, 1\]:\[W\d+ \d\d:\d\d:\d\d\.\d+ reducer\.cpp:\d+\] Warning: "
+    assert re.match(r"\[ranks 0, 1\] \[W\d+ \d\d:\d\d:\d\d\.\d+ reducer\.cpp:\d+\] Warning: "
                     r"find_unused_parameters=True was specified in DDP constructor", found[0]), err
+
+
+RESTARTED = """
+import os
+import axolotl_dist as ad
+
+ad.init_distributed()
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+print(f"attempt {attempt} of rank {ad.get_rank()}")
+if attempt == "0" and ad.get_rank() == 1:
+    raise SystemExit(3)
+ad.barrier()
+"""
+
+
+def test_log_dir_marks_where_each_restart_begins_in_a_ranks_file(tmp_path):
+    # --max-restarts with --log-dir: each rank's file held its attempts run together
+    code, out, err = _launch(tmp_path, RESTARTED, 2, "--max-restarts", "1", "--log-dir", "logs")
+    assert code == 0, err
+    for rank in (0, 1):
+        text = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        said = [line.split(f"[rank {rank}] ", 1)[1] for line in text.splitlines()]
+        first, mark, second = (said.index(f"stdout: attempt {n} of rank {rank}") if n != "mark"
+                               else said.index("axolotl-dist: attempt 2 (restart 1) starts here")
+                               for n in ("0", "mark", "1"))
+        assert first < mark < second, text
+        assert said.count("axolotl-dist: attempt 2 (restart 1) starts here") == 1, text
+

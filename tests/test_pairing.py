@@ -123,9 +123,9 @@ def test_a_mismatch_found_at_the_next_collective_is_told_once_per_rank(tmp_path)
     assert code == 1, err
     for rank, line in ((0, 11), (1, 9)):
         told = [ln for ln in err.splitlines()
-                if ln.startswith(f"[rank{rank}]:") and "do not pair" in ln]
+                if ln.startswith(f"[rank {rank}] ") and "do not pair" in ln]
         assert len(told) == 1, err
-        assert re.search(rf'^\[rank{rank}\]:   File ".*prep\.py", line {line}, in <module>$', err,
+        assert re.search(rf'^\[rank {rank}\]   File ".*prep\.py", line {line}, in <module>$', err,
                          re.M), err
     assert "not every rank reached" not in err, err
 

@@ -79,6 +79,27 @@ def test_the_launcher_waiting_for_other_nodes_stops_at_once(tmp_path, node_rank,
                      r"rendezvous at 127\.0\.0\.1:\d+", err), err
 
 
+@pytest.mark.parametrize("endpoint", ["given", "torch's default"])
+def test_an_elastic_rendezvous_wait_names_the_endpoint_and_run_id_torch_uses(tmp_path, endpoint):
+    # "--nnodes 1:2 --rdzv-backend c10d" said "waiting ... at ? (id none)"
+    script = tmp_path / "train.py"
+    script.write_text(INIT)
+    env = subprocess_env(tmp_path, AXOLOTL_DIST_WAIT_LOG_INTERVAL="1")
+    port = free_port()
+    where = ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job7"] \
+        if endpoint == "given" else []
+    proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "1", "--nnodes", "1:2",
+                  "--rdzv-backend", "c10d", *where, str(script)], env, cwd=tmp_path)
+    err = _read_until(proc, "is waiting for the other node", 60.0)
+    os.kill(proc.pid, signal.SIGINT)
+    finish(proc, 30)
+    said = (f"at 127.0.0.1:{port}, run id 'job7'" if endpoint == "given" else
+            "at localhost:29400 (torch's default: no --rdzv-endpoint given), run id 'none'")
+    assert ("axolotl-dist: this node is waiting for the other node(s) to join the c10d "
+            f"rendezvous {said} (1 to 2 nodes: it starts once 1 joined and no other joined for "
+            "the rendezvous's last-call time)") in err, err
+
+
 # ---------------------------------------------------------------- Ctrl-C stops a rank in barrier()
 
 #: Every rank but the straggler waits in ad.barrier(); the straggler arrives after argv[2] s.

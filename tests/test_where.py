@@ -399,7 +399,7 @@ def test_a_failure_reads_once_per_rank_with_the_users_frames_only(tmp_path, faul
     script.write_text(FAILS)
     code, out, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "3",
                                    str(script), fault], subprocess_env(tmp_path), cwd=tmp_path), 90)
-    err = unfold(err)  # each rank's line, folded or not
+    err = unfold(err, labelled=True)  # each rank's line, folded or not
     assert code != 0, err
     assert "axolotl_dist/" not in err and "axolotl_dist" + os.sep not in err, err  # no kit frames
     assert "The above exception was the direct cause" not in err, err  # no socket error chained
@@ -409,7 +409,7 @@ def test_a_failure_reads_once_per_rank_with_the_users_frames_only(tmp_path, faul
         # launcher's summary points to it
         assert err.count('raise ValueError("bad shard 17")') == 1, err
         for rank in (1, 2):
-            assert re.search(rf"\[rank{rank}\]: axolotl_dist.errors.RankFailedError at "
+            assert re.search(rf"\[rank {rank}\] axolotl_dist.errors.RankFailedError at "
                              r"\S*fails\.py:10 in <module>: rank 0 failed in zero_first block #1 "
                              r"at \S*fails\.py:10 in <module>: ValueError: bad shard 17 \(its "
                              r"traceback is in rank 0's output\)$", err, re.M), err
@@ -417,7 +417,7 @@ def test_a_failure_reads_once_per_rank_with_the_users_frames_only(tmp_path, faul
         assert "rank 1 (local rank 1, pid " in err and "killed by signal 9 (SIGKILL)" in err, err
         # The launcher stops the survivors as soon as it sees rank 1 gone (as torchrun does), so
         # whether they print their own account first is a race; when they do, it is this one.
-        accounts = re.findall(r"\[rank(\d)\]: axolotl_dist.errors.RankFailedError(.*)", err)
+        accounts = re.findall(r"\[rank (\d)\] axolotl_dist.errors.RankFailedError(.*)", err)
         assert len({rank for rank, _ in accounts}) == len(accounts), err  # once per rank
         for _, message in accounts:  # at the user's line
             assert re.match(r" at \S*fails\.py:17 in <module>: rank 1 failed in "

@@ -64,7 +64,8 @@ from . import _options
 from ._restarts import Restarts
 from ._report import (GUARDS_DIR, PROG, attempt_dir, attempts, exit_code_of, first_failure,
                       read_ends, report_failures, traceback_of)
-from ._output import Output, log_name
+from ._output import Output
+from ._rank_logs import log_name
 from ._watch import Watcher
 from ._where import plain as _plain, where_main
 from .. import tracing as _tracing

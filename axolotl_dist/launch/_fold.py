@@ -12,7 +12,8 @@ gives back what the launcher writes, in order:
   21:40:08.123456789 reducer.cpp:1529]``, glog's ``W1126 21:40:08.123456 12345 file.cpp:12]``:
   its severity, file and line still count); the line written is the first rank's;
 * a line no other rank printed alike is written after the window with its rank (``[rank 2]``,
-  or as it is where it carries its tag); one every local rank printed, as soon as the last did;
+  or as it is where it carries the kit's tag); one every local rank printed, as soon as the
+  last did; torch's tag is shown as the launcher's label (``[rank1]: x`` as ``[rank 1] x``);
 * no line waits longer than :data:`WINDOW`, and one rank's lines are never reordered: a group
   is written only after every earlier group holding one of its ranks;
 * a traceback (``Traceback (most recent call last):`` and what follows within
@@ -67,6 +68,22 @@ def label(ranks: Sequence[int]) -> bytes:
             _LABELS.clear()
         text = _LABELS[key] = b"[" + ranks_text(key).encode() + b"]"
     return text
+
+
+def _labelled(line: bytes, tag: Optional[Tuple[int, int, bytes]], ranks: List[int],
+              owner: int) -> bytes:
+    """``line`` as shown, printed alike by ``ranks`` (``owner`` first): its own tag where it
+    has the kit's (``[rank 1/4]``, ``[ranks 0-3/4]`` once folded), the launcher's label in
+    place of torch's (``[rank1]:``, its excepthook's and C++ logs' prefix: ``[rank 1]``, so one
+    run's lines carry one form), else the label before it."""
+    if tag is None:
+        return label(ranks) + b" " + line
+    start, end, after = tag
+    if after.startswith(b"]:"):  # torch's
+        return line[:start] + label(ranks) + b" " + line[end:]  # the tag took its ": "
+    if ranks == [owner]:
+        return line
+    return line[:start] + label(ranks)[:-1] + after + line[end:]
 
 
 class _Group:
@@ -310,15 +327,9 @@ class Folder:
             self.queues[m].popleft()
         if not group.ranks:
             return
-        line, tag = group.line, group.tag
-        if not line.strip():  # an empty line needs no rank
-            text = line
-        elif tag is not None:
-            start, end, after = tag
-            text = line if list(group.ranks) == [group.owner] else (
-                line[:start] + label(group.ranks)[:-1] + after + line[end:])
-        else:
-            text = label(group.ranks) + b" " + line
+        line = group.line
+        text = line if not line.strip() else _labelled(line, group.tag, list(group.ranks),
+                                                       group.owner)  # an empty line: no rank
         self._emit(group.fd, text + b"\n")
 
     def _split(self, group: _Group, rank: int) -> None:
@@ -331,8 +342,7 @@ class Folder:
 
     def _write_block(self, rank: int) -> None:
         block = self.blocks.pop(rank)
-        prefix = label([rank]) + b" "
-        lines = [line if _parse(line)[1] is not None else prefix + line for line in block.lines]
+        lines = [_labelled(line, _parse(line)[1], [rank], rank) for line in block.lines]
         self._emit(block.fd, b"\n".join(lines) + b"\n")
 
     def _raw(self, rank: int, fd: int, data: bytes) -> None:

@@ -325,6 +325,15 @@ def rendezvous_note(opts: Options) -> Optional[str]:
         host = " (node 0 hosts it)" if opts.node_rank else ""
         return (f"node {opts.node_rank} of {opts.max_nodes} is waiting for the other node(s) to "
                 f"join the rendezvous at {endpoint}{host}")
-    return (f"this node is waiting for the other node(s) to join the {args.rdzv_backend} "
-            f"rendezvous at {args.rdzv_endpoint or '?'} (id {args.rdzv_id})")
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+    host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=DEFAULT_PORT)
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not (args.rdzv_endpoint or "").strip():
+        endpoint += " (torch's default: no --rdzv-endpoint given)"
+    nodes = (f"{opts.max_nodes} nodes" if opts.min_nodes == opts.max_nodes else
+             f"{opts.min_nodes} to {opts.max_nodes} nodes: it starts once {opts.min_nodes} "
+             "joined and no other joined for the rendezvous's last-call time")
+    return (f"this node is waiting for the other node(s) to join the {args.rdzv_backend} "
+            f"rendezvous at {endpoint}, run id {args.rdzv_id!r} ({nodes})")

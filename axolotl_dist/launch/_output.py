@@ -44,25 +44,21 @@ from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR, LAUNCHER_TTY_ENV_V
 from .._runtime.base.private import FILE_MODE, my_uid, peer_uid, private_dir
 from .._runtime.base.procs import flush_standard_streams
 from ._fold import Folder
+from ._report import RESTART_COUNT_ENV_VAR
+from ._rank_logs import RankLog, log_name
 
-__all__ = ["Output", "connect", "log_name"]
+__all__ = ["Output", "connect"]
 
 _HEADER_MAX = 64
 _READ = 1 << 16
 #: How long :meth:`Output.close` reads what the ranks' processes left, at most (seconds);
 #: it stops sooner once every connection ended, or nothing came for :data:`_QUIET`.
 _DRAIN, _QUIET = 3.0, 0.2
-_STREAMS = {1: b"stdout", 2: b"stderr"}
 #: Seconds the thread lets the ranks' writes gather after a read (fewer, larger reads).
 _GATHER = 0.002
 _SOCKET_NAME = "out.sock"
 #: The longest path a Unix socket takes everywhere, in bytes (macOS: 104 with its NUL).
 _PATH_MAX = 103
-
-
-def log_name(rank: int) -> str:
-    """The file of rank ``rank``'s output in a log directory."""
-    return f"rank{rank}.log"
 
 
 def _socket_place(directory: Optional[str]) -> Tuple[str, Optional[str]]:
@@ -126,6 +122,7 @@ def connect() -> bool:
         return False
     rank = os.environ.get("RANK", "0").strip() or "0"
     local = os.environ.get("LOCAL_RANK", "-1").strip() or "-1"
+    restart = os.environ.get(RESTART_COUNT_ENV_VAR, "0").strip() or "0"
     ttys, size = _tty_wanted()
     socks: List[socket.socket] = []
     fds: Dict[int, int] = {}  # the rank's fd -> what goes in its place
@@ -134,7 +131,7 @@ def connect() -> bool:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             socks.append(sock)
             sock.connect(where)
-            head = f"{int(rank)} {fd} {int(local)}\n".encode()
+            head = f"{int(rank)} {fd} {int(local)} {int(restart)}\n".encode()
             if fd in ttys:
                 master, slave = _pseudo_terminal(size)
                 try:
@@ -165,10 +162,11 @@ def connect() -> bool:
 class _Conn:
     """One stream of one rank: its connection, then (a pseudo-terminal) its master."""
 
-    __slots__ = ("sock", "head", "rank", "fd", "local", "master")
+    __slots__ = ("sock", "head", "rank", "fd", "local", "attempt", "master")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.head, self.rank, self.fd, self.local = sock, b"", -1, 0, -1
+        self.attempt = 0  # torch's restart count of the rank's process
         self.master = -1
 
     def fileobj(self) -> Union[int, socket.socket]:
@@ -195,30 +193,6 @@ class _Conn:
         if self.master >= 0:
             os.close(self.master)
             self.master = -1
-
-
-class _Log:
-    """One rank's whole output, line by line, with the time and the stream."""
-
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "wb")
-        self.partial: Dict[int, bytes] = {}
-
-    def write(self, fd: int, data: bytes, stamp: bytes) -> None:
-        lines = (self.partial.pop(fd, b"") + data).split(b"\n")
-        rest = lines.pop()
-        if rest:
-            self.partial[fd] = rest
-        head = stamp + _STREAMS.get(fd, b"?") + b": "
-        for line in lines:
-            if b"\r" in line:  # a progress bar: its last state
-                line = next((part for part in reversed(line.split(b"\r")) if part), b"")
-            self.file.write(head + line + b"\n")
-
-    def close(self, stamp: bytes) -> None:
-        for fd in list(self.partial):
-            self.write(fd, b"\n", stamp)
-        self.file.close()
 
 
 class Output:
@@ -251,7 +225,7 @@ class Output:
         shown_count = local if shown is None else len(shown & set(range(local))) or 1
         self.folder = Folder(shown_count, {fd: _isatty(fd) for fd in (1, 2)}, fold=fold,
                              screens=screens)
-        self.logs: Dict[int, _Log] = {}
+        self.logs: Dict[int, RankLog] = {}
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.server, selectors.EVENT_READ, None)
         self.stopping = threading.Event()
@@ -321,7 +295,7 @@ class Output:
         conn.close()
 
     def _header(self, conn: _Conn, data: bytes, fds: List[int]) -> Optional[bytes]:
-        """Take the connection's header (``rank fd [local_rank]``, with a pseudo-terminal's
+        """Take the connection's header (``rank fd [local_rank [restart]]``, with a pseudo-terminal's
         master where the rank made one); what came after it, None while it is incomplete."""
         conn.head += data
         if b"\n" not in conn.head:
@@ -336,13 +310,14 @@ class Output:
             rank, fd = numbers[:2]
         except ValueError:
             numbers, rank, fd = [], -1, 0
-        if len(numbers) not in (2, 3) or len(fds) > 1:
+        if len(numbers) not in (2, 3, 4) or len(fds) > 1:
             for extra in fds:
                 os.close(extra)
             self._drop(conn)
             return None
         conn.rank, conn.fd = rank, fd if fd in (1, 2) else 2
-        conn.local = numbers[2] if len(numbers) == 3 else -1
+        conn.local = numbers[2] if len(numbers) >= 3 else -1
+        conn.attempt = numbers[3] if len(numbers) == 4 else 0
         if fds:  # from now on the rank writes to the pseudo-terminal, not the connection
             self.selector.unregister(conn.sock)
             conn.master = fds[0]
@@ -369,7 +344,7 @@ class Output:
                 return rest is not None
             data = rest
         if self.log_dir is not None:
-            self._log(conn.rank, conn.fd, data, wall)
+            self._log(conn, data, wall)
         if not self._shows(conn):
             return True
         if self.broken:
@@ -443,19 +418,22 @@ class Output:
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second)).encode()
         return self._stamp + b".%03d " % int((wall - second) * 1000)
 
-    def _log(self, rank: int, fd: int, data: bytes, wall: float) -> None:
+    def _log(self, conn: _Conn, data: bytes, wall: float) -> None:
+        rank = conn.rank
         log = self.logs.get(rank)
         if log is None:
             path = os.path.join(self.log_dir or ".", log_name(rank))
             try:
-                log = self.logs[rank] = _Log(path)
+                log = self.logs[rank] = RankLog(path)
             except OSError as exc:  # said once; the launcher's report then names no file
                 self.log_dir = None
                 self.folder.out.append((2, f"axolotl-dist: cannot write {path} "
                                            f"({exc.strerror or exc}); --log-dir is off for "
                                            "the rest of the run\n".encode()))
                 return
-        log.write(fd, data, self._stamp_of(wall) + b"[rank %d] " % rank)
+        stamp = self._stamp_of(wall) + b"[rank %d] " % rank
+        log.begin(conn.attempt, stamp)
+        log.write(conn.fd, data, stamp)
 
     # --- the launcher's side -------------------------------------------------------------
 

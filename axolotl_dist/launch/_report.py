@@ -38,32 +38,47 @@ def _error_data(failure) -> dict:
     return {} if data.get("message") == _NO_MESSAGE else data
 
 
-def _failure_time(failure) -> Tuple[int, float]:
-    data = _error_data(failure)
-    precise = (data.get("axolotl_dist") or {}).get("time")
-    return int(failure.timestamp), float(precise) if precise is not None else float("-inf")
+def _failure_time(failure) -> float:
+    """When a failed rank ended: the time its error file records, else the end of the whole
+    second torch saw it fail (a signal death leaves no finer time: rounded up, so a rank that
+    the launcher stopped in the same second as another failed never looks the earlier)."""
+    precise = (_error_data(failure).get("axolotl_dist") or {}).get("time")
+    return float(precise) if precise is not None else int(failure.timestamp) + 1.0
+
+
+#: Exceptions a rank raises because another rank failed or left: never a root cause.
+_PEER_FAILED_TYPES = ("RankFailedError", "DistNetworkError")
+#: gloo's words for a peer that left, in the ``RuntimeError`` a raw collective then raises.
+_PEER_LEFT = ("Connection closed by peer", "Connection reset by peer")
 
 
 def _is_secondary(failure) -> bool:
-    """A failure caused by another rank's: killed by the launcher, or a peer-lost error."""
+    """A failure caused by another rank's: killed by the launcher, or a peer-lost error.
+
+    Judged by the exception's type, not by words anywhere in its message: a root cause (the
+    kit's ``DistributedEnvError`` for a store it cannot use) may quote the torch error it
+    comes from."""
     data = _error_data(failure)
     if failure.exitcode == -int(signal.SIGTERM) and not data:
         return True
-    text = str(data.get("message", ""))
-    return any(s in text for s in ("RankFailedError", "Connection closed by peer",
-                                   "Connection reset by peer", "DistNetworkError"))
+    name = _exc_type(failure)
+    if name in _PEER_FAILED_TYPES:
+        return True
+    message = data.get("message")
+    text = message.get("message") if isinstance(message, dict) else message
+    return name in ("RuntimeError", "") and isinstance(text, str) and \
+        any(s in text for s in _PEER_LEFT)
 
 
 def first_failure(failures: Dict[int, object]) -> Tuple[int, object]:
     """``(global rank, ProcessFailure)`` of the rank that failed first.
 
     Failures caused by others (ranks the launcher stopped, ranks that lost a peer) come after
-    root causes; then the earlier second, the earlier sub-second time, the lower rank.
+    root causes; then the earlier time, the lower rank.
     """
     order = {rank: i for i, rank in enumerate(failures)}
     return min(failures.items(), key=lambda item: (
-        _is_secondary(item[1]), _failure_time(item[1])[0], _failure_time(item[1])[1],
-        order[item[0]]))
+        _is_secondary(item[1]), _failure_time(item[1]), order[item[0]]))
 
 
 def traceback_of(failure) -> Optional[str]:
@@ -115,8 +130,7 @@ def _ended_at(rank: int, failure, ends: Dict[int, dict]) -> float:
     saw it fail (rounded up: a signal death leaves no finer time)."""
     if rank in ends:
         return float(ends[rank]["time"])
-    whole, precise = _failure_time(failure)
-    return precise if precise != float("-inf") else whole + 1.0
+    return _failure_time(failure)
 
 
 def _early_exit(failures: Dict[int, object], ends: Dict[int, dict]) -> Optional[Tuple[int, dict]]:

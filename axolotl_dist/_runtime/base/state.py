@@ -222,7 +222,7 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist.hf_data._parts.MAP_DEFAULTS": "a table",
     "axolotl_dist.operations.REDUCTIONS": "a table",
     "axolotl_dist.launch._fold._LABELS": "a cache: ranks -> their label (the launcher)",
-    "axolotl_dist.launch._output._STREAMS": "a table",
+    "axolotl_dist.launch._rank_logs._STREAMS": "a table",
     "axolotl_dist.parallel.mesh._CONFIG_TYPES": "a table",
     "axolotl_dist.values._PY_REDUCE": "a table",
 }
