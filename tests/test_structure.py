@@ -308,18 +308,41 @@ def test_no_reference_to_files_outside_the_repository():
     assert stale == []
 
 
+#: The unit tests of internal modules, in trees that mirror the sources (``tests/runtime/...``
+#: for ``axolotl_dist/_runtime/...``, ``tests/launch/`` for the launcher's private modules):
+#: the only tests that import them.
+UNIT_TREES = ("runtime", "launch")
+
+
 def test_tests_use_only_public_modules():
     # a test that reaches into the runtime pins internals instead of behaviour; the doors are
     # the public modules, and tests/probes.py for the project's own plumbing (reset_process_state,
-    # store_of, known_peers...: kept out of the public axolotl_dist.testing)
+    # store_of, known_peers...: kept out of the public axolotl_dist.testing); the unit tests of
+    # pure algorithms live in UNIT_TREES, which may import what they test
     found = []
     for path in (ROOT / "tests").rglob("*.py"):
+        if path.relative_to(ROOT / "tests").parts[0] in UNIT_TREES:
+            continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"axolotl_dist\._|from axolotl_dist(\.\w+)? import _(?!_)"
                          r"|\b(ad|ad_debug|debug|values|launch|env|ranks|ordering)\._(?!_)", line) \
                     and path.name != "test_structure.py":
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_unit_trees_mirror_the_sources():
+    # tests/runtime/liveness/test_deadlock.py tests axolotl_dist/_runtime/liveness/deadlock.py:
+    # a maintainer finds a module's unit tests from its name
+    sources = {"runtime": ROOT / PACKAGE / "_runtime", "launch": ROOT / PACKAGE / "launch"}
+    wrong = []
+    for tree in UNIT_TREES:
+        for path in (ROOT / "tests" / tree).rglob("test_*.py"):
+            rel = path.relative_to(ROOT / "tests" / tree)
+            module = sources[tree] / rel.parent / (rel.name[len("test_"):])
+            if not module.exists() and not module.with_name("_" + module.name).exists():
+                wrong.append(f"{path.relative_to(ROOT)}: no module {module.relative_to(ROOT)}")
+    assert wrong == []
 
 
 def test_the_projects_probes_come_through_one_file():

@@ -206,7 +206,7 @@ def _decimal(data: bytes, digits: int, refusal: str) -> int:
     ``data``; :class:`BadRecord` saying ``refusal`` for anything else (nothing longer is
     decoded)."""
     text = bytes(data[:digits + 1]).decode("ascii", "replace")
-    if not 0 < len(data) <= digits or not text.lstrip("-").isdigit():
+    if not 0 < len(data) <= digits or not text.removeprefix("-").isdigit():  # one sign
         raise BadRecord(refusal)
     return int(text)
 
