@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -69,6 +69,28 @@ def _refuse(where: str, what: str) -> None:
     pytest.fail(f"{where}: @pytest.mark.{MARKER}: {what}", pytrace=False)
 
 
+def _is_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
+def _is_seconds(t: Any) -> bool:
+    return t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0)
+
+
+#: The marker's other arguments: name -> (default, check, what to give instead).
+_CHECKS: Dict[str, Tuple[Any, Callable[[Any], bool], str]] = {
+    "store": ("parent", lambda v: v in STORES,
+              f"give one of {', '.join(map(repr, STORES))} (where the c10d store lives: the "
+              "test process, rank 0's process, or each in turn)"),
+    "backend": ("gloo", lambda v: isinstance(v, str) and bool(v),
+                "give a torch.distributed backend name such as 'gloo' or 'nccl'"),
+    "init": (True, lambda v: isinstance(v, bool),
+             "give True (each rank calls init_distributed() first) or False (the test inits "
+             "itself)"),
+    "timeout": (None, _is_seconds, "give seconds > 0, e.g. timeout=30"),
+}
+
+
 def options_of(marker: Any, where: str) -> Options:
     """The checked options of ``marker`` (a ``distributed`` mark); ``where`` (the test's node
     id) starts the message of a collection error naming the argument and its fix."""
@@ -79,32 +101,20 @@ def options_of(marker: Any, where: str) -> Options:
     if unknown:
         _refuse(where, f"unknown argument(s) {', '.join(unknown)}; it takes "
                        f"{', '.join(_KEYWORDS)}")
-    kw = marker.kwargs
-    size: Union[int, Sequence[int]] = kw.get("world_size", 2)
+    size: Union[int, Sequence[int]] = marker.kwargs.get("world_size", 2)
     listed = isinstance(size, (list, tuple))
     sizes = tuple(size) if isinstance(size, (list, tuple)) else (size,)
-    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                            for n in sizes):
+    if not sizes or not all(_is_count(n) for n in sizes):
         _refuse(where, f"world_size={size!r}: give a number of ranks >= 1 or a list of them, "
                        "e.g. world_size=2 or world_size=[1, 2, 3]")
-    store = kw.get("store", "parent")
-    if store not in STORES:
-        _refuse(where, f"store={store!r}: give one of {', '.join(map(repr, STORES))} (where the "
-                       "c10d store lives: the test process, rank 0's process, or each in turn)")
-    backend = kw.get("backend", "gloo")
-    if not isinstance(backend, str) or not backend:
-        _refuse(where, f"backend={backend!r}: give a torch.distributed backend name such as "
-                       "'gloo' or 'nccl'")
-    init = kw.get("init", True)
-    if not isinstance(init, bool):
-        _refuse(where, f"init={init!r}: give True (each rank calls init_distributed() first) "
-                       "or False (the test inits itself)")
-    timeout = kw.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout <= 0):
-        _refuse(where, f"timeout={timeout!r}: give seconds > 0, e.g. timeout=30")
+    values = {}
+    for name, (default, ok, fix) in _CHECKS.items():
+        values[name] = marker.kwargs.get(name, default)
+        if not ok(values[name]):
+            _refuse(where, f"{name}={values[name]!r}: {fix}")
+    store, timeout = values["store"], values["timeout"]
     stores = ("parent", "rank0") if store == "both" else (store,)
-    return Options(sizes, listed, stores, backend, init,
+    return Options(sizes, listed, stores, values["backend"], values["init"],
                    None if timeout is None else float(timeout))
 
 

@@ -229,6 +229,8 @@ def test_the_same_file_under_xdist(tmp_path):
     ("2", "takes keyword arguments only, got (2,): write world_size=..."),
     ("timeout=0", "timeout=0: give seconds > 0, e.g. timeout=30"),
     ("init='yes'", "init='yes': give True"),
+    ("backend=''", "backend='': give a torch.distributed backend name such as 'gloo' or 'nccl'"),
+    ("timeout=True", "timeout=True: give seconds > 0"),
 ])
 def test_a_wrong_marker_is_a_collection_error_naming_the_argument(tmp_path, marker, message):
     tests = f"import pytest\n\n@pytest.mark.distributed({marker})\ndef test_x():\n    pass\n"

@@ -31,6 +31,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "axolotl_dist"
 RUNTIME = f"{PACKAGE}._runtime"
@@ -233,6 +235,23 @@ def test_no_module_is_longer_than_the_limit():
     long = sorted(f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / PACKAGE).rglob("*.py")
                   if (n := len(p.read_text().splitlines())) > MAX_LINES)
     assert long == []
+
+
+#: The most decision points a function of the package may have (radon's cyclomatic
+#: complexity): past it, split the function (issue #57).
+MAX_COMPLEXITY = 15
+
+
+def test_no_function_is_more_complex_than_the_limit():
+    cc_visit = pytest.importorskip("radon.complexity").cc_visit
+    found = []
+    for path in sorted([*(ROOT / PACKAGE).rglob("*.py"), ROOT / "pytest_axolotl_dist.py"]):
+        for block in cc_visit(path.read_text()):
+            for item in [block, *getattr(block, "methods", [])]:
+                if item.complexity > MAX_COMPLEXITY:
+                    found.append(f"{path.relative_to(ROOT)}:{item.lineno} {item.fullname}: "
+                                 f"{item.complexity}")
+    assert found == []
 
 
 def test_the_scan_sees_what_it_should():

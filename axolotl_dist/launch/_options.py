@@ -223,6 +223,21 @@ def validate(args: argparse.Namespace) -> Options:
     opts.nproc = _nproc(args.nproc_per_node)
     opts.min_nodes, opts.max_nodes = _nodes(args.nnodes)
     opts.node_rank = _int(args.node_rank, "--node-rank", minimum=0)
+    _check_nodes(args, opts)
+    _check_times(args)
+    opts.shown = _shown(args.local_ranks_filter)
+    opts.signals = _signals(args.signals_to_handle)
+    opts.torch_streams = _streams(args)
+    if opts.torch_streams:
+        opts.torch_log_dir = args.log_dir
+    else:
+        opts.kit_log_dir = _log_dir(args.log_dir)
+    _target(args)
+    return opts
+
+
+def _check_nodes(args: argparse.Namespace, opts: Options) -> None:
+    """``--node-rank`` and ``--master-port`` against ``--nnodes`` (static rendezvous)."""
     static = args.rdzv_backend == "static" and not args.standalone
     if static and opts.node_rank >= opts.max_nodes:
         raise ValueError(f"--node-rank {opts.node_rank} must be smaller than --nnodes "
@@ -232,6 +247,10 @@ def validate(args: argparse.Namespace) -> Options:
     if static and opts.max_nodes > 1 and args.master_port == 0:
         raise ValueError(f"--nnodes {args.nnodes} needs a non-zero --master-port: the port of "
                          "node 0, the same on every node")
+
+
+def _check_times(args: argparse.Namespace) -> None:
+    """The restart count and the seconds options."""
     _int(args.max_restarts, "--max-restarts", minimum=0)
     if args.monitor_interval <= 0:
         raise ValueError(f"--monitor-interval must be > 0 seconds, got {args.monitor_interval}")
@@ -241,24 +260,25 @@ def validate(args: argparse.Namespace) -> Options:
             raise ValueError(f"{flag} must be >= 0 seconds, got {value}")
     if args.rdzv_timeout is not None:
         _int(args.rdzv_timeout, "--rdzv-timeout")
-    if args.local_ranks_filter:
-        try:
-            opts.shown = {int(r) for r in str(args.local_ranks_filter).split(",")}
-        except ValueError:
-            raise ValueError("--local-ranks-filter must be local ranks separated by commas, "
-                             f"e.g. 0,1; got {args.local_ranks_filter!r}") from None
-    opts.signals = _signals(args.signals_to_handle)
-    opts.torch_streams = _streams(args)
-    if opts.torch_streams:
-        opts.torch_log_dir = args.log_dir
-    else:
-        opts.kit_log_dir = args.log_dir
-    if opts.kit_log_dir is not None and os.path.exists(opts.kit_log_dir) \
-            and not os.path.isdir(opts.kit_log_dir):
-        raise ValueError(f"--log-dir {opts.kit_log_dir!r} is a file, not a directory: pass a "
+
+
+def _shown(text: Optional[str]) -> Optional[Set[int]]:
+    """``--local-ranks-filter``: the local ranks whose output is shown (None: all)."""
+    if not text:
+        return None
+    try:
+        return {int(r) for r in str(text).split(",")}
+    except ValueError:
+        raise ValueError("--local-ranks-filter must be local ranks separated by commas, "
+                         f"e.g. 0,1; got {text!r}") from None
+
+
+def _log_dir(path: Optional[str]) -> Optional[str]:
+    """The kit's ``--log-dir``: a directory (made if missing), never a file."""
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--log-dir {path!r} is a file, not a directory: pass a "
                          "directory (created if missing)")
-    _target(args)
-    return opts
+    return path
 
 
 def _rendezvous(args: argparse.Namespace, opts: Options) -> argparse.Namespace:

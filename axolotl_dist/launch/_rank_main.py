@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 from types import TracebackType
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
 from .._runtime.base.private import DIR_MODE, create_private, write_private
@@ -251,17 +251,21 @@ def _run(target: str, module: bool) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    """``[-m | --exec] target args...``: run ``target`` as ``__main__`` with ``sys.argv =
-    [target, *args]`` (``--exec``: execute it, ``--no-python``)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    module = bool(args) and args[0] == "-m"
-    execute = bool(args) and args[0] == "--exec"
-    if module or execute:
-        args = args[1:]
+def _mode(argv: List[str]) -> Tuple[bool, bool, List[str]]:
+    """``(module, execute, [target, *args])`` of the bootstrap's arguments."""
+    module = bool(argv) and argv[0] == "-m"
+    execute = bool(argv) and argv[0] == "--exec"
+    args = argv[1:] if module or execute else argv
     if not args:
         raise SystemExit("usage: python -m axolotl_dist.launch._rank_main [-m | --exec] target "
                          "[args...]")
+    return module, execute, args
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``[-m | --exec] target args...``: run ``target`` as ``__main__`` with ``sys.argv =
+    [target, *args]`` (``--exec``: execute it, ``--no-python``)."""
+    module, execute, args = _mode(list(sys.argv[1:] if argv is None else argv))
     global _TO_LAUNCHER
     _own_attempt_dir()
     if _connect_output():  # the launcher folds and keeps this rank's output (._output)
@@ -288,26 +292,32 @@ def main(argv: Optional[List[str]] = None) -> None:
         code = 128 + int(signal.SIGINT)
         raise SystemExit(code) from None
     except BaseException as exc:  # noqa: BLE001 - recorded, shown, then exit code 1 like python
-        now = time.time()
-        tb = _user_traceback(exc.__traceback__)
-        formatted = format_exception(type(exc), exc, tb)
-        printed_to: object = _stream_id(sys.stderr)
-        if printed_to is not None and printed_to == _TO_LAUNCHER:
-            printed_to = "launcher"  # the launcher's socket: it shows it on its own stderr
-        try:
-            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - a user's hook that raised: the launcher shows it
-            printed_to = None
-        # after printing: a file that says "printed" is never written before the traceback is
-        _write_error_file(exc, formatted, now, printed_to)
-        # what python sets for an uncaught exception: the kit's exit hook reports it to peers
-        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
-        if sys.version_info >= (3, 12):  # pragma: no cover - 3.12 reads sys.last_exc
-            sys.last_exc = exc
+        _uncaught(exc)
         raise SystemExit(1) from None
     finally:
         _record_end(code)
+
+
+def _uncaught(exc: BaseException) -> None:
+    """What python does with an uncaught exception, with the user's frames only: print it
+    (through ``sys.excepthook``), then the error file saying where it was printed, and
+    ``sys.last_*`` for the kit's exit hook, which reports it to the peers."""
+    now = time.time()
+    tb = _user_traceback(exc.__traceback__)
+    formatted = format_exception(type(exc), exc, tb)
+    printed_to: object = _stream_id(sys.stderr)
+    if printed_to is not None and printed_to == _TO_LAUNCHER:
+        printed_to = "launcher"  # the launcher's socket: it shows it on its own stderr
+    try:
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a user's hook that raised: the launcher shows it
+        printed_to = None
+    # after printing: a file that says "printed" is never written before the traceback is
+    _write_error_file(exc, formatted, now, printed_to)
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    if sys.version_info >= (3, 12):  # pragma: no cover - 3.12 reads sys.last_exc
+        sys.last_exc = exc
 
 
 if __name__ == "__main__":

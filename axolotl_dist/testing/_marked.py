@@ -368,73 +368,103 @@ def _one_mismatch(failed: List[Tuple[int, str]], notes: Mapping[int, Mapping[str
     return kept, same
 
 
+class _Tally:
+    """Each rank's outcome and note, sorted into what a verdict tells: the failed ranks (with
+    their exception in one line and their test's line), the ranks still running at the
+    timeout, one line for each other rank (stopped, skipped, xfailed)."""
+
+    def __init__(self, outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]]
+                 ) -> None:
+        self.outcomes, self.notes, self.world = outcomes, notes, len(outcomes)
+        self.failed: List[Tuple[int, str]] = []
+        self.crash: Dict[int, str] = {}  # a failed rank's exception in one line
+        self.sites: List[Tuple[str, int]] = []
+        self.lines: List[Tuple[int, str]] = []  # one per rank: stopped, killed, skipped...
+        self.skips: List[Tuple[int, str]] = []
+        self.xfails: List[Tuple[int, str]] = []
+        self.stuck: List[RankOutcome] = []
+        for o in outcomes:
+            note: Optional[Mapping[str, Any]] = notes.get(o.rank)
+            if not (o.ok and note is None):
+                self._add(o, note)
+        self.lines += [(r, f"skipped: {t}") for r, t in self.skips] + \
+            [(r, f"xfailed: {t}") for r, t in self.xfails]
+
+    def _add(self, o: RankOutcome, note: Optional[Mapping[str, Any]]) -> None:
+        if o.timed_out and (note is None or note["kind"] == "stopped"):
+            self.stuck.append(o)  # a note the kill of a peer prompted is not what it was doing
+        elif note is None:
+            first, rest = _ended(o)
+            self._fail(o.rank, f"({first})" + (f":\n{rest}" if rest else ""), first, None)
+        elif note["kind"] == "fail":
+            kind = note.get("type", "an exception")
+            self._fail(o.rank, f"({kind}):\n{note['text']}",
+                       f"{kind}: {note['message']}" if note.get("message") else kind,
+                       note.get("site"))
+        elif note["kind"] == "stopped" and _passed(self.outcomes, self.notes, note.get("cause")):
+            # not a failure of the peer: it finished its test while this rank still waited
+            told = (f"waiting in {note['waited']} for {ranks_text([note['cause']])}, which "
+                    "passed and returned: every rank must make the same collective calls")
+            self._fail(o.rank, f"({told})", told, note.get("site"))
+        elif note["kind"] == "stopped":
+            self.lines.append((o.rank, note["text"]))
+        else:
+            (self.skips if note["kind"] == "skip" else self.xfails).append((o.rank, note["text"]))
+
+    def _fail(self, rank: int, text: str, crash: str, site: Any) -> None:
+        self.failed.append((rank, text))
+        self.crash[rank] = crash
+        if site:
+            self.sites.append((site[0], site[1]))
+
+
 def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
             timeout: float, timeout_source: str) -> Verdict:
     """The :class:`Verdict` of a marked test's run from each rank's ``outcomes`` and
     ``notes``; ``timeout`` and where it came from for the account of a hang."""
-    world = len(outcomes)
-    failed: List[Tuple[int, str]] = []
-    crash: Dict[int, str] = {}  # a failed rank's exception in one line
-    sites: List[Tuple[str, int]] = []
-    lines: List[Tuple[int, str]] = []  # one line per rank: stopped, killed, skipped, finished
-    skips: List[Tuple[int, str]] = []
-    xfails: List[Tuple[int, str]] = []
-    stuck: List[RankOutcome] = []
-    for o in outcomes:
-        note: Optional[Mapping[str, Any]] = notes.get(o.rank)
-        if o.ok and note is None:
-            continue
-        if o.timed_out and (note is None or note["kind"] == "stopped"):
-            stuck.append(o)  # a note the kill of a peer prompted is not what it was doing
-        elif note is None:
-            crash[o.rank], rest = _ended(o)
-            failed.append((o.rank, f"({crash[o.rank]})" + (f":\n{rest}" if rest else "")))
-        elif note["kind"] == "fail":
-            kind = note.get("type", "an exception")
-            failed.append((o.rank, f"({kind}):\n{note['text']}"))
-            crash[o.rank] = f"{kind}: {note['message']}" if note.get("message") else kind
-            sites += [tuple(note["site"])] if note.get("site") else []
-        elif note["kind"] == "stopped" and _passed(outcomes, notes, note.get("cause")):
-            # not a failure of the peer: it finished its test while this rank still waited
-            told = (f"waiting in {note['waited']} for {ranks_text([note['cause']])}, which "
-                    "passed and returned: every rank must make the same collective calls")
-            failed.append((o.rank, f"({told})"))
-            crash[o.rank] = told
-            sites += [tuple(note["site"])] if note.get("site") else []
-        elif note["kind"] == "stopped":
-            lines.append((o.rank, note["text"]))
-        else:
-            (skips if note["kind"] == "skip" else xfails).append((o.rank, note["text"]))
-    lines += [(r, f"skipped: {t}") for r, t in skips] + [(r, f"xfailed: {t}") for r, t in xfails]
-    if failed:
-        failed, same = _one_mismatch(failed, notes)
-        lines += same
-        groups = _groups(failed)
-        parts = [f"{ranks_text(ranks)} of {world} failed {text.rstrip()}" for ranks, text in groups]
-        summary = "; ".join(f"{ranks_text(ranks)} of {world} failed: {crash[ranks[0]]}"
-                            for ranks, _ in groups)
-        lines += [(o.rank, f"still running {GRACE:g} s after the failure, killed: {o.where}")
-                  for o in stuck]
-        tail = [f"{who}: {text}" for who, text in _folded(sorted(lines))]
-        return Verdict("fail", "\n\n".join(parts) + ("\n\n" + "\n".join(tail) if tail else ""),
-                       summary, sites[0] if sites else None)
-    if stuck:
-        done = [o.rank for o in outcomes if o.ok and o.rank not in notes]
-        where = [f"  {who}: {text}" for who, text in
-                 _folded([(o.rank, o.where or "not known") for o in stuck])]
-        extra = [f"  {who}: {text}" for who, text in _folded(sorted(lines))]
-        if done:
-            extra.append(f"  {ranks_text(done)}: finished")
-        short = (f"timed out: {ranks_text([o.rank for o in stuck])} of {world} still running "
-                 f"after {timeout:g} s ({timeout_source})")
-        head = f"{short}; where each was, before every rank was killed:"
-        return Verdict("fail", "\n".join([head, *where, *extra]), short)
-    if xfails or skips:
-        chosen = xfails or skips
+    tally = _Tally(outcomes, notes)
+    if tally.failed:
+        return _failure(tally)
+    if tally.stuck:
+        return _hang(tally, timeout, timeout_source)
+    if tally.xfails or tally.skips:
+        chosen = tally.xfails or tally.skips
         reason = "; ".join(f"{text} ({who})" if len(outcomes) > 1 else text
                            for who, text in _folded(chosen))
-        return Verdict("xfail" if xfails else "skip", reason, reason)
-    if lines:  # stopped by a failure no rank accounts for
-        told = [f"{who}: {text}" for who, text in _folded(sorted(lines))]
+        return Verdict("xfail" if tally.xfails else "skip", reason, reason)
+    if tally.lines:  # stopped by a failure no rank accounts for
+        told = [f"{who}: {text}" for who, text in _folded(sorted(tally.lines))]
         return Verdict("fail", "\n".join(told), "; ".join(told))
     return Verdict("pass")
+
+
+def _failure(tally: _Tally) -> Verdict:
+    """Some rank failed: each failure once (ranks that failed alike folded, a mismatch told
+    by its first rank), then a line for every other rank."""
+    world, crash = tally.world, tally.crash
+    failed, same = _one_mismatch(tally.failed, tally.notes)
+    groups = _groups(failed)
+    parts = [f"{ranks_text(ranks)} of {world} failed {text.rstrip()}" for ranks, text in groups]
+    summary = "; ".join(f"{ranks_text(ranks)} of {world} failed: {crash[ranks[0]]}"
+                        for ranks, _ in groups)
+    lines = tally.lines + same + [
+        (o.rank, f"still running {GRACE:g} s after the failure, killed: {o.where}")
+        for o in tally.stuck]
+    tail = [f"{who}: {text}" for who, text in _folded(sorted(lines))]
+    return Verdict("fail", "\n\n".join(parts) + ("\n\n" + "\n".join(tail) if tail else ""),
+                   summary, tally.sites[0] if tally.sites else None)
+
+
+def _hang(tally: _Tally, timeout: float, timeout_source: str) -> Verdict:
+    """No rank failed and some still ran at the timeout: where each was."""
+    outcomes, notes, stuck = tally.outcomes, tally.notes, tally.stuck
+    done = [o.rank for o in outcomes if o.ok and o.rank not in notes]
+    where = [f"  {who}: {text}" for who, text in
+             _folded([(o.rank, o.where or "not known") for o in stuck])]
+    extra = [f"  {who}: {text}" for who, text in _folded(sorted(tally.lines))]
+    if done:
+        extra.append(f"  {ranks_text(done)}: finished")
+    short = (f"timed out: {ranks_text([o.rank for o in stuck])} of {tally.world} still "
+             f"running after {timeout:g} s ({timeout_source})")
+    head = f"{short}; where each was, before every rank was killed:"
+    return Verdict("fail", "\n".join([head, *where, *extra]), short)

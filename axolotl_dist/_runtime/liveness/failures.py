@@ -265,34 +265,40 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         return exc  # the kit's own account (a mismatch found while waiting, a lost peer named)
     try:
         me = dist.get_rank()
-        ranks = [r for r in group.ranks if r != me]
-        watcher = Watch(world_store(), me)
-        start = time.monotonic()
-        limit: Optional[float] = None
-        waiting = False
-        try:
-            while True:
-                now = time.monotonic()
-                lost = watcher.find_lost(ranks, now, what)  # the store host first
-                if not lost and limit is None and watcher.read_exits_of(ranks):
-                    lost = watcher.find_lost(ranks, now, what)  # the log did not name them
-                if lost:
-                    return lost_error(lost, what)
-                if limit is None:  # the first look fetched the peers' records
-                    # a peer on another machine is judged by the judge's rounds, while some
-                    # rank waits: this one counts itself as waiting meanwhile
-                    waiting = not all(same_machine(peer_record(r)) for r in ranks)
-                    if waiting:
-                        watcher.store.add(keys.WAITERS, 1)
-                    limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL +
-                                     watcher.look_every + 1.0 if waiting else _LOCAL_DIAGNOSIS)
-                if now >= limit:
-                    return exc
-                time.sleep(0.05)
-        finally:
-            if waiting:
-                watcher.store.add(keys.WAITERS, -1)
+        return _look_for_lost(Watch(world_store(), me), [r for r in group.ranks if r != me],
+                              what, exc)
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):
             return store_lost_error(store_exc, what)
         return exc
+
+
+def _look_for_lost(watcher: Watch, ranks: List[int], what: str,
+                   exc: BaseException) -> BaseException:
+    """Look at ``ranks`` every 50 ms until one is found lost (the error naming it) or the
+    diagnosis's time passes (``exc``): a few seconds where every peer is on this machine, the
+    heartbeat timeout and a margin where one is not (this rank then counts itself among the
+    waiters, so the judge's rounds look at the remote peers meanwhile)."""
+    start = time.monotonic()
+    limit: Optional[float] = None
+    waiting = False
+    try:
+        while True:
+            now = time.monotonic()
+            lost = watcher.find_lost(ranks, now, what)  # the store host first
+            if not lost and limit is None and watcher.read_exits_of(ranks):
+                lost = watcher.find_lost(ranks, now, what)  # the log did not name them
+            if lost:
+                return lost_error(lost, what)
+            if limit is None:  # the first look fetched the peers' records
+                waiting = not all(same_machine(peer_record(r)) for r in ranks)
+                if waiting:
+                    watcher.store.add(keys.WAITERS, 1)
+                limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL +
+                                 watcher.look_every + 1.0 if waiting else _LOCAL_DIAGNOSIS)
+            if now >= limit:
+                return exc
+            time.sleep(0.05)
+    finally:
+        if waiting:
+            watcher.store.add(keys.WAITERS, -1)

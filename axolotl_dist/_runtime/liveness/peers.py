@@ -192,21 +192,14 @@ def check_store_host() -> None:
 
 def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
     """The error to raise when the store vanished while this rank was in ``what`` (``key``:
-    the counter it was adding to, if any)."""
-    first = (str(exc).splitlines() or [""])[0]
+    the counter it was adding to, if any), from the most to the least this rank knows: the
+    failure its host relayed, a store that refused a request, the host rank that ended, the
+    node the store ran on, the launcher."""
+    cause = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     host = store_host()
     relayed = STATE.exits.get(host)[0] if host is not None and host in STATE.exits else None
     if relayed is not None:  # the host exited on a failure: name the root cause
-        error = RankFailedError.from_report(relayed)
-        if error.rank != host:
-            note = (f" (rank {host}, the store host, exited on this failure, then its store at "
-                    f"{store_address()} went away)")
-            return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + note,
-                                         error.remote_traceback, where=what,
-                                         ranks=(error.rank, host), machine=error.machine))
-        note = f" (then its store at {store_address()} went away with it)"
-        return learn(RankFailedError(host, error.exc_type, error.exc_message + note,
-                                     error.remote_traceback, where=what, machine=error.machine))
+        return learn(_relayed_by_host(host, relayed, what))
     if host is None and _store_answers():
         return DistributedEnvError(
             f"the c10d store at {store_address()} closed this rank's connection while in "
@@ -214,30 +207,53 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
             + (f"store key {key!r}, where the kit keeps a number," if key else
                "a key the kit keeps a number in (a block's word, a counter)")
             + " holds something else. Only the job's own processes may write to its store "
-            '(docs/design.md, "Trust model")' f" ({type(exc).__name__}: {first})")
+            '(docs/design.md, "Trust model")' f" ({cause})")
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""
         return learn(RankFailedError(
             host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
-            f"it hosted at {store_address()} is gone ({type(exc).__name__}: {first}). Look at "
+            f"it hosted at {store_address()} is gone ({cause}). Look at "
             f"rank {host}'s own output for why it ended", where=what))
-    me = dist.get_rank() if dist.is_initialized() else -1
-    beside = sorted(r for r, record in STATE.peers.items() if record.by_store and r != me)
-    if beside and not (me in STATE.peers and STATE.peers[me].by_store):
-        record = STATE.peers[beside[0]]
-        return learn(RankFailedError(
-            beside[0], "lost", f"the c10d store at {store_address()} is gone, and with it, "
-            f"most likely, the node it ran on: {record.host}, where rank(s) {beside} (at "
-            f"least: the ranks whose records this rank read) ran "
-            f"(rank {beside[0]}: {record.describe()}). That node was lost, or the launcher "
-            f"that served the store there exited or was killed ({type(exc).__name__}: "
-            f"{first}). Look at {record.host}'s output for why", where=what,
-            ranks=tuple(beside)))
+    lost_node = _lost_node(what, cause)
+    if lost_node is not None:
+        return learn(lost_node)
     return DistributedEnvError(
         f"lost the c10d store at {store_address()} while in {what}: the launcher process that "
         f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "
-        f"({type(exc).__name__}: {first})")
+        f"({cause})")
+
+
+def _relayed_by_host(host: int, relayed: bytes, what: str) -> RankFailedError:
+    """The failure the store's host exited on (``relayed``), as this rank's error in
+    ``what``: the root cause, and that the host's store went with it."""
+    error = RankFailedError.from_report(relayed)
+    if error.rank != host:
+        note = (f" (rank {host}, the store host, exited on this failure, then its store at "
+                f"{store_address()} went away)")
+        return RankFailedError(error.rank, error.exc_type, error.exc_message + note,
+                               error.remote_traceback, where=what,
+                               ranks=(error.rank, host), machine=error.machine)
+    note = f" (then its store at {store_address()} went away with it)"
+    return RankFailedError(host, error.exc_type, error.exc_message + note,
+                           error.remote_traceback, where=what, machine=error.machine)
+
+
+def _lost_node(what: str, cause: str) -> Optional[RankFailedError]:
+    """Where a launcher's store is gone and ranks whose records said they ran beside it
+    are known (this rank not among them): their node, most likely lost. None otherwise."""
+    me = dist.get_rank() if dist.is_initialized() else -1
+    beside = sorted(r for r, record in STATE.peers.items() if record.by_store and r != me)
+    if not beside or (me in STATE.peers and STATE.peers[me].by_store):
+        return None
+    record = STATE.peers[beside[0]]
+    return RankFailedError(
+        beside[0], "lost", f"the c10d store at {store_address()} is gone, and with it, "
+        f"most likely, the node it ran on: {record.host}, where rank(s) {beside} (at "
+        f"least: the ranks whose records this rank read) ran "
+        f"(rank {beside[0]}: {record.describe()}). That node was lost, or the launcher "
+        f"that served the store there exited or was killed ({cause}). "
+        f"Look at {record.host}'s output for why", where=what, ranks=tuple(beside))
 
 
 def _store_answers() -> bool:

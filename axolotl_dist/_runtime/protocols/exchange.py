@@ -392,24 +392,31 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     if values[3] != code:  # src ran another helper
         del header  # the cached buffer: the traceback keeps this frame
         raise mismatch_error({src: values[3], g.rank: code}, g.rank, lambda: str(call_site()))
-    payload = None
-    if values[0] >= PICKLE:
-        if encoded is not None:
-            payload = encoded.payload.to(g.device)
-        else:
-            payload = torch.empty(payload_len(values), dtype=_U8, device=g.device)
-        try:
-            _broadcast(g, payload, src, where)
-        except Exception:
-            if own is None:
-                raise
-            raise own from None  # see _gather_payloads
+    payload = _broadcast_payload(g, values, encoded, own, src, where) \
+        if values[0] >= PICKLE else None
     if own is not None:
         del header  # the cached buffer: the traceback keeps this frame (see await_released)
         raise own
     if STATE.trace is not None and g.rank == src:
         trace.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
     return decode(values, payload, device)
+
+
+def _broadcast_payload(g: Group, values: List[int], encoded: Optional[Encoded],
+                       own: Optional[BaseException], src: int, where: str) -> torch.Tensor:
+    """The second round of :func:`broadcast_value`, where ``src`` sent more than its header
+    holds (a pickle, a tensor, an error report): its bytes, on every rank."""
+    if encoded is not None:
+        payload = encoded.payload.to(g.device)
+    else:
+        payload = torch.empty(payload_len(values), dtype=_U8, device=g.device)
+    try:
+        _broadcast(g, payload, src, where)
+    except Exception:
+        if own is None:
+            raise
+        raise own from None  # see _gather_payloads
+    return payload
 
 
 def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
@@ -452,6 +459,18 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     return _gather_payloads(g, flat, encoded, own, device, decode_on, where)
 
 
+def _raise_a_failure(headers: List[List[int]], payloads: List[Optional[torch.Tensor]],
+                     own: Optional[BaseException]) -> None:
+    """Raise this rank's own exception, else the first failed rank's report, if a rank
+    failed; return if none did."""
+    failed = next((i for i, h in enumerate(headers) if h[0] == ERROR), None)
+    if failed is None:
+        return
+    if own is not None:
+        raise own
+    decode(headers[failed], payloads[failed])  # raises RankFailedError
+
+
 def _gather_payloads(g: Group, flat: List[int], encoded: Optional[Encoded],
                      own: Optional[BaseException], device: Optional[torch.device],
                      decode_on: Optional[int], where: str) -> Optional[List[Any]]:
@@ -472,13 +491,9 @@ def _gather_payloads(g: Group, flat: List[int], encoded: Optional[Encoded],
         # it and exited before this rank's side of the collective completed; the lost peer's
         # exit record then names this rank's failure, which is not news here.
         raise own from None
-    payloads = [flat_payload[i * stride:i * stride + payload_len(h)] if payload_len(h) else None
+    payloads = [flat_payload[i * stride:i * stride + n] if (n := payload_len(h)) else None
                 for i, h in enumerate(headers)]
-    failed = [h[0] for h in headers].index(ERROR) if any(h[0] == ERROR for h in headers) else None
-    if failed is not None:
-        if own is not None:
-            raise own
-        decode(headers[failed], payloads[failed])  # raises RankFailedError
+    _raise_a_failure(headers, payloads, own)
     if decode_on is not None and g.rank != decode_on:
         return None
     return [decode(h, p, device) for h, p in zip(headers, payloads)]
