@@ -295,8 +295,9 @@ class Output:
         conn.close()
 
     def _header(self, conn: _Conn, data: bytes, fds: List[int]) -> Optional[bytes]:
-        """Take the connection's header (``rank fd [local_rank [restart]]``, with a pseudo-terminal's
-        master where the rank made one); what came after it, None while it is incomplete."""
+        """Take the connection's header (``rank fd [local_rank [restart]]``, with a
+        pseudo-terminal's master where the rank made one); what came after it, None while it
+        is incomplete."""
         conn.head += data
         if b"\n" not in conn.head:
             for extra in fds:

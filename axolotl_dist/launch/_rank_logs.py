@@ -29,8 +29,7 @@ class RankLog:
         """Lines of a restarted rank (``--max-restarts``) follow one that says so: the
         attempts of one rank share its file."""
         if attempt > self.attempt:
-            for fd in list(self.partial):  # the last attempt's unfinished lines end here
-                self.write(fd, b"\n", stamp)
+            self._end_partial_lines(stamp)  # the last attempt's unfinished lines end here
             self.attempt = attempt
             self.file.write(stamp + b"axolotl-dist: attempt %d (restart %d) starts here\n"
                             % (attempt + 1, attempt))
@@ -47,6 +46,9 @@ class RankLog:
             self.file.write(head + line + b"\n")
 
     def close(self, stamp: bytes) -> None:
+        self._end_partial_lines(stamp)
+        self.file.close()
+
+    def _end_partial_lines(self, stamp: bytes) -> None:
         for fd in list(self.partial):
             self.write(fd, b"\n", stamp)
-        self.file.close()

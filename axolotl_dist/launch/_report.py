@@ -64,10 +64,7 @@ def _is_secondary(failure) -> bool:
     name = _exc_type(failure)
     if name in _PEER_FAILED_TYPES:
         return True
-    message = data.get("message")
-    text = message.get("message") if isinstance(message, dict) else message
-    return name in ("RuntimeError", "") and isinstance(text, str) and \
-        any(s in text for s in _PEER_LEFT)
+    return name in ("RuntimeError", "") and any(s in _message(failure) for s in _PEER_LEFT)
 
 
 def first_failure(failures: Dict[int, object]) -> Tuple[int, object]:
@@ -161,10 +158,15 @@ def _exc_type(failure) -> str:
     name = (data.get("axolotl_dist") or {}).get("exc_type")
     if isinstance(name, str) and name:
         return name
-    message = data.get("message")
-    text = message.get("message") if isinstance(message, dict) else message
-    head = text.split(":", 1)[0].strip() if isinstance(text, str) else ""
+    head = _message(failure).split(":", 1)[0].strip()
     return head if head.isidentifier() else ""
+
+
+def _message(failure) -> str:
+    """The ``Type: message`` line of a failed rank's error file ("" without one)."""
+    message = _error_data(failure).get("message")
+    text = message.get("message") if isinstance(message, dict) else message
+    return text if isinstance(text, str) else ""
 
 
 def _shown_above(failure) -> bool:
