@@ -215,18 +215,18 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     CI or under ``-vv``."""
     outcome = yield
     report = outcome.get_result()
-    verdict = getattr(call.excinfo.value, "axolotl_dist_verdict", None) \
+    result = getattr(call.excinfo.value, "axolotl_dist_result", None) \
         if call.excinfo is not None else None
-    if verdict is None or report.when != "call":
+    if result is None or report.when != "call":
         return
     from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
 
-    if verdict.site is not None:
-        path, line = verdict.site
+    if result.site is not None:
+        path, line = result.site
     else:  # a hang, or a rank that died: the test's own line
         path, first, _ = item.reportinfo()
         line = (first or 0) + 1
-    text = verdict.message.rstrip("\n") + "\n"
+    text = result.message.rstrip("\n") + "\n"
     report.longrepr = ReprExceptionInfo(
         reprtraceback=ReprTracebackNative(text.splitlines(keepends=True)),
-        reprcrash=ReprFileLocation(str(path), line, verdict.summary))
+        reprcrash=ReprFileLocation(str(path), line, result.summary))

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ._runtime.base import backends as _backends
-from ._runtime.protocols import recorder as _trace
+from ._runtime.protocols import timeline as _timeline
 from ._runtime.protocols.helpers import collective
 from ._runtime.protocols.exchange import all_gather_into, resolved, run
 from ._runtime.protocols.packets import DTYPES, check_alike, describe_ranks, flatten
@@ -92,7 +92,7 @@ def broadcast_into(g: Group, tensor: torch.Tensor, src: int, what: str) -> None:
     checked the ranks' shapes)."""
     work = _to_comm(tensor, g.device)
     if _STATE.trace is not None:
-        _trace.add_bytes(tensor.nbytes)
+        _timeline.add_bytes(tensor.nbytes)
     run(g, what, dist.broadcast, work, group=g.arg, group_src=src, async_op=True)
     if work is not tensor:
         tensor.copy_(work)
@@ -159,7 +159,7 @@ def all_reduce_into(g: Group, tensor: torch.Tensor, name: str, what: str) -> Non
     native_avg = g.device.type == "cuda"  # NCCL's AVG
     work = _to_comm(tensor, g.device)
     if _STATE.trace is not None:
-        _trace.add_bytes(tensor.nbytes)
+        _timeline.add_bytes(tensor.nbytes)
     op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
     run(g, what, dist.all_reduce, work, op=op, group=g.arg, async_op=True)
     if name == "AVG" and not native_avg:
@@ -222,7 +222,7 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
     meta += [0] * (3 + _MAX_NDIM - len(meta))
     metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
     if _STATE.trace is not None:
-        _trace.add_bytes(tensor.nbytes)
+        _timeline.add_bytes(tensor.nbytes)
     run(g, "all_gather", all_gather_into, metas_t,
         torch.tensor(meta, dtype=torch.int64, device=device), group=g.arg, async_op=True)
     metas = metas_t.view(ws, len(meta)).tolist()

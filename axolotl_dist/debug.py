@@ -22,7 +22,7 @@ global lookup per helper call, about 0.1-0.2 us (``benchmarks/debug.py``).
 Calls made by a helper inside another (``synchronize_flag`` uses ``synchronize_value``) are
 checked once, under the outer name. The ranks that go first in ``zero_first`` do not wait at
 the check (the others wait for them, and blocks nest): they compare when their outermost block
-ends. The store protocol is in :mod:`axolotl_dist._runtime.protocols.crosscheck`; the wrapper every
+ends. The store protocol is in :mod:`axolotl_dist._runtime.protocols.debug_checks`; the wrapper every
 helper wears, which runs the check, in :mod:`axolotl_dist._runtime.protocols.helpers`.
 """
 
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from ._runtime.base import constants as _constants
-from ._runtime.protocols import crosscheck as _debug_check
+from ._runtime.protocols import debug_checks as _debug_checks
 from ._runtime.base import envvars as _envvars
 from ._runtime.protocols.helpers import debug_timeout
 from ._runtime.base.groups import group_of as _group_of
@@ -116,7 +116,7 @@ def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
     process so far; 0 without a process group. Every rank checks the same calls, so the counts
     agree across ranks; a helper that calls another helper is checked once."""
     g = _group_of(group, "checked_calls")
-    return 0 if g is None else g.seq.get(_debug_check.SEQUENCE_KIND, 0)
+    return 0 if g is None else g.seq.get(_debug_checks.SEQUENCE_KIND, 0)
 
 
 @contextmanager

@@ -61,7 +61,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     :ivar exc_type: the name of the exception type raised there (``"died"`` if it vanished).
     :ivar exc_message: that exception's message.
     :ivar remote_traceback: the formatted traceback from the failing rank, if known.
-    :ivar where: the helper or block this rank was in when it learnt of the failure.
+    :ivar where: the helper or block this rank was in when it received of the failure.
     :ivar ranks: every rank known to have failed, the root cause first (``(rank,)`` usually).
     :ivar machine: the failing rank's machine (kernel boot and PID namespace), where known.
     :ivar backend_error: where a collective failed because of the lost rank, the first line of
@@ -95,10 +95,10 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         super().__init__(f"rank {rank} failed{place}: {exc_type}{sep}{exc_message}")
 
     def __str__(self) -> str:
-        account = str(self.args[0]) if self.args else ""
+        text = str(self.args[0]) if self.args else ""
         if not self.remote_traceback or _this_machine(self.machine):
-            return account
-        return "%s\n--- traceback from rank %d ---\n%s" % (account, self.rank,
+            return text
+        return "%s\n--- traceback from rank %d ---\n%s" % (text, self.rank,
                                                           self.remote_traceback.rstrip())
 
     def _fields(self) -> tuple:

@@ -18,15 +18,15 @@ import torch
 import torch.distributed as dist
 
 from ._runtime.base import backends as _backends, tracebacks as _tracebacks
-from ._runtime.store import access as _store, attempts as _attempts
-from ._runtime.lifecycle import teardown as _teardown
-from ._runtime.protocols import shared_fs as _filesystem
-from ._runtime.protocols import recorder as _trace
+from ._runtime.store import access as _access, attempts as _attempts
+from ._runtime.lifecycle import services as _services, teardown as _teardown
+from ._runtime.protocols import shared_fs as _shared_fs
+from ._runtime.protocols import timeline as _timeline
 from . import tracing as _tracing
 from ._runtime.base.kitlog import kit as _kit_log
 from ._runtime.base.state import STATE as _STATE
 from . import debug as _debug
-from ._runtime.liveness.waits import noted as _noted
+from ._runtime.liveness.waits import logged_blocking_call as _logged_blocking_call
 from . import env as _env
 from .errors import DistributedEnvError
 from .ranks import get_backend, get_local_rank, get_rank, get_world_size, is_initialized
@@ -129,7 +129,7 @@ def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
     are probed once the group is up (:func:`_probe_shared_filesystem`)."""
     if shared_filesystem is not None:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1" if shared_filesystem else "0"
-    elif not _filesystem.said() and _env.env_num_nodes() <= 1:
+    elif not _shared_fs.said() and _env.env_num_nodes() <= 1:
         os.environ[_env.SHARED_FS_ENV_VAR] = "1"
 
 
@@ -138,19 +138,19 @@ def _probe_shared_filesystem() -> None:
     cache's directory (:mod:`axolotl_dist._runtime.protocols.shared_fs`) and export the answer as
     ``AXOLOTL_DIST_SHARED_FS``; undecided (rank 0 could not write there): shared, as
     OLMo-core assumes."""
-    if _filesystem.said() or not is_initialized() or get_world_size() == 1:
+    if _shared_fs.said() or not is_initialized() or get_world_size() == 1:
         return
     if _env.env_num_nodes(get_world_size()) <= 1:
         return
-    path = _filesystem.default_cache_dir()
-    answer = _filesystem.shares("datasets-cache", path, get_rank(), get_local_rank(),
+    path = _shared_fs.default_cache_dir()
+    answer = _shared_fs.shares("datasets-cache", path, get_rank(), get_local_rank(),
                                 get_world_size())
-    _filesystem.export(answer is not False)
+    _shared_fs.export(answer is not False)
     if answer is False and get_rank() == 0:
         _kit_log.emit(logging.INFO, "the nodes do not share %s (the datasets cache): "
                       "zero_first runs first on each node's local rank 0, get_fs_local_rank() "
                       "is the local rank; set AXOLOTL_DIST_SHARED_FS=1 to run it once for all "
-                      "nodes", _filesystem.probe_dir(path))
+                      "nodes", _shared_fs.probe_dir(path))
 
 
 def init_distributed(
@@ -215,9 +215,9 @@ def init_distributed(
     _apply_shared_filesystem(shared_filesystem)
     _set_cuda_device(backend, asked)
     if world_size > 1 and "store" not in kwargs:
-        with _noted(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
+        with _logged_blocking_call(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
             try:
-                if "init_method" not in kwargs and _store.agent_hosts_store():
+                if "init_method" not in kwargs and _access.agent_hosts_store():
                     kwargs.update(store=_attempt_store(rank, world_size, pg_timeout),
                                   rank=rank, world_size=world_size)
                 dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
@@ -342,7 +342,7 @@ def _init_wait_message(rank: int, world_size: int, init_method: Optional[str]):
     """What a rank waiting in the rendezvous says at each wait interval."""
     address = init_method or (f"{os.environ.get(_env.MASTER_ADDR_ENV_VAR)}:"
                               f"{os.environ.get(_env.MASTER_PORT_ENV_VAR)}")
-    agent = _store.agent_hosts_store()
+    agent = _access.agent_hosts_store()
     host = "the launcher's agent (torchrun, axolotl-dist, accelerate launch)" if agent else "rank 0"
     if rank == 0 and not agent:
         ask = (f"the other {world_size - 1} rank(s) have not all joined: are they started, with "
@@ -360,13 +360,13 @@ def _init_wait_message(rank: int, world_size: int, init_method: Optional[str]):
 
 
 def _after_init(trace_dir: Optional[str]) -> None:
-    _teardown.start_services()
+    _services.start_services()
     _probe_shared_filesystem()
-    directory = _trace.trace_dir_requested(trace_dir)
+    directory = _timeline.trace_dir_requested(trace_dir)
     if directory is None or _STATE.trace is not None:
         return
     try:
-        _tracing.start_recording(directory, _store.world_store(), get_rank(), get_world_size())
+        _tracing.start_recording(directory, _access.world_store(), get_rank(), get_world_size())
     except Exception as exc:  # noqa: BLE001 - a trace must never stop a run
         _kit_log.warning("rank %d: tracing to %s is off: %s: %s", get_rank(), directory,
                          type(exc).__name__, exc)

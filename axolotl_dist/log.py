@@ -18,17 +18,17 @@ import logging
 import sys
 from typing import Any, MutableMapping, Tuple
 
-from ._runtime.base import kitlog as _logs
+from ._runtime.base import kitlog as _kitlog
 from .ranks import get_rank, get_world_size
 
 __all__ = ["RankLoggerAdapter", "get_logger", "DEFAULT_LOGGING_ENV_VAR"]
 
 #: Set to ``0`` to turn off the stderr fallback for unconfigured logging.
-DEFAULT_LOGGING_ENV_VAR = _logs.DEFAULT_LOGGING_ENV_VAR
+DEFAULT_LOGGING_ENV_VAR = _kitlog.DEFAULT_LOGGING_ENV_VAR
 
 
-_FALLBACK = _logs.FALLBACK
-_fallback_level = _logs.fallback_level
+_FALLBACK = _kitlog.FALLBACK
+_fallback_level = _kitlog.fallback_level
 
 
 class RankLoggerAdapter(logging.LoggerAdapter):

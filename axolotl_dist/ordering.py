@@ -6,7 +6,7 @@
 
 They signal through the process group's store (see :mod:`axolotl_dist._runtime.liveness.waits`), not through
 collectives: a waiting rank is bounded only by its own ``timeout`` (rank 0 may tokenize for
-hours), learns within a fraction of a second that a rank it waits for raised
+hours), hears within a fraction of a second that a rank it waits for raised
 (:class:`~axolotl_dist.errors.RankFailedError` naming it), notices within seconds that it died,
 and logs whom it waits for. Every rank of the group must enter the same blocks in the same
 order, as with any collective (docs/design.md, decisions 6 and 14).
@@ -23,8 +23,8 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
 
 
 from . import env as _env
-from ._runtime.protocols import shared_fs as _filesystem, guards as _guards
-from ._runtime.protocols import recorder as _trace
+from ._runtime.protocols import scopes as _scopes, shared_fs as _shared_fs
+from ._runtime.protocols import timeline as _timeline
 from ._runtime.base.args import check_world_size
 from ._runtime.protocols.blocks import run_in_rounds
 from ._runtime.protocols.zero_first import ZeroFirstBlock, first_run_begin, first_run_end
@@ -67,8 +67,8 @@ def _node_first(g: Any, path: Optional[str]) -> Optional[bool]:
         return g.node_first
     answer: Optional[bool] = None
     if g.default and _env.env_num_nodes(g.size) > 1:
-        if path is not None and not _filesystem.said():  # the init's probe is not the user's word
-            shared = _filesystem.shares(path, path, get_rank(), get_local_rank(),
+        if path is not None and not _shared_fs.said():  # the init's probe is not the user's word
+            shared = _shared_fs.shares(path, path, get_rank(), get_local_rank(),
                                         g.size) is not False
             answer = None if shared else get_local_rank() == 0  # path's own answer
         else:
@@ -124,7 +124,7 @@ class _ZeroFirst:
                 return
             first_run_begin(block)
             if _STATE.trace is not None:
-                self.t0 = _trace.now()
+                self.t0 = _timeline.now()
             if _STATE.debug_on and is_debug_enabled():  # checked once the others are here
                 self.debug = first_rank_block(g)
                 self.debug.__enter__()
@@ -141,7 +141,7 @@ class _ZeroFirst:
             return False
         try:
             if self.t0:
-                _trace.body_span(_trace_name(block), self.t0, block.site, block.group,
+                _timeline.body_span(_trace_name(block), self.t0, block.site, block.group,
                                  block.seq, exc_type.__name__ if exc_type is not None else "")
             if self.debug is not None:
                 try:
@@ -171,7 +171,7 @@ def _trace_name(block: ZeroFirstBlock) -> str:
 def _traced_wait(block: ZeroFirstBlock) -> None:
     """A waiting rank's wait, recorded for the timeline with the first rank(s) it waits for
     (group rank 0; with ``is_main=`` given, the first ranks are not known here)."""
-    t0, error = _trace.now(), ""
+    t0, error = _timeline.now(), ""
     try:
         block.await_firsts()
     except BaseException as exc:
@@ -179,7 +179,7 @@ def _traced_wait(block: ZeroFirstBlock) -> None:
         raise
     finally:
         firsts = [] if block.explicit else [block.group.global_rank(0)]
-        _trace.wait_span(_trace_name(block), t0, firsts, block.site, block.group, block.seq, error)
+        _timeline.wait_span(_trace_name(block), t0, firsts, block.site, block.group, block.seq, error)
 
 
 @block("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
@@ -224,7 +224,7 @@ def zero_first(
     block entered by only some ranks raises
     :class:`~axolotl_dist.errors.CollectiveMismatchError`, naming both sites, on the ranks
     whose wait (or confirmation) it breaks; a rank released by the ranks it is paired with
-    learns of it at its next collective. A single process just runs the block.
+    hears of it at its next collective. A single process just runs the block.
 
     On the group's rank 0, a Hugging Face ``datasets`` map in the body that writes no cache
     file the other ranks can load (an in-memory dataset, ``keep_in_memory=True``, a function
@@ -257,11 +257,11 @@ class _ZeroOnly(Generic[D]):
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Union[R, D]:
             if is_main_process(group):
-                guard = _guards.enter("zero_only", group, lambda: where)
+                scope = _scopes.enter("zero_only", group, lambda: where)
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    _guards.leave(guard)
+                    _scopes.leave(scope)
             return default
 
         return wrapper
@@ -270,9 +270,9 @@ class _ZeroOnly(Generic[D]):
         main = is_main_process(self.group)
         if main:
             site = call_site()
-            guard = _guards.enter("zero_only", self.group,
+            scope = _scopes.enter("zero_only", self.group,
                                   lambda: f"the `with zero_only():` block at {site}")
-            self._stack.append((True, guard, None))
+            self._stack.append((True, scope, None))
             return True
         frame = sys._getframe(1)
         old_global, old_local = sys.gettrace(), frame.f_trace
@@ -295,7 +295,7 @@ class _ZeroOnly(Generic[D]):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         main, old_global, old_local = self._stack.pop()
         if main:
-            _guards.leave(old_global)  # on the main rank, the slot holds the scope's guard
+            _scopes.leave(old_global)  # on the main rank, the slot holds the scope
             return False
         sys._getframe(1).f_trace = old_local
         sys.settrace(old_global)

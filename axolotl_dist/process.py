@@ -38,7 +38,7 @@ from typing import (
     overload,
 )
 
-from ._runtime.base import kitlog as _logs
+from ._runtime.base import kitlog as _kitlog
 from .ordering import zero_first, zero_only
 from .ranks import (get_local_rank, get_local_world_size, get_rank, get_world_size,
                     is_last_process, is_main_process)
@@ -282,7 +282,7 @@ def tqdm(iterable: Optional[Iterable[Any]] = None, *args: Any, main_process_only
         raise ImportError(f"axolotl_dist.tqdm needs the tqdm package: {HF_EXTRA_HINT}") from exc
     if main_process_only and not is_main_process():
         kwargs["disable"] = True
-    return _logs.add_bar(tqdm_class(iterable, *args, **kwargs))
+    return _kitlog.add_bar(tqdm_class(iterable, *args, **kwargs))
 
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - Accelerate's name
@@ -291,9 +291,9 @@ def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - Accelerate's name
     if not is_main_process():
         return
     file = kwargs.get("file")
-    if (file is None or file is sys.stdout or file is sys.stderr) and _logs.bars_open():
+    if (file is None or file is sys.stdout or file is sys.stderr) and _kitlog.bars_open():
         sep, end = kwargs.get("sep", " "), kwargs.get("end", "\n")
         text = (" " if sep is None else sep).join(str(a) for a in args)
-        _logs.bar_write(text, file or sys.stdout, "\n" if end is None else end)
+        _kitlog.bar_write(text, file or sys.stdout, "\n" if end is None else end)
         return
     builtins.print(*args, **kwargs)

@@ -122,7 +122,7 @@ def _trace_cost_ns(number: int = 20_000, rounds: int = 25) -> Dict[str, float]:
 
     import axolotl_dist as ad
     # the span the wrapper records, timed alone
-    from axolotl_dist._runtime.protocols import recorder as trace
+    from axolotl_dist._runtime.protocols import timeline
     from axolotl_dist._runtime.base.callsite import call_site
     from axolotl_dist._runtime.base.state import STATE  # the benchmark toggles the recorder
 
@@ -134,7 +134,7 @@ def _trace_cost_ns(number: int = 20_000, rounds: int = 25) -> Dict[str, float]:
         recorder = STATE.trace
 
         def span() -> None:
-            trace.helper_span(recorder, "barrier", None, call_site, nothing, (), {})
+            timeline.helper_span(recorder, "barrier", None, call_site, nothing, (), {})
 
         costs = {"span": [], "bare": [], "on": [], "off": []}  # type: Dict[str, List[float]]
         for _ in range(rounds):

@@ -455,7 +455,7 @@ if mode == "kit":
 look_as = int(os.environ.get("STORE_TRAFFIC_LOOK_AS") or 0)
 if mode == "kit" and look_as:  # --look-as: wait as a rank of a world of look_as ranks would
     from axolotl_dist._runtime.base import constants
-    from axolotl_dist._runtime.liveness import judge as watch
+    from axolotl_dist._runtime.liveness import stalls as watch
     watch.look_interval = lambda _world: constants.look_interval(look_as)
 
 sync("init")

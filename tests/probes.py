@@ -12,11 +12,11 @@ from axolotl_dist.testing._probes import (
     count_store_calls,
     kill_tree,
     known_peers,
-    learnt_failure,
+    known_failure,
     process_state,
     reset_process_state,
     store_of,
 )
 
 __all__ = ["reset_process_state", "store_of", "kill_tree", "process_state", "known_peers",
-           "learnt_failure", "count_store_calls", "StoreCalls"]
+           "known_failure", "count_store_calls", "StoreCalls"]

@@ -66,7 +66,7 @@ def _caught_failure_frames(fault):
     import gc
 
     import axolotl_dist as ad
-    from probes import learnt_failure
+    from probes import known_failure
 
     def fn():
         raise ValueError("boom")
@@ -83,7 +83,7 @@ def _caught_failure_frames(fault):
         ad.compute_and_broadcast(fn)
     except ad.RankFailedError:
         pass
-    learnt = learnt_failure()
+    learnt = known_failure()
     frames = [o for o in gc.get_objects()
               if type(o).__name__ == "frame" and o.f_code.co_name == "broadcast_value"]
     return len(frames), learnt.rank, learnt.__traceback__ is None

@@ -518,7 +518,7 @@ def test_the_wide_block_layout_beyond_31_ranks(tmp_path):
     out = run_distributed(body, WIDE, timeout=120)
     for r, (grown, failed) in enumerate(out):
         # the last block of each kind keeps its two words (deleted one block late), the last
-        # default block its bell too if a waiter slept in it
+        # default block its wake key too if a waiter blocked in it
         assert grown <= 5, grown
         expected = {0: None, 2: ("KeyError", None)}.get(r, ("RankFailedError", 2))
         assert failed == expected, (r, failed)
@@ -558,7 +558,7 @@ def _store_connections():
 def test_a_rank_opens_one_store_connection_of_its_own_however_many_waits_sleep(store):
     # every connection costs the store's host a reverse name lookup in its event loop (W ranks
     # opening one each at once stalled the store for seconds at W >= 16): a rank adds one
-    # connection to torch's, its heartbeat's, and the default group's bells borrow it
+    # connection to torch's, its heartbeat's, and the default group's key waiters borrow it
     def body():
         rank = ad.get_rank()
         ad.barrier()
@@ -567,7 +567,7 @@ def test_a_rank_opens_one_store_connection_of_its_own_however_many_waits_sleep(s
         for _ in range(3):
             with ad.zero_first():
                 if rank == 0:
-                    time.sleep(1.0)  # the others sleep on the block's bell
+                    time.sleep(1.0)  # the others block on the block's wake key
         ad.barrier()
         return before, _store_connections()
 
@@ -587,7 +587,7 @@ def test_a_rank_opens_one_store_connection_of_its_own_however_many_waits_sleep(s
 
 @pytest.mark.parametrize("store", ["parent", "rank0"])
 def test_a_long_zero_first_wait_sleeps_instead_of_polling(store):
-    # a waiter polls briefly, then sleeps on the block's bell (one compare_set to ask for it):
+    # a waiter polls briefly, then blocks on the block's wake key (one compare_set to ask for it):
     # its block store calls do not grow with the wait, and rank 0's done wakes it at once
     def body():
         rank = ad.get_rank()
@@ -609,7 +609,7 @@ def test_a_long_zero_first_wait_sleeps_instead_of_polling(store):
     for rank in (1, 2):
         total, calls, _, released = out[rank]
         # polling every 50 ms for 4 s was ~100; with 20 inline polls and a look a second ~30;
-        # now 15-17: 5 inline, the pairing check, the bell, looks every 4 s, the wait's marks
+        # now 15-17: 5 inline, the pairing check, the wake request, looks every 4 s, the wait's marks
         assert total <= 20, calls
         assert released - done < 0.5, released - done
 

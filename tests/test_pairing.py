@@ -245,8 +245,8 @@ def test_an_empty_block_costs_at_most_two_store_calls_per_rank(ws):
         with ad.zero_first():  # warm: the group's cache, the call site
             pass
         with count_store_calls() as calls:
-            # the rank that comes second: its bit; rank 0's done also rings the bell of the
-            # waiters asleep by then (blocks.py: BELL)
+            # the rank that comes second: its bit; rank 0's done also wakes the wake key of the
+            # waiters asleep by then (blocks.py: WAKE_BIT)
             ad.barrier()
             if rank == 0:
                 time.sleep(0.2)  # the others arrive first: rank 0's done sees every bit
@@ -271,7 +271,7 @@ def test_an_empty_block_costs_at_most_two_store_calls_per_rank(ws):
 
     for rank, (late_first, late_waiter, per_block) in enumerate(run_distributed(body, ws, timeout=120)):
         if rank == 0:
-            assert late_first == 2, late_first  # its done and the ring
+            assert late_first == 2, late_first  # its done and the wake-up
         else:
             assert late_waiter == 1, late_waiter
         if ws == 2:  # both at once: the rank whose call lands first polls the other's, once

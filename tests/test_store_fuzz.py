@@ -162,10 +162,10 @@ def test_no_record_an_attacker_writes_runs_or_hangs(phase, tmp_path):
             slowest = max(slowest, took)
             keys |= {k for k, _ in hostile.attacked}
             sent += hostile.bytes_sent
-            verdicts = [_classify(phase, outcome) for outcome in outcomes]
-            if "clear error" in verdicts and not _names_a_key(outcomes):
-                verdicts = [f"NO KEY NAMED: {o.describe()[:400]}" for o in outcomes]
-            for verdict in verdicts:
+            stall_report = [_classify(phase, outcome) for outcome in outcomes]
+            if "clear error" in stall_report and not _names_a_key(outcomes):
+                stall_report = [f"NO KEY NAMED: {o.describe()[:400]}" for o in outcomes]
+            for verdict in stall_report:
                 tally[verdict if verdict in ("ignored", "clear error") else "wrong"] += 1
                 if verdict not in ("ignored", "clear error"):
                     problems.append(f"{fam} <- {payloads[0][:40]!r}... ({took:.1f} s): "

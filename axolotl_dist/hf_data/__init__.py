@@ -35,8 +35,8 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
-from .._runtime.base import kitlog as _logs
-from .._runtime.protocols import recorder as _trace
+from .._runtime.base import kitlog as _kitlog
+from .._runtime.protocols import timeline as _timeline
 from .._runtime.base.callsite import call_site
 from .._runtime.protocols.helpers import call
 from .._runtime.base.groups import Group, group_of
@@ -128,9 +128,9 @@ def shared_map(
     One process (or a group of one): exactly ``dataset.map(function, **map_kwargs)``.
     """
     _require_datasets()
-    from . import _parts as _hf_parts
+    from . import _parts
 
-    call = _hf_parts.prepare(dataset, function, map_kwargs)
+    call = _parts.prepare(dataset, function, map_kwargs)
     if timeout is not None and not timeout > 0:
         raise ValueError(f"shared_map(timeout={timeout!r}) must be a positive number of seconds or None")
     if cache_dir is not None:
@@ -217,7 +217,7 @@ class _SharedMap:
             self._leave()
 
     def _run(self) -> "Dataset":
-        from . import _parts as hf
+        from . import _parts
 
         self._arrive()
         try:
@@ -227,48 +227,48 @@ class _SharedMap:
             raise
         count, index = len(members), members.index(self.rank)
         rows = len(self.dataset)
-        bounds = [hf.part_bounds(rows, count, j, self.call) for j in range(count)]
-        files = [hf.PartFiles(self.directory, self.fingerprint, j, count) for j in range(count)]
+        bounds = [_parts.part_bounds(rows, count, j, self.call) for j in range(count)]
+        files = [_parts.PartFiles(self.directory, self.fingerprint, j, count) for j in range(count)]
         start, end = bounds[index]
         self.where = f"{self.what} (part {index + 1}/{count}: rows [{start}, {end}))"
         reuse = self.call.load_from_cache_file and not self.temp
-        whole = hf.single_file_cache(self.directory, self.fingerprint) if reuse else None
+        whole = _parts.single_file_cache(self.directory, self.fingerprint) if reuse else None
         if self.rank == 0 and not (whole or reuse and all(
                 f.is_complete(*b) for f, b in zip(files, bounds))):
             self._open_bar(rows * len({e["fs"] for e in self.entries}))
         self._map_part(files[index], start, end, f"{index + 1}/{count}", whole, reuse)
         self._all_done(end - start)
         if whole:
-            return hf.assemble(self.dataset, self.call, self.fingerprint, [whole], 0, False)
+            return _parts.assemble(self.dataset, self.call, self.fingerprint, [whole], 0, False)
         return self._assemble(files, bounds)
 
     def _map_part(self, part: "PartFiles", start: int, end: int, label: str,
                   whole: Optional[str], reuse: bool) -> None:
         """Map rows ``[start, end)`` into ``part`` unless a cache holds them: ``datasets``' own
         one-file cache (``whole``), or the part itself when caches may be ``reuse``d."""
-        from . import _parts as hf
+        from . import _parts
 
-        t0 = _trace.now()  # the part's span covers the look at its cache
+        t0 = _timeline.now()  # the part's span covers the look at its cache
         if not (whole or reuse and part.is_complete(start, end)):
             with _datasets_bars_off():
-                hf.map_part(self.dataset, self.call, part, start, end, self._tick)
+                _parts.map_part(self.dataset, self.call, part, start, end, self._tick)
         if _STATE.trace is not None:
-            _trace.body_span(f"shared_map part {label}", t0, self.site, self.group, self.seq)
+            _timeline.body_span(f"shared_map part {label}", t0, self.site, self.group, self.seq)
 
     def _all_done(self, mine: int) -> None:
         """Count this rank's ``mine`` rows and its part done; wait until every rank's is."""
         self.counted = max(self.counted, mine)
         self._report()
         self.store.add(self.key("done"), 1)
-        t0 = _trace.now()
+        t0 = _timeline.now()
         self._wait("done", self.ws)
         if _STATE.trace is not None:
-            _trace.wait_span("shared_map", t0, self.others, self.site, self.group, self.seq)
+            _timeline.wait_span("shared_map", t0, self.others, self.site, self.group, self.seq)
         self._refresh_bar(force=True)
 
     def _assemble(self, files: List["PartFiles"], bounds: List[Tuple[int, int]]) -> "Dataset":
         """The whole result from every part's file (raises if a part reported done is missing)."""
-        from . import _parts as hf
+        from . import _parts
 
         marks = [f.read_marker(*b) for f, b in zip(files, bounds)]
         lost = [j for j, mark in enumerate(marks) if mark is None]
@@ -279,7 +279,7 @@ class _SharedMap:
                 "AXOLOTL_DIST_SHARED_FS=0 if the nodes do not share one, or pass the same cache_dir")
         paths = [f.arrow for f, mark in zip(files, marks) if mark and mark["changed"]]
         unchanged = sum(1 for mark, (s, e) in zip(marks, bounds) if s != e and not mark["changed"])
-        return hf.assemble(self.dataset, self.call, self.fingerprint, paths, unchanged, self.temp)
+        return _parts.assemble(self.dataset, self.call, self.fingerprint, paths, unchanged, self.temp)
 
     # --- arrival and the split --------------------------------------------------------------
 
@@ -383,7 +383,7 @@ class _SharedMap:
         from datasets.utils import tqdm as hf_tqdm  # the class: off with datasets' bars
 
         desc = self.call.desc or "Map"
-        self.bar = _logs.add_bar(hf_tqdm(total=total, unit=" examples",
+        self.bar = _kitlog.add_bar(hf_tqdm(total=total, unit=" examples",
                                          desc=f"{desc} (shared_map over {self.ws} ranks)"))
 
     def _refresh_bar(self, force: bool = False) -> None:

@@ -12,8 +12,8 @@ to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it
   them and says so; the watcher then says nothing (it used to, once the stopped ranks were
   gone: a second, false account). :meth:`Watcher.claim` makes the two accounts exclusive;
 * the run's entry in this host's run directory (:mod:`.runs`), for ``axolotl-dist where``:
-  recorded once the first local rank has noted the store's address, removed at the end;
-* ``SIGUSR1``: a report of where every rank is (:mod:`.where`), printed to the launcher's
+  recorded once the first local rank has logged the store's address, removed at the end;
+* ``SIGUSR1``: a report of where every rank is (:mod:`.where_report`), printed to the launcher's
   stderr; the run goes on. Not where the user lists SIGUSR1 in ``--signals-to-handle``: it is
   then theirs, forwarded to the ranks as torchrun does (``axolotl-dist where`` still reports);
 * while no rank has started on a multi-node run, a note every ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
@@ -32,7 +32,8 @@ import time
 from typing import Callable, Optional, Tuple
 
 from .._runtime.base import procs
-from .._runtime.liveness import runs, whereabouts as where
+from .._runtime.liveness import runs, where_report
+from .._runtime.store import clients
 from .._runtime.base.constants import WAIT_LOG_INTERVAL_ENV_VAR
 from .._runtime.base.envvars import kit_seconds
 from ._report import GUARDS_DIR, latest_attempt, read_ends
@@ -68,7 +69,7 @@ class Watcher:
         self.stop_signals = tuple(int(s) for s in stop_signals)
         self.report = report and int(REPORT_SIGNAL) not in self.stop_signals
         self.script, self.world = script, world
-        self._entry: Optional[str] = None  # the run's entry in the run directory, once noted
+        self._entry: Optional[str] = None  # the run's entry in the run directory, once logged
         self._claim = threading.Lock()
         self._claimed = False
         self._read, write = os.pipe()
@@ -106,7 +107,7 @@ class Watcher:
         return latest_attempt(self.end_dir)
 
     def _record(self) -> None:
-        """Once this node's first local rank noted the store's address, record the run."""
+        """Once this node's first local rank logged the store's address, record the run."""
         try:
             with open(os.path.join(self.note_dir, runs.STORE_NOTE)) as fh:
                 note = json.load(fh)
@@ -206,8 +207,8 @@ class Watcher:
                  "yet")
             return
         try:
-            store = where.connect(note["addr"], int(note["port"]), timeout=5.0)
-            text = where.where(store)
+            store = clients.connect(note["addr"], int(note["port"]), timeout=5.0)
+            text = where_report.where(store)
         except Exception as exc:  # noqa: BLE001 - a report must never stop the launcher
             text = f"  could not ask the ranks ({type(exc).__name__}: {exc})"
         _say(self.prog, f"where every rank is (SIGUSR1; the run goes on):\n{text}")

@@ -17,7 +17,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from .._runtime.liveness import runs, whereabouts as where_report
+from .._runtime.liveness import runs, where_report
+from .._runtime.store import clients
 from ._report import PROG
 
 __all__ = ["where_main", "plain", "LOOPBACK"]
@@ -38,8 +39,8 @@ def _store_at(addr: str, port: int, timeout: float) -> Optional[Any]:
     """A client of the c10d store at ``addr:port``, or None after saying, in one line, that
     none answered (at once where nothing listens)."""
     try:
-        return where_report.connect(addr, port, timeout=timeout, retry_refused=False)
-    except where_report.Refused:
+        return clients.connect(addr, port, timeout=timeout, retry_refused=False)
+    except clients.Refused:
         _fail(f"nothing listens at {addr}:{port} (connection refused): no run's c10d store is "
               "there (the run ended, or the address is not its MASTER_ADDR:MASTER_PORT)")
         return None
@@ -53,7 +54,7 @@ def _report(addr: str, port: int, timeout: float, title: str = "") -> int:
     """Print where every rank of the run whose store is at ``addr:port`` is; 0, or 1 if no
     store answered there."""
     store = _store_at(addr, port, timeout)
-    target = where_report.rendezvous_target(store) if store is not None else None
+    target = clients.rendezvous_target(store) if store is not None else None
     if target is not None:  # torchrun's --rdzv-endpoint: the ranks' store is elsewhere
         rdzv = f"{addr}:{port}"
         addr, port = target

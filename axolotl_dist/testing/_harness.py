@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .._runtime.base.procs import kill_tree, signal_tree
 from .._runtime.base.tracebacks import safe_str
-from .._runtime.liveness import whereabouts
+from .._runtime.liveness import where_report
+from .._runtime.store import clients
 from ._outcomes import STORE_PLACEMENTS, DistributedTestError, RankOutcome
 from ._rank import child_main
 
@@ -186,9 +187,9 @@ def _ask_where(store: _Store, ranks: List[int]) -> Dict[int, str]:
     try:
         client = store.server
         if client is None:  # rank 0 hosts the store: ask it as any client would
-            client = whereabouts.connect("127.0.0.1", store.port, timeout=2.0,
+            client = clients.connect("127.0.0.1", store.port, timeout=2.0,
                                          retry_refused=False)
-        return whereabouts.where_each(client, ranks)
+        return where_report.where_each(client, ranks)
     except Exception as exc:  # noqa: BLE001 - the report must never stop the kill
         return {r: f"could not be asked ({type(exc).__name__}: {safe_str(exc)})" for r in ranks}
 

@@ -6,7 +6,7 @@ forked ranks through :func:`.run_distributed_outcomes` with the fixture values t
 process computed; a rank whose body raises leaves a note (what kind of end, and pytest's own
 rendering of its traceback, assertion rewriting included) in a directory of the test's own,
 then raises on, so its peers learn of the failure as in any run. The notes and the outcomes
-become one verdict: pass, skip, xfail, or a failure whose message says each rank's part once.
+become one finding: pass, skip, xfail, or a failure whose message says each rank's part once.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from .._runtime.base.text import ranks_text
 from ._harness import run_distributed_outcomes
 from ._outcomes import RankOutcome
 
-__all__ = ["GRACE", "Verdict", "run", "on_rank", "account", "LabelledLines"]
+__all__ = ["GRACE", "MarkedResult", "run", "on_rank", "summarize", "LabelledLines"]
 
 #: Seconds the other ranks get to end once one rank has failed, before they are killed.
 GRACE = 3.0
 
 
-class Verdict(NamedTuple):
+class MarkedResult(NamedTuple):
     """A marked test's outcome from its ranks' notes and ends."""
 
     #: ``"pass"``, ``"skip"``, ``"xfail"`` or ``"fail"``
@@ -55,26 +55,26 @@ def run(item: Any, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, world_s
         outcomes = run_distributed_outcomes(
             on_rank, world_size, args=(item, fn, dict(kwargs), notes), init=init,
             backend=backend, timeout=timeout, grace=GRACE, store=store)
-        verdict = account(outcomes, _read_notes(notes), timeout, timeout_source)
+        result = summarize(outcomes, _read_notes(notes), timeout, timeout_source)
     finally:
         shutil.rmtree(notes, ignore_errors=True)
-    if verdict.kind == "skip":
+    if result.kind == "skip":
         try:  # reported at the test's own line, as a skip marker is, not at this one
-            skipped = pytest.skip.Exception(verdict.message, _use_item_location=True)
+            skipped = pytest.skip.Exception(result.message, _use_item_location=True)
         except TypeError:  # a pytest before 7
-            skipped = pytest.skip.Exception(verdict.message)
+            skipped = pytest.skip.Exception(result.message)
         raise skipped
-    elif verdict.kind == "xfail":
-        pytest.xfail(verdict.message)
-    elif verdict.kind == "fail":
-        failure = pytest.fail.Exception(verdict.message, pytrace=False)
+    elif result.kind == "xfail":
+        pytest.xfail(result.message)
+    elif result.kind == "fail":
+        failure = pytest.fail.Exception(result.message, pytrace=False)
         # the plugin's report hook makes the summary and site pytest's crash line
-        failure.axolotl_dist_verdict = verdict  # type: ignore[attr-defined]
+        failure.axolotl_dist_result = result  # type: ignore[attr-defined]
         raise failure
 
 
 def on_rank(item: Any, fn: Callable[..., Any], kwargs: Dict[str, Any], notes: str) -> None:
-    """A rank's body: the test function; what it raised is noted, then raised on. What it
+    """A rank's body: the test function; what it raised is logged, then raised on. What it
     prints reaches pytest's capture line by line, each line labelled with the rank."""
     __tracebackhide__ = True  # pytest's rendering starts at the test function
     rank = os.environ.get("RANK", "0")
@@ -369,7 +369,7 @@ def _one_mismatch(failed: List[Tuple[int, str]], notes: Mapping[int, Mapping[str
 
 
 class _Tally:
-    """Each rank's outcome and note, sorted into what a verdict tells: the failed ranks (with
+    """Each rank's outcome and note, sorted into what a finding tells: the failed ranks (with
     their exception in one line and their test's line), the ranks still running at the
     timeout, one line for each other rank (stopped, skipped, xfailed)."""
 
@@ -418,9 +418,9 @@ class _Tally:
             self.sites.append((site[0], site[1]))
 
 
-def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
-            timeout: float, timeout_source: str) -> Verdict:
-    """The :class:`Verdict` of a marked test's run from each rank's ``outcomes`` and
+def summarize(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
+            timeout: float, timeout_source: str) -> MarkedResult:
+    """The :class:`MarkedResult` of a marked test's run from each rank's ``outcomes`` and
     ``notes``; ``timeout`` and where it came from for the account of a hang."""
     tally = _Tally(outcomes, notes)
     if tally.failed:
@@ -431,14 +431,14 @@ def account(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]],
         chosen = tally.xfails or tally.skips
         reason = "; ".join(f"{text} ({who})" if len(outcomes) > 1 else text
                            for who, text in _folded(chosen))
-        return Verdict("xfail" if tally.xfails else "skip", reason, reason)
+        return MarkedResult("xfail" if tally.xfails else "skip", reason, reason)
     if tally.lines:  # stopped by a failure no rank accounts for
         told = [f"{who}: {text}" for who, text in _folded(sorted(tally.lines))]
-        return Verdict("fail", "\n".join(told), "; ".join(told))
-    return Verdict("pass")
+        return MarkedResult("fail", "\n".join(told), "; ".join(told))
+    return MarkedResult("pass")
 
 
-def _failure(tally: _Tally) -> Verdict:
+def _failure(tally: _Tally) -> MarkedResult:
     """Some rank failed: each failure once (ranks that failed alike folded, a mismatch told
     by its first rank), then a line for every other rank."""
     world, crash = tally.world, tally.crash
@@ -451,11 +451,11 @@ def _failure(tally: _Tally) -> Verdict:
         (o.rank, f"still running {GRACE:g} s after the failure, killed: {o.where}")
         for o in tally.stuck]
     tail = [f"{who}: {text}" for who, text in _folded(sorted(lines))]
-    return Verdict("fail", "\n\n".join(parts) + ("\n\n" + "\n".join(tail) if tail else ""),
+    return MarkedResult("fail", "\n\n".join(parts) + ("\n\n" + "\n".join(tail) if tail else ""),
                    summary, tally.sites[0] if tally.sites else None)
 
 
-def _hang(tally: _Tally, timeout: float, timeout_source: str) -> Verdict:
+def _hang(tally: _Tally, timeout: float, timeout_source: str) -> MarkedResult:
     """No rank failed and some still ran at the timeout: where each was."""
     outcomes, notes, stuck = tally.outcomes, tally.notes, tally.stuck
     done = [o.rank for o in outcomes if o.ok and o.rank not in notes]
@@ -467,4 +467,4 @@ def _hang(tally: _Tally, timeout: float, timeout_source: str) -> Verdict:
     short = (f"timed out: {ranks_text([o.rank for o in stuck])} of {tally.world} still "
              f"running after {timeout:g} s ({timeout_source})")
     head = f"{short}; where each was, before every rank was killed:"
-    return Verdict("fail", "\n".join([head, *where, *extra]), short)
+    return MarkedResult("fail", "\n".join([head, *where, *extra]), short)

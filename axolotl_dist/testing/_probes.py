@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from .._runtime.base import state as _state
-from .._runtime.base.groups import learnt as _learnt
+from .._runtime.base.groups import known_failure as _known_failure
 from .._runtime.base.procs import kill_tree, proc_state
 from .._runtime.store.access import group_store
 from ..debug import refresh_from_env as _refresh_debug
@@ -16,12 +16,12 @@ from ..debug import refresh_from_env as _refresh_debug
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
 
-__all__ = ["reset_process_state", "store_of", "known_peers", "learnt_failure", "process_state",
+__all__ = ["reset_process_state", "store_of", "known_peers", "known_failure", "process_state",
            "kill_tree", "count_store_calls", "StoreCalls"]
 
 
 def reset_process_state(*parts: str) -> None:
-    """Make this process forget what the kit has learnt, as a fresh process would know nothing:
+    """Make this process forget what the kit has received, as a fresh process would know nothing:
     everything, or only the named parts (``"groups"``, ``"failures"``, ``"peers"``,
     ``"heartbeat"``, ``"helpers"``, ``"debug"``, ``"blocks"``). Debug mode is then read again
     from ``AXOLOTL_DIST_DEBUG``. The harness calls it in every rank it forks. It stops no
@@ -44,11 +44,11 @@ def known_peers() -> Dict[int, Any]:
     return dict(_state.STATE.peers)
 
 
-def learnt_failure() -> Optional[Any]:
+def known_failure() -> Optional[Any]:
     """The last failure of another rank this process raised or received under the current
     default group (a :class:`~axolotl_dist.errors.RankFailedError`, rebuilt from the report the
     kit keeps), or None: what this rank relays in its exit record if it ends after it."""
-    return _learnt()
+    return _known_failure()
 
 
 #: ``process_state(pid)``: ``"running"``, ``"stopped"`` or ``"gone"`` (a zombie counts as

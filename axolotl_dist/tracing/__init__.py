@@ -18,7 +18,7 @@ import os
 from typing import Any, Callable, Optional, TypeVar
 
 from .._runtime.base import envvars as _envvars
-from .._runtime.protocols import recorder as _trace
+from .._runtime.protocols import timeline as _timeline
 from . import _merge
 from .._runtime.base.callsite import call_site
 from .._runtime.base.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
@@ -51,14 +51,14 @@ class trace_span:  # noqa: N801 - used like a function: ``with trace_span("token
     def __enter__(self) -> "trace_span":
         if _STATE.trace is not None:
             self._site = str(call_site())
-            self._t0 = _trace.now()
+            self._t0 = _timeline.now()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         recorder, t0 = _STATE.trace, self._t0
         self._t0 = None
         if recorder is not None and t0 is not None:
-            recorder.span("user", self.name, t0, _trace.now(), self._site,
+            recorder.span("user", self.name, t0, _timeline.now(), self._site,
                           error=exc_type.__name__ if exc_type is not None else "")
 
     def __call__(self, fn: F) -> F:
@@ -77,10 +77,10 @@ def start_recording(directory: str, store: Any, rank: int, world_size: int) -> N
     it on every rank: the clocks are aligned there). At the cleanup that ends the recording,
     rank 0 merges every rank's file, unless the ``axolotl-dist`` launcher will once every
     rank ended (it started this rank with ``AXOLOTL_DIST_TRACE`` naming the directory)."""
-    _trace.start(directory, store, rank, world_size, at_end=_at_end)
+    _timeline.start(directory, store, rank, world_size, at_end=_at_end)
 
 
-def _at_end(recorder: _trace.Recorder) -> None:
+def _at_end(recorder: _timeline.Recorder) -> None:
     if recorder.rank == 0 and not _launcher_merges(recorder.directory):
         _merge.merge_at_exit(recorder.directory, recorder.world_size)
 

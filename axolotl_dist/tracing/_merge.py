@@ -26,7 +26,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .._runtime.protocols.recorder import FILE_PREFIX
+from .._runtime.protocols.timeline import FILE_PREFIX
 
 __all__ = ["RankTrace", "load", "merge", "merge_at_exit", "announce", "Merged", "MIN_WAIT_US",
            "EXIT_WAIT"]

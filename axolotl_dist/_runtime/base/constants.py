@@ -3,7 +3,7 @@ defaults of every ``AXOLOTL_DIST_*`` variable the kit reads (their table, with h
 parsed, is :data:`.envvars.KIT_VARS`), and the store counter of long waits and published
 warnings (:data:`WAITERS_KEY`).
 
-A leaf: it imports nothing from the package, so :mod:`..store.access`, :mod:`..liveness.peers`, :mod:`..liveness.judge`
+A leaf: it imports nothing from the package, so :mod:`..store.access`, :mod:`..liveness.peers`, :mod:`..liveness.stalls`
 and :mod:`..liveness.waits` can all read it without importing each other.
 """
 
@@ -44,9 +44,9 @@ __all__ = [
     "LONG_WAITS",
 ]
 
-#: Seconds between two heartbeats of a rank (one store call each; the judge's rounds too).
+#: Seconds between two heartbeats of a rank (one store call each; the stall detector's rounds too).
 HEARTBEAT_INTERVAL = 2.5
-#: How often a waiting rank judges the ranks it waits for (seconds): their pids where they run
+#: How often a waiting rank checks the ranks it waits for (seconds): their pids where they run
 #: on this machine (no store call).
 LIVENESS_INTERVAL = 0.5
 #: How often a waiting rank reads the store about them (seconds): one store call; in worlds

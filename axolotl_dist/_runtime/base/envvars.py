@@ -24,7 +24,7 @@ import math
 import os
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
-from . import constants as c
+from . import constants
 from ...errors import DistributedEnvError
 
 __all__ = [
@@ -146,32 +146,32 @@ class KitVar(NamedTuple):
     fix: str
 
 
-SHARED_FS_ENV_VAR = c.SHARED_FS_ENV_VAR
+SHARED_FS_ENV_VAR = constants.SHARED_FS_ENV_VAR
 
 #: Every ``AXOLOTL_DIST_*`` variable the kit reads (``tests/test_docs.py`` checks that the code
 #: names no other and that docs/env.md lists exactly these).
 KIT_VARS: Dict[str, KitVar] = {
-    c.DEBUG_ENV_VAR: KitVar("switch", False, f"set {c.DEBUG_ENV_VAR}=1 to turn debug mode on or "
-                            f"{c.DEBUG_ENV_VAR}=0 (or unset it) to leave it off"),
-    c.DEBUG_TIMEOUT_ENV_VAR: KitVar("seconds", c.DEFAULT_DEBUG_TIMEOUT, ""),
-    c.DEFAULT_LOGGING_ENV_VAR: KitVar(
-        "switch", True, f"set {c.DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr fallback off or "
-        f"{c.DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it"),
-    c.SHARED_FS_ENV_VAR: KitVar("switch", False, "set it to 1 if all nodes share one "
+    constants.DEBUG_ENV_VAR: KitVar("switch", False, f"set {constants.DEBUG_ENV_VAR}=1 to turn debug mode on or "
+                            f"{constants.DEBUG_ENV_VAR}=0 (or unset it) to leave it off"),
+    constants.DEBUG_TIMEOUT_ENV_VAR: KitVar("seconds", constants.DEFAULT_DEBUG_TIMEOUT, ""),
+    constants.DEFAULT_LOGGING_ENV_VAR: KitVar(
+        "switch", True, f"set {constants.DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr fallback off or "
+        f"{constants.DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it"),
+    constants.SHARED_FS_ENV_VAR: KitVar("switch", False, "set it to 1 if all nodes share one "
                                 "filesystem, else 0"),
-    c.HEARTBEAT_TIMEOUT_ENV_VAR: KitVar("seconds", c.DEFAULT_HEARTBEAT_TIMEOUT, ""),
-    c.WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", c.DEFAULT_WAIT_LOG_INTERVAL, ""),
-    c.STORE_LINGER_ENV_VAR: KitVar("seconds", c.DEFAULT_STORE_LINGER, ""),
-    c.FOLD_ENV_VAR: KitVar("switch", True, f"set {c.FOLD_ENV_VAR}=0 to print every rank's "
-                           f"lines as they come or {c.FOLD_ENV_VAR}=1 (or unset it) to fold "
+    constants.HEARTBEAT_TIMEOUT_ENV_VAR: KitVar("seconds", constants.DEFAULT_HEARTBEAT_TIMEOUT, ""),
+    constants.WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", constants.DEFAULT_WAIT_LOG_INTERVAL, ""),
+    constants.STORE_LINGER_ENV_VAR: KitVar("seconds", constants.DEFAULT_STORE_LINGER, ""),
+    constants.FOLD_ENV_VAR: KitVar("switch", True, f"set {constants.FOLD_ENV_VAR}=0 to print every rank's "
+                           f"lines as they come or {constants.FOLD_ENV_VAR}=1 (or unset it) to fold "
                            "lines that several ranks print alike"),
-    c.LOG_DIR_ENV_VAR: KitVar("path", None, ""),
-    c.LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
-    c.LAUNCHER_TTY_ENV_VAR: KitVar("launcher", None, ""),
-    c.TRACE_ENV_VAR: KitVar("path", None, ""),
-    c.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
-    c.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
-    c.END_DIR_ENV_VAR: KitVar("launcher", None, ""),
+    constants.LOG_DIR_ENV_VAR: KitVar("path", None, ""),
+    constants.LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
+    constants.LAUNCHER_TTY_ENV_VAR: KitVar("launcher", None, ""),
+    constants.TRACE_ENV_VAR: KitVar("path", None, ""),
+    constants.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
+    constants.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
+    constants.END_DIR_ENV_VAR: KitVar("launcher", None, ""),
 }
 
 

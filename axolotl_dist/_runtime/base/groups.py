@@ -16,7 +16,7 @@ threads abort the process). ``group=None`` means the default group, everywhere. 
 * ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
   ``world_mesh`` (default group); ``cleanup_store``, ``blocks_done`` (background deletion of
   finished blocks' keys); ``sleep_store`` (the idle connection a long wait sleeps on:
-  :mod:`..store.sleep`); ``abandoned`` (a collective left pending: kept at exit);
+  :mod:`..store.wakeup`); ``abandoned`` (a collective left pending: kept at exit);
   ``open_blocks`` (thread id -> its innermost open block: :mod:`..protocols.threads`).
 
 :func:`group_of` is the one function that turns a ``group=`` argument into a :class:`Group`;
@@ -41,7 +41,7 @@ from ...ranks import get_rank, get_world_size
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["world", "Group", "NOT_ASKED", "group_of", "default_pg", "on_first_use", "learn", "learnt",
+__all__ = ["world", "Group", "NOT_ASKED", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
            "HEADER_LEN", "A2A_MAX_RANKS"]
 
 #: torch's holder of the default group; reading it has no side effects.
@@ -61,7 +61,7 @@ _FIRST_USE: List[Callable[[], None]] = []
 
 def on_first_use(hook: Callable[[], None]) -> None:
     """Run ``hook`` whenever :func:`group_of` builds a :class:`Group` (the first use of a
-    process group; ``init_distributed`` runs it too). :mod:`..lifecycle.teardown` registers the kit's
+    process group; ``init_distributed`` runs it too). :mod:`..lifecycle.services` registers the kit's
     services (exit hook, heartbeat) here: the floors below it cannot import it."""
     if hook not in _FIRST_USE:
         _FIRST_USE.append(hook)
@@ -228,7 +228,7 @@ def _resolve(group: Optional["ProcessGroup"], op: str, create: bool) -> Optional
     return found
 
 
-def learn(error: RankFailedError) -> RankFailedError:
+def remember_failure(error: RankFailedError) -> RankFailedError:
     """Remember ``error``, another rank's failure that this process is about to raise, under
     the current default group, and return it. A rank that ends after it (even normally)
     relays it in its exit record, so its peers name the rank that really failed. Called by the
@@ -236,14 +236,14 @@ def learn(error: RankFailedError) -> RankFailedError:
     the exception itself records nothing. Kept as the report, not the error: a raised error's
     traceback keeps every frame it passed through alive, with their tensors."""
     pg = default_pg()
-    if pg is not None and error.rank != pg.rank():  # its own failure relayed back: not learnt
-        STATE.learnt = (weakref.ref(pg), error.to_report())
+    if pg is not None and error.rank != pg.rank():  # its own failure relayed back: not remembered
+        STATE.known_failure = (weakref.ref(pg), error.to_report())
     return error
 
 
-def learnt() -> Optional[RankFailedError]:
-    """The failure :func:`learn` last recorded under the current default group, if any."""
-    record = STATE.learnt
+def known_failure() -> Optional[RankFailedError]:
+    """The failure :func:`remember_failure` last recorded under the current default group, if any."""
+    record = STATE.known_failure
     if record is None:
         return None
     pg = record[0]()

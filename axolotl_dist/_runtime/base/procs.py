@@ -48,7 +48,7 @@ def flush_standard_streams() -> None:
 
 
 def machine_id() -> str:
-    """Which pids this process can judge: the kernel's boot id and this process's PID namespace
+    """Which pids this process can stall detector: the kernel's boot id and this process's PID namespace
     (``<boot id>/<namespace inode>``). Two processes with the same id see each other in
     ``/proc`` under the pids they recorded; a hostname proves nothing (containers and nodes
     often share one). Without procfs (not Linux: no PID namespaces), the hostname."""

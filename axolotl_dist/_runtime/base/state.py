@@ -1,4 +1,4 @@
-"""What this process has learnt, in one object with one :func:`reset`.
+"""What this process has received, in one object with one :func:`reset`.
 
 Everything the kit remembers between calls that is not tied to one process group's lifetime
 lives on :data:`STATE`; what belongs to one group lives in that group's
@@ -11,8 +11,8 @@ field              what it is, who writes it
                    counters, buffers, debug log (:mod:`.groups`)
 ``last_group``     the :class:`~.groups.Group` used last: most programs use one
                    (:func:`.groups.group_of`'s fast path)
-``learnt``         the last failure of another rank this process raised or received, as its
-                   report, with the group it was learnt under (:func:`.groups.learn`);
+``known_failure``  the last failure of another rank this process raised or received, as its
+                   report, with the group it was received under (:func:`.groups.remember_failure`);
                    a rank that exits after it relays it in its exit record
 ``peers``          global rank -> :class:`~..liveness.peers.Peer` record (host, pid, launcher), copied
                    from the store by the heartbeat (:mod:`..liveness.peers`)
@@ -29,17 +29,17 @@ field              what it is, who writes it
                    checked again (:mod:`axolotl_dist.debug`)
 ``unconfirmed``    ``zero_first`` blocks this rank ran first (as the sole first rank) whose
                    other ranks' arrival it has not confirmed yet (:mod:`..protocols.blocks`)
-``waits``          thread id -> the kit wait it is in (:mod:`..liveness.whereabouts`)
-``guards``         thread id -> the scopes other ranks cannot join a collective in: the
-                   ``zero_first`` blocks it runs first, ``zero_only`` code (:mod:`..protocols.guards`)
-``guarded``        how many such scopes are open (0: helpers skip the check)
+``waits``          thread id -> the kit wait it is in (:mod:`..liveness.where_report`)
+``scopes``         thread id -> the scopes other ranks cannot join a collective in: the
+                   ``zero_first`` blocks it runs first, ``zero_only`` code (:mod:`..protocols.scopes`)
+``exclusive_scopes``        how many such scopes are open (0: helpers skip the check)
 ``calls``          thread id -> the innermost kit helper call in flight on that thread, and
-``crossed``        thread id -> why its call in flight must not return (:mod:`..protocols.threads`)
+``thread_conflicts``        thread id -> why its call in flight must not return (:mod:`..protocols.threads`)
 ``abandoned``      collectives whose wait ended on an exception (Ctrl-C) while they were still
                    pending: kept, never released, with their groups at exit (:mod:`..liveness.waits`)
 ``cleanup``        the background deletion of finished blocks' keys (:mod:`..store.sweep`), made at
                    its first use
-``exit_hook``      the exit hook is registered (:mod:`..lifecycle.teardown`); a fact of the process that
+``exit_hook``      the exit hook is registered (:mod:`..lifecycle.services`); a fact of the process that
                    a fork keeps (the hook is in the child's ``atexit`` list too), so
                    :func:`reset` leaves it
 ``closed_trace``   a recording the exit's teardown closed, for its cleanup to end
@@ -48,8 +48,8 @@ field              what it is, who writes it
 ``store_spy``      a test's wrapper around the store a block uses (None: none), see
                    :func:`axolotl_dist.testing.count_store_calls`
 ``trace``          the recorder of this rank's kit calls while tracing is on, else None
-                   (:mod:`.recorder`)
-``folding``        the Python warnings this process holds for folding (before its heartbeat
+                   (:mod:`.timeline`)
+``warning_fold``   the Python warnings this process holds for folding (before its heartbeat
                    starts) and, on rank 0, the ones it waits to print (:mod:`..lifecycle.warnfold`),
                    made at the first use
 ``warn_hook``      the ``warnings.showwarning`` the folding hook replaced (None: no hook); a
@@ -61,11 +61,11 @@ field              what it is, who writes it
 ``runs_refused``   the refusals of a run directory this process said (once each:
                    :mod:`..liveness.runs`)
 ``answer_keys``    (run, rank) whose snapshot key this process made sure exists
-                   (:mod:`..liveness.whereabouts`)
-``bells``          the bells long waits of this process sleep on (:mod:`..store.sleep`)
+                   (:mod:`..liveness.where_report`)
+``key_waiters``    the threads blocked in a store wait for this process's long waits (:mod:`..store.wakeup`)
 ``eval_rows``      (data source, world size) -> rows each rank has sent in the evaluation
                    pass in progress (:mod:`axolotl_dist.metrics`)
-``map_noted``      this process said that a ``datasets`` map in a ``zero_first`` block wrote
+``map_cache_said``      this process said that a ``datasets`` map in a ``zero_first`` block wrote
                    no cache file the other ranks load (:mod:`..protocols.map_cache`)
 =================  ==========================================================================
 
@@ -109,17 +109,17 @@ class _Inside(threading.local):
 class ProcessState:
     """See the module docstring for each field."""
 
-    __slots__ = ("groups", "last_group", "learnt", "peers", "exits", "heartbeat", "run", "exit_store",
+    __slots__ = ("groups", "last_group", "known_failure", "peers", "exits", "heartbeat", "run", "exit_store",
                  "debug_on", "debug_timeout", "debug_explicit", "debug_env_error",
-                 "first_runs", "inside", "unconfirmed", "waits", "guards", "guarded",
-                 "calls", "crossed", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
-                 "ending", "store_spy", "trace", "folding", "warn_hook", "fs_answers", "my_run",
-                 "runs_refused", "answer_keys", "bells", "eval_rows", "map_noted")
+                 "first_runs", "inside", "unconfirmed", "waits", "scopes", "exclusive_scopes",
+                 "calls", "thread_conflicts", "abandoned", "cleanup", "exit_hook", "closed_trace", "kept",
+                 "ending", "store_spy", "trace", "warning_fold", "warn_hook", "fs_answers", "my_run",
+                 "runs_refused", "answer_keys", "key_waiters", "eval_rows", "map_cache_said")
 
     def __init__(self) -> None:
         self.groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
         self.last_group: Any = None
-        self.learnt: Optional[Tuple[Callable[[], Any], bytes]] = None  # (group ref, report)
+        self.known_failure: Optional[Tuple[Callable[[], Any], bytes]] = None  # (group ref, report)
         self.peers: Dict[int, Any] = {}
         self.exits: Dict[int, Tuple[Optional[bytes], float]] = {}
         self.heartbeat: Any = None
@@ -135,10 +135,10 @@ class ProcessState:
         self.inside = _Inside()
         self.unconfirmed: List[Any] = []
         self.waits: Dict[int, Any] = {}
-        self.guards: Dict[int, List[Any]] = {}
-        self.guarded = 0
+        self.scopes: Dict[int, List[Any]] = {}
+        self.exclusive_scopes = 0
         self.calls: Dict[int, Any] = {}
-        self.crossed: Dict[int, str] = {}
+        self.thread_conflicts: Dict[int, str] = {}
         self.abandoned: List[Any] = []
         self.cleanup: Any = None
         self.exit_hook = False
@@ -147,15 +147,15 @@ class ProcessState:
         self.ending = False
         self.store_spy: Optional[Callable[[Any], Any]] = None
         self.trace: Any = None
-        self.folding: Any = None
+        self.warning_fold: Any = None
         self.warn_hook: Optional[Callable[..., Any]] = None
         self.fs_answers: Dict[Tuple[Any, ...], Optional[bool]] = {}
         self.my_run: Dict[str, Any] = {}
         self.runs_refused: Set[str] = set()
         self.answer_keys: Set[Tuple[str, int]] = set()
-        self.bells: List[Any] = []
+        self.key_waiters: List[Any] = []
         self.eval_rows: Dict[Tuple[Any, int], List[int]] = {}
-        self.map_noted = False
+        self.map_cache_said = False
 
 
 STATE = ProcessState()
@@ -163,22 +163,22 @@ STATE = ProcessState()
 #: The parts :func:`reset` can forget one by one.
 PARTS: Dict[str, Tuple[str, ...]] = {
     "groups": ("groups", "last_group"),
-    "failures": ("learnt",),
+    "failures": ("known_failure",),
     "peers": ("peers", "exits"),
     "heartbeat": ("heartbeat", "run", "exit_store"),
     "helpers": ("last_group",),
     "debug": ("debug_on", "debug_timeout", "debug_explicit", "debug_env_error"),
-    "blocks": ("first_runs", "inside", "unconfirmed", "waits", "guards", "guarded", "store_spy"),
-    "threads": ("calls", "crossed"),
+    "blocks": ("first_runs", "inside", "unconfirmed", "waits", "scopes", "exclusive_scopes", "store_spy"),
+    "threads": ("calls", "thread_conflicts"),
     "collectives": ("abandoned",),
     "lifecycle": ("cleanup", "closed_trace", "kept", "ending"),
     "trace": ("trace",),
-    "warnings": ("folding",),
+    "warnings": ("warning_fold",),
     "filesystem": ("fs_answers",),
     "runs": ("my_run", "runs_refused", "answer_keys"),
-    "bells": ("bells",),
+    "key_waiters": ("key_waiters",),
     "metrics": ("eval_rows",),
-    "notes": ("map_noted",),
+    "notes": ("map_cache_said",),
 }
 
 #: Module-level values outside :data:`STATE` (``module: name``), and why :func:`reset` leaves
@@ -201,9 +201,9 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.lifecycle.warnfold._MADE": "a lock",
     "axolotl_dist._runtime.lifecycle.warnfold._INSIDE": "a thread-local flag of a call in "
                                                         "progress",
-    "axolotl_dist._runtime.liveness.heartbeat._RIDERS": "a registry: what rides on heartbeats",
+    "axolotl_dist._runtime.liveness.heartbeat._TASKS": "a registry: what runs_tasks on heartbeats",
     "axolotl_dist._runtime.liveness.heartbeat._LOCK": "a lock",
-    "axolotl_dist._runtime.liveness.whereabouts._WRAPPERS": "a table",
+    "axolotl_dist._runtime.liveness.where_report._WRAPPERS": "a table",
     "axolotl_dist._runtime.protocols.codes.HELPERS": "a registry: the helpers' header codes",
     "axolotl_dist._runtime.protocols.codes.CODES": "a registry: the helpers' header codes",
     "axolotl_dist._runtime.protocols.codes.GATHERS": "a registry: the gathers among them",
@@ -211,11 +211,11 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.store.records._DTYPES_BY_NAME": "a table",
     "axolotl_dist._runtime.store.records._NAME_OF_DTYPE": "a table",
     "axolotl_dist._runtime.protocols.map_cache._FIXES": "a table",
-    "axolotl_dist._runtime.protocols.recorder._SYNC": "a registry: how each call's ranks "
+    "axolotl_dist._runtime.protocols.timeline._SYNC": "a registry: how each call's ranks "
                                                       "synchronize",
     "axolotl_dist._runtime.protocols.shared_fs._EXPORTED": "mirrors os.environ (what this "
                                                            "process exported there)",
-    "axolotl_dist._runtime.store.sleep._LOCK": "a lock",
+    "axolotl_dist._runtime.store.wakeup._LOCK": "a lock",
     "axolotl_dist.env.LAUNCHER_SOURCES": "a table",
     "axolotl_dist.env.RANK_SOURCES": "a table",
     "axolotl_dist.env._RANK_CACHE": "a cache: raw env values -> parsed ranks",
@@ -229,7 +229,7 @@ SURVIVES_RESET: Dict[str, str] = {
 
 
 def reset(*parts: str) -> None:
-    """Forget what this process has learnt: everything, or only the named :data:`PARTS`.
+    """Forget what this process has received: everything, or only the named :data:`PARTS`.
 
     Debug mode goes back to off and undecided; :func:`axolotl_dist.testing.reset_process_state`
     then reads ``AXOLOTL_DIST_DEBUG`` again.

@@ -7,7 +7,7 @@ every exception of a chain: the last user frame still shows the line that called
 failure reports, the launcher's error file, and (:func:`install`) uncaught exceptions, when no
 other hook was installed. It never raises: an exception whose ``__str__`` or ``__repr__``
 raises is shown with ``<exception str() failed>``. An uncaught failure of another rank is not
-a traceback but this rank's one-line account of it (:func:`format_account`; docs/faults.md,
+a traceback but this rank's one-line account of it (:func:`format_failure`; docs/faults.md,
 "One account of a failure").
 """
 
@@ -23,7 +23,7 @@ from .callsite import PACKAGE_DIR, short_path
 from .procs import MACHINE
 from ...errors import RankFailedError
 
-__all__ = ["kit_frame", "format_exception", "format_account", "format_uncaught", "safe_str",
+__all__ = ["kit_frame", "format_exception", "format_failure", "format_uncaught", "safe_str",
            "install"]
 
 _PACKAGE = PACKAGE_DIR
@@ -84,7 +84,7 @@ def _site(tb: Optional[TracebackType]) -> str:
     return f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
-def format_account(exc: RankFailedError, tb: Optional[TracebackType]) -> str:
+def format_failure(exc: RankFailedError, tb: Optional[TracebackType]) -> str:
     """An uncaught failure of another rank as this rank's account: one line naming this rank's
     own line, the failing rank, where it failed and its exception, and where its traceback is:
     that rank's output on this machine (which shows it), else here, after the line."""
@@ -101,13 +101,13 @@ def format_account(exc: RankFailedError, tb: Optional[TracebackType]) -> str:
 
 def format_uncaught(exc_type: Type[BaseException], exc: BaseException,
                     tb: Optional[TracebackType]) -> str:
-    """What the kit's hook prints for an uncaught exception: :func:`format_account` for a
+    """What the kit's hook prints for an uncaught exception: :func:`format_failure` for a
     failure relayed from another rank (not chained to another exception), else
     :func:`format_exception`. Never raises."""
     try:
         if isinstance(exc, RankFailedError) and exc.__cause__ is None and (
                 exc.__context__ is None or exc.__suppress_context__):
-            return format_account(exc, tb)
+            return format_failure(exc, tb)
     except Exception:  # noqa: BLE001 - fall back to the whole traceback
         pass
     return format_exception(exc_type, exc, tb)

@@ -14,7 +14,7 @@ registers an ``atexit`` hook that, before finalization:
    pending collectives fail at once instead of waiting for this process to end), resetting
    forgetting the world mesh and waiting for the value helpers' buffers to be released;
 3. elsewhere, a rank ending on a failure waits until the others in kit waits have read it,
-   at most ``records.failed_exit_grace()`` seconds: a launcher that stops every rank once one
+   at most ``failures.failed_exit_grace()`` seconds: a launcher that stops every rank once one
    is gone (torchrun, ``axolotl-dist``, ``mpirun``) would stop a peer before it named the
    cause; then it marks itself gone, its last store call. If this process hosts the store
    (rank 0 under a plain env launch), it keeps the store up until every other rank has marked
@@ -52,18 +52,17 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..base import backends, groups, procs, tracebacks
+from ..base import backends, procs, tracebacks
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base.state import STATE
-from ..store import access as store
-from ..store import sweep as cleanup_keys
-from ..liveness import failures as records, heartbeat, peers
-from ..protocols import recorder as trace
+from ..store import access, sweep
+from ..liveness import failures, heartbeat, peers
+from ..protocols import timeline
 from ..protocols import zero_first
 from ...errors import RankFailedError
 
-__all__ = ["start_services", "cleanup", "teardown", "keep_abandoned"]
+__all__ = ["at_exit", "cleanup", "teardown", "keep_abandoned"]
 
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
@@ -96,18 +95,6 @@ def keep_abandoned() -> List[Any]:
     return kept
 
 
-def start_services() -> None:
-    """Once a group exists: register the exit hook, and on several ranks record this rank and
-    start its heartbeat (idempotent; cheap after the first call)."""
-    if not STATE.exit_hook:
-        STATE.exit_hook = True
-        atexit.register(_at_exit)
-        tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
-        store.start_worker()  # the exit hook's store calls need it: no thread at shutdown
-    if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
-        heartbeat.start_heartbeat()  # torch's fake group (layouts in one process): no peers
-
-
 def cleanup() -> None:
     """Stop the heartbeat, run the cleanup hooks, let gloo's worker threads finish releasing
     their last collectives, and destroy the default process group.
@@ -118,13 +105,13 @@ def cleanup() -> None:
     deleted later. The kit's own helpers are waited for exactly (their buffers' references);
     other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
     """
-    recorder = trace.finish()  # None if the exit's teardown closed it (with its exception)
+    recorder = timeline.finish()  # None if the exit's teardown closed it (with its exception)
     if recorder is None and STATE.closed_trace is not None:
         recorder, STATE.closed_trace = STATE.closed_trace, None
     heartbeat.stop_heartbeat()
     if not peers.store_host_gone() and not peers.host_leaving():
         _confirm_blocks()
-        cleanup_keys.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
+        sweep.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
     known = list(STATE.groups.values())
     for g in known:
         g.world_mesh = None  # its groups go with the default group
@@ -177,7 +164,7 @@ def _confirm_blocks() -> None:
     pending = STATE.unconfirmed
     if not pending:
         return
-    bound = records.linger_timeout()
+    bound = failures.host_exit_timeout()
     for block in pending:
         block.timeout = bound if block.timeout is None else min(block.timeout, bound)
     try:
@@ -195,7 +182,7 @@ def _uncaught() -> Optional[BaseException]:
     return exc if isinstance(exc, BaseException) and not isinstance(exc, SystemExit) else None
 
 
-def _at_exit() -> None:
+def at_exit() -> None:
     if STATE.ending:
         return
     exc = _uncaught()
@@ -247,17 +234,17 @@ def teardown(exc: Optional[BaseException] = None) -> None:
         heartbeat.stop_heartbeat()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    recorder = _step(trace.finish, exc)  # the trace's last line says how this process ended
+    recorder = _step(timeline.finish, exc)  # the trace's last line says how this process ended
     if recorder is not None:
         STATE.closed_trace = recorder
-    hosts = store.hosts_store()
+    hosts = access.hosts_store()
     # the group owns the store's server: keep it past destroy_process_group() while we linger
-    server = store.world_store() if hosts else None
+    server = access.world_store() if hosts else None
     heartbeat.stop_heartbeat()
     # store calls go through the bounded worker: a stopped store host must not hang the exit;
     # none at all once the host is ending on a failure this rank has a copy of (its store is
     # about to go: a call in flight then makes torch print a C++ trace)
-    record = store.bounded(lambda: records.publish_exit(exc), _STORE_CALLS) \
+    record = access.bounded(lambda: failures.publish_exit(exc), _STORE_CALLS) \
         if world_size > 1 and not peers.host_leaving() else None
     _step(_release_kit_frames, exc)
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
@@ -287,12 +274,12 @@ def _last_store_calls(record: Tuple[Any, int, bool], hosts: bool, rank: int, wor
     keeps its store up for the others."""
     if not hosts and record[2]:  # a failure: the peers waiting for this rank name it
         relayed = exc is None or isinstance(exc, RankFailedError)  # another rank's failure
-        store.bounded(lambda: records.await_peers_told(record[0], rank, world_size, relayed),
-                      records.failed_exit_grace(world_size) + _STORE_CALLS)
+        access.bounded(lambda: failures.await_peers_told(record[0], rank, world_size, relayed),
+                      failures.failed_exit_grace(world_size) + _STORE_CALLS)
     # the last store call: a store host (rank 0) may end as soon as every rank made it
-    store.bounded(lambda: records.mark_exited(record), _STORE_CALLS)
+    access.bounded(lambda: failures.mark_exited(record), _STORE_CALLS)
     if hosts:
-        records.await_peers_exit(record[0], rank, world_size, failed=record[2])
+        failures.await_peers_exit(record[0], rank, world_size, failed=record[2])
 
 
 def under_elastic_agent() -> bool:
@@ -306,8 +293,8 @@ def under_elastic_agent() -> bool:
 
 def _agent_stop_bound(world_size: int) -> float:
     """Seconds a relaying rank waits at most for its agent to stop it: the failing rank's own
-    exit (its wait for readers, its last store calls, the store host's linger) and a margin."""
-    return records.failed_exit_grace(world_size) + _STORE_CALLS + records.linger_timeout()
+    exit (its wait for readers, its last store calls, the store host's wait for its readers) and a margin."""
+    return failures.failed_exit_grace(world_size) + _STORE_CALLS + failures.host_exit_timeout()
 
 
 def _await_agent_stop(exc: RankFailedError, world_size: int) -> None:
@@ -346,6 +333,3 @@ def _await_groups_released(groups: List[Any]) -> None:
         gc.collect()
         if any(ref() is not None for ref in groups):
             time.sleep(_DRAIN)  # GIL released: their worker threads finish releasing work
-
-
-groups.on_first_use(start_services)  # the first use of a group starts the services above

@@ -20,7 +20,7 @@ every warning this module does not fold. What is folded is ``warnings.formatwarn
 * Rank 0 puts its own warnings in the pending table; its heartbeat, which reads
   ``WAITERS_KEY`` every beat anyway, reads the log when the count of published warnings
   rose (:func:`read`; again every :data:`LOOK` s while one is pending), and prints one
-  (:func:`tick`) once every rank raised it, or :data:`WINDOW` s after rank 0 learnt of it,
+  (:func:`tick`) once every rank raised it, or :data:`WINDOW` s after rank 0 received of it,
   naming the ranks so far; at rank 0's exit, after a last read, what is pending (:func:`close`).
 
 The store's side is in docs/design.md, "Warnings folded across ranks".
@@ -48,12 +48,12 @@ from ..liveness import heartbeat
 from ... import env
 from ...errors import DistributedEnvError
 
-__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARNED", "UNREAD", "Folding",
+__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARNED", "UNREAD", "FoldedWarnings",
            "install", "installed", "show", "started", "read", "pending", "tick", "close"]
 
 #: Seconds a warning is held, without a heartbeat, before this process prints it itself.
 HOLD_FOR = 10.0
-#: Seconds rank 0 waits, after it learnt of a warning, for the ranks that have not raised it.
+#: Seconds rank 0 waits, after it received of a warning, for the ranks that have not raised it.
 WINDOW = 1.0
 #: Seconds between rank 0's looks for published warnings while one is pending.
 LOOK = 0.25
@@ -72,9 +72,9 @@ _MADE = threading.Lock()
 _INSIDE = threading.local()  # a warning raised while this thread folds one is not folded
 
 
-class Folding:
+class FoldedWarnings:
     """The warnings this process holds (before its heartbeat) and, on rank 0, those pending:
-    text -> (ranks that raised it, when rank 0 learnt of it)."""
+    text -> (ranks that raised it, when rank 0 received of it)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -85,13 +85,13 @@ class Folding:
         self.ended = False  # exiting, or a forked child: print every warning as Python does
 
 
-def _folding() -> Folding:
-    found = STATE.folding
+def _warning_fold() -> FoldedWarnings:
+    found = STATE.warning_fold
     if found is None:
         with _MADE:
-            found = STATE.folding
+            found = STATE.warning_fold
             if found is None:
-                found = STATE.folding = Folding()
+                found = STATE.warning_fold = FoldedWarnings()
     return found
 
 
@@ -118,8 +118,8 @@ def install() -> None:
 def _forked() -> None:
     """A child forked from a rank (a data loader worker) folds nothing: it may end without
     its exit hooks (``os._exit``), and its warnings are its own."""
-    STATE.folding = Folding()  # not the parent's: its lock may have been held at the fork
-    STATE.folding.ended = True
+    STATE.warning_fold = FoldedWarnings()  # not the parent's: its lock may have been held at the fork
+    STATE.warning_fold.ended = True
 
 
 def installed() -> bool:
@@ -149,7 +149,7 @@ def show(message: Any, category: Any, filename: str, lineno: int, file: Any = No
 
 def _fold(shown: Shown) -> None:
     text = warnings.formatwarning(*shown)
-    folding = _folding()
+    folding = _warning_fold()
     with folding.lock:
         beat = STATE.heartbeat
         if beat is None and not folding.ended:  # no heartbeat yet: held for it
@@ -181,7 +181,7 @@ def _publish(beat: Any, texts: List[str]) -> bool:
         return False
 
 
-def _expire(folding: Folding) -> None:
+def _expire(folding: FoldedWarnings) -> None:
     """:data:`HOLD_FOR` seconds passed without a heartbeat: print what is held."""
     with folding.lock:
         held, folding.held, folding.timer = folding.held, [], None
@@ -192,7 +192,7 @@ def _expire(folding: Folding) -> None:
 def started(beat: Any) -> None:
     """A heartbeat started (``beat``: its :class:`~..liveness.heartbeat._Heartbeat`): publish what this
     process held (rank 0: pending)."""
-    folding = _folding()
+    folding = _warning_fold()
     with folding.lock:
         folding.world = beat.world_size
         held, folding.held = folding.held, []
@@ -210,7 +210,7 @@ def started(beat: Any) -> None:
             _local(shown)
 
 
-def _add(folding: Folding, text: str, rank: int) -> None:
+def _add(folding: FoldedWarnings, text: str, rank: int) -> None:
     with folding.lock:
         group = folding.pending.get(text)
         if group is None:
@@ -228,19 +228,19 @@ def read(beat: Any, value: int) -> None:
     beat.warned = count
     log = beat.store.get(keys.WARN_LOG)
     data, beat.warn_read = log[beat.warn_read:], len(log)
-    folding = _folding()
+    folding = _warning_fold()
     for rank, text in records.read_warning_entries(data):
         _add(folding, text, rank)
 
 
 def pending() -> bool:
     """Whether rank 0 has warnings to print (no lock: a hint for its heartbeat's cadence)."""
-    folding = STATE.folding
+    folding = STATE.warning_fold
     return folding is not None and bool(folding.pending)
 
 
 def _take(due: Callable[[Set[int], float], bool]) -> List[Tuple[str, Set[int]]]:
-    folding = STATE.folding
+    folding = STATE.warning_fold
     if folding is None:
         return []
     with folding.lock:
@@ -259,7 +259,7 @@ def _print(groups: List[Tuple[str, Set[int]]]) -> None:
 def tick() -> None:
     """Rank 0's heartbeat: print the pending warnings every rank raised, or that waited
     :data:`WINDOW` seconds."""
-    folding = STATE.folding
+    folding = STATE.warning_fold
     if folding is None or not folding.pending:
         return
     now, world = time.monotonic(), folding.world
@@ -283,7 +283,7 @@ def _flush() -> None:
 
 def _at_exit() -> None:
     """After the kit's exit hook: print what is still held or pending; hold nothing more."""
-    folding = _folding()
+    folding = _warning_fold()
     with folding.lock:
         folding.ended = True
         held, folding.held = folding.held, []
@@ -296,7 +296,7 @@ def _at_exit() -> None:
 
 
 class _OnHeartbeat:
-    """This module's part on rank 0's heartbeat thread (``liveness/heartbeat.Rider``)."""
+    """This module's part on rank 0's heartbeat thread (``liveness/heartbeat.HeartbeatTask``)."""
 
     look = LOOK
     started = staticmethod(started)
@@ -306,4 +306,4 @@ class _OnHeartbeat:
     close = staticmethod(close)
 
 
-heartbeat.ride(_OnHeartbeat())
+heartbeat.add_task(_OnHeartbeat())

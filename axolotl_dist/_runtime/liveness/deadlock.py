@@ -9,7 +9,7 @@ waiter needs its first rank to end the body), and this rank's progress on every 
 knows (how many collectives, blocks, ``do_n_at_a_time`` and ``shared_map`` calls it has
 entered, and the first-run bodies it is inside).
 
-The judge (global rank 0's heartbeat thread, while some rank waits: :mod:`.peers`) reads every
+The stall detector (global rank 0's heartbeat thread, while some rank waits: :mod:`.peers`) reads every
 rank's description in the same ``multi_get`` as the heartbeats and builds the graph: waiting
 rank ``r`` is blocked by awaited rank ``p`` when ``p`` is itself in a kit wait and has not
 passed ``r``'s point (its counter is lower; or it is at the same number in a different
@@ -17,7 +17,7 @@ helper or block; or, for a *finish*, it is still inside that body, waiting elsew
 A rank is stuck when it is blocked by a stuck rank: the ranks from which a cycle of blocking
 edges can be reached (a rank busy outside kit waits, or in a raw ``torch.distributed``
 call, has no description: it may still move, so nothing that waits for it is stuck). A stuck
-set seen in two rounds in a row, each rank in the same wait, is the verdict: each of those
+set seen in two rounds in a row, each rank in the same wait, is the finding: each of those
 ranks raises :class:`~axolotl_dist.errors.CollectiveMismatchError` naming every rank's call
 and what to change (:func:`explain`). docs/design.md, "Waits that can never end", has the
 rules and what the graph cannot see.
@@ -36,7 +36,7 @@ from ..base.text import ranks_text
 from ..store import records
 
 __all__ = ["Point", "Stuck", "describe", "new_serial", "find_stuck",
-           "explain", "Judge", "KINDS", "CALLS_PER_RANK", "read_desc"]
+           "explain", "DeadlockDetector", "KINDS", "CALLS_PER_RANK", "read_desc"]
 
 #: The kinds of meeting, in the order of a rank's progress counters: the group's kit
 #: collectives (counted by :func:`..protocols.exchange.run`), then the per-kind call counters
@@ -56,7 +56,7 @@ class Point(NamedTuple):
 
 
 def new_serial() -> int:
-    """A number naming one wait of this process (the verdict names the wait, not the rank)."""
+    """A number naming one wait of this process (the finding names the wait, not the rank)."""
     return next(_SERIALS)
 
 
@@ -94,8 +94,8 @@ def describe(point: Point, serial: int, what: str, thread: int,
     bodies count); ``awaits``: the global ranks it waits for (None: every other group
     rank)."""
     g = point.group
-    inside = [[_name(guard.group), guard.seq] for guard in STATE.guards.get(thread) or []
-              if guard.kind != "zero_only" and isinstance(guard.group, Group)]
+    inside = [[_name(scope.group), scope.seq] for scope in STATE.scopes.get(thread) or []
+              if scope.kind != "zero_only" and isinstance(scope.group, Group)]
     return records.document({
         "s": serial, "g": _name(g), "m": None if g.default else _pack(g.ranks),
         "r": g.ranks[g.rank], "k": KINDS.index(point.kind), "n": point.seq, "l": point.label,
@@ -112,7 +112,7 @@ _PACKED = re.compile(r"\d+:\d+:\d+|(\d+,)*\d*")
 
 def read_desc(data: bytes) -> Dict[str, Any]:
     """A wait's description as :func:`describe` writes it, checked field by field;
-    :class:`~..store.records.BadRecord` for anything else (the judge then leaves that wait
+    :class:`~..store.records.BadRecord` for anything else (the stall detector then leaves that wait
     unjudged)."""
     d = records.read_object(data, _DESC, "a wait's description")
     if not 0 <= d["k"] < len(KINDS) or d["m"] is not None and not _PACKED.fullmatch(d["m"]) \
@@ -285,8 +285,8 @@ def explain(stuck: List[Stuck]) -> List[Tuple[List[int], str, Dict[int, str]]]:
     return out
 
 
-class Judge:
-    """The judge's memory between rounds: each rank's description (parsed once per change)
+class DeadlockDetector:
+    """The stall detector's memory between rounds: each rank's description (parsed once per change)
     and the stuck ranks of the last round, with the wait each was in."""
 
     def __init__(self, world: int) -> None:
@@ -294,15 +294,15 @@ class Judge:
         self.raw: Dict[int, bytes] = {}
         self.descs: Dict[int, Dict[str, Any]] = {}
         self.last: Dict[int, int] = {}  # rank -> serial, stuck in the last round
-        self.marks: Dict[int, str] = {}  # rank -> its verdict mark as published
+        self.marks: Dict[int, str] = {}  # rank -> its finding mark as published
         self.texts: List[List[Any]] = []  # per deadlock: [message, {rank: call}]
 
     def round(self, values: Sequence[bytes]) -> Optional[Tuple[Dict[int, str], List[List[Any]]]]:
-        """One round over every rank's description (``values``, by rank). When the verdict
+        """One round over every rank's description (``values``, by rank). When the finding
         changed: the marks to write (rank -> ``"serial|deadlock"``, ``""`` to clear) and every
         deadlock's ``[message, {rank: call}]``; else None."""
         self._read(values)
-        marks, texts = self._verdict()
+        marks, texts = self._finding()
         if marks == self.marks and texts == self.texts:
             return None
         changes = {r: "" for r in self.marks if r not in marks}
@@ -310,7 +310,7 @@ class Judge:
         self.marks, self.texts = marks, texts
         return changes, texts
 
-    def _verdict(self) -> Tuple[Dict[int, str], List[List[Any]]]:
+    def _finding(self) -> Tuple[Dict[int, str], List[List[Any]]]:
         """The marks (rank -> ``"serial|deadlock"``) and texts of the deadlocks found stuck in
         two rounds in a row on the same waits (a wait that moved on is not a deadlock)."""
         stuck = find_stuck(self.descs, self.world) if len(self.descs) > 1 else []
@@ -336,5 +336,5 @@ class Judge:
                 continue
             try:
                 self.descs[rank] = read_desc(value)
-            except records.BadRecord:  # not the kit's: this rank's wait is not judged
+            except records.BadRecord:  # not the kit's: this rank's wait is not found
                 self.descs.pop(rank, None)

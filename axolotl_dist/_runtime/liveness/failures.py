@@ -2,7 +2,7 @@
 collective: what a rank that fails (or ends) leaves for the others, and how the store's host
 keeps it readable for them (bounded by ``AXOLOTL_DIST_STORE_LINGER``) before its process exits.
 
-Built on the signalling floors: :mod:`..store.access`, :mod:`.peers` and :mod:`.judge`. The protocol
+Built on the signalling floors: :mod:`..store.access`, :mod:`.peers` and :mod:`.stalls`. The protocol
 is in docs/design.md, "Failure relay".
 """
 
@@ -15,16 +15,16 @@ import torch.distributed as dist
 
 from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_interval
 from ..base.envvars import kit_seconds
-from ..base.groups import Group, default_pg, learn, learnt
+from ..base.groups import Group, default_pg, known_failure, remember_failure
 from ..base.procs import MACHINE
 from ..base.state import STATE
 from ..base.tracebacks import format_exception, safe_str
 from ..store import keys, records
 from ..store.access import checked, hosts_store, is_store_error, world_store
 from .heartbeat import exit_connection
-from .judge import ASLEEP_LOOKS, Watch, lost_error
+from .stalls import ASLEEP_SLOWDOWN, PeerChecker, lost_error
 from .peers import peer_record, store_host_gone, store_lost_error
-from .whereabouts import same_machine
+from .where_report import same_machine
 from ...errors import AxolotlDistError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,7 +34,7 @@ __all__ = [
     "failure_report",
     "publish_error",
     "read_error",
-    "linger_timeout",
+    "host_exit_timeout",
     "await_readers",
     "publish_exit",
     "mark_exited",
@@ -80,10 +80,10 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
         if is_store_error(exc):
             raise store_lost_error(exc, "reading another rank's failure") from exc
         raise
-    return learn(checked(RankFailedError.from_report, data, key))
+    return remember_failure(checked(RankFailedError.from_report, data, key))
 
 
-def linger_timeout() -> float:
+def host_exit_timeout() -> float:
     """Seconds the store host keeps a failure readable for its peers (``AXOLOTL_DIST_STORE_LINGER``)."""
     return kit_seconds(STORE_LINGER_ENV_VAR)
 
@@ -92,7 +92,7 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
                   group: Optional[Group] = None) -> None:
     """If this process hosts the store, wait until every live group rank in ``readers`` has
     acknowledged the report under ``key`` (:func:`read_error` with ``me``), at most
-    :func:`linger_timeout` seconds. Elsewhere a no-op: the store outlives this process.
+    :func:`host_exit_timeout` seconds. Elsewhere a no-op: the store outlives this process.
     Never raises."""
     if not readers or not hosts_store():
         return
@@ -102,7 +102,7 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
         def left() -> List[int]:
             return [ranks[r] for r in readers if not store.check([keys.ack(key, r)])]
 
-        _linger(lambda: not left(), left, Watch(world_store(), look_every=_LINGER_CHECK),
+        _wait_for_readers(lambda: not left(), left, PeerChecker(world_store(), look_every=_EXIT_WAIT_CHECK),
                 exits=True)
     except Exception:  # noqa: BLE001 - best effort: we are about to raise our own error
         pass
@@ -111,25 +111,25 @@ def await_readers(store: "Store", key: str, readers: Sequence[int],
 #: Seconds a failing store host keeps its store up after every rank copied its exit record:
 #: calls already on the wire finish (a rank with the copy starts none: see peers.host_leaving).
 _DRAIN = 0.1
-#: Seconds between the store host's looks at the ranks it lingers for (at exit only: a rank
+#: Seconds between the store host's looks at the ranks it waits for at exit (at exit only: a rank
 #: that died is usually known by its pid, without waiting for a heartbeat).
-_LINGER_CHECK = 0.05
+_EXIT_WAIT_CHECK = 0.05
 
 
-def _linger(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "Watch",
+def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "PeerChecker",
             exits: bool, bound: Optional[float] = None) -> None:
-    """Poll until ``done()``, or until every global rank in ``left()`` is gone (judged by
+    """Poll until ``done()``, or until every global rank in ``left()`` is gone (found by
     ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
-    ``bound`` seconds (default :func:`linger_timeout`)."""
+    ``bound`` seconds (default :func:`host_exit_timeout`)."""
     start = time.monotonic()
-    bound = linger_timeout() if bound is None else bound
+    bound = host_exit_timeout() if bound is None else bound
     deadline, next_check = start + bound, start  # a dead peer: known at once
     while time.monotonic() < deadline:
         if done():
             return
         now = time.monotonic()
         if now >= next_check:
-            next_check = now + _LINGER_CHECK
+            next_check = now + _EXIT_WAIT_CHECK
             waiting = left()
             if len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
                 return
@@ -142,9 +142,9 @@ def failed_exit_grace(world_size: int) -> float:
     """Seconds a rank ending on a failure gives its peers to read its exit record before its
     process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
     the other ranks as soon as this process is gone, and a peer in a kit wait looks at the
-    store every :func:`~..base.constants.look_interval` (:data:`~.judge.ASLEEP_LOOKS` of them
-    where it sleeps on a bell); the rest lets it print its error."""
-    return ASLEEP_LOOKS * look_interval(world_size) + 0.25
+    store every :func:`~..base.constants.look_interval` (:data:`~.stalls.ASLEEP_SLOWDOWN` of them
+    where it blocks on a wake key); the rest lets it print its error."""
+    return ASLEEP_SLOWDOWN * look_interval(world_size) + 0.25
 
 def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, bool]]:
     """Leave this process's exit record for the others: ``exc`` if it is ending on an uncaught
@@ -160,7 +160,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
         return None  # nobody left to tell (and a call could wait in torch's reconnect)
     try:
         if exc is None:
-            exc = learnt()  # it ended normally, but after learning of a failure
+            exc = known_failure()  # it ended normally, but after hearing of a failure
         if exc is None:
             report = None
         elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
@@ -191,7 +191,7 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     """For a rank that does not host the store, ending on a failure, before its last store call
     (:func:`mark_exited`): wait until no other rank is in a kit wait any more (each one there
     reads this rank's record within a look interval, raises naming it, and keeps its wait
-    counted until its own exit: :func:`.judge.waiting_key`) or it is gone, at most
+    counted until its own exit: :func:`.stall detector.waiting_key`) or it is gone, at most
     :func:`failed_exit_grace` seconds. A rank busy elsewhere is not waited for: it could not
     name this rank before a launcher stopped it anyway. ``relayed``: this rank ends on another
     rank's failure; it does not wait for a rank that has left its own exit record (that one
@@ -201,7 +201,7 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     others = [r for r in range(world_size) if r != rank]
     deadline = time.monotonic() + failed_exit_grace(world_size)
     try:
-        watcher = Watch(store, rank)
+        watcher = PeerChecker(store, rank)
         while time.monotonic() < deadline:
             waiting = [r for r in others if store.add(keys.waiting(r), 0) > 0
                        and not store.check([keys.gone(r)])
@@ -209,7 +209,7 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
             if not waiting or len(watcher.find_lost(waiting, time.monotonic(),
                                                     exits=False)) == len(waiting):
                 return
-            time.sleep(_LINGER_CHECK)
+            time.sleep(_EXIT_WAIT_CHECK)
     except Exception:  # noqa: BLE001
         pass
 
@@ -218,7 +218,7 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
     """For the store host at exit: keep the store up until every other rank has finished its
     own exit teardown (:func:`mark_exited`, its last store call: it writes its exit record,
     reads others' and destroys its groups through the store) or is gone, at most
-    :func:`linger_timeout` seconds. A rank that comes later still names the root cause: its
+    :func:`host_exit_timeout` seconds. A rank that comes later still names the root cause: its
     heartbeat copied this rank's exit record. If this rank's record is a failure (``failed``:
     it is ending on an exception, Ctrl-C included), it waits only until every other rank has
     that copy (its heartbeat acknowledges it, within a heartbeat interval, and the rank makes
@@ -236,12 +236,12 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
                        for r in others)
 
         if failed:
-            _linger(copied, left, Watch(store, rank, _LINGER_CHECK), exits=False)
+            _wait_for_readers(copied, left, PeerChecker(store, rank, _EXIT_WAIT_CHECK), exits=False)
             time.sleep(_DRAIN)  # store calls already in flight finish (none start after a copy)
         else:
             gone = [keys.gone(r) for r in others]
-            _linger(lambda: not gone or store.check(gone), left,
-                    Watch(store, rank, _LINGER_CHECK), exits=False)
+            _wait_for_readers(lambda: not gone or store.check(gone), left,
+                    PeerChecker(store, rank, _EXIT_WAIT_CHECK), exits=False)
     except Exception:  # noqa: BLE001
         pass
 
@@ -258,14 +258,14 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
 
     If a peer of ``group`` is gone (an exit record, its process gone from this host, no
     heartbeat, or the store's host gone), a :class:`RankFailedError` naming it and how that was
-    judged (raise it ``from exc``); otherwise ``exc`` itself. Waits at most a few seconds for a
+    found (raise it ``from exc``); otherwise ``exc`` itself. Waits at most a few seconds for a
     peer that is still exiting (longer, up to the heartbeat timeout, for peers on other hosts).
     """
     if not dist.is_initialized() or isinstance(exc, AxolotlDistError):
         return exc  # the kit's own account (a mismatch found while waiting, a lost peer named)
     try:
         me = dist.get_rank()
-        return _look_for_lost(Watch(world_store(), me), [r for r in group.ranks if r != me],
+        return _look_for_lost(PeerChecker(world_store(), me), [r for r in group.ranks if r != me],
                               what, exc)
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):
@@ -273,12 +273,12 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         return exc
 
 
-def _look_for_lost(watcher: Watch, ranks: List[int], what: str,
+def _look_for_lost(watcher: PeerChecker, ranks: List[int], what: str,
                    exc: BaseException) -> BaseException:
     """Look at ``ranks`` every 50 ms until one is found lost (the error naming it) or the
     diagnosis's time passes (``exc``): a few seconds where every peer is on this machine, the
     heartbeat timeout and a margin where one is not (this rank then counts itself among the
-    waiters, so the judge's rounds look at the remote peers meanwhile)."""
+    waiters, so the stall detector's rounds look at the remote peers meanwhile)."""
     start = time.monotonic()
     limit: Optional[float] = None
     waiting = False

@@ -3,13 +3,13 @@
 At init the ranks of a multi-rank group agree on a run id (the first to propose one wins);
 every rank records itself (:mod:`.peers`) and starts a thread that bumps
 ``axolotl_dist/<run>/hb/<rank>`` every :data:`~..base.constants.HEARTBEAT_INTERVAL` seconds.
-The thread opens its own connection (lent to the default group's bells:
-:class:`~..store.sleep.Spare`) at a moment spread over the ranks, and until then uses the
+The thread opens its own connection (lent to the default group's key waiters:
+:class:`~..store.wakeup.LentConnection`) at a moment spread over the ranks, and until then uses the
 group's. It first copies the other ranks' records (at once, in short doubling waits), so a
-rank can still be named, and the store's host judged gone by its pid, after the store is
-gone; it answers requests for a snapshot of this rank (:mod:`.whereabouts`), copies the store
-host's failure record, and on global rank 0 runs the judge (:class:`~.judge.RankZeroJudge`)
-while some rank waits, and the riders (:class:`Rider`). The sequence is in docs/design.md,
+rank can still be named, and the store's host found gone by its pid, after the store is
+gone; it answers requests for a snapshot of this rank (:mod:`.where_report`), copies the store
+host's failure record, and on global rank 0 runs the stall detector (:class:`~.stalls.StallDetector`)
+while some rank waits, and the tasks (:class:`HeartbeatTask`). The sequence is in docs/design.md,
 "Heartbeat and peer records".
 """
 
@@ -28,17 +28,17 @@ from ..base import procs
 from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
 from ..base.groups import default_pg
 from ..base.state import STATE
-from ..store import sleep as bells
-from ..store import keys, records
+from ..store import keys, records, wakeup
 from ..store.access import checked, store_host, world_store
-from . import runs, whereabouts as where
-from .judge import RankZeroJudge
-from .peers import (JUDGE_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
+from ..store.clients import raw_store
+from . import runs, where_report
+from .stalls import StallDetector
+from .peers import (STALL_CHECK_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["Rider", "ride", "start_heartbeat", "stop_heartbeat", "exit_connection"]
+__all__ = ["HeartbeatTask", "add_task", "start_heartbeat", "stop_heartbeat", "exit_connection"]
 
 
 def _run_id(base: "Store") -> str:
@@ -47,13 +47,13 @@ def _run_id(base: "Store") -> str:
     return checked(records.read_run_id, base.compare_set(keys.RUN, "", mine), keys.RUN)
 
 
-# --- what rides on rank 0's heartbeat ---------------------------------------------------------
+# --- what runs on rank 0's heartbeat ---------------------------------------------------------
 
-class Rider(Protocol):
-    """Work that runs on global rank 0's heartbeat thread beside the judge, registered by a
-    room above this one (:func:`ride`): the Python warnings folded across ranks
-    (``lifecycle/warnfold``). It learns of its work from the counter the heartbeat reads
-    anyway (:data:`WAITERS_KEY`), so riding costs no store call of its own."""
+class HeartbeatTask(Protocol):
+    """Work that runs on global rank 0's heartbeat thread beside the stall detector, registered by a
+    room above this one (:func:`add_task`): the Python warnings folded across ranks
+    (``lifecycle/warnfold``). It hears of its work from the counter the heartbeat reads
+    anyway (:data:`WAITERS_KEY`), so a task costs no store call of its own."""
 
     #: seconds between two reads of the counter while :meth:`pending`
     look: float
@@ -74,19 +74,19 @@ class Rider(Protocol):
         """The heartbeat ``beat`` stopped."""
 
 
-#: The riders, registered when their module is imported: a fact of the process, which
+#: The tasks, registered when their module is imported: a fact of the process, which
 #: ``STATE.reset()`` keeps.
-_RIDERS: List[Rider] = []
+_TASKS: List[HeartbeatTask] = []
 
 
-def ride(rider: Rider) -> None:
-    """Run ``rider`` on every heartbeat of this process from now on."""
-    if rider not in _RIDERS:
-        _RIDERS.append(rider)
+def add_task(task: HeartbeatTask) -> None:
+    """Run ``task`` on every heartbeat of this process from now on."""
+    if task not in _TASKS:
+        _TASKS.append(task)
 
 
 def _pending() -> bool:
-    return any(r.pending() for r in _RIDERS)
+    return any(r.pending() for r in _TASKS)
 
 
 # --- the heartbeat ---------------------------------------------------------------------------
@@ -94,9 +94,9 @@ def _pending() -> bool:
 
 class _Heartbeat:
     """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``) every interval, answers
-    requests for a snapshot of this rank (:mod:`.whereabouts`), copies the store host's failure
-    record when it leaves one, and, on global rank 0, judges every rank's heartbeat while some
-    rank waits (see :meth:`_judge`). Idle, that is one or two store calls per interval, however
+    requests for a snapshot of this rank (:mod:`.where_report`), copies the store host's failure
+    record when it leaves one, and, on global rank 0, checks every rank's heartbeat while some
+    rank waits (see :meth:`_detect_stalls`). Idle, that is one or two store calls per interval, however
     many ranks there are."""
 
     def __init__(self, store: "Store", raw: "Store", run: str, rank: int, world_size: int,
@@ -104,32 +104,32 @@ class _Heartbeat:
         self.rank = rank
         self.world_size = world_size
         self.stop = threading.Event()
-        self.wake = threading.Event()  # halt(); on rank 0 also a rider's work (see Rider)
+        self.wake = threading.Event()  # halt(); on rank 0 also a task's work (see HeartbeatTask)
         self.warned = self.warn_read = 0  # rank 0: warnings read, and the log's bytes read
         #: the group's connection (the main thread's too), for the group's keys and the root's
         self.base, self.base_raw, self.run = store, raw, run
-        #: what this thread's turn uses: its own connection (:attr:`spare`) once made and
-        #: while not lent to a bell, else the group's (see :meth:`_turn`)
+        #: what this thread's turn uses: its own connection (:attr:`own`) once made and
+        #: while not lent to a key waiter, else the group's (see :meth:`_turn`)
         self.store, self.raw = store, raw
-        self.spare: Optional[bells.Spare] = bells.Spare()
-        self.spare_raw: Any = None
+        self.own: Optional[wakeup.LentConnection] = wakeup.LentConnection()
+        self.own_raw: Any = None
         #: when this thread opens its own connection: spread over the ranks (_connect_delay)
         self.connect_at = time.monotonic() + _connect_delay(rank, world_size)
         self.interval = interval
         self.pg = default_pg()
         self.answered = 0
         host = store_host()
-        #: the records copied at once: the store host's (judged by its pid once its store is
+        #: the records copied at once: the store host's (found by its pid once its store is
         #: gone) and rank 0's (the rank most waits are for); others when a wait needs them
         self.first = sorted({r for r in (0, host) if r is not None and r != rank})
         self.host = host if host is not None and host != rank else None
-        self.judging = False  # rank 0, while some rank waits: a round every JUDGE_INTERVAL
+        self.judging = False  # rank 0, while some rank waits: a round every STALL_CHECK_INTERVAL
         self.copying = False  # copying the first records (see _run)
         self.last_beat = self.last_round = self.last_look = 0.0  # when each last happened
-        self.judge = RankZeroJudge(run, world_size) if rank == 0 else None
+        self.stall_detector = StallDetector(run, world_size) if rank == 0 else None
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         STATE.peers[rank] = me
-        # the record, and this rank's long-wait description and verdict (none yet): one call
+        # the record, and this rank's long-wait description and finding (none yet): one call
         names = [keys.who(run, rank), keys.long_wait(run, rank), keys.stuck(run, rank)]
         try:
             raw.multi_set(names, [encode_peer(me), "", ""])
@@ -140,7 +140,7 @@ class _Heartbeat:
         store.add(keys.waiting(rank), 0)  # created now: the key count stays flat afterwards
         store.add(keys.EXITS, 0)
         store.append(keys.EXIT_LOG, "")  # created now, so a waiter reads both in one call
-        store.compare_set(keys.VERDICTS, "", "{}")
+        store.compare_set(keys.STALL_REPORT, "", "{}")
         store.add(keys.WAITERS, 0)  # created now: long waits add no key
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
@@ -156,18 +156,18 @@ class _Heartbeat:
         requests = self.raw.add(key, 1) >> 32
         if requests > self.answered:  # someone asked where this rank is
             self.answered = requests
-            where.answer(self.raw, self.run, self.rank, requests)
+            where_report.answer(self.raw, self.run, self.rank, requests)
         if self.host is not None:
             self._copy_host_exit()
-        if self.rank == 0 and self.world_size > 1:  # the judge: on while some rank waits
+        if self.rank == 0 and self.world_size > 1:  # the stall detector: on while some rank waits
             self._waiters()
 
     def _waiters(self) -> None:
-        """Rank 0: judge while some rank's wait runs long; tell the riders (see Rider)."""
+        """Rank 0: look for stalls while some rank's wait runs long; tell the tasks (see HeartbeatTask)."""
         value = self.store.add(keys.WAITERS, 0)
         self.judging = value & LONG_WAITS > 0
-        for rider in _RIDERS:
-            rider.read(self, value)
+        for task in _TASKS:
+            task.read(self, value)
 
     def store_usable(self) -> bool:
         """Whether a store call may be made (see :func:`host_leaving`)."""
@@ -181,7 +181,7 @@ class _Heartbeat:
     def _copy_host_exit(self) -> None:
         """Copy the store host's exit record once it left one, and acknowledge it: where the
         host exits on a failure, every rank then knows the root cause before the store goes
-        (the host lingers until they acknowledged), even one that was not in a kit call
+        (the host waits until they acknowledged), even one that was not in a kit call
         (:func:`store_lost_error`). One store call while there is none."""
         key = keys.exit_record(self.host)
         if self.host in STATE.exits or not self.store.check([key]):
@@ -191,25 +191,25 @@ class _Heartbeat:
         except records.BadRecord:
             STATE.exits[self.host] = (None, time.time())  # type: ignore[index] # unreadable
         if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
-            bells.release_all()
+            wakeup.release_key_waiters()
         self.store.set(keys.ack(key, self.rank), b"")
         if host_leaving():
             raise _HostLeaving()  # the last store call of this heartbeat
 
-    def _judge(self) -> None:
-        """One round of rank 0's judge (:class:`~.judge.RankZeroJudge`)."""
-        assert self.judge is not None
-        self.judge.round(self.store, self.raw)
+    def _detect_stalls(self) -> None:
+        """One round of rank 0's stall detector (:class:`~.stalls.StallDetector`)."""
+        assert self.stall_detector is not None
+        self.stall_detector.round(self.store, self.raw)
 
     def _run(self) -> None:
         key = keys.heartbeat(self.run, self.rank)
         # The first records at once, in short doubling waits (a store host that dies soon
-        # after init is then judged by its pid with no store call: see store_host_gone);
+        # after init is then found by its pid with no store call: see store_host_gone);
         # then one beat per interval.
         wait, self.copying = min(0.005, self.interval), bool(self.first)
         self.last_beat = self.last_round = self.last_look = time.monotonic()
-        rides = self.rank == 0 and bool(_RIDERS)  # runs the riders (see Rider)
-        look = min((r.look for r in _RIDERS), default=self.interval)
+        runs_tasks = self.rank == 0 and bool(_TASKS)  # runs the tasks (see HeartbeatTask)
+        look = min((r.look for r in _TASKS), default=self.interval)
         while True:
             self.wake.wait(wait)
             self.wake.clear()
@@ -218,67 +218,67 @@ class _Heartbeat:
             if default_pg() is not self.pg or store_host_gone():
                 return  # the group this heartbeat belongs to, or the store, is gone
             try:
-                self._turn(key, rides, look)
+                self._turn(key, runs_tasks, look)
             except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
-            wait = self._next_wait(wait, rides, look)
+            wait = self._next_wait(wait, runs_tasks, look)
 
-    def _turn(self, key: str, rides: bool, look: float) -> None:
-        """One turn of the loop, on this thread's own connection unless a bell has it."""
-        spare = self.spare
-        if spare is not None and spare.conn is None and time.monotonic() >= self.connect_at:
-            self._connect(spare)
-        if spare is None or spare.conn is None:
-            self._turn_on(key, rides, look)
+    def _turn(self, key: str, runs_tasks: bool, look: float) -> None:
+        """One turn of the loop, on this thread's own connection unless a key waiter has it."""
+        own = self.own
+        if own is not None and own.conn is None and time.monotonic() >= self.connect_at:
+            self._connect(own)
+        if own is None or own.conn is None:
+            self._turn_on(key, runs_tasks, look)
             return
-        with spare.lock:
-            if not spare.lent:
-                self.store, self.raw = spare.conn, self.spare_raw
+        with own.lock:
+            if not own.lent:
+                self.store, self.raw = own.conn, self.own_raw
             try:
-                self._turn_on(key, rides, look)
+                self._turn_on(key, runs_tasks, look)
             finally:
                 self.store, self.raw = self.base, self.base_raw
 
-    def _connect(self, spare: bells.Spare) -> None:
-        """Open this thread's own connection (lent to the default group's bells)."""
+    def _connect(self, own: wakeup.LentConnection) -> None:
+        """Open this thread's own connection (lent to the default group's key waiters)."""
         try:
             conn = self.base.clone()
         except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
-            self.spare = None
+            self.own = None
             return
-        self.spare_raw = where.raw_store(conn)
-        spare.conn = conn
+        self.own_raw = raw_store(conn)
+        own.conn = conn
 
-    def _turn_on(self, key: str, rides: bool, look: float) -> None:
+    def _turn_on(self, key: str, runs_tasks: bool, look: float) -> None:
         """Copy the first records, beat when due (else, on rank 0, read the counter for the
-        riders when they wait for something), judge when due, ride."""
+        tasks when they wait for something), look for stalls when due, run the tasks."""
         if self.copying:
             self.copying = not self._copy_first()
         now = time.monotonic()
         if now - self.last_beat >= self.interval:
             self.last_beat = self.last_look = now
             self._beat(key)
-        elif rides and _pending() and now - self.last_look >= look:
+        elif runs_tasks and _pending() and now - self.last_look >= look:
             self.last_look = now
             self._waiters()
-        if self.judging and now - self.last_round >= JUDGE_INTERVAL:
+        if self.judging and now - self.last_round >= STALL_CHECK_INTERVAL:
             self.last_round = now
-            self._judge()
-        if rides:
-            for rider in _RIDERS:
-                rider.tick()
+            self._detect_stalls()
+        if runs_tasks:
+            for task in _TASKS:
+                task.tick()
 
-    def _next_wait(self, wait: float, rides: bool, look: float) -> float:
+    def _next_wait(self, wait: float, runs_tasks: bool, look: float) -> float:
         """Seconds until the next turn: doubling while copying the first records, else until
-        the next beat, judge's round or riders' look."""
+        the next beat, stall detector's round or tasks' look."""
         if self.copying:
             return min(wait * 2, self.interval)
         due = self.last_beat + self.interval
-        if self.spare is not None and self.spare.conn is None:
+        if self.own is not None and self.own.conn is None:
             due = min(due, self.connect_at)
         if self.judging:
-            due = min(due, self.last_round + JUDGE_INTERVAL)
-        if rides and _pending():
+            due = min(due, self.last_round + STALL_CHECK_INTERVAL)
+        if runs_tasks and _pending():
             due = min(due, self.last_look + look)
         return max(0.0, due - time.monotonic())
 
@@ -320,13 +320,13 @@ def start_heartbeat() -> None:
         store = world_store()
         rank, world = dist.get_rank(), dist.get_world_size()
         run = STATE.run = _run_id(store)
-        raw = where.raw_store(store)
+        raw = raw_store(store)
         raw.set(keys.RUN_NOTE, records.document({"run": run, "world": world}))
         runs.note_address(run, rank, world, launcher_name())
         STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         STATE.exit_store = (store, rank, weakref.ref(pg))
-        for rider in _RIDERS:
-            rider.started(STATE.heartbeat)  # e.g. the warnings held until now
+        for task in _TASKS:
+            task.started(STATE.heartbeat)  # e.g. the warnings held until now
 
 
 def exit_connection() -> Optional[Tuple["Store", int, Any]]:
@@ -345,7 +345,7 @@ def stop_heartbeat() -> None:
             # Wait for the thread to let go of its store connection: a TCPStore still in use
             # by a daemon thread when the interpreter exits aborts the process (SIGABRT).
             beat.thread.join(timeout=5.0)
-        for rider in _RIDERS:
-            rider.close(beat)  # e.g. rank 0: the warnings published before it stopped reading
+        for task in _TASKS:
+            task.close(beat)  # e.g. rank 0: the warnings published before it stopped reading
 
 

@@ -1,10 +1,10 @@
-"""Who is who: each rank's peer record (host, pid, launcher), the counters and verdicts every
+"""Who is who: each rank's peer record (host, pid, launcher), the counters and report every
 waiter reads about its peers, and whether the store's host is gone.
 
 At init every rank records itself (``axolotl_dist/<run>/who/<rank>``, at the root of the
 store, under no group's prefix, so a client of the store can read them); the heartbeat
 (:mod:`.heartbeat`) copies the records a rank may need, so a peer can still be named, and the
-store's host judged gone by its pid, after the store is gone. The sequence is in
+store's host found gone by its pid, after the store is gone. The sequence is in
 docs/design.md, "Heartbeat and peer records".
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
 import torch.distributed as dist
 
 from ..base import procs
-from ..base.groups import learn
+from ..base.groups import remember_failure
 from ..base.state import STATE
 from ..store import keys, records
 from ..store.access import StoreHostGoneError, is_store_error, store_address, store_host
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Peer", "encode_peer", "decode_peer", "same_machine", "launcher_name",
-    "peer_record", "peer", "fetch_peers", "EVENTS", "JUDGED", "JUDGE_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
+    "peer_record", "peer", "fetch_peers", "EVENTS", "STALL_ROUND", "STALL_CHECK_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
     "store_lost_error", "store_errors",
 ]
 
@@ -41,7 +41,7 @@ class Peer(NamedTuple):
 
     host: str
     pid: int
-    machine: str  # procs.machine_id(): whether this process can judge ``pid``
+    machine: str  # procs.machine_id(): whether this process can stall detector ``pid``
     launcher: str
     by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
 
@@ -122,19 +122,19 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
 
 # --- what waiters read about their peers -------------------------------------------------
 
-#: The events part of the ``axd/exits`` counter (see :data:`JUDGED`).
+#: The events part of the ``axd/exits`` counter (see :data:`STALL_ROUND`).
 EVENTS = (1 << 32) - 1
 
 
-#: What the judge adds to ``axd/exits`` each round: the counter's bits above 32 count judge
-#: rounds, the bits below count events (exit records, and changes in the judge's verdicts).
-JUDGED = 1 << 32
+#: What the stall detector adds to ``axd/exits`` each round: the counter's bits above 32 count stall detector
+#: rounds, the bits below count events (exit records, and changes in the stall detector's report).
+STALL_ROUND = 1 << 32
 
 
-#: Seconds between two rounds of the judge (global rank 0's heartbeat thread, while some
+#: Seconds between two rounds of the stall detector (global rank 0's heartbeat thread, while some
 #: rank waits): a dead peer on another machine is named within about
 #: ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` plus two of these plus a waiter's look.
-JUDGE_INTERVAL = 1.0
+STALL_CHECK_INTERVAL = 1.0
 
 
 # --- a store host that is gone ---------------------------------------------------------------
@@ -155,7 +155,7 @@ def host_leaving() -> bool:
 
 def _host_gone_how() -> Optional[str]:
     """How this rank knows the world store's host (another rank's process on this host) has
-    ended, judged from ``/proc`` without a store call; None if it is not known to be gone."""
+    ended, found from ``/proc`` without a store call; None if it is not known to be gone."""
     try:
         host, me = store_host(), dist.get_rank()
     except Exception:  # noqa: BLE001 - no group (any more)
@@ -178,7 +178,7 @@ def store_host_gone() -> bool:
 
     Judged from ``/proc`` without a store call: the host's process is gone (its record is
     known), or, with ``MASTER_ADDR`` on loopback, nothing listens on ``MASTER_PORT`` any more.
-    False where that cannot be judged (a launcher's store, another host)."""
+    False where that cannot be found (a launcher's store, another host)."""
     return _host_gone_how() is not None
 
 
@@ -199,7 +199,7 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
     host = store_host()
     relayed = STATE.exits.get(host)[0] if host is not None and host in STATE.exits else None
     if relayed is not None:  # the host exited on a failure: name the root cause
-        return learn(_relayed_by_host(host, relayed, what))
+        return remember_failure(_relayed_by_host(host, relayed, what))
     if host is None and _store_answers():
         return DistributedEnvError(
             f"the c10d store at {store_address()} closed this rank's connection while in "
@@ -211,13 +211,13 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
     if host is not None:
         record = STATE.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""
-        return learn(RankFailedError(
+        return remember_failure(RankFailedError(
             host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
             f"it hosted at {store_address()} is gone ({cause}). Look at "
             f"rank {host}'s own output for why it ended", where=what))
     lost_node = _lost_node(what, cause)
     if lost_node is not None:
-        return learn(lost_node)
+        return remember_failure(lost_node)
     return DistributedEnvError(
         f"lost the c10d store at {store_address()} while in {what}: the launcher process that "
         f"hosted it (torchrun / axolotl-dist / accelerate launch agent) exited or was killed "

@@ -4,7 +4,7 @@ shared-filesystem probe and ``shared_map`` make (the other kind, a collective's,
 
 The first polls run inline, then from the store worker with a backoff to at most 0.25 s, so a
 store that stops answering (its host is stopped) does not stop the wait's clock
-(docs/design.md, decision 13); a wait that can, sleeps on a bell (:mod:`..store.sleep`)
+(docs/design.md, decision 13); a wait that can, blocks on a wake key (:mod:`..store.wakeup`)
 instead of polling.
 """
 
@@ -18,10 +18,10 @@ from ..base.constants import LIVENESS_INTERVAL
 from ..base.kitlog import kit as log
 from ..store.access import (Job, StoreHostGoneError, is_store_error, store_address,
                             store_host, submit)
-from ..store.sleep import Bell
-from . import whereabouts as where
+from ..store.wakeup import KeyWaiter
+from . import where_report
 from .deadlock import Point
-from .judge import lost_error
+from .stalls import lost_error
 from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
 from .waits import Waiting
 from ...errors import (CollectiveMismatchError, DistributedEnvError, RankFailedError,
@@ -53,7 +53,7 @@ def poll_until(
     what: str,
     me: int,
     slow: Optional[Callable[[], None]] = None,
-    sleep: Optional[Callable[[], Optional[Bell]]] = None,
+    sleep: Optional[Callable[[], Optional[KeyWaiter]]] = None,
     point: Optional[Point] = None,
     fresh: bool = False,
 ) -> None:
@@ -64,10 +64,10 @@ def poll_until(
     :param what: a description used in log lines and errors ("zero_first block #3 at x.py:4").
     :param slow: called once, on the store worker, when the wait outlasts its first inline
         polls (a check too costly for the fast path, e.g. that blocks pair); it may raise.
-    :param sleep: called on the store worker after ``slow``, until it returns a bell: a
-        :class:`~..store.sleep.Bell` asleep until ``ready()`` may have become true (then the wait
+    :param sleep: called on the store worker after ``slow``, until it returns a key waiter: a
+        :class:`~..store.wakeup.KeyWaiter` asleep until ``ready()`` may have become true (then the wait
         stops polling: it only looks at the watched ranks), or None (not now: polls go on).
-    :param point: where the wait is, for the deadlock judge (:mod:`.deadlock`).
+    :param point: where the wait is, for the deadlock stall detector (:mod:`.deadlock`).
     :param fresh: the caller has just read what ``ready()`` reads, and it was not ready: no
         check before the wait is set up (its inline polls come next).
     """
@@ -76,7 +76,7 @@ def poll_until(
             return
         waiting = Waiting(what, me, [], "for rank(s) {ranks} to finish {what}", point)
         normal = False
-        box: List[Optional[Bell]] = [None]
+        box: List[Optional[KeyWaiter]] = [None]
         try:
             _Poll(ready, watch, timeout, slow, waiting, sleep, box).run()
             normal = True
@@ -101,7 +101,7 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
     warned[-1] = now
     host = store_host()
     record = peer_record(host) if host is not None else None
-    state = procs.proc_state(record.pid) if where.same_machine(record) else None
+    state = procs.proc_state(record.pid) if where_report.same_machine(record) else None
     if host is None:
         who = f"the launcher's store at {store_address()}"
     else:
@@ -114,13 +114,13 @@ def _silent_store(what: str, me: int, silent_for: float, warned: Dict[int, float
 
 class _Poll:
     """One store-probe wait (see :func:`poll_until`): the first probes inline, then on the
-    store worker at doubling intervals (or asleep on a bell), the watched ranks judged every
+    store worker at doubling intervals (or blocked on a wake key), the watched ranks found every
     ``LIVENESS_INTERVAL``, a store that does not answer warned about, the timeout kept."""
 
     def __init__(self, ready: Callable[[], bool], watch: Callable[[], Sequence[int]],
                  timeout: Optional[float], slow: Optional[Callable[[], None]], w: Waiting,
-                 sleep: Optional[Callable[[], Optional[Bell]]],
-                 box: List[Optional[Bell]]) -> None:
+                 sleep: Optional[Callable[[], Optional[KeyWaiter]]],
+                 box: List[Optional[KeyWaiter]]) -> None:
         self.ready, self.watch, self.timeout, self.w, self.box = ready, watch, timeout, w, box
         self.next_check = w.start + LIVENESS_INTERVAL / 2
         self.spins, self.delay = 0, _FIRST_DELAY
@@ -131,13 +131,13 @@ class _Poll:
 
     def probe(self, liveness: bool, now: float, inline: bool = False) -> Tuple[str, Any]:
         """One look: ``("ready", None)``, ``("waiting", None)``, ``("lost", ranks)`` or
-        ``("stuck", verdict)``; on the worker (not ``inline``) it also runs ``slow`` once and
+        ``("stuck", finding)``; on the worker (not ``inline``) it also runs ``slow`` once and
         tries to fall asleep."""
         w = self.w
         if host_leaving():  # no store call: the host's store is about to go
             return "lost", w.watcher.find_lost([], now, w.what)
-        bell = self.box[0]
-        if bell is None or bell.rung.is_set():  # asleep, the word is not read: the bell says
+        waiter = self.box[0]
+        if waiter is None or waiter.woken.is_set():  # asleep, the word is not read: the waiter says
             if self.ready():
                 return "ready", None
         if not inline:  # on the worker: the wait has left its inline polls
@@ -145,8 +145,8 @@ class _Poll:
         if liveness:
             w.ranks[:] = self.watch()
             w.mark()
-            lost = w.lost(now, asleep=bell is not None and not bell.rung.is_set())
-            stuck = w.stuck()  # read by the same look: this wait's own verdict comes first
+            lost = w.lost(now, asleep=waiter is not None and not waiter.woken.is_set())
+            stuck = w.stuck()  # read by the same look: this wait's own finding comes first
             if stuck is not None:
                 return ("ready", None) if self.ready() else ("stuck", stuck)
             if lost:
@@ -160,16 +160,16 @@ class _Poll:
         if self.pending_sleep:
             self.box[0] = self.pending_sleep[0]()
             if self.box[0] is not None:
-                self.pending_sleep.clear()  # a bell rings once: after a spurious ring, polls
+                self.pending_sleep.clear()  # a key wakes once: after a spurious wake-up, polls
 
     def _schedule(self) -> None:
-        """Between looks: sleep (on the bell, or a doubling delay), then hand the next look to
+        """Between looks: sleep (on the wake key, or a doubling delay), then hand the next look to
         the store worker when one is due."""
-        bell = self.box[0]
-        if bell is not None and not bell.rung.is_set():  # asleep: look at the peers only
-            bell.rung.wait(min(_ASLEEP, max(0.0, self.next_check - time.monotonic())))
+        waiter = self.box[0]
+        if waiter is not None and not waiter.woken.is_set():  # asleep: look at the peers only
+            waiter.woken.wait(min(_ASLEEP, max(0.0, self.next_check - time.monotonic())))
             now = time.monotonic()
-            due = now >= self.next_check or bell.rung.is_set()
+            due = now >= self.next_check or waiter.woken.is_set()
         else:
             time.sleep(self.delay)
             limit = 0.05 if time.monotonic() - self.w.start < 10 else 0.25
@@ -187,13 +187,13 @@ class _Poll:
         has not for a while: a gone store host ends the wait, a silent store is warned of."""
         w = self.w
         if answered:
-            verdict, found = self.job.result()  # type: ignore[union-attr]
+            outcome, found = self.job.result()  # type: ignore[union-attr]
             self.job = None
-            if verdict == "ready":
+            if outcome == "ready":
                 return True
-            if verdict == "lost":
+            if outcome == "lost":
                 raise lost_error(found, w.what)
-            if verdict == "stuck":
+            if outcome == "stuck":
                 w.deadlock(found)
         elif now - self.job_since >= _STORE_SILENT_AFTER:
             if store_host_gone():  # the call waits in torch's reconnect: stop waiting for it

@@ -102,7 +102,7 @@ def _file_name(run: str) -> str:
 
 
 def _live(entry: Dict[str, Any]) -> Optional[bool]:
-    """Whether the recording process runs; None where this process cannot judge its pid
+    """Whether the recording process runs; None where this process cannot stall detector its pid
     (another PID namespace sharing the directory)."""
     pid = entry.get("pid")
     if not isinstance(pid, int) or pid <= 0:

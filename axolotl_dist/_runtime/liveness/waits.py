@@ -1,8 +1,8 @@
-"""Every kit wait, one watching wait (the top floor of the signalling stack: on :mod:`.judge`).
+"""Every kit wait, one watching wait (the top floor of the signalling stack: on :mod:`.stalls`).
 
-A kit wait is a :class:`Waiting`: registered for :mod:`.whereabouts` (what, since when, for whom),
-counted on this rank's waiting key once it runs long (:func:`.judge.waiting_key`: a failing
-peer's exit grace reads it), judging the awaited ranks (:class:`~.judge.Watch`: exit records,
+A kit wait is a :class:`Waiting`: registered for :mod:`.where_report` (what, since when, for whom),
+counted on this rank's waiting key once it runs long (:func:`.stall detector.waiting_key`: a failing
+peer's exit grace reads it), checking the awaited ranks (:class:`~.stalls.PeerChecker`: exit records,
 pids, heartbeats) every ``LIVENESS_INTERVAL``, and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
 seconds (default 30), then at doubling intervals, logging whom it waits for (the first time,
 where they are). What it waits on comes in two kinds:
@@ -19,7 +19,7 @@ where they are). What it waits on comes in two kinds:
   its part). A wait that ends on an exception with its collective still pending marks the
   group (:func:`left`), which the exit keeps (:func:`..lifecycle.teardown.keep_abandoned`).
 
-:class:`noted` logs the same way around a call that blocks in C++ (a rendezvous).
+:class:`logged_blocking_call` logs the same way around a call that blocks in C++ (a rendezvous).
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ from ..base.kitlog import kit as log
 from ..base.state import STATE
 from ..store import keys
 from ..store.access import bounded, world_store
-from . import whereabouts as where
+from ..store.clients import raw_store
+from . import where_report
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
 from .failures import await_readers
-from .judge import Lost, Watch, lost_error
+from .stalls import Lost, PeerChecker, lost_error
 from .peers import host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError
 
-__all__ = ["Waiting", "collective", "where_they_are", "noted", "left", "timed_out", "SLICE",
+__all__ = ["Waiting", "collective", "where_they_are", "logged_blocking_call", "left", "timed_out", "SLICE",
            "LOST_GRACE"]
 
 #: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
@@ -75,22 +76,22 @@ class _Interval:
 
 
 def where_they_are(ranks: Sequence[int]) -> str:
-    """Where ``ranks`` are, one line per place (:mod:`.whereabouts`); asked through the store."""
+    """Where ``ranks`` are, one line per place (:mod:`.where_report`); asked through the store."""
     run = STATE.run
     if run is None or not ranks:
         return ""
-    raw = where.raw_store(world_store())
-    answers, silent = where.collect(raw, run, where.ask(raw, run, ranks))
+    raw = raw_store(world_store())
+    answers, silent = where_report.collect(raw, run, where_report.ask(raw, run, ranks))
     records = {r: p for r, p in STATE.peers.items() if r in silent}
-    return where.report(answers, silent, records)
+    return where_report.report(answers, silent, records)
 
 
 class Waiting:
     """One kit wait on this thread (see the module docstring): ``ranks`` is the list of global
-    ranks it waits for (kept up to date by the wait, read by :mod:`.whereabouts`); ``says`` is how
+    ranks it waits for (kept up to date by the wait, read by :mod:`.where_report`); ``says`` is how
     its warning reads after "rank R has waited N s ", with ``{what}`` and ``{ranks}``;
     ``point``: where it is in terms every rank counts alike (None: a wait :mod:`.deadlock`
-    does not judge); ``shown``: how a deadlock's report names it (default ``what``)."""
+    does not stall detector); ``shown``: how a deadlock's report names it (default ``what``)."""
 
     __slots__ = ("what", "me", "ranks", "says", "watcher", "start", "interval", "told",
                  "marked", "thread", "point", "serial", "published", "shown")
@@ -98,7 +99,7 @@ class Waiting:
     def __init__(self, what: str, me: int, ranks: List[int], says: str,
                  point: Optional[Point] = None, shown: Optional[str] = None) -> None:
         self.what, self.me, self.ranks, self.says = what, me, ranks, says
-        self.watcher = Watch(world_store(), me)
+        self.watcher = PeerChecker(world_store(), me)
         self.start = time.monotonic()
         self.interval = _Interval(self.start)
         self.told = False
@@ -106,14 +107,14 @@ class Waiting:
         self.thread = threading.get_ident()
         self.point, self.serial, self.published = point, 0, ""
         self.shown = shown or what
-        STATE.waits[self.thread] = where.Registered(what, ranks)  # what a snapshot says
+        STATE.waits[self.thread] = where_report.Registered(what, ranks)  # what a snapshot says
 
     def mark(self) -> None:
         """Count this wait on this rank's waiting key (once): it runs long; and say where it
-        is, for the deadlock judge."""
+        is, for the deadlock stall detector."""
         if not self.marked:
             self.watcher.store.add(keys.waiting(self.me), 1)
-            self.watcher.store.add(keys.WAITERS, 1)  # the judge judges while above 0
+            self.watcher.store.add(keys.WAITERS, 1)  # the detector runs while above 0
             self.marked = True
             run = STATE.run
             if self.point is not None and run is not None:
@@ -124,11 +125,11 @@ class Waiting:
                 self.watcher.raw.set(keys.long_wait(run, self.me), self.published)
 
     def lost(self, now: float, asleep: bool = False) -> List[Lost]:
-        """The awaited ranks that are gone (see :meth:`.judge.Watch.find_lost`)."""
+        """The awaited ranks that are gone (see :meth:`.stalls.PeerChecker.find_lost`)."""
         return self.watcher.find_lost(self.ranks, now, self.what, asleep=asleep)
 
     def stuck(self) -> Optional[CollectiveMismatchError]:
-        """The deadlock this wait is in, as the judge found it at this rank's last look (no
+        """The deadlock this wait is in, as the stall detector found it at this rank's last look (no
         store call); None if none."""
         entry = self.watcher.stuck
         if entry is None or entry[0] != self.serial or not self.serial:
@@ -139,7 +140,7 @@ class Waiting:
 
     def deadlock(self, error: CollectiveMismatchError) -> None:
         """Raise ``error`` (from :meth:`stuck`), first acknowledging it: a rank that hosts the
-        store keeps it up until every other rank of the deadlock has read its own verdict (it
+        store keeps it up until every other rank of the deadlock has read its own finding (it
         would otherwise learn of this rank's exit instead)."""
         # the ranks the error names (every rank of a deadlock of up to CALLS_PER_RANK ranks)
         ranks = sorted(error.calls) if len(error.calls) <= CALLS_PER_RANK else []
@@ -168,7 +169,7 @@ class Waiting:
             self.told = True
             text = where_they_are(ranks)
             place = f"; where they are:\n{text}" if text else ""
-            command = where.where_command()  # what shows every rank, from a shell
+            command = where_report.where_command()  # what shows every rank, from a shell
             place += f"\n  (every rank: {command})" if command else ""
         log.warning("rank %d has waited %.0f s %s%s", self.me, now - self.start,
                     self.says.format(what=self.what, ranks=list(ranks)), place)
@@ -176,7 +177,7 @@ class Waiting:
     def end(self, normal: bool, unmark: Callable[[Callable[[], Any]], Any]) -> None:
         """The wait is over; ``normal``: it ended without an exception, so its count on the
         waiting key is taken back (by ``unmark(call)``: at once, or on the store worker). An
-        exception keeps the count until the process exits (see :func:`.judge.waiting_key`).
+        exception keeps the count until the process exits (see :func:`.stall detector.waiting_key`).
         Either way its description goes (only if still this wait's: compare-and-set), on an
         exception within a second at most (the store may be going)."""
         STATE.waits.pop(self.thread, None)
@@ -249,7 +250,7 @@ def collective(work: Any, g: Group, what: str) -> None:
 LOST_GRACE = 1.0
 
 
-def _grace(watcher: Watch, lost: List[Lost]) -> float:
+def _grace(watcher: PeerChecker, lost: List[Lost]) -> float:
     """Seconds the collective gets to complete, given the ``lost`` peers (see
     :data:`LOST_GRACE`): store calls only while the store's host stays."""
     if host_leaving():
@@ -301,7 +302,7 @@ def left(work: Any, g: Group, exc: BaseException) -> None:
 
 # --- around a call that blocks in C++ --------------------------------------------------------
 
-class noted:
+class logged_blocking_call:
     """Around a call that blocks in C++ (a rendezvous): a daemon thread logs ``message(s)``
     (``s``: seconds waited) when a kit wait would warn, until the call returns: the call's
     wait says what it waits for, like every kit wait."""
@@ -311,7 +312,7 @@ class noted:
         self.done = threading.Event()
         self.thread: Optional[threading.Thread] = None
 
-    def __enter__(self) -> "noted":
+    def __enter__(self) -> "logged_blocking_call":
         start = time.monotonic()
         interval = _Interval(start)
 

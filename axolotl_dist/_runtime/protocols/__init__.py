@@ -11,9 +11,9 @@
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
 * :mod:`.map_cache`: a ``datasets`` map in a ``zero_first`` block that leaves the other ranks
   no cache file, said once.
-* :mod:`.guards`: collectives the other ranks cannot join are errors at once.
+* :mod:`.scopes`: collectives the other ranks cannot join are errors at once.
 * :mod:`.threads`: one thread per group at a time.
 * :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.
-* :mod:`.crosscheck`: debug mode's per-call check that every rank is in the same call.
-* :mod:`.recorder`: recording this rank's kit calls for the timeline (every helper records).
+* :mod:`.debug_checks`: debug mode's per-call check that every rank is in the same call.
+* :mod:`.timeline`: recording this rank's kit calls for the timeline (every helper records).
 """

@@ -25,9 +25,9 @@ the fast path, and it also reads the word back:
 * ``do_n_at_a_time``: a rank of round ``k`` (``rank % rounds``) waits for every bit of the
   rounds before it, runs ``f``, sets its bit and waits for every bit.
 
-A default block's waiter that has polled a while sleeps on the block's bell (bit 31 of word
-0: :mod:`..store.sleep`); an ``add`` that can release it (group rank 0's done, a flag) and finds
-the bit set rings it. Without sleepers, the fast path sends nothing more.
+A default block's waiter that has polled a while blocks on the block's wake key (bit 31 of word
+0: :mod:`..store.wakeup`); an ``add`` that can release it (group rank 0's done, a flag) and finds
+the bit set wakes it. Without key waiters, the fast path sends nothing more.
 
 Word 0 also carries two flags, counted in bits 32-46 and 47-62 (an ``add`` cannot set a bit
 twice safely, and two ranks may flag at once): ``FAILED`` (a rank's body raised; its report is
@@ -58,15 +58,15 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
 from ..base.callsite import CallSite
 from ..base.groups import Group
 from ..base.state import STATE
-from ..store import sleep as bells, sweep as cleanup
+from ..store import sweep, wakeup
 from ..store import keys, records
 from ..store.access import checked, group_store, is_store_error
 from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.polls import poll_until
-from . import recorder as trace
-from . import guards
+from . import timeline
+from . import scopes
 from ...errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,16 +104,16 @@ class Block:
     family = ""  # its call counter (``Group.seq``): "zero_first" or "do_n_at_a_time"
     noun = ""  # how messages name a block of this kind
     __slots__ = ("group", "seq", "rank", "ws", "site", "desc", "tag", "store", "base", "keys",
-                 "words", "_globals", "wrote_site", "explicit", "first", "timeout", "guard")
+                 "words", "_globals", "wrote_site", "explicit", "first", "timeout", "scope")
     # a block per call, built on the hot path: one __init__ for both kinds (``explicit``,
-    # ``first``, ``timeout`` and ``guard`` serve zero_first blocks)
+    # ``first``, ``timeout`` and ``scope`` serve zero_first blocks)
 
     def __init__(self, g: Group, seq: int, site: CallSite, desc: Optional[str],
                  explicit: bool = False, first: bool = False,
                  timeout: Optional[float] = None) -> None:
         self.group, self.seq, self.rank, self.ws = g, seq, g.rank, g.size
         self.explicit, self.first, self.timeout = explicit, first, timeout
-        self.guard: Optional[guards.Guard] = None
+        self.scope: Optional[scopes.ExclusiveScope] = None
         self.site, self.desc = site, desc
         self.tag = pairing_tag(site, desc)
         if g.store is None:
@@ -144,8 +144,8 @@ class Block:
         word, bit = divmod(self.rank, WORD_BITS)
         try:
             value = self.words[word] = self.store.add(self.keys[word], 1 << bit)
-            if value & bells.BELL and self.rank == 0 and self.releases:
-                bells.ring(self.store, self.keys[0])
+            if value & wakeup.WAKE_BIT and self.rank == 0 and self.releases:
+                wakeup.wake(self.store, self.keys[0])
         except Exception as exc:  # noqa: BLE001
             if is_store_error(exc):
                 raise store_lost_error(exc, self.what, self.keys[word]) from exc
@@ -169,7 +169,7 @@ class Block:
                 raise
             if value == 0 and mine:
                 self.words = [_WORD_MASK] * len(self.keys)
-                cleanup.delete(self.group, self.store, [self.keys[w]])
+                sweep.delete(self.group, self.store, [self.keys[w]])
                 return
 
     def has(self, rank: int) -> bool:
@@ -206,7 +206,7 @@ class Block:
         """Poll the words ``which`` until ``done()`` or a flag; then raise a flagged failure
         (``failed_ok``: another rank's failed body is not this rank's error, a mismatch is).
         ``doing`` is added to :attr:`what` in the wait's messages. ``sleep``: once polls have
-        not been enough, sleep on the block's bell (only where one ``add`` releases the wait:
+        not been enough, block on the block's wake key (only where one ``add`` releases the wait:
         see the module docstring)."""
         if not (done() or self.flagged()):
             self.read(which)  # once more before setting up a wait: usually enough
@@ -226,9 +226,9 @@ class Block:
             with store_errors(self.what):
                 raise self._stored("mismatch" if mismatch else "error")
 
-    def _sleep(self) -> Optional[bells.Bell]:
-        bell, self.words[0] = bells.arm(self.group, self.store, self.keys[0], self.words[0])
-        return bell
+    def _sleep(self) -> Optional[wakeup.KeyWaiter]:
+        waiter, self.words[0] = wakeup.request_wake(self.group, self.store, self.keys[0], self.words[0])
+        return waiter
 
     # -- pairing ----------------------------------------------------------------------------
 
@@ -264,8 +264,8 @@ class Block:
         payload = records.mismatch(error, self.rank)
         ours = self.store.compare_set(key, "", payload) == payload  # the first report wins
         for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
-            if self.store.add(word0, MISMATCH) & bells.BELL:
-                bells.ring(self.store, word0)
+            if self.store.add(word0, MISMATCH) & wakeup.WAKE_BIT:
+                wakeup.wake(self.store, word0)
         if not ours:
             raise self._stored("mismatch")
         self.words[0] += MISMATCH
@@ -280,8 +280,8 @@ class Block:
         try:
             report = failure_report(self.rank, exc, self.what)
             ours = self.store.compare_set(key, "", report) == report
-            if self.store.add(self.keys[0], FAILED) & bells.BELL:
-                bells.ring(self.store, self.keys[0])
+            if self.store.add(self.keys[0], FAILED) & wakeup.WAKE_BIT:
+                wakeup.wake(self.store, self.keys[0])
             readers = self._readers(exclude=(self.rank,))
         except Exception:  # noqa: BLE001 - the store is gone: nobody can be told
             publish_error(self.store, key, self.rank, exc, self.what)
@@ -321,7 +321,7 @@ class Block:
         it reaches a later block; a first rank that still reads one, at the end of an
         enclosing block, finds it deleted (see :meth:`read`)."""
         if self.wrote_site:
-            cleanup.delete(self.group, self.store, [f"{self.base}/site"])
+            sweep.delete(self.group, self.store, [f"{self.base}/site"])
         if self.rank != 0 or not complete:
             return
         done = self.group.blocks_done.setdefault(self.kind, [])
@@ -334,9 +334,9 @@ class Block:
                 keep.append(entry)
         if old:
             done[:] = keep
-            cleanup.delete(self.group, self.store, old)
-        done.append((self.seq, self.keys + [bells.bell_key(self.keys[0])]  # someone slept
-                     if self.words[0] & bells.BELL else self.keys))
+            sweep.delete(self.group, self.store, old)
+        done.append((self.seq, self.keys + [wakeup.wake_key(self.keys[0])]  # someone slept
+                     if self.words[0] & wakeup.WAKE_BIT else self.keys))
 
 
 
@@ -357,10 +357,10 @@ def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: 
     rank, ws, group = g.rank, g.size, g
     before = [r for r in range(ws) if r % rounds < rank % rounds]
     if before:
-        t0 = trace.now()
+        t0 = timeline.now()
         block.wait(lambda: block.full(before), (), lambda: block.missing(before), timeout)
         if STATE.trace is not None:
-            trace.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in before], site,
+            timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in before], site,
                             group, seq)
     try:
         result = f()
@@ -368,11 +368,11 @@ def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: 
         block.fail(exc)
         raise
     block.set_bit()
-    t0 = trace.now()
+    t0 = timeline.now()
     block.wait(block.full, (), block.missing, timeout)
     if STATE.trace is not None:
         after = [r for r in range(ws) if r % rounds > rank % rounds]
-        trace.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in after], site, group,
+        timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in after], site, group,
                         seq)
     block.finish(complete=True)
     return result

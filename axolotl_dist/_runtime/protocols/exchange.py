@@ -54,13 +54,13 @@ import torch.distributed as dist
 
 from ..base import backends
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group, learn
+from ..base.groups import HEADER_LEN, Group, remember_failure
 from ..base.state import STATE
 from ..base.tracebacks import safe_str
-from ..liveness import waits as wait
+from ..liveness import waits
 from ..store import records
 from ..liveness.failures import diagnose_lost_peer, failure_report
-from . import recorder as trace
+from . import timeline
 from .codes import CODES, GATHERS, mismatch_error
 from .zero_first import confirm_all
 from ...errors import RankFailedError
@@ -216,7 +216,7 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
     if kind == PICKLE:
         return pickle.loads(raw)  # the user's object, as torch's object collectives do
     if kind == ERROR:
-        raise learn(RankFailedError.from_report(raw))
+        raise remember_failure(RankFailedError.from_report(raw))
     if kind == BIGINT:
         return records.read_bigint(raw)
     if kind == TENSOR:
@@ -256,9 +256,9 @@ def _target_device(device_type: str, device: Optional[torch.device]) -> torch.de
 
 #: Seconds of one blocking slice of a wait: how long a signal may wait to be handled. A slice
 #: ends the moment the collective completes; each one that times out costs a few microseconds.
-SLICE = wait.SLICE
+SLICE = waits.SLICE
 _SLICE = timedelta(seconds=SLICE)
-_timed_out = wait.timed_out
+_timed_out = waits.timed_out
 
 
 def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -285,10 +285,10 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
         except RuntimeError as exc:
             if not _timed_out(exc):
                 raise
-        wait.collective(work, g, what)
+        waits.collective(work, g, what)
     except RuntimeError as exc:  # a peer is gone: name it
         if work is not None and g.cpu:
-            wait.left(work, g, exc)
+            waits.left(work, g, exc)
         error = diagnose_lost_peer(exc, what, g)
         try:
             if error is exc:
@@ -301,7 +301,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
             error = exc = None  # type: ignore[assignment]
     except BaseException as exc:
         if work is not None and g.cpu:
-            wait.left(work, g, exc)
+            waits.left(work, g, exc)
         raise
 
 
@@ -362,7 +362,7 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     """Run ``fn`` on group rank ``src`` only and return its result on every rank (one process,
     ``g`` None: ``fn()``, a tensor moved to ``device``).
 
-    ``where`` is the public helper's name: its code rides in the header's slot 3, and a rank
+    ``where`` is the public helper's name: its code travels in the header's slot 3, and a rank
     that receives another helper's header raises :class:`CollectiveMismatchError`."""
     if g is None:
         value = fn()
@@ -398,7 +398,7 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
         del header  # the cached buffer: the traceback keeps this frame (see await_released)
         raise own
     if STATE.trace is not None and g.rank == src:
-        trace.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
+        timeline.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
     return decode(values, payload, device)
 
 
@@ -437,7 +437,7 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     code = CODES[where] | ((decode_on or 0) << 8 if where in GATHERS else 0)  # helper_code
     header, encoded, own = _encode_result(fn, g.rank, where)
     if STATE.trace is not None:
-        trace.add_bytes(HEADER_LEN * 8 + (
+        timeline.add_bytes(HEADER_LEN * 8 + (
             encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
     if g.cpu:
         a = g.hdr_arr

@@ -4,7 +4,7 @@
   function takes the kit's :class:`~..base.groups.Group` (None for one process without a
   process group) before its public parameters; the decorator gives the public function, whose
   signature lacks it. It registers the helper's header code (:mod:`.exchange`) and how its
-  ranks synchronize (:mod:`.recorder`) where it is decorated.
+  ranks synchronize (:mod:`.timeline`) where it is decorated.
 * :func:`block`: ``zero_first``, which signals through the store and settles its own blocks.
 * :func:`rounds`: ``do_n_at_a_time``, a block that records its own waits.
 * :func:`call`: any other call that communicates (``shared_map``, ``build_world_mesh``, the
@@ -13,17 +13,17 @@
 Around the body, every kind does what its :class:`Kind` says (cheap unless something is on):
 
 * refuses a call the other ranks cannot join (inside a ``zero_first`` body this rank runs
-  first, inside ``zero_only`` code: :mod:`.guards`);
+  first, inside ``zero_only`` code: :mod:`.scopes`);
 * confirms the ``zero_first`` blocks this rank left unconfirmed (:func:`.zero_first.confirm_all`),
   or leaves that to the helper's first collective's wait on gloo (``confirm_in_wait``);
 * records the call in flight on this thread and raises
   :class:`~axolotl_dist.errors.ThreadConflictError` when another thread is in a helper on the
   same group (:mod:`.threads`);
-* while tracing, records the call as a span (:mod:`.recorder`);
+* while tracing, records the call as a span (:mod:`.timeline`);
 * in debug mode, checks through the store that every rank is in the same helper with
-  compatible arguments (:mod:`.crosscheck`).
+  compatible arguments (:mod:`.debug_checks`).
 
-A collective's fast path (debug, tracing and guards off, nothing unconfirmed, one thread) is
+A collective's fast path (debug, tracing and exclusive scopes off, nothing unconfirmed, one thread) is
 the group's resolution, a ``get_ident()``, a dict read, a tuple and a dict write and delete
 (``benchmarks/debug.py`` measures it); anything on takes :meth:`_Spec.general`. Debug mode's
 switches live on :data:`..base.state.STATE`; :mod:`axolotl_dist.debug` is their public face.
@@ -42,7 +42,7 @@ from ..base.callsite import call_site
 from ..base.constants import DEBUG_TIMEOUT_ENV_VAR
 from ..base.groups import Group, group_of
 from ..base.state import STATE
-from . import codes, crosscheck as debug_check, guards, recorder as trace, threads
+from . import codes, debug_checks, scopes, threads, timeline
 from .zero_first import confirm_all
 from ...errors import CollectiveMismatchError, DistributedEnvError
 
@@ -69,7 +69,7 @@ class Kind(NamedTuple):
     #: (:func:`.exchange.run`: the store read overlaps the collective; a rank stuck in a block
     #: that does not pair keeps the collective from completing, so the mismatch is still found)
     confirm_in_wait: bool = False
-    #: raise at once where the other ranks cannot join (:mod:`.guards`)
+    #: raise at once where the other ranks cannot join (:mod:`.scopes`)
     refuse_in_scopes: bool = True
     #: raise :class:`ThreadConflictError` when another thread is in a helper on the group
     one_thread: bool = True
@@ -138,15 +138,15 @@ class _Spec:
                 g = group_of(self.find_group(args, kwargs), self.name)
             except Exception:  # noqa: BLE001 - the helper raises its own error
                 return self.run(g, args, kwargs)
-        return trace.helper_span(recorder, self.name, g, call_site,
+        return timeline.helper_span(recorder, self.name, g, call_site,
                                  lambda: self.run(g, args, kwargs), args, kwargs)
 
     def general(self, args: tuple, kwargs: dict, g: Optional[Group] = None) -> Any:
         """Every step the kind asks for (``g``: a collective's group, resolved already)."""
         name, kind = self.name, self.kind
-        if STATE.guarded and kind.refuse_in_scopes:
+        if STATE.exclusive_scopes and kind.refuse_in_scopes:
             _refuse(name, self.record(args, kwargs),
-                    lambda g: guards.check(name, g, lambda: str(call_site())))
+                    lambda g: scopes.check(name, g, lambda: str(call_site())))
         if self.on_group and g is None and not STATE.debug_on:
             return self.fn(None, *args, **kwargs)  # one process: the engine's local path
         if kind.confirms and STATE.unconfirmed and not (
@@ -170,15 +170,15 @@ class _Spec:
                         lambda g: threads.check(self.name, g, _call_group))
             result = self.traced_run(g, args, kwargs)
         except BaseException:
-            STATE.crossed.pop(me, None)  # it raised anyway
+            STATE.thread_conflicts.pop(me, None)  # it raised anyway
             raise
         finally:
             if outer is None:
                 calls.pop(me, None)
             else:
                 calls[me] = outer
-        if STATE.crossed and me in STATE.crossed:
-            raise threads.crossed_error(me)
+        if STATE.thread_conflicts and me in STATE.thread_conflicts:
+            raise threads.conflict_error(me)
         return result
 
 
@@ -216,7 +216,7 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
         spec = _Spec(fn, name, agree, COLLECTIVE, True)
         if exchanges:
             codes.register_helper(name, gather)
-        trace.register_sync(name, spec.signature, src=src)
+        timeline.register_sync(name, spec.signature, src=src)
         gname = "group"
         position = list(spec.signature.parameters).index(gname)
         body = fn
@@ -228,7 +228,7 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
             else:
                 group = args[position] if len(args) > position else None
             g = group_of(group, name)
-            if state.guarded or state.debug_on or state.trace is not None or state.unconfirmed:
+            if state.exclusive_scopes or state.debug_on or state.trace is not None or state.unconfirmed:
                 return spec.general(args, kwargs, g)
             if g is None:
                 return body(None, *args, **kwargs)  # one process: the engine's local path
@@ -244,15 +244,15 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
                             lambda g: threads.check(name, g, _call_group))
                 result = body(g, *args, **kwargs)
             except BaseException:
-                state.crossed.pop(me, None)  # it raised anyway
+                state.thread_conflicts.pop(me, None)  # it raised anyway
                 raise
             finally:
                 if outer is None:
                     calls.pop(me, None)
                 else:
                     calls[me] = outer
-            if state.crossed and me in state.crossed:
-                raise threads.crossed_error(me)
+            if state.thread_conflicts and me in state.thread_conflicts:
+                raise threads.conflict_error(me)
             return result
 
         return _named(wrapper, spec)  # type: ignore[return-value]
@@ -293,7 +293,7 @@ def _general(name: str, agree: Agree, kind: Kind, group_arg: GroupArg,
              own_waits: bool) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         spec = _Spec(fn, name, agree, kind, False, group_arg)
-        trace.register_sync(name, spec.signature, own_waits=own_waits)
+        timeline.register_sync(name, spec.signature, own_waits=own_waits)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             return spec.general(args, kwargs)
@@ -360,7 +360,7 @@ def _call_group(name: str, call: tuple) -> Optional[Group]:
 
 
 def _refuse(name: str, call: tuple, check: Callable[[Optional[Group]], None]) -> None:
-    """Run ``check`` (:func:`.guards.check` or :func:`.threads.check`) on the group of the
+    """Run ``check`` (:func:`.scopes.check` or :func:`.threads.check`) on the group of the
     call ``(signature, group_arg, args, kwargs)``; its error shows the user's frames."""
     group = _group_of_call(*call)
     if group is _NO_GROUP:
@@ -394,7 +394,7 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
     if g is not None and g.size > 1:
         agree = describe(arguments) if describe is not None else {}
         try:
-            debug_check.check(name, agree, g, call_site().with_code(),
+            debug_checks.check(name, agree, g, call_site().with_code(),
                               wait=waits is None or waits(arguments), timeout=debug_timeout())
         except CollectiveMismatchError as exc:
             raise exc.with_traceback(None)  # the user's frames matter, not the check's
@@ -411,7 +411,7 @@ def first_rank_block(g: Group) -> Iterator[None]:
     if not STATE.debug_on or g.size <= 1:
         yield
         return
-    with debug_check.first_rank_block(g, debug_timeout()):
+    with debug_checks.first_rank_block(g, debug_timeout()):
         yield
 
 

@@ -11,7 +11,7 @@ one all-gather; a packet that does not fit is cut, every rank sees its length an
 send again with the new slot (two all-gathers).
 
 :func:`check_same` is the tensor operations' shape check (docs/design.md, "Shape checks"):
-every rank learns every rank's description in one small all-gather before a collective whose
+every rank hears every rank's description in one small all-gather before a collective whose
 buffers must match (``all_reduce``, ``broadcast``, ``reduce``), so ranks that disagree raise
 :class:`~axolotl_dist.errors.TensorMismatchError` together, naming each rank's dtype and shape,
 instead of an abort in the backend, a wrong value or a hang.
@@ -30,7 +30,7 @@ import torch
 from ..base.callsite import call_site
 from ..base.groups import HEADER_LEN, Group
 from ..base.state import STATE
-from . import recorder as trace
+from . import timeline
 from .codes import helper_code, mismatch_error
 from .exchange import all_gather_into, exchange as exchange_headers, run
 from ...errors import tensor_mismatch
@@ -156,7 +156,7 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
     while True:
         out = torch.empty(g.size * slot, dtype=torch.uint8, device=g.device)
         if STATE.trace is not None:
-            trace.add_bytes(slot)
+            timeline.add_bytes(slot)
         run(g, what, all_gather_into, out, buf[:slot], group=g.arg, async_op=True)
         rows = out.view(g.size, slot)
         heads = words(rows, min(_PEEK, slot // 8))

@@ -7,7 +7,7 @@ the ranks wait for calls that never come. So every helper call is recorded while
 (``STATE.calls``: thread id -> that thread's innermost call). A call that finds another
 thread's call in flight on the same group raises
 :class:`~axolotl_dist.errors.ThreadConflictError` naming both threads and call sites, and marks
-the other thread (``STATE.crossed``): when its call returns it raises too, instead of
+the other thread (``STATE.thread_conflicts``): when its call returns it raises too, instead of
 returning a value that may belong to the other call. The check runs in the wrapper every
 helper wears (:mod:`.helpers`); while no other thread is in a helper it is
 a few dict operations (see ``benchmarks/debug.py``).
@@ -35,7 +35,7 @@ from ..base.groups import Group
 from ..base.state import STATE
 from ...errors import ThreadConflictError
 
-__all__ = ["Call", "check", "crossed_error", "enter_block", "leave_block"]
+__all__ = ["Call", "check", "conflict_error", "enter_block", "leave_block"]
 
 #: A call in flight: (helper name, what finds its group: the arguments of ``call_group`` passed
 #: to :func:`check`, the call of this thread it is nested in, or None).
@@ -80,16 +80,16 @@ def check(name: str, mine: Optional[Group], call_group: Callable[[str, tuple], A
         here = f"{name}() at {call_site()} (thread {threading.current_thread().name!r})"
         there = f"{other[0]}() at {site if site is not None else 'an unknown line'} " \
                 f"(thread {thread})"
-        STATE.crossed[ident] = (f"{there} was still running when {here} was called on the same "
+        STATE.thread_conflicts[ident] = (f"{there} was still running when {here} was called on the same "
                                 f"process group, so its result may be the other call's and is "
                                 f"not returned. {_ADVICE}")
         raise ThreadConflictError(f"{here} was called while {there} is running on the same "
                                   f"process group. {_ADVICE}")
 
 
-def crossed_error(ident: int) -> ThreadConflictError:
+def conflict_error(ident: int) -> ThreadConflictError:
     """The error a call of thread ``ident`` raises instead of returning (and forget it)."""
-    return ThreadConflictError(STATE.crossed.pop(ident))
+    return ThreadConflictError(STATE.thread_conflicts.pop(ident))
 
 
 def _block_label(block: Tuple[str, Any, Optional[str], Any]) -> str:

@@ -9,7 +9,7 @@ from typing import List, Sequence
 
 from ..base.state import STATE
 from ..liveness.peers import store_errors
-from . import guards, map_cache
+from . import map_cache, scopes
 from .blocks import FAILED_MASK, RELEASED, Block
 from ...errors import CollectiveMismatchError, RankFailedError
 
@@ -78,14 +78,14 @@ class ZeroFirstBlock(Block):
         ``timeout``). Another first rank's failure ends the wait: the waiting ranks raise it,
         this rank's body succeeded. Ranks that finished their script without reaching it make
         it a block the ranks did not all enter: :func:`_never_entered`."""
-        learnt = STATE.learnt
+        known = STATE.known_failure
         try:
             self.wait(self.full, (), self.missing, self.timeout,
                       " (waiting for every rank to reach it)", failed_ok=True)
         except RankFailedError as exc:
             if exc.exc_type != "exited":
                 raise
-            STATE.learnt = learnt  # not another rank's failure: this rank's extra block
+            STATE.known_failure = known  # not another rank's failure: this rank's extra block
             raise _never_entered(self, exc) from None
         if self.words[0] & FAILED_MASK:  # read it all the same: its publisher waits for every reader
             with store_errors(self.what):
@@ -120,7 +120,7 @@ def first_run_begin(block: ZeroFirstBlock) -> None:
     if block.rank == 0:
         runs.main += 1
         map_cache.watch()
-    block.guard = guards.enter("shared_first_run" if block.explicit else "first_run",
+    block.scope = scopes.enter("shared_first_run" if block.explicit else "first_run",
                                block.group, lambda: block.what, block.seq)
 
 
@@ -139,9 +139,9 @@ def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
     runs.depth -= 1
     if block.rank == 0:
         runs.main -= 1
-    if block.guard is not None:
-        guards.leave(block.guard)
-        block.guard = None
+    if block.scope is not None:
+        scopes.leave(block.scope)
+        block.scope = None
     if ok:
         runs.pending.append(block)
     if runs.depth > 0:

@@ -3,7 +3,9 @@
 * :mod:`.keys`: every key the kit keeps in the store (nothing else spells one).
 * :mod:`.records`: every record the kit keeps there, encoded and decoded (nothing else does).
 * :mod:`.access`: which store, who hosts it, what a lost store looks like, a worker thread.
-* :mod:`.sleep`: a long wait sleeps in one blocking ``store.wait`` instead of polling.
+* :mod:`.clients`: connecting to a run's store from outside its groups (``where``, the
+  launcher), and the store's root under a group's prefix.
+* :mod:`.wakeup`: a long wait blocks in one ``store.wait`` until woken instead of polling.
 * :mod:`.sweep`: deleting finished blocks' keys in the background.
 * :mod:`.attempts`: each attempt of a restarted run in its own namespace of a store that
   outlives attempts.

@@ -1,7 +1,7 @@
 """Store access: which c10d store, who hosts it, what a lost store looks like, and a worker
 thread for store calls that must not block the caller.
 
-The first floor of the signalling stack (store <- :mod:`..liveness.peers` <- :mod:`..liveness.judge` <-
+The first floor of the signalling stack (store <- :mod:`..liveness.peers` <- :mod:`..liveness.stalls` <-
 :mod:`..liveness.waits`): it knows nothing about peers. The store's host is torch's choice, not ours
 (docs/design.md, decision 11): torchrun's agent, a test parent, or rank 0's own process.
 """

@@ -15,9 +15,9 @@ gets its base here and appends its own parts to it.
 from __future__ import annotations
 
 __all__ = [
-    "RUN", "EXITS", "EXIT_LOG", "VERDICTS", "WAITERS", "WARN_LOG", "waiting", "exit_record",
+    "RUN", "EXITS", "EXIT_LOG", "STALL_REPORT", "WAITERS", "WARN_LOG", "waiting", "exit_record",
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
-    "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "whereabouts",
+    "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "where_answer",
     "long_wait", "stuck", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
     "attempt_joined", "attempt_prefix", "DOCUMENTED",
@@ -27,13 +27,13 @@ __all__ = [
 
 #: The run id the ranks agree on (``compare_set`` at init: the first proposal wins).
 RUN = "axd/run"
-#: A counter: low 32 bits count events (exit records, changes in the judge's verdicts), the
-#: bits above count the judge's rounds.
+#: A counter: low 32 bits count events (exit records, changes in the stall detector's report), the
+#: bits above count the stall detector's rounds.
 EXITS = "axd/exits"
 #: The ranks that left an exit record, in order (``"3,0,"``).
 EXIT_LOG = "axd/exit_log"
-#: The judge's verdicts (JSON): silent ranks and waits that can never end.
-VERDICTS = "axd/judged"
+#: The stall detector's report (JSON): silent ranks and waits that can never end.
+STALL_REPORT = "axd/stalls"
 #: A counter: low 32 bits the kit waits that run long now, bits 32-61 the Python warnings
 #: ranks published, bit 62 rank 0 reads no more of them.
 WAITERS = "axd/waiters"
@@ -62,19 +62,19 @@ def gone(rank: int) -> str:
 
 
 def deadlock(digest: str) -> str:
-    """A deadlock's verdict, by the digest of what every rank involved waits in."""
+    """A deadlock's finding, by the digest of what every rank involved waits in."""
     return f"axd/deadlock/{digest}"
 
 
 def ack(record: str, reader: int) -> str:
     """Global rank ``reader`` read the record at key ``record`` (a failure report, an exit
-    record, a deadlock's verdict): the publisher, if it hosts the store, waits for these."""
+    record, a deadlock's finding): the publisher, if it hosts the store, waits for these."""
     return f"{record}/ack/{reader}"
 
 
 def block(kind: str, seq: int) -> str:
     """The base of block ``seq`` of ``kind`` (``zf``: ``zero_first``, ``dn``:
-    ``do_n_at_a_time``); the block appends its words, ``site``, ``mismatch``, ``bell``."""
+    ``do_n_at_a_time``); the block appends its words, ``site``, ``mismatch``, ``wake``."""
     return f"axd/{kind}/{seq}"
 
 
@@ -116,7 +116,7 @@ def heartbeat(run: str, rank: int) -> str:
     return f"axolotl_dist/{run}/hb/{rank}"
 
 
-def whereabouts(run: str, rank: int) -> str:
+def where_answer(run: str, rank: int) -> str:
     """Global ``rank``'s snapshot of where it is, when asked (JSON)."""
     return f"axolotl_dist/{run}/where/{rank}"
 
@@ -127,7 +127,7 @@ def long_wait(run: str, rank: int) -> str:
 
 
 def stuck(run: str, rank: int) -> str:
-    """The judge's mark while global ``rank``'s wait can never end."""
+    """The stall detector's mark while global ``rank``'s wait can never end."""
     return f"axolotl_dist/{run}/stuck/{rank}"
 
 
@@ -194,9 +194,9 @@ def rendezvous_round(port_key: str) -> str:
 #: Every key as docs/design.md's table spells it (placeholders in angle brackets).
 DOCUMENTED = (
     RUN, RUN_NOTE, who("<run>", "<rank>"), heartbeat("<run>", "<rank>"),  # type: ignore[arg-type]
-    whereabouts("<run>", "<rank>"), long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
+    where_answer("<run>", "<rank>"), long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
     stuck("<run>", "<rank>"), deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
-    exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, VERDICTS, WARN_LOG,  # type: ignore[arg-type]
+    exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, STALL_REPORT, WARN_LOG,  # type: ignore[arg-type]
     exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]
     gone("<rank>"), block("zf", "<seq>"), shared_fs("<h>"), block("dn", "<seq>"),  # type: ignore[arg-type]
     debug_check("<seq>"), shared_map("<seq>"), clock("<rank>", "<i>", "<side>"),  # type: ignore[arg-type]

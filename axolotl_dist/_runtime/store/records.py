@@ -12,7 +12,7 @@ exit record        ``axd/exit/<rank>``                          ``(report or Non
                                                                (JSON)
 peer record        ``axolotl_dist/<run>/who/<rank>``            ``host|pid|machine|by_store|``
                                                                ``launcher``
-document           the run note, the judge's verdicts, a       JSON
+document           the run note, the stall detector's report, a       JSON
                    snapshot of where a rank is, a long
                    wait's description, shared_map's entries
 stuck mark         ``axolotl_dist/<run>/stuck/<rank>``          ``serial|deadlock index``
@@ -272,7 +272,7 @@ def int_list(value: Any, what: str) -> List[int]:
 
 
 def stuck_mark(serial: int, index: int) -> str:
-    """The judge's mark on a wait that can never end: its serial and its deadlock's index."""
+    """The stall detector's mark on a wait that can never end: its serial and its deadlock's index."""
     return f"{serial}|{index}"
 
 

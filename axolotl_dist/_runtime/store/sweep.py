@@ -2,7 +2,7 @@
 blocks"): a daemon thread with a connection of its own per group, so the deletions neither
 wait on nor are counted against the caller's; if it falls behind, the caller deletes its
 own, so the backlog stays bounded. On the default group that connection is the heartbeat's,
-borrowed (:class:`.sleep.Spare`; the group's own while a bell has it): every new connection
+borrowed (:class:`.wakeup.LentConnection`; the group's own while a key waiter has it): every new connection
 costs the store's host a name lookup (docs/design.md, "Connections").
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 from ..base.groups import Group
 from ..base.state import STATE
-from . import sleep
+from . import wakeup
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -96,17 +96,17 @@ class _Cleanup:
 
     @staticmethod
     def _delete(group: Group, store: "Store", keys: List[str]) -> None:
-        spare = sleep.spare_of(group)
-        lent = spare.borrow() if spare is not None else None
+        lent = wakeup.lent_connection_of(group)
+        borrowed = lent.borrow() if lent is not None else None
         try:
-            conn = lent or (group.store if spare is not None else _own_connection(group, store))
+            conn = borrowed or (group.store if lent is not None else _own_connection(group, store))
             for key in keys:
                 conn.delete_key(key)
         except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
             pass
         finally:
-            if lent is not None:
-                spare.give_back()  # type: ignore[union-attr]
+            if borrowed is not None:
+                lent.give_back()  # type: ignore[union-attr]
 
 
 def _own_connection(group: Group, store: "Store") -> "Store":

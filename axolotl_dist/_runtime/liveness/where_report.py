@@ -23,7 +23,6 @@ import sys
 import sysconfig
 import threading
 import time
-from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -37,9 +36,9 @@ from .peers import Peer, decode_peer, same_machine
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["REQUEST", "BEATS", "raw_store",
+__all__ = ["REQUEST", "BEATS",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
-           "where_command", "Refused", "connect", "rendezvous_target",
+           "where_command",
            "where", "where_each", "placed", "read_answer"]
 
 #: What a requester adds to a rank's heartbeat counter.
@@ -57,13 +56,6 @@ _TORCH_MARK = os.sep + "torch" + os.sep
 _LIBRARIES = tuple(sorted({os.path.join(p, "") for p in (
     sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib"))
     if p}, key=len, reverse=True))
-
-
-def raw_store(store: "Store") -> "Store":
-    """The store under every prefix (a group's, torch elastic's ``/worker``)."""
-    while hasattr(store, "underlying_store"):
-        store = store.underlying_store
-    return store
 
 
 # --- what a rank says about itself ---------------------------------------------------------
@@ -150,8 +142,8 @@ def snapshot(rank: int) -> Dict[str, Any]:
             callee = _label(frames[j - 1:]) or name
         j -= 1
     entry = STATE.waits.get(main)
-    firsts = [guard.describe() for guard in STATE.guards.get(main) or []
-              if guard.kind != "zero_only"]
+    firsts = [scope.describe() for scope in STATE.scopes.get(main) or []
+              if scope.kind != "zero_only"]
     return {
         "rank": rank, "pid": os.getpid(), "host": HOST, "time": time.time(),
         "user": user, "call": call,
@@ -165,7 +157,7 @@ def answer(store: "Store", run: str, rank: int, request: int) -> None:
     """Write this rank's snapshot for request number ``request``."""
     data = snapshot(rank)
     data["request"] = request
-    store.set(keys.whereabouts(run, rank), records.document(data))
+    store.set(keys.where_answer(run, rank), records.document(data))
 
 
 # --- asking -------------------------------------------------------------------------------
@@ -178,7 +170,7 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
         value = store.add(keys.heartbeat(run, r), REQUEST)
         asked[r] = (value >> 32, value & BEATS)
         if (run, r) not in STATE.answer_keys:  # made once, so one multi_get reads every answer
-            store.compare_set(keys.whereabouts(run, r), "", "{}")
+            store.compare_set(keys.where_answer(run, r), "", "{}")
             STATE.answer_keys.add((run, r))
     return asked
 
@@ -224,7 +216,7 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
     the ranks that did not answer, how many beats they made meanwhile. One ``multi_get`` of
     every answer and heartbeat per poll, however many ranks."""
     ranks = list(wanted)
-    names = [keys.whereabouts(run, r) for r in ranks] + [keys.heartbeat(run, r) for r in ranks]
+    names = [keys.where_answer(run, r) for r in ranks] + [keys.heartbeat(run, r) for r in ranks]
     got: Dict[int, Dict[str, Any]] = {}
     beats: Dict[int, int] = {}
     deadline = time.monotonic() + within
@@ -333,72 +325,6 @@ def where_command() -> Optional[str]:
         return None
     at = "" if procs.is_loopback(addr) else f"--master-addr {shlex.quote(addr)} "
     return f"axolotl-dist where {at}--master-port {port}"
-
-
-class Refused(OSError):
-    """Nothing listens at the address :func:`connect` was given (connection refused)."""
-
-
-def connect(addr: str, port: int, timeout: float = 10.0, retry_refused: bool = True) -> "Store":
-    """A client of the c10d store at ``addr:port`` (no prefix). A plain TCP connection comes
-    first, retried until ``timeout``: where nothing listens, that is one ``OSError`` naming
-    the address, not torch's retry warnings with C++ stack traces. With ``retry_refused``
-    False, a refused connection (nothing listens there now) raises :class:`Refused` at once;
-    an address that does not answer at all is still waited for until ``timeout``."""
-    import socket
-
-    import torch.distributed as dist
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic())).close()
-            break
-        except OSError as exc:
-            if isinstance(exc, ConnectionRefusedError) and not retry_refused:
-                raise Refused(f"nothing listens at {addr}:{port} (connection refused)") from None
-            if time.monotonic() >= deadline:
-                raise OSError(f"nothing accepted a connection at {addr}:{port} within "
-                              f"{timeout:g} s ({exc})") from None
-            time.sleep(0.1)
-    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
-
-
-def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
-    """Where the ranks' store is, if ``store`` is a torch elastic rendezvous store (the
-    ``--rdzv-endpoint`` a torchrun user knows) rather than the ranks' own store: the address
-    its last round's agent of rank 0 left there; None otherwise. Keys are listed where the
-    store can (torch 2.13 on); elsewhere torchrun's default run id ``none`` is tried."""
-    if store.check([keys.RUN_NOTE]):
-        return None
-    rounds = []
-    for key in _rendezvous_port_keys(store):
-        prefix = keys.rendezvous_round(key)
-        head, _, number = prefix.rpartition(".")
-        if head and number.isdigit():
-            rounds.append((int(number), prefix))
-    if not rounds:
-        return None
-    prefix = max(rounds)[1]
-    port = store.get(keys.rendezvous_port(prefix)).decode(errors="replace")
-    addr_key = keys.rendezvous_addr(prefix)
-    addr = store.get(addr_key).decode(errors="replace") if store.check([addr_key]) else ""
-    return (addr, int(port)) if port.isdigit() and addr else None
-
-
-def _rendezvous_port_keys(store: "Store") -> List[str]:
-    """The port keys of every rendezvous round in ``store``: listed where the store can, else
-    torchrun's default run id ``none``'s first rounds, looked up one by one."""
-    lister = getattr(store, "list_keys", None)
-    try:
-        found = [k for k in lister() if keys.is_rendezvous_port(k)] if lister is not None else []
-    except Exception:  # noqa: BLE001 - a store that cannot list
-        found = []
-    if not found:
-        found = [keys.rendezvous_port(keys.rendezvous_prefix("none", r)) for r in range(16)]
-        found = [k for k in found if store.check([k])]
-    return found
 
 
 #: The most ranks a run's note may name (torch's ranks are int32; no run has more).

@@ -1,11 +1,11 @@
-"""Judging whether peers are alive: rank 0's judge, and a waiter's own look beside it.
+"""Whether peers are alive: rank 0's stall detector, and a waiter's own check beside it.
 
-:class:`RankZeroJudge` runs on global rank 0's heartbeat thread while some rank waits: each
+:class:`StallDetector` runs on global rank 0's heartbeat thread while some rank waits: each
 round reads every rank's heartbeat and long-wait description in one call, and publishes the
 ranks silent too long and the waits that can never end (:mod:`.deadlock`), so a waiter reads
 one counter per look instead of every peer's heartbeat.
 
-:class:`Watch` is the waiter's side: it looks at each rank a wait depends on: a rank whose process left an exit record
+:class:`PeerChecker` is the waiter's side: it looks at each rank a wait depends on: a rank whose process left an exit record
 (:func:`.failures.publish_exit`) or is gone from this host is dead at once; one that is stopped
 (``SIGSTOP``) or silent is reported at WARNING level; a rank on another host whose heartbeat
 stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as dead.
@@ -24,37 +24,38 @@ from ..base import procs
 from ..base.constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER,
                               look_interval, WAIT_LOG_INTERVAL_ENV_VAR)
 from ..base.envvars import kit_seconds
-from ..base.groups import learn
+from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
 from ..base.state import STATE
 from ..store import keys, records
 from ..store.access import checked, store_host, world_store
 from . import deadlock
-from .peers import (EVENTS, JUDGE_INTERVAL, JUDGED, check_store_host, fetch_peers, host_leaving, same_machine)
-from .whereabouts import BEATS, raw_store
+from .peers import (EVENTS, STALL_CHECK_INTERVAL, STALL_ROUND, check_store_host, fetch_peers, host_leaving, same_machine)
+from ..store.clients import raw_store
+from .where_report import BEATS
 from ...errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["ASLEEP_LOOKS", "RankZeroJudge", "Lost", "Watch", "lost_error"]
+__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "Lost", "PeerChecker", "lost_error"]
 
-#: How many look intervals apart a wait asleep on a bell looks at the store (see
-#: :meth:`Watch.find_lost`): the exit of a peer on this machine is seen with no store call
-#: meanwhile, and a failure in what the wait waits for rings the bell.
-ASLEEP_LOOKS = 4
+#: How many look intervals apart a wait blocked on a wake key looks at the store (see
+#: :meth:`PeerChecker.find_lost`): the exit of a peer on this machine is seen with no store call
+#: meanwhile, and a failure in what the wait waits for wakes its key.
+ASLEEP_SLOWDOWN = 4
 
 
-class RankZeroJudge:
-    """Global rank 0's judge of every rank's heartbeat and long waits (one per heartbeat)."""
+class StallDetector:
+    """Global rank 0's stall detector: it checks every rank's heartbeat and long waits (one per heartbeat)."""
 
     def __init__(self, run: str, world_size: int) -> None:
         self.run, self.world_size = run, world_size
         self.beats: Dict[int, Tuple[int, float]] = {}  # rank -> (beat, since)
         self.last_round: Optional[float] = None  # when it last read every beat
-        self.silent: Dict[int, float] = {}  # its last verdicts
+        self.silent: Dict[int, float] = {}  # its last report
         self.all_beat = False  # every rank's heartbeat key exists (it may multi_get)
-        self.deadlocks = deadlock.Judge(world_size)
+        self.deadlocks = deadlock.DeadlockDetector(world_size)
         #: what it reads each round: every beat's key, then every wait's description
         self.keys = ([keys.heartbeat(run, r) for r in range(world_size)] +
                      [keys.long_wait(run, r) for r in range(world_size)])
@@ -63,8 +64,8 @@ class RankZeroJudge:
         """One round, for every waiting rank at once: read every rank's heartbeat and long-wait
         description (one ``multi_get`` on the root store ``raw``), note the ranks silent for
         ``SILENT_AFTER`` seconds or more and the waits that can never end, and publish them
-        (:data:`~.peers.VERDICTS_KEY` in the group's ``store``) while there are silent ranks,
-        and whenever the deadlocks change; count the round (:data:`~.peers.JUDGED`)
+        (:data:`~.peers.STALL_REPORT` in the group's ``store``) while there are silent ranks,
+        and whenever the deadlocks change; count the round (:data:`~.peers.STALL_ROUND`)
         (docs/design.md, "Heartbeat and peer records")."""
         world = self.world_size
         if not self.all_beat:
@@ -78,16 +79,16 @@ class RankZeroJudge:
             marks = sorted(found[0].items())
             raw.multi_set([keys.stuck(self.run, r) for r, _ in marks], [m for _, m in marks])
         silent = self._silent(values[:world], now)
-        # republished each round while a rank is silent: a waiter then judges "dead" from
-        # what the judge measured at most a round ago, never from its own extrapolation (a
+        # republished each round while a rank is silent: a waiter then checks "dead" from
+        # what the stall detector measured at most a round ago, never from its own extrapolation (a
         # rank that beats again is cleared within a round)
         changed = bool(silent) or set(silent) != set(self.silent) or found is not None
         self.silent = silent
         if changed:
-            store.set(keys.VERDICTS, records.document({
+            store.set(keys.STALL_REPORT, records.document({
                 "silent": {str(r): round(s, 1) for r, s in silent.items()},
                 "deadlocks": self.deadlocks.texts}))
-        store.add(keys.EXITS, JUDGED + (1 if changed else 0))
+        store.add(keys.EXITS, STALL_ROUND + (1 if changed else 0))
 
     def _silent(self, beats: List[bytes], now: float) -> Dict[int, float]:
         """The ranks whose beat has not moved for ``SILENT_AFTER`` seconds, and for how long."""
@@ -97,8 +98,8 @@ class RankZeroJudge:
             last = self.beats.get(r)
             if last is None or last[0] != beat:
                 # it beat since the last round: halfway, as best known (off by at most half
-                # a round either way); after a pause in judging, or at the first look: now
-                paused = self.last_round is None or now - self.last_round > 2 * JUDGE_INTERVAL
+                # a round either way); after a pause in checking, or at the first look: now
+                paused = self.last_round is None or now - self.last_round > 2 * STALL_CHECK_INTERVAL
                 since = now if last is None or paused else (self.last_round + now) / 2  # type: ignore[operator]
                 self.beats[r] = last = (beat, since)
             if now - last[1] >= SILENT_AFTER:
@@ -108,7 +109,7 @@ class RankZeroJudge:
 
 
 class Lost(NamedTuple):
-    """A rank judged gone: how, the failure it reported at exit (if it did), and when it exited
+    """A rank found gone: how, the failure it reported at exit (if it did), and when it exited
     (``inf`` if unknown)."""
 
     rank: int
@@ -118,14 +119,14 @@ class Lost(NamedTuple):
     when: float = float("inf")
 
 
-class Watch:
+class PeerChecker:
     """Judges the global ranks a waiter depends on (see the module docstring).
 
-    Per look, one store call, however many ranks it judges: ``axd/exits``, whose low bits
-    count events (an exit record, a change in the judge's verdicts: then this rank reads the
-    exit log and the verdicts) and whose high bits count the judge's rounds
-    (:data:`.peers.JUDGED`). Peers on this machine are judged by their pids (no store call).
-    Only where the judge has stopped judging (rank 0 gone, or stuck holding the GIL) does a
+    Per look, one store call, however many ranks it checks: ``axd/exits``, whose low bits
+    count events (an exit record, a change in the stall detector's report: then this rank reads the
+    exit log and the report) and whose high bits count the stall detector's rounds
+    (:data:`.peers.STALL_ROUND`). Peers on this machine are found by their pids (no store call).
+    Only where the detector has stopped (rank 0 gone, or stuck holding the GIL) does a
     look read each remote peer's heartbeat itself. ``look_every``: seconds between two looks
     (a peer found gone on this machine brings the next look forward: its exit record may say
     why)."""
@@ -139,15 +140,15 @@ class Watch:
             dist.get_world_size() if dist.is_initialized() else 1)
         self.next_look = 0.0
         self.events = 0  # the events part of axd/exits when last read
-        self.rounds, self.rounds_at = 0, time.monotonic()  # the judge's rounds; when they moved
-        self.silent: Dict[int, Tuple[float, float]] = {}  # verdicts: rank -> (seconds, read at)
-        #: the judge's verdict on this rank's long wait (:mod:`.deadlock`): (its serial, the
+        self.rounds, self.rounds_at = 0, time.monotonic()  # the stall detector's rounds; when they moved
+        self.silent: Dict[int, Tuple[float, float]] = {}  # report: rank -> (seconds, read at)
+        #: the stall detector's finding on this rank's long wait (:mod:`.deadlock`): (its serial, the
         #: deadlock's ``[message, {rank: call}]``), or None
         self.stuck: Optional[Tuple[int, List[Any]]] = None
-        #: without a judge: rank -> (beat, since when, first read here)
+        #: without a stall detector: rank -> (beat, since when, first read here)
         self.seen: Dict[int, Tuple[int, float, float]] = {}
         self.fetched: Set[int] = set()
-        self.have_keys = False  # the exit log and the verdicts exist (one multi_get reads both)
+        self.have_keys = False  # the exit log and the report exist (one multi_get reads both)
         self.warned: Dict[int, float] = {}
         self.exited: Dict[int, Lost] = {}
         self.remote_timeout = kit_seconds(HEARTBEAT_TIMEOUT_ENV_VAR)
@@ -159,9 +160,9 @@ class Watch:
         ``exits``: a rank that left an exit record counts as gone (else only a gone process).
         Raises :class:`~..store.access.StoreHostGoneError` if the store's host is known gone. The
         store's host ending on a failure (its record copied: :func:`.peers.host_leaving`) is
-        the one lost rank, judged without a store call. ``asleep``: the wait sleeps on a bell
-        that a failure in what it waits for rings too, so its looks come
-        :data:`ASLEEP_LOOKS` times less often."""
+        the one lost rank, found without a store call. ``asleep``: the wait blocks on a wake key
+        that a failure in what it waits for wakes too, so its looks come
+        :data:`ASLEEP_SLOWDOWN` times less often."""
         if host_leaving():
             host = store_host()
             return [self._from_record(host, *STATE.exits[host])]
@@ -180,9 +181,9 @@ class Watch:
                 if exits:
                     lost.append(self.exited[rank])
                     continue
-            verdict = self._judge(rank, now, what, states.get(rank))
-            if verdict is not None:
-                lost.append(verdict)
+            found = self._check_rank(rank, now, what, states.get(rank))
+            if found is not None:
+                lost.append(found)
         return lost
 
     def read_exits_of(self, ranks: Sequence[int]) -> bool:
@@ -215,7 +216,7 @@ class Watch:
 
     def _look(self, now: float, asleep: bool = False) -> None:
         """One store call; more only when something happened (see the class docstring)."""
-        self.next_look = now + self.look_every * (ASLEEP_LOOKS if asleep else 1)
+        self.next_look = now + self.look_every * (ASLEEP_SLOWDOWN if asleep else 1)
         count = self.store.add(keys.EXITS, 0)
         events, rounds = count & EVENTS, count >> 32
         if rounds != self.rounds:
@@ -224,22 +225,22 @@ class Watch:
             return
         self.events = events
         if not self.have_keys:  # created by every rank's heartbeat: then one call reads both
-            self.have_keys = self.store.check([keys.EXIT_LOG, keys.VERDICTS])
+            self.have_keys = self.store.check([keys.EXIT_LOG, keys.STALL_REPORT])
             if not self.have_keys:
                 return
         run = STATE.run if STATE.heartbeat is not None else None  # then its keys exist
-        names = [keys.EXIT_LOG, keys.VERDICTS]
-        if run is not None and self.raw is self.store:  # the verdict on this rank's wait too
+        names = [keys.EXIT_LOG, keys.STALL_REPORT]
+        if run is not None and self.raw is self.store:  # the finding on this rank's wait too
             names.append(keys.stuck(run, self.me))
-        log, verdicts, *mine = self.store.multi_get(names)
+        log, report, *mine = self.store.multi_get(names)
         self._read_exits(log)
-        silent, deadlocks = checked(_verdicts, verdicts, keys.VERDICTS, 0)
+        silent, deadlocks = checked(_stall_report, report, keys.STALL_REPORT, 0)
         self.silent = {r: (secs, now) for r, secs in silent.items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
             mine = [self.raw.get(keys.stuck(run, self.me))]
         mark = checked(records.read_stuck_mark, mine[0] if mine else b"",
                        keys.stuck(run or "", self.me), 0)
-        self._read_verdict(mark, deadlocks)
+        self._read_mark(mark, deadlocks)
 
     def _read_exits(self, log: bytes) -> None:
         """Read the exit records of the ranks the exit log names that are new to this rank."""
@@ -247,8 +248,8 @@ class Watch:
             if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
                 self._read_exit(int(item))
 
-    def _read_verdict(self, mark: Tuple[str, str], deadlocks: List[Any]) -> None:
-        """This rank's wait as the judge marked it (``mark``: its serial and deadlock index,
+    def _read_mark(self, mark: Tuple[str, str], deadlocks: List[Any]) -> None:
+        """This rank's wait as the stall detector marked it (``mark``: its serial and deadlock index,
         read): stuck in one of ``deadlocks``, or not."""
         serial, index = mark
         self.stuck = ((int(serial), deadlocks[int(index)])
@@ -267,7 +268,7 @@ class Watch:
 
     @staticmethod
     def _from_record(rank: int, report: Optional[bytes], when: float) -> Lost:
-        """Global ``rank`` judged by its exit record (``report``: its failure, if any)."""
+        """Global ``rank`` found by its exit record (``report``: its failure, if any)."""
         if report is None:
             return Lost(rank, "exited", "its process finished its script and exited (no "
                         "uncaught exception)", None, when)
@@ -278,21 +279,21 @@ class Watch:
         return Lost(rank, "exited", detail, error, when)
 
     def _silent_for(self, rank: int, now: float) -> Optional[float]:
-        """Seconds ``rank``'s heartbeat has not moved: from the judge's verdicts while it
-        judges, else read here (the judge's rounds silent for ``SILENT_AFTER``: rank 0 gone or
-        stuck; since the judge's last round, with a beat interval to see it not move); None if
+        """Seconds ``rank``'s heartbeat has not moved: from the stall detector's report while it
+        checks, else read here (the stall detector's rounds silent for ``SILENT_AFTER``: rank 0 gone or
+        stuck; since the stall detector's last round, with a beat interval to see it not move); None if
         it has not beaten yet (still initializing)."""
-        if now - self.rounds_at < SILENT_AFTER:  # the judge judges (a round per beat)
-            verdict = self.silent.get(rank)
-            return 0.0 if verdict is None else verdict[0]  # as measured, at most a round ago
+        if now - self.rounds_at < SILENT_AFTER:  # the detector runs (a round per beat)
+            found = self.silent.get(rank)
+            return 0.0 if found is None else found[0]  # as measured, at most a round ago
         run = STATE.run
         beat = self.raw.add(keys.heartbeat(run, rank), 0) & BEATS if run is not None else 0
         if beat == 0:
             return None
         last = self.seen.get(rank)
-        if last is None:  # it beat, at the latest, when the judge last judged it (not silent)
-            verdict = self.silent.get(rank)
-            since = self.rounds_at - (verdict[0] if verdict is not None else 0.0)
+        if last is None:  # it beat, at the latest, at the detector's last round (not silent)
+            found = self.silent.get(rank)
+            since = self.rounds_at - (found[0] if found is not None else 0.0)
             self.seen[rank] = (beat, since, now)
             return 0.0
         if last[0] != beat:
@@ -302,7 +303,7 @@ class Watch:
             return 0.0  # not read long enough here to know that it stopped beating
         return now - last[1]
 
-    def _judge(self, rank: int, now: float, what: str, state: Optional[str]) -> Optional[Lost]:
+    def _check_rank(self, rank: int, now: float, what: str, state: Optional[str]) -> Optional[Lost]:
         """``state``: its ``/proc`` state where it runs on this machine (:meth:`_local_states`)."""
         record = STATE.peers.get(rank)
         if record is not None and same_machine(record):
@@ -314,10 +315,10 @@ class Watch:
                 self._warn(rank, now, f"rank {rank} ({record.describe()}) is stopped (/proc says "
                            f"state T: SIGSTOP or a debugger); {what or 'this rank'} waits for it")
                 return None
-            verdict = self.silent.get(rank)
-            if verdict is not None:
+            found = self.silent.get(rank)
+            if found is not None:
                 self._warn(rank, now, f"rank {rank} ({record.describe()}) is running but sent no "
-                           f"heartbeat for {verdict[0] + now - verdict[1]:.0f} s (busy in code "
+                           f"heartbeat for {found[0] + now - found[1]:.0f} s (busy in code "
                            "that holds the GIL?)")
             return None
         stalled = self._silent_for(rank, now)
@@ -341,29 +342,29 @@ class Watch:
             log.warning("rank %d: %s", self.me, message)
 
 
-def _verdicts(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
-    """``(silent rank -> seconds, deadlocks as [text, {rank: call}])`` of the judge's verdicts
+def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
+    """``(silent rank -> seconds, deadlocks as [text, {rank: call}])`` of the stall detector's report
     (``{}`` before its first); :class:`~..store.records.BadRecord` for anything else."""
     if data in (b"", b"{}"):
         return {}, []
-    doc = records.read_object(data, {"silent": dict, "deadlocks": list}, "the judge's verdicts")
+    doc = records.read_object(data, {"silent": dict, "deadlocks": list}, "the stall detector's report")
     silent = doc["silent"]
     if not all(r.isdigit() and type(s) in (int, float) for r, s in silent.items()):
-        raise records.BadRecord("the judge's silent ranks are not rank -> seconds")
+        raise records.BadRecord("the stall detector's silent ranks are not rank -> seconds")
     for item in doc["deadlocks"]:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
                 and isinstance(item[1], dict)
                 and all(r.isdigit() and isinstance(c, str) for r, c in item[1].items())):
-            raise records.BadRecord("a deadlock of the judge's is not [text, {rank: call}]")
+            raise records.BadRecord("a deadlock in the stall detector's report is not [text, {rank: call}]")
     return {int(r): float(s) for r, s in silent.items()}, doc["deadlocks"]
 
 
 def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
     """One :class:`RankFailedError` for the lost ranks, naming the root cause first: a rank
     that failed on its own exception, then one that died without a word, then the earliest
-    normal exit; a rank that exited after learning of another rank's failure comes last and
+    normal exit; a rank that exited after hearing of another rank's failure comes last and
     is explained by that rank."""
-    def secondary(item: Lost) -> bool:  # it exited on a failure it learnt from another rank
+    def secondary(item: Lost) -> bool:  # it exited on a failure it received from another rank
         return item.report is not None and item.report.rank != item.rank
 
     def order(item: Lost) -> Tuple[int, float, int]:
@@ -381,13 +382,13 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
     ranks = tuple(o.rank for o in ordered)
     if root.report is not None and not secondary(root):
         error = root.report
-        return learn(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
+        return remember_failure(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
                                      error.remote_traceback, where=what, ranks=ranks,
                                      machine=error.machine))
     if root.report is not None:  # every lost rank only relayed another rank's failure
         error = root.report
         relay = f" (rank {root.rank} exited on this failure)"
-        return learn(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
+        return remember_failure(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
                                      error.remote_traceback, where=what,
                                      ranks=(error.rank,) + ranks, machine=error.machine))
-    return learn(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))
+    return remember_failure(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))

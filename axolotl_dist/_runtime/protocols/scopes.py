@@ -4,8 +4,8 @@ Inside the body of a ``zero_first`` block that this rank runs first (the default
 only), the other ranks of the group wait for the block to end; inside ``with zero_only():`` or
 a ``@zero_only`` function on the main rank, they skip the code. A collective on that group
 called there can never complete. The kit knows where it is: each such scope is a
-:class:`Guard` on the calling thread (``STATE.guards``), counted in ``STATE.guarded`` so that a
-helper's check costs one attribute read while there is none; a guarded helper called inside
+:class:`ExclusiveScope` on the calling thread (``STATE.scopes``), counted in ``STATE.exclusive_scopes`` so that a
+helper's check costs one attribute read while there is none; a checked helper called inside
 one raises :class:`~axolotl_dist.errors.CollectiveMismatchError` at once, naming itself, its
 call site and the scope's, and saying how to restructure. The rank that raises leaves the
 block (or its process) on an error, so the ranks waiting for it are told too.
@@ -13,7 +13,7 @@ block (or its process) on an error, so the ranks waiting for it are told too.
 code is named by the pairing check.
 
 Shared first runs (several first ranks, explicit ``is_main``) are recorded for
-:mod:`..liveness.whereabouts` only: the first ranks may well join each other's collectives.
+:mod:`..liveness.where_report` only: the first ranks may well join each other's collectives.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from ..base.groups import Group, group_of
 from ..base.state import STATE
 from ...errors import CollectiveMismatchError
 
-__all__ = ["Guard", "enter", "leave", "check"]
+__all__ = ["ExclusiveScope", "enter", "leave", "check"]
 
 
-class Guard(NamedTuple):
+class ExclusiveScope(NamedTuple):
     """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block, number
     ``seq`` on its group), ``"shared_first_run"`` (recorded only) or ``"zero_only"``;
     ``describe()`` says where. ``group`` is the block's :class:`~..base.groups.Group`, or the
@@ -41,44 +41,44 @@ class Guard(NamedTuple):
     seq: int = 0
 
 
-def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> Guard:
+def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> ExclusiveScope:
     """This thread enters a scope (see the module docstring); :func:`leave` it after.
     ``seq``: a first-run block's number on its group (what :mod:`..liveness.deadlock` compares)."""
-    guard = Guard(kind, group, describe, seq)
-    STATE.guards.setdefault(threading.get_ident(), []).append(guard)
+    scope = ExclusiveScope(kind, group, describe, seq)
+    STATE.scopes.setdefault(threading.get_ident(), []).append(scope)
     if kind != "shared_first_run":
-        STATE.guarded += 1
-    return guard
+        STATE.exclusive_scopes += 1
+    return scope
 
 
-def leave(guard: Guard) -> None:
-    scopes = STATE.guards.get(threading.get_ident())
+def leave(scope: ExclusiveScope) -> None:
+    scopes = STATE.scopes.get(threading.get_ident())
     if not scopes:
         return
-    for i in range(len(scopes) - 1, -1, -1):  # this very guard (tuples compare by value)
-        if scopes[i] is guard:
+    for i in range(len(scopes) - 1, -1, -1):  # this very scope (tuples compare by value)
+        if scopes[i] is scope:
             del scopes[i]
-            if guard.kind != "shared_first_run":
-                STATE.guarded -= 1
+            if scope.kind != "shared_first_run":
+                STATE.exclusive_scopes -= 1
             return
 
 
 def check(helper: str, g: Optional[Group], site: Callable[[], str]) -> None:
     """Raise if ``helper`` on the group ``g`` (None: one process, no group), called at
     ``site()``, cannot complete here."""
-    for guard in reversed(STATE.guards.get(threading.get_ident()) or []):
-        if guard.kind == "shared_first_run":
+    for scope in reversed(STATE.scopes.get(threading.get_ident()) or []):
+        if scope.kind == "shared_first_run":
             continue
-        scope = guard.group if isinstance(guard.group, Group) else group_of(guard.group, helper)
-        if scope is not g:
+        group = scope.group if isinstance(scope.group, Group) else group_of(scope.group, helper)
+        if group is not g:
             continue
-        if guard.kind == "first_run":
-            where = (f"inside {guard.describe()}, which this rank runs first while the other "
+        if scope.kind == "first_run":
+            where = (f"inside {scope.describe()}, which this rank runs first while the other "
                      "ranks wait for the block to end")
             fix = ("move the call out of the block (before or after it), or compute the value "
                    "inside and share it after the block")
         else:
-            where = (f"inside {guard.describe()}, which runs on the main rank only while the "
+            where = (f"inside {scope.describe()}, which runs on the main rank only while the "
                      "other ranks skip it")
             fix = ("call it on every rank, outside the zero_only code (e.g. compute the value "
                    "everywhere, then log it inside)")

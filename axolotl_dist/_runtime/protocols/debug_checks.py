@@ -37,7 +37,7 @@ from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.groups import Group
 from ..store.access import checked, group_store, store_host
 from ..liveness.failures import await_readers
-from ..liveness.judge import Watch
+from ..liveness.stalls import PeerChecker
 from ...errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -237,7 +237,7 @@ def _tidy(ctx: _Ctx) -> None:
 
 def _wait_all(ctx: _Ctx) -> None:
     """Return once every rank reached this call with the same digest; else raise."""
-    watcher = Watch(group_store())
+    watcher = PeerChecker(group_store())
     monitor = ctx.me.rank == 0
     last_progress = time.monotonic()
     next_liveness = last_progress + HEARTBEAT_INTERVAL
@@ -270,7 +270,7 @@ def _wait_all(ctx: _Ctx) -> None:
 
 def _collect_mismatch(ctx: _Ctx, last_progress: float) -> CollectiveMismatchError:
     """A rank differs: wait (bounded) for the rest so the error shows every rank's call."""
-    watcher = Watch(group_store())
+    watcher = PeerChecker(group_store())
     next_liveness = time.monotonic() + HEARTBEAT_INTERVAL
     seen = 0
     while True:
@@ -329,7 +329,7 @@ def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
     return [r for r in range(ws) if r not in present]
 
 
-def _dead_ranks(ctx: _Ctx, watcher: Watch, now: float, all_ranks: bool) -> Dict[int, str]:
+def _dead_ranks(ctx: _Ctx, watcher: PeerChecker, now: float, all_ranks: bool) -> Dict[int, str]:
     """Missing group ranks whose process is known to be gone, with why. The monitor looks at
     every missing rank; the others only at rank 0 (one round trip), whom nobody else watches."""
     if all_ranks:
