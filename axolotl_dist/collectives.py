@@ -28,7 +28,7 @@ from ._runtime.protocols.packets import DTYPES, check_alike, describe_ranks, fla
 from ._runtime.base.groups import Group, group_of
 from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
 from ._runtime.base.callsite import call_site
-from ._runtime.base.state import STATE as _STATE
+from ._runtime.protocols.protocols_state import TIMELINE
 from .errors import tensor_mismatch
 from .ranks import get_backend
 
@@ -91,7 +91,7 @@ def broadcast_into(g: Group, tensor: torch.Tensor, src: int, what: str) -> None:
     """Broadcast ``tensor`` in place from group rank ``src`` of ``g``, unchecked (the caller
     checked the ranks' shapes)."""
     work = _to_comm(tensor, g.device)
-    if _STATE.trace is not None:
+    if TIMELINE.recorder is not None:
         _timeline.add_bytes(tensor.nbytes)
     run(g, what, dist.broadcast, work, group=g.arg, group_src=src, async_op=True)
     if work is not tensor:
@@ -158,7 +158,7 @@ def all_reduce_into(g: Group, tensor: torch.Tensor, name: str, what: str) -> Non
     ``"AVG"``...), unchecked (the caller checked the ranks' shapes and the op's dtype)."""
     native_avg = g.device.type == "cuda"  # NCCL's AVG
     work = _to_comm(tensor, g.device)
-    if _STATE.trace is not None:
+    if TIMELINE.recorder is not None:
         _timeline.add_bytes(tensor.nbytes)
     op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
     run(g, what, dist.all_reduce, work, op=op, group=g.arg, async_op=True)
@@ -221,7 +221,7 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
     meta = [DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))
     metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
-    if _STATE.trace is not None:
+    if TIMELINE.recorder is not None:
         _timeline.add_bytes(tensor.nbytes)
     run(g, "all_gather", all_gather_into, metas_t,
         torch.tensor(meta, dtype=torch.int64, device=device), group=g.arg, async_op=True)

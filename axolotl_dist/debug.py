@@ -33,10 +33,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from ._runtime.base import constants as _constants
 from ._runtime.protocols import debug_checks as _debug_checks
-from ._runtime.base import envvars as _envvars
 from ._runtime.protocols.helpers import debug_timeout
 from ._runtime.base.groups import group_of as _group_of
-from ._runtime.base.state import STATE as _STATE
 from .errors import DistributedConfigError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,26 +60,11 @@ DEFAULT_DEBUG_TIMEOUT = _constants.DEFAULT_DEBUG_TIMEOUT
 
 # --- switching it on and off ------------------------------------------------------------------
 
-# debug mode's switches live in the process state (:mod:`axolotl_dist._runtime.base.state`)
+# debug mode's switches live in the protocols room (:mod:`axolotl_dist._runtime.protocols.debug_checks`)
 
-
-def _parse_env() -> None:
-    _STATE.debug_env_error = None
-    try:
-        _STATE.debug_on = _envvars.kit_switch(DEBUG_ENV_VAR)
-    except DistributedEnvError as exc:  # raise on the first helper call, not at import
-        _STATE.debug_on, _STATE.debug_env_error = True, str(exc)
-
-
-def refresh_from_env() -> None:
-    """Re-read :data:`DEBUG_ENV_VAR` unless :func:`enable_debug`/:func:`disable_debug` decided."""
-    if not _STATE.debug_explicit:
-        _parse_env()
-
-
-def _set(on: bool, timeout: Optional[float], explicit: bool, env_error: Optional[str]) -> None:
-    _STATE.debug_on, _STATE.debug_timeout = on, timeout
-    _STATE.debug_explicit, _STATE.debug_env_error = explicit, env_error
+#: Re-read :data:`DEBUG_ENV_VAR` unless :func:`enable_debug`/:func:`disable_debug` decided.
+refresh_from_env = _debug_checks.refresh_from_env
+_set = _debug_checks.set_switches
 
 
 def enable_debug(timeout: Optional[float] = None) -> None:
@@ -106,9 +89,10 @@ def is_debug_enabled() -> bool:
     Raises the :class:`~axolotl_dist.errors.DistributedEnvError` every helper raises while
     ``AXOLOTL_DIST_DEBUG`` holds a value that is not a switch (unless :func:`enable_debug` /
     :func:`disable_debug` decided): both readers of the switch agree."""
-    if _STATE.debug_env_error is not None:
-        raise DistributedEnvError(_STATE.debug_env_error)
-    return _STATE.debug_on
+    on, _, _, env_error = _debug_checks.switches()
+    if env_error is not None:
+        raise DistributedEnvError(env_error)
+    return on
 
 
 def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
@@ -122,7 +106,7 @@ def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
 @contextmanager
 def debug_mode(timeout: Optional[float] = None) -> Iterator[None]:
     """Debug mode on inside the block, restored to its previous state after it."""
-    saved = (_STATE.debug_on, _STATE.debug_timeout, _STATE.debug_explicit, _STATE.debug_env_error)
+    saved = _debug_checks.switches()
     enable_debug(timeout)
     try:
         yield
@@ -136,4 +120,4 @@ def _check_timeout(value: float, name: str) -> float:
     return float(value)
 
 
-_parse_env()
+refresh_from_env()  # at import: the env decides until a function call does

@@ -24,7 +24,7 @@ from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols import timeline as _timeline
 from . import tracing as _tracing
 from ._runtime.base.kitlog import kit as _kit_log
-from ._runtime.base.state import STATE as _STATE
+from ._runtime.protocols.protocols_state import TIMELINE
 from . import debug as _debug
 from ._runtime.liveness.waits import logged_blocking_call as _logged_blocking_call
 from . import env as _env
@@ -363,7 +363,7 @@ def _after_init(trace_dir: Optional[str]) -> None:
     _services.start_services()
     _probe_shared_filesystem()
     directory = _timeline.trace_dir_requested(trace_dir)
-    if directory is None or _STATE.trace is not None:
+    if directory is None or TIMELINE.recorder is not None:
         return
     try:
         _tracing.start_recording(directory, _access.world_store(), get_rank(), get_world_size())

@@ -19,10 +19,10 @@ leaves its count behind: :func:`reset_metrics_count` forgets it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Hashable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple
 
 from ._runtime.base.groups import Group
-from ._runtime.base.state import STATE
+from ._runtime.base.state import RoomState, register
 from ._runtime.protocols.helpers import collective
 from ._runtime.protocols.packets import flatten
 from .operations import gather_parts, join_ranks
@@ -34,6 +34,17 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["gather_for_metrics", "reset_metrics_count"]
 
 
+
+
+class _EvalCounts(RoomState):
+    """``rows``: (data source, world size) -> the rows each rank has sent in the evaluation
+    pass in progress (a part of the process state: :mod:`axolotl_dist._runtime.base.state`)."""
+
+    def __init__(self) -> None:
+        self.rows: Dict[Tuple[Hashable, int], List[int]] = {}
+
+
+_COUNTS = register("metrics", _EvalCounts())
 
 def _source(data_source: Any) -> Any:
     """``data_source`` as counted: a ``DataLoader``'s ``DistributedSampler``, else itself."""
@@ -78,11 +89,11 @@ def _real(n: int, world_size: int, rank: int) -> int:
 def _rows_kept(key: Tuple[Hashable, int], n: int, share: int, rows: List[int]) -> List[int]:
     """How many of each rank's ``rows`` of this call to keep; counts the pass and ends it."""
     ws = len(rows)
-    sent = STATE.eval_rows.setdefault(key, [0] * ws)
+    sent = _COUNTS.rows.setdefault(key, [0] * ws)
     over = [r for r in range(ws) if sent[r] + rows[r] > share]
     if over:
         r = over[0]
-        STATE.eval_rows.pop(key, None)
+        _COUNTS.rows.pop(key, None)
         raise ValueError(
             f"gather_for_metrics: rank {r} has sent {sent[r] + rows[r]} rows in this pass, but "
             f"{n} samples over {ws} ranks give each rank at most {share}: shard the evaluation "
@@ -93,7 +104,7 @@ def _rows_kept(key: Tuple[Hashable, int], n: int, share: int, rows: List[int]) -
     for r in range(ws):
         sent[r] += rows[r]
     if all(sent[r] >= _real(n, ws, r) for r in range(ws)):
-        del STATE.eval_rows[key]
+        del _COUNTS.rows[key]
     return keep
 
 
@@ -158,8 +169,8 @@ def reset_metrics_count(data_source: Any = None) -> None:
     """Forget the rows :func:`gather_for_metrics` counted for ``data_source`` in an unfinished
     pass (every data source's with no argument); call it on every rank."""
     if data_source is None:
-        STATE.eval_rows.clear()
+        _COUNTS.rows.clear()
         return
     ident = _identity(_source(data_source))
-    for key in [k for k in STATE.eval_rows if k[0] == ident]:
-        del STATE.eval_rows[key]
+    for key in [k for k in _COUNTS.rows if k[0] == ident]:
+        del _COUNTS.rows[key]

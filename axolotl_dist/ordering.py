@@ -23,7 +23,8 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
 
 
 from . import env as _env
-from ._runtime.protocols import scopes as _scopes, shared_fs as _shared_fs
+from ._runtime.liveness import scopes as _scopes
+from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols import timeline as _timeline
 from ._runtime.base.args import check_world_size
 from ._runtime.protocols.blocks import run_in_rounds
@@ -31,7 +32,7 @@ from ._runtime.protocols.zero_first import ZeroFirstBlock, first_run_begin, firs
 from ._runtime.base.callsite import call_site, short_path
 from ._runtime.protocols.helpers import block, first_rank_block, rounds
 from ._runtime.base.groups import NOT_ASKED, group_of
-from ._runtime.base.state import STATE as _STATE
+from ._runtime.protocols.protocols_state import DEBUG, TIMELINE
 from ._runtime.protocols.threads import enter_block, leave_block
 from .debug import is_debug_enabled
 from .ranks import get_fs_local_rank, get_local_rank, get_num_nodes, get_rank, is_main_process
@@ -117,15 +118,15 @@ class _ZeroFirst:
             block = self.block = ZeroFirstBlock(g, seq, site, self.desc, is_main is not None,
                                                 first, self.timeout)
             if not first:
-                if _STATE.trace is None:
+                if TIMELINE.recorder is None:
                     block.await_firsts()
                 else:
                     _traced_wait(block)
                 return
             first_run_begin(block)
-            if _STATE.trace is not None:
+            if TIMELINE.recorder is not None:
                 self.t0 = _timeline.now()
-            if _STATE.debug_on and is_debug_enabled():  # checked once the others are here
+            if DEBUG.on and is_debug_enabled():  # checked once the others are here
                 self.debug = first_rank_block(g)
                 self.debug.__enter__()
         except BaseException:

@@ -88,6 +88,14 @@ class _Scan(ast.NodeVisitor):
         if target in MODULES and target != self.module:
             self.edges.add(target)
 
+    def visit_If(self, node: ast.If) -> None:
+        # `if TYPE_CHECKING:` imports exist for annotations only: no edge at run time
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             if alias.name.startswith(PACKAGE):
@@ -285,6 +293,102 @@ def test_no_import_renames_a_module_of_the_package():
                         f"{base}.{alias.name}" in MODULES:
                     renamed.append(f"{path.relative_to(ROOT)}: {alias.name} as {alias.asname}")
     assert renamed == []
+
+
+#: Methods that change the container they are called on.
+_MUTATORS = frozenset({"append", "extend", "insert", "remove", "pop", "popitem", "clear",
+                       "update", "setdefault", "add", "discard"})
+
+
+def _state_objects() -> Dict[str, str]:
+    """``module.NAME`` -> room of every registered state object (``NAME = register(...)``)."""
+    found = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                    getattr(node.value.func, "id", None) == "register":
+                for target in node.targets:
+                    found[f"{module}.{target.id}"] = _room(module) if _runtime(module) else module
+    return found
+
+
+def _state_writes(module: str, tree: ast.AST, objects: Dict[str, str]) -> List[Tuple[int, str]]:
+    """``(line, module.NAME)`` of each write this module makes to a state object: an
+    assignment to or deletion of its field, or a mutating call on a field."""
+    bound = {}  # local name -> module.NAME, from `from x import NAME`
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            for alias in node.names:
+                if f"{source}.{alias.name}" in objects:
+                    bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+
+    def owner(node: ast.AST) -> str:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return bound.get(node.id, "") if isinstance(node, ast.Name) else ""
+
+    found = []
+    for node in ast.walk(tree):
+        targets: List[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in _MUTATORS:
+            targets = [node.func.value]
+        for target in targets:
+            for part in ast.walk(target):
+                if isinstance(part, (ast.Attribute, ast.Subscript)) and owner(part):
+                    found.append((node.lineno, owner(part)))
+                    break
+    return found
+
+
+def test_each_room_writes_only_its_own_state():
+    # state owned by its room: a module writes the state objects of its own room (a public
+    # module, only its own); another room asks through a function of the owner
+    objects = _state_objects()
+    assert {"base", "store", "liveness", "protocols", "lifecycle"} <= set(objects.values())
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        mine = _room(module) if _runtime(module) else module
+        for line, obj in _state_writes(module, ast.parse(path.read_text()), objects):
+            if objects[obj] != mine:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} writes {obj} ({objects[obj]})")
+    assert wrong == []
+
+
+def test_the_state_write_scan_sees_writes():
+    objects = _state_objects()
+    code = ("from axolotl_dist._runtime.base.state import GROUPS\n"
+            "GROUPS.last_group = None\nGROUPS.groups.clear()\ndel GROUPS.groups[1]\n"
+            "x = GROUPS.groups.get(1)\n")
+    found = _state_writes(f"{RUNTIME}.store.sweep", ast.parse(code), objects)
+    assert sorted(line for line, _ in found) == [2, 3, 4]
+
+
+def test_no_class_holds_more_than_twenty_fields():
+    # a class with more is several concerns in one (issue #57): split it
+    big = []
+    for module, path in sorted(MODULES.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            fields = {t.attr for item in ast.walk(node)
+                      for t in (item.targets if isinstance(item, ast.Assign) else
+                                [item.target] if isinstance(item, ast.AnnAssign) else [])
+                      for t in ast.walk(t)
+                      if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                      and t.value.id == "self"}
+            if len(fields) > MAX_FIELDS:
+                big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {len(fields)}")
+    assert big == []
+
+
+#: The most fields (``self.x = ...``) a class of the package may set.
+MAX_FIELDS = 20
 
 
 def test_no_module_is_longer_than_the_limit():

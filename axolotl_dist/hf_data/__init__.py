@@ -42,7 +42,7 @@ from .._runtime.protocols.helpers import call
 from .._runtime.base.groups import Group, group_of
 from .._runtime.base.private import private_dir, user_dir
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
-from .._runtime.base.state import STATE as _STATE
+from .._runtime.protocols.protocols_state import TIMELINE
 from .._runtime.store import keys as _keys, records as _records
 from .._runtime.store.access import checked, group_store
 from .._runtime.liveness.deadlock import Point
@@ -168,6 +168,18 @@ def _datasets_bars_off() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
+class _Progress:
+    """A ``shared_map`` call's progress: its bar (rank 0, or None), the rows this rank has
+    counted and reported to the store, and when it next reports and refreshes the bar."""
+
+    __slots__ = ("bar", "counted", "reported", "next_report", "next_bar")
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.counted = self.reported = 0
+        self.next_report = self.next_bar = 0.0
+
+
 class _SharedMap:
     """One multi-rank ``shared_map`` call: the store protocol around the part files."""
 
@@ -180,7 +192,7 @@ class _SharedMap:
         self.store = group_store(g.arg)
         self.seq = g.next_seq("shared_map")
         self.site = call_site()
-        self.what = self.where = f"shared_map call #{self.seq}"
+        self.what = f"shared_map call #{self.seq}"
         self.temp = call.keep_in_memory or cache_dir is None and (
             not dataset.cache_files or not _caching_enabled())
         self.entries: List[Dict[str, Any]] = []
@@ -189,9 +201,7 @@ class _SharedMap:
         # An error this rank must not publish as its own: a peer's, or one every rank finds
         # by itself (the ranks disagree about the dataset).
         self.not_mine: Optional[BaseException] = None
-        self.bar: Any = None
-        self.counted = self.reported = 0
-        self.next_report = self.next_bar = 0.0
+        self.progress = _Progress()
 
     def key(self, *parts: Union[str, int]) -> str:
         return "/".join([_keys.shared_map(self.seq), *map(str, parts)])
@@ -204,7 +214,7 @@ class _SharedMap:
         except BaseException as exc:
             if exc is not self.not_mine:
                 key = self.key("error", self.rank)
-                publish_error(self.store, key, self.rank, exc, self.where)
+                publish_error(self.store, key, self.rank, exc, self.what)
                 with contextlib.suppress(Exception):
                     self.store.add(self.key("failed"), 1)
                 # where this process hosts the store: keep it up until the others have read it
@@ -212,8 +222,8 @@ class _SharedMap:
                               self.group)
             raise
         finally:
-            if self.bar is not None:
-                self.bar.close()
+            if self.progress.bar is not None:
+                self.progress.bar.close()
             self._leave()
 
     def _run(self) -> "Dataset":
@@ -230,7 +240,7 @@ class _SharedMap:
         bounds = [_parts.part_bounds(rows, count, j, self.call) for j in range(count)]
         files = [_parts.PartFiles(self.directory, self.fingerprint, j, count) for j in range(count)]
         start, end = bounds[index]
-        self.where = f"{self.what} (part {index + 1}/{count}: rows [{start}, {end}))"
+        self.what = f"{self.what} (part {index + 1}/{count}: rows [{start}, {end}))"
         reuse = self.call.load_from_cache_file and not self.temp
         whole = _parts.single_file_cache(self.directory, self.fingerprint) if reuse else None
         if self.rank == 0 and not (whole or reuse and all(
@@ -252,17 +262,17 @@ class _SharedMap:
         if not (whole or reuse and part.is_complete(start, end)):
             with _datasets_bars_off():
                 _parts.map_part(self.dataset, self.call, part, start, end, self._tick)
-        if _STATE.trace is not None:
+        if TIMELINE.recorder is not None:
             _timeline.body_span(f"shared_map part {label}", t0, self.site, self.group, self.seq)
 
     def _all_done(self, mine: int) -> None:
         """Count this rank's ``mine`` rows and its part done; wait until every rank's is."""
-        self.counted = max(self.counted, mine)
+        self.progress.counted = max(self.progress.counted, mine)
         self._report()
         self.store.add(self.key("done"), 1)
         t0 = _timeline.now()
         self._wait("done", self.ws)
-        if _STATE.trace is not None:
+        if TIMELINE.recorder is not None:
             _timeline.wait_span("shared_map", t0, self.others, self.site, self.group, self.seq)
         self._refresh_bar(force=True)
 
@@ -274,7 +284,7 @@ class _SharedMap:
         lost = [j for j, mark in enumerate(marks) if mark is None]
         if lost:
             raise DistributedEnvError(
-                f"{self.where}: part(s) {lost} were reported complete but are not in "
+                f"{self.what}: part(s) {lost} were reported complete but are not in "
                 f"{self.directory}: ranks sharing a filesystem must see the same directory; set "
                 "AXOLOTL_DIST_SHARED_FS=0 if the nodes do not share one, or pass the same cache_dir")
         paths = [f.arrow for f, mark in zip(files, marks) if mark and mark["changed"]]
@@ -367,32 +377,32 @@ class _SharedMap:
 
     def _tick(self, rows: int) -> None:
         """Called by the mapping function for each row or batch (cheap unless it is time to report)."""
-        self.counted += rows
-        if time.monotonic() >= self.next_report:
+        self.progress.counted += rows
+        if time.monotonic() >= self.progress.next_report:
             self._report()
             self._raise_if_failed()
             self._refresh_bar()
 
     def _report(self) -> None:
-        self.next_report = time.monotonic() + PROGRESS_INTERVAL
-        if self.counted > self.reported:
-            self.store.add(self.key("progress"), self.counted - self.reported)
-            self.reported = self.counted
+        self.progress.next_report = time.monotonic() + PROGRESS_INTERVAL
+        if self.progress.counted > self.progress.reported:
+            self.store.add(self.key("progress"), self.progress.counted - self.progress.reported)
+            self.progress.reported = self.progress.counted
 
     def _open_bar(self, total: int) -> None:
         from datasets.utils import tqdm as hf_tqdm  # the class: off with datasets' bars
 
         desc = self.call.desc or "Map"
-        self.bar = _kitlog.add_bar(hf_tqdm(total=total, unit=" examples",
+        self.progress.bar = _kitlog.add_bar(hf_tqdm(total=total, unit=" examples",
                                          desc=f"{desc} (shared_map over {self.ws} ranks)"))
 
     def _refresh_bar(self, force: bool = False) -> None:
-        if self.bar is None or not force and time.monotonic() < self.next_bar:
+        if self.progress.bar is None or not force and time.monotonic() < self.progress.next_bar:
             return
-        self.next_bar = time.monotonic() + 0.1
+        self.progress.next_bar = time.monotonic() + 0.1
         done = self.store.add(self.key("progress"), 0)
-        if done > self.bar.n:
-            self.bar.update(done - self.bar.n)
+        if done > self.progress.bar.n:
+            self.progress.bar.update(done - self.progress.bar.n)
 
     # --- leaving ----------------------------------------------------------------------------
 

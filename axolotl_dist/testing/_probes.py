@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
 
 from .._runtime.base import state as _state
+from .._runtime.liveness.liveness_state import PEERS
+from .._runtime.protocols import blocks as _blocks
 from .._runtime.base.groups import known_failure as _known_failure
 from .._runtime.base.procs import kill_tree, proc_state
 from .._runtime.store.access import group_store
@@ -23,7 +25,8 @@ __all__ = ["reset_process_state", "store_of", "known_peers", "known_failure", "p
 def reset_process_state(*parts: str) -> None:
     """Make this process forget what the kit has received, as a fresh process would know nothing:
     everything, or only the named parts (``"groups"``, ``"failures"``, ``"peers"``,
-    ``"heartbeat"``, ``"helpers"``, ``"debug"``, ``"blocks"``). Debug mode is then read again
+    ``"heartbeat"``, ``"calls"``, ``"debug"``, ``"blocks"``...: every room's state module lists
+    its own). Debug mode is then read again
     from ``AXOLOTL_DIST_DEBUG``. The harness calls it in every rank it forks. It stops no
     thread and destroys no group: call :func:`axolotl_dist.cleanup_distributed` for that."""
     _state.reset(*parts)
@@ -41,7 +44,7 @@ def known_peers() -> Dict[int, Any]:
     """The peer records this process has seen so far, by global rank: ``(host, pid,
     launcher)`` of each rank, copied from the store by the heartbeat soon after init (a
     snapshot; no store call)."""
-    return dict(_state.STATE.peers)
+    return dict(PEERS.peers)
 
 
 def known_failure() -> Optional[Any]:
@@ -96,9 +99,8 @@ def count_store_calls() -> Iterator[StoreCalls]:
     Calls the background cleanup makes on its own connection are counted under its thread's
     name (``axolotl-dist-cleanup``)."""
     calls = StoreCalls()
-    previous = _state.STATE.store_spy
-    _state.STATE.store_spy = lambda store: _Counting(store, calls)
+    previous = _blocks.spy_on_stores(lambda store: _Counting(store, calls))
     try:
         yield calls
     finally:
-        _state.STATE.store_spy = previous
+        _blocks.spy_on_stores(previous)

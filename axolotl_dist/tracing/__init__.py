@@ -22,7 +22,7 @@ from .._runtime.protocols import timeline as _timeline
 from . import _merge
 from .._runtime.base.callsite import call_site
 from .._runtime.base.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
-from .._runtime.base.state import STATE as _STATE
+from .._runtime.protocols.protocols_state import TIMELINE
 
 __all__ = ["trace_span", "is_tracing", "merge_trace", "TRACE_ENV_VAR", "Merged"]
 
@@ -32,7 +32,7 @@ Merged = _merge.Merged
 
 def is_tracing() -> bool:
     """Whether this rank records its kit calls now."""
-    return _STATE.trace is not None
+    return TIMELINE.recorder is not None
 
 
 class trace_span:  # noqa: N801 - used like a function: ``with trace_span("tokenize"):``
@@ -49,13 +49,13 @@ class trace_span:  # noqa: N801 - used like a function: ``with trace_span("token
         self._site = ""
 
     def __enter__(self) -> "trace_span":
-        if _STATE.trace is not None:
+        if TIMELINE.recorder is not None:
             self._site = str(call_site())
             self._t0 = _timeline.now()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        recorder, t0 = _STATE.trace, self._t0
+        recorder, t0 = TIMELINE.recorder, self._t0
         self._t0 = None
         if recorder is not None and t0 is not None:
             recorder.span("user", self.name, t0, _timeline.now(), self._site,

@@ -1,6 +1,6 @@
 """The base room: what every other room stands on; it imports no other room.
 
-* :mod:`.state`: what this process has received, in one object with one ``reset()``.
+* :mod:`.state`: the registry of every room's per-process state, one ``reset()``; the base room's own.
 * :mod:`.groups`: the kit's object for a process group (``Group``), resolved by ``group_of``.
 * :mod:`.backends`: what a backend string says about devices; the accelerator usable here.
 * :mod:`.constants`: timings and the names of the kit's env vars; :mod:`.envvars`: reading

@@ -14,9 +14,8 @@ threads abort the process). ``group=None`` means the default group, everywhere. 
 * the value helpers' preallocated buffers and the group's own collectives (the header
   exchange: docs/design.md, "Value encoding");
 * ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
-  ``world_mesh`` (default group); ``cleanup_store``, ``blocks_done`` (background deletion of
-  finished blocks' keys); ``sleep_store`` (the idle connection a long wait sleeps on:
-  :mod:`..store.wakeup`); ``abandoned`` (a collective left pending: kept at exit);
+  ``world_mesh`` (default group); ``connections`` (:class:`GroupConnections`: the store
+  connections beside the group's own, and the finished blocks' keys awaiting deletion); ``abandoned`` (a collective left pending: kept at exit);
   ``open_blocks`` (thread id -> its innermost open block: :mod:`..protocols.threads`).
 
 :func:`group_of` is the one function that turns a ``group=`` argument into a :class:`Group`;
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from . import backends
-from .state import STATE
+from .state import FAILURES, GROUPS
 from ... import env as _env
 from ...errors import DistributedEnvError, RankFailedError
 from ...ranks import get_rank, get_world_size
@@ -41,7 +40,8 @@ from ...ranks import get_rank, get_world_size
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["world", "Group", "NOT_ASKED", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
+__all__ = ["world", "Group", "HeaderBuffers", "GroupConnections", "NOT_ASKED", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
+           "forget_last_group", "failure_record", "restore_failure_record",
            "HEADER_LEN", "A2A_MAX_RANKS"]
 
 #: torch's holder of the default group; reading it has no side effects.
@@ -85,14 +85,58 @@ def _options(cls: Any, async_op: bool) -> Any:
 NOT_ASKED = object()
 
 
+class HeaderBuffers:
+    """The value helpers' header exchange on one group (:mod:`..protocols.exchange`).
+
+    A scalar is a 32-byte header, so per-call Python work shows directly in their latency. On
+    CPU the header goes through preallocated buffers backed by an ``array`` (a Python store
+    into it costs nanoseconds, a fresh tensor microseconds), and through the group's own
+    collectives with options built once (what torch's functions call after their checks). The
+    class's methods, not bound ones (those would keep the group alive); torch before 2.13 names
+    the all-gather ``_allgather_base``."""
+
+    __slots__ = ("opts", "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "a2a", "a2a_opts",
+                 "a2a_arr", "a2a_in", "bcast", "bcast_opts")
+
+    def __init__(self, pg: Any, size: int, cpu: bool) -> None:
+        cls = type(pg)
+        c10d = dist.distributed_c10d
+        self.opts = _options(c10d.AllgatherOptions, False)
+        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base", None)
+        self.hdr_arr = array.array("q", bytes(8 * HEADER_LEN))
+        self.all_arr = array.array("q", bytes(8 * HEADER_LEN * size))
+        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if cpu else None
+        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if cpu else None
+        self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
+                    if cpu and 1 < size <= A2A_MAX_RANKS else None)
+        self.a2a_opts = _options(c10d.AllToAllOptions, True)
+        self.a2a_arr = array.array("q", bytes(8 * HEADER_LEN * size))
+        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
+        self.bcast = cls.broadcast if cpu else None
+        self.bcast_opts = _options(c10d.BroadcastOptions, True)
+        self.bcast_opts.rootTensor = 0
+
+
+class GroupConnections:
+    """A group's store connections beside its own, and what they serve (:mod:`..store`):
+    ``cleanup`` deletes finished blocks' keys in the background (:mod:`..store.sweep`), whose
+    keys wait in ``finished_keys`` (block kind -> keys); ``idle`` is the clone a key waiter of
+    a group that is not the default one blocks on, kept for its next wait
+    (:mod:`..store.wakeup`)."""
+
+    __slots__ = ("cleanup", "idle", "finished_keys")
+
+    def __init__(self) -> None:
+        self.cleanup: Any = None
+        self.idle: Any = None
+        self.finished_keys: Dict[str, List[Any]] = {}
+
+
 class Group:
     """What the kit knows of one process group (see the module docstring)."""
 
     __slots__ = ("pg_ref", "default", "rank", "size", "device", "cpu", "env_rank", "env_ws", "seq",
-                 "store", "debug", "world_mesh", "cleanup_store", "sleep_store", "blocks_done",
-                 "abandoned", "node_first", "calls",
-                 "open_blocks", "_ranks", "opts", "allgather", "hdr_arr", "hdr", "all_arr",
-                 "hdr_all", "a2a", "a2a_opts", "a2a_arr", "a2a_in", "bcast", "bcast_opts",
+                 "store", "debug", "world_mesh", "connections", "abandoned", "node_first", "calls", "open_blocks", "_ranks", "headers",
                  "gather_slots", "__weakref__")
 
     def __init__(self, pg: Any, rank: int, size: int, device: torch.device) -> None:
@@ -106,42 +150,18 @@ class Group:
         self.store: Any = None
         self.debug: Any = None
         self.world_mesh: Any = None
-        self.cleanup_store: Any = None
-        self.sleep_store: Any = None
+        self.connections = GroupConnections()
         #: a default zero_first's first rank(s) on this group: None (group rank 0 alone), or
         #: whether this rank is its node's first (several nodes, no shared filesystem); unset
         #: until the first block asks (:mod:`axolotl_dist.ordering`)
         self.node_first: Any = NOT_ASKED
-        self.blocks_done: Dict[str, List[Any]] = {}
         self.abandoned = False
         self.open_blocks: Dict[int, Any] = {}
         self._ranks: Optional[List[int]] = None
         #: helper -> bytes per rank of its last structure gather (:mod:`axolotl_dist.operations`):
         #: its next one sends that many in its first all-gather; the same on every rank
         self.gather_slots: Dict[str, int] = {}
-        # The value helpers' header exchange (:mod:`..protocols.exchange`): a scalar is a 32-byte
-        # header, so per-call Python work shows directly in their latency. On CPU the header
-        # goes through preallocated buffers backed by an ``array`` (a Python store into it
-        # costs nanoseconds, a fresh tensor microseconds), and through the group's own
-        # collectives with options built once (what torch's functions call after their
-        # checks). The class's methods, not bound ones (those would keep the group alive);
-        # torch before 2.13 names the all-gather _allgather_base.
-        cls = type(pg)
-        c10d = dist.distributed_c10d
-        self.opts = _options(c10d.AllgatherOptions, False)
-        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base", None)
-        self.hdr_arr = array.array("q", bytes(8 * HEADER_LEN))
-        self.all_arr = array.array("q", bytes(8 * HEADER_LEN * size))
-        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if self.cpu else None
-        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if self.cpu else None
-        self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
-                    if self.cpu and 1 < size <= A2A_MAX_RANKS else None)
-        self.a2a_opts = _options(c10d.AllToAllOptions, True)
-        self.a2a_arr = array.array("q", bytes(8 * HEADER_LEN * size))
-        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
-        self.bcast = cls.broadcast if self.cpu else None
-        self.bcast_opts = _options(c10d.BroadcastOptions, True)
-        self.bcast_opts.rootTensor = 0
+        self.headers = HeaderBuffers(pg, size, self.cpu)
 
     @property
     def arg(self) -> Any:
@@ -197,7 +217,7 @@ def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> O
     ``create=False`` (a query that must not start anything: the world mesh, at cleanup) only
     a group already in use is returned, else None, and nothing is checked.
     """
-    last = STATE.last_group  # the group used last: most programs use one
+    last = GROUPS.last_group  # the group used last: most programs use one
     if (group is None and last is not None and last.pg_ref() is world.default_pg is not None
             and last.env_rank is _RANK_RAW() and last.env_ws is _WS_RAW()):
         return last
@@ -213,18 +233,18 @@ def _resolve(group: Optional["ProcessGroup"], op: str, create: bool) -> Optional
             _needs_group(op, group)
         return None
     try:
-        found = STATE.groups.get(pg)
+        found = GROUPS.groups.get(pg)
     except TypeError:  # torch's "not a member" sentinel cannot be weakly referenced
         return _build(group, pg) if create else None  # raises: not a member
     if not create:
         return found
     if found is None:
-        found = STATE.groups[pg] = _build(group, pg)
+        found = GROUPS.groups[pg] = _build(group, pg)
     elif found.env_rank is not _RANK_RAW() or found.env_ws is not _WS_RAW():
         get_rank(group), get_world_size(group), get_rank(), get_world_size()  # still agree?
         found.env_rank, found.env_ws = _RANK_RAW(), _WS_RAW()
     if group is None or pg is world.default_pg:
-        STATE.last_group = found
+        GROUPS.last_group = found
     return found
 
 
@@ -237,14 +257,30 @@ def remember_failure(error: RankFailedError) -> RankFailedError:
     traceback keeps every frame it passed through alive, with their tensors."""
     pg = default_pg()
     if pg is not None and error.rank != pg.rank():  # its own failure relayed back: not remembered
-        STATE.known_failure = (weakref.ref(pg), error.to_report())
+        FAILURES.known = (weakref.ref(pg), error.to_report())
     return error
 
 
 def known_failure() -> Optional[RankFailedError]:
     """The failure :func:`remember_failure` last recorded under the current default group, if any."""
-    record = STATE.known_failure
+    record = FAILURES.known
     if record is None:
         return None
     pg = record[0]()
     return RankFailedError.from_report(record[1]) if pg is not None and pg is default_pg() else None
+
+
+def forget_last_group() -> None:
+    """Drop the fast path's group (at cleanup: the next call resolves its group again)."""
+    GROUPS.last_group = None
+
+
+def failure_record() -> Any:
+    """The failure :func:`remember_failure` keeps, as kept (for :func:`restore_failure_record`)."""
+    return FAILURES.known
+
+
+def restore_failure_record(record: Any) -> None:
+    """Put back what :func:`failure_record` returned: a failure remembered since then was not
+    another rank's (a block this rank entered alone)."""
+    FAILURES.known = record

@@ -2,6 +2,7 @@
 
 * :mod:`.services`: the services a group's first use starts (exit hook, heartbeat).
 * :mod:`.teardown`: the exit hook and ``cleanup_distributed``.
+* :mod:`.lifecycle_state`: this room's per-process state.
 * :mod:`.warnfold`: Python warnings raised alike on several ranks printed once, by rank 0
   (it runs on rank 0's heartbeat: ``liveness/heartbeat.HeartbeatTask``).
 """

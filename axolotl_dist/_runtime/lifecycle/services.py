@@ -15,7 +15,7 @@ import atexit
 import torch.distributed as dist
 
 from ..base import groups, tracebacks
-from ..base.state import STATE
+from .lifecycle_state import LIFECYCLE
 from ..liveness import heartbeat
 from ..store import access
 from . import teardown
@@ -26,8 +26,8 @@ __all__ = ["start_services"]
 def start_services() -> None:
     """Once a group exists: register the exit hook, and on several ranks record this rank and
     start its heartbeat (idempotent; cheap after the first call)."""
-    if not STATE.exit_hook:
-        STATE.exit_hook = True
+    if not LIFECYCLE.exit_hook:
+        LIFECYCLE.exit_hook = True
         atexit.register(teardown.at_exit)
         tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
         access.start_worker()  # the exit hook's store calls need it: no thread at shutdown

@@ -52,12 +52,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..base import backends, procs, tracebacks
+from ..base import backends, groups, procs, tracebacks
 from ..base.groups import Group
 from ..base.kitlog import kit as log
-from ..base.state import STATE
+from ..base.state import GROUPS
+from .lifecycle_state import LIFECYCLE
+from ..protocols.protocols_state import BLOCKS
 from ..store import access, sweep
-from ..liveness import failures, heartbeat, peers
+from ..liveness import failures, heartbeat, peers, waits
 from ..protocols import timeline
 from ..protocols import zero_first
 from ...errors import RankFailedError
@@ -85,13 +87,12 @@ def keep_abandoned() -> List[Any]:
     anything will ever release: ``destroy_process_group()`` still unregisters it, its destructor
     never runs, and the process exits with the worker still waiting (the OS ends it)."""
     kept = []
-    for pg, g in list(STATE.groups.items()):
+    for pg, g in list(GROUPS.groups.items()):
         if g.abandoned:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
             kept.append(pg)
-    for work in STATE.abandoned:
+    for work in waits.take_abandoned():
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
-    STATE.abandoned.clear()
     return kept
 
 
@@ -106,23 +107,23 @@ def cleanup() -> None:
     other collectives (DDP's, raw torch calls) get :data:`_DRAIN` seconds.
     """
     recorder = timeline.finish()  # None if the exit's teardown closed it (with its exception)
-    if recorder is None and STATE.closed_trace is not None:
-        recorder, STATE.closed_trace = STATE.closed_trace, None
+    if recorder is None and LIFECYCLE.closed_recorder is not None:
+        recorder, LIFECYCLE.closed_recorder = LIFECYCLE.closed_recorder, None
     heartbeat.stop_heartbeat()
     if not peers.store_host_gone() and not peers.host_leaving():
         _confirm_blocks()
         sweep.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
-    known = list(STATE.groups.values())
+    known = list(GROUPS.groups.values())
     for g in known:
         g.world_mesh = None  # its groups go with the default group
-    STATE.last_group = None
+    groups.forget_last_group()
     _await_released(known)
     if dist.is_available() and dist.is_initialized():
         time.sleep(_DRAIN)
         # CUDA work this rank queued finishes first (nothing to wait for if CUDA never started)
         if torch.cuda.is_initialized() and backends.supports(str(dist.get_backend()), "cuda"):
             torch.cuda.synchronize()
-        STATE.kept.extend(weakref.ref(pg) for pg in keep_abandoned())  # Ctrl-C in a collective
+        LIFECYCLE.kept.extend(weakref.ref(pg) for pg in keep_abandoned())  # Ctrl-C in a collective
         dist.destroy_process_group()
     if recorder is not None and recorder.at_end is not None:
         recorder.at_end(recorder)  # the tracing feature's end: rank 0 merges the files
@@ -141,7 +142,7 @@ def _await_released(groups: Sequence[Optional[Group]], limit: float = 1.0) -> No
     releases it, and releasing needs the GIL (see :func:`cleanup`)."""
     def busy(g: Group) -> bool:
         for name in _BUFFERS:  # idle: the group's slot and getrefcount's argument
-            if getattr(g, name) is not None and sys.getrefcount(getattr(g, name)) > 2:
+            if getattr(g.headers, name) is not None and sys.getrefcount(getattr(g.headers, name)) > 2:
                 return True
         return False
 
@@ -161,7 +162,7 @@ def _confirm_blocks() -> None:
     ``AXOLOTL_DIST_STORE_LINGER`` seconds each, that every rank reached them; a cleanup does
     not raise, so what is wrong is logged (a rank stuck in a block that does not pair is told
     by the mismatch this check publishes)."""
-    pending = STATE.unconfirmed
+    pending = BLOCKS.unconfirmed
     if not pending:
         return
     bound = failures.host_exit_timeout()
@@ -183,11 +184,11 @@ def _uncaught() -> Optional[BaseException]:
 
 
 def at_exit() -> None:
-    if STATE.ending:
+    if LIFECYCLE.ending:
         return
     exc = _uncaught()
     teardown(exc)
-    if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in STATE.kept):
+    if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in LIFECYCLE.kept):
         _end_now()
 
 
@@ -195,7 +196,7 @@ def _end_now() -> None:
     """Step 5 of the module docstring: the exit handlers registered before this one (logging's
     flush, multiprocessing's children, torch's), the standard streams flushed, then SIGINT with
     its default action: the exit status Python gives an uncaught ``KeyboardInterrupt``."""
-    STATE.ending = True
+    LIFECYCLE.ending = True
     try:
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 - ending anyway
@@ -211,7 +212,7 @@ def _release_kit_frames(exc: Optional[BaseException]) -> None:
     group's buffers, which :func:`_await_released` would otherwise wait a second for, taking
     them for a gloo worker's. The user's frames are left alone, and every frame where a
     collective was left pending (Ctrl-C in one: its work stays referenced)."""
-    if any(g.abandoned for g in list(STATE.groups.values())):
+    if any(g.abandoned for g in list(GROUPS.groups.values())):
         return
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -236,7 +237,7 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     recorder = _step(timeline.finish, exc)  # the trace's last line says how this process ended
     if recorder is not None:
-        STATE.closed_trace = recorder
+        LIFECYCLE.closed_recorder = recorder
     hosts = access.hosts_store()
     # the group owns the store's server: keep it past destroy_process_group() while we linger
     server = access.world_store() if hosts else None
@@ -327,7 +328,7 @@ def _await_agent_stop(exc: RankFailedError, world_size: int) -> None:
 
 def _await_groups_released(groups: List[Any]) -> None:
     """Give the destroyed groups (weak references) a moment to be freed, but those kept."""
-    kept = {id(ref()) for ref in STATE.kept}
+    kept = {id(ref()) for ref in LIFECYCLE.kept}
     groups = [ref for ref in groups if id(ref()) not in kept]
     if any(ref() is not None for ref in groups):
         gc.collect()

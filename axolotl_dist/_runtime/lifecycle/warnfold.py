@@ -40,7 +40,8 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from ..base import envvars
 from ..base.constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR
 from ..base.kitlog import KitLog
-from ..base.state import STATE
+from .lifecycle_state import LIFECYCLE
+from ..liveness.liveness_state import HEARTBEAT
 from ..base.text import ranks_text
 from ..store import keys, records
 from ..store.access import bounded
@@ -86,12 +87,12 @@ class FoldedWarnings:
 
 
 def _warning_fold() -> FoldedWarnings:
-    found = STATE.warning_fold
+    found = LIFECYCLE.warning_fold
     if found is None:
         with _MADE:
-            found = STATE.warning_fold
+            found = LIFECYCLE.warning_fold
             if found is None:
-                found = STATE.warning_fold = FoldedWarnings()
+                found = LIFECYCLE.warning_fold = FoldedWarnings()
     return found
 
 
@@ -99,7 +100,7 @@ def install() -> None:
     """Replace ``warnings.showwarning`` with :func:`show` if this process is one rank of
     several and nothing else folds its output (once per process). A bad value of a variable
     installs nothing: ``init_distributed()`` raises it (``validate_env_vars``)."""
-    if STATE.warn_hook is not None:
+    if LIFECYCLE.warn_hook is not None:
         return
     try:
         if env.env_world_size() <= 1 or not envvars.kit_switch(FOLD_ENV_VAR):
@@ -109,7 +110,7 @@ def install() -> None:
     launcher = envvars.raw(LAUNCHER_FOLDS_ENV_VAR)
     if launcher is not None and envvars.text(launcher).strip():
         return
-    STATE.warn_hook = warnings.showwarning
+    LIFECYCLE.warn_hook = warnings.showwarning
     warnings.showwarning = show
     atexit.register(_at_exit)  # before the kit's exit hook, so it runs after it
     os.register_at_fork(after_in_child=_forked)
@@ -118,18 +119,18 @@ def install() -> None:
 def _forked() -> None:
     """A child forked from a rank (a data loader worker) folds nothing: it may end without
     its exit hooks (``os._exit``), and its warnings are its own."""
-    STATE.warning_fold = FoldedWarnings()  # not the parent's: its lock may have been held at the fork
-    STATE.warning_fold.ended = True
+    LIFECYCLE.warning_fold = FoldedWarnings()  # not the parent's: its lock may have been held at the fork
+    LIFECYCLE.warning_fold.ended = True
 
 
 def installed() -> bool:
     """Whether this process folds its warnings."""
-    return STATE.warn_hook is not None
+    return LIFECYCLE.warn_hook is not None
 
 
 def _local(shown: Shown, file: Any = None) -> None:
     """Print a warning as the replaced ``showwarning`` would."""
-    previous: Callable[..., Any] = STATE.warn_hook or warnings.showwarning
+    previous: Callable[..., Any] = LIFECYCLE.warn_hook or warnings.showwarning
     previous(*shown[:4], file, shown[4])
 
 
@@ -151,7 +152,7 @@ def _fold(shown: Shown) -> None:
     text = warnings.formatwarning(*shown)
     folding = _warning_fold()
     with folding.lock:
-        beat = STATE.heartbeat
+        beat = HEARTBEAT.thread
         if beat is None and not folding.ended:  # no heartbeat yet: held for it
             folding.held.append((shown, text))
             if folding.timer is None:
@@ -190,7 +191,7 @@ def _expire(folding: FoldedWarnings) -> None:
 
 
 def started(beat: Any) -> None:
-    """A heartbeat started (``beat``: its :class:`~..liveness.heartbeat._Heartbeat`): publish what this
+    """A heartbeat started (``beat``: its :class:`~..liveness.heartbeat.Heartbeat`): publish what this
     process held (rank 0: pending)."""
     folding = _warning_fold()
     with folding.lock:
@@ -235,12 +236,12 @@ def read(beat: Any, value: int) -> None:
 
 def pending() -> bool:
     """Whether rank 0 has warnings to print (no lock: a hint for its heartbeat's cadence)."""
-    folding = STATE.warning_fold
+    folding = LIFECYCLE.warning_fold
     return folding is not None and bool(folding.pending)
 
 
 def _take(due: Callable[[Set[int], float], bool]) -> List[Tuple[str, Set[int]]]:
-    folding = STATE.warning_fold
+    folding = LIFECYCLE.warning_fold
     if folding is None:
         return []
     with folding.lock:
@@ -259,7 +260,7 @@ def _print(groups: List[Tuple[str, Set[int]]]) -> None:
 def tick() -> None:
     """Rank 0's heartbeat: print the pending warnings every rank raised, or that waited
     :data:`WINDOW` seconds."""
-    folding = STATE.warning_fold
+    folding = LIFECYCLE.warning_fold
     if folding is None or not folding.pending:
         return
     now, world = time.monotonic(), folding.world

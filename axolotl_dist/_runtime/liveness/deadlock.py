@@ -31,7 +31,8 @@ from types import MappingProxyType
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..base.groups import Group
-from ..base.state import STATE
+from ..base.state import GROUPS
+from .liveness_state import SCOPES
 from ..base.text import ranks_text
 from ..store import records
 
@@ -94,13 +95,13 @@ def describe(point: Point, serial: int, what: str, thread: int,
     bodies count); ``awaits``: the global ranks it waits for (None: every other group
     rank)."""
     g = point.group
-    inside = [[_name(scope.group), scope.seq] for scope in STATE.scopes.get(thread) or []
+    inside = [[_name(scope.group), scope.seq] for scope in SCOPES.open.get(thread) or []
               if scope.kind != "zero_only" and isinstance(scope.group, Group)]
     return records.document({
         "s": serial, "g": _name(g), "m": None if g.default else _pack(g.ranks),
         "r": g.ranks[g.rank], "k": KINDS.index(point.kind), "n": point.seq, "l": point.label,
         "f": int(point.finish), "a": None if awaits is None else list(awaits),
-        "w": what, "c": {_name(h): _counters(h) for h in list(STATE.groups.values())},
+        "w": what, "c": {_name(h): _counters(h) for h in list(GROUPS.groups.values())},
         "i": inside}, compact=True)
 
 

@@ -17,7 +17,7 @@ from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_inte
 from ..base.envvars import kit_seconds
 from ..base.groups import Group, default_pg, known_failure, remember_failure
 from ..base.procs import MACHINE
-from ..base.state import STATE
+from ..base.state import GROUPS
 from ..base.tracebacks import format_exception, safe_str
 from ..store import keys, records
 from ..store.access import checked, hosts_store, is_store_error, world_store
@@ -167,7 +167,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
             report = exc.to_report()
         else:
             report = failure_report(rank, exc, "its script")
-        if any(g.abandoned for g in list(STATE.groups.values())):
+        if any(g.abandoned for g in list(GROUPS.groups.values())):
             store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
         store.set(keys.exit_record(rank), records.exit_record(report, time.time()))
         store.append(keys.EXIT_LOG, f"{rank},")

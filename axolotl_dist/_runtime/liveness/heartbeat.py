@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..base import procs
 from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
 from ..base.groups import default_pg
-from ..base.state import STATE
+from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records, wakeup
 from ..store.access import checked, store_host, world_store
 from ..store.clients import raw_store
@@ -92,7 +92,24 @@ def _pending() -> bool:
 # --- the heartbeat ---------------------------------------------------------------------------
 
 
-class _Heartbeat:
+class _Schedule:
+    """What a heartbeat does when: ``interval`` between beats; ``connect_at``, when it opens its
+    own connection (spread over the ranks: :func:`_connect_delay`); when it last beat, ran a
+    stall detector's round and looked for its tasks' work; ``stall_rounds`` (rank 0, while some
+    rank waits: a round every :data:`~.peers.STALL_CHECK_INTERVAL`); ``copying`` (the first
+    records are still being copied: see :meth:`Heartbeat._run`)."""
+
+    __slots__ = ("interval", "connect_at", "last_beat", "last_round", "last_look", "stall_rounds",
+                 "copying")
+
+    def __init__(self, interval: float, connect_at: float) -> None:
+        self.interval, self.connect_at = interval, connect_at
+        self.last_beat = self.last_round = self.last_look = 0.0
+        self.stall_rounds = False
+        self.copying = False
+
+
+class Heartbeat:
     """Beats on the root store (``axolotl_dist/<run>/hb/<rank>``) every interval, answers
     requests for a snapshot of this rank (:mod:`.where_report`), copies the store host's failure
     record when it leaves one, and, on global rank 0, checks every rank's heartbeat while some
@@ -113,9 +130,7 @@ class _Heartbeat:
         self.store, self.raw = store, raw
         self.own: Optional[wakeup.LentConnection] = wakeup.LentConnection()
         self.own_raw: Any = None
-        #: when this thread opens its own connection: spread over the ranks (_connect_delay)
-        self.connect_at = time.monotonic() + _connect_delay(rank, world_size)
-        self.interval = interval
+        self.when = _Schedule(interval, time.monotonic() + _connect_delay(rank, world_size))
         self.pg = default_pg()
         self.answered = 0
         host = store_host()
@@ -123,12 +138,9 @@ class _Heartbeat:
         #: gone) and rank 0's (the rank most waits are for); others when a wait needs them
         self.first = sorted({r for r in (0, host) if r is not None and r != rank})
         self.host = host if host is not None and host != rank else None
-        self.judging = False  # rank 0, while some rank waits: a round every STALL_CHECK_INTERVAL
-        self.copying = False  # copying the first records (see _run)
-        self.last_beat = self.last_round = self.last_look = 0.0  # when each last happened
         self.stall_detector = StallDetector(run, world_size) if rank == 0 else None
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
-        STATE.peers[rank] = me
+        PEERS.peers[rank] = me
         # the record, and this rank's long-wait description and finding (none yet): one call
         names = [keys.who(run, rank), keys.long_wait(run, rank), keys.stuck(run, rank)]
         try:
@@ -142,15 +154,16 @@ class _Heartbeat:
         store.append(keys.EXIT_LOG, "")  # created now, so a waiter reads both in one call
         store.compare_set(keys.STALL_REPORT, "", "{}")
         store.add(keys.WAITERS, 0)  # created now: long waits add no key
+        wakeup.offer_connection(self.pg, self.own)  # lent to the default group's key waiters
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
 
     def _copy_first(self) -> bool:
         """Copy the records of :attr:`first` that exist; whether all are here."""
-        missing = [r for r in self.first if r not in STATE.peers]
+        missing = [r for r in self.first if r not in PEERS.peers]
         for r in missing:
             peer(self.raw, r)
-        return all(r in STATE.peers for r in self.first)
+        return all(r in PEERS.peers for r in self.first)
 
     def _beat(self, key: str) -> None:
         requests = self.raw.add(key, 1) >> 32
@@ -165,7 +178,7 @@ class _Heartbeat:
     def _waiters(self) -> None:
         """Rank 0: look for stalls while some rank's wait runs long; tell the tasks (see HeartbeatTask)."""
         value = self.store.add(keys.WAITERS, 0)
-        self.judging = value & LONG_WAITS > 0
+        self.when.stall_rounds = value & LONG_WAITS > 0
         for task in _TASKS:
             task.read(self, value)
 
@@ -184,12 +197,12 @@ class _Heartbeat:
         (the host waits until they acknowledged), even one that was not in a kit call
         (:func:`store_lost_error`). One store call while there is none."""
         key = keys.exit_record(self.host)
-        if self.host in STATE.exits or not self.store.check([key]):
+        if self.host in PEERS.exits or not self.store.check([key]):
             return
         try:
-            STATE.exits[self.host] = records.read_exit(self.store.get(key))  # type: ignore[index]
+            PEERS.exits[self.host] = records.read_exit(self.store.get(key))  # type: ignore[index]
         except records.BadRecord:
-            STATE.exits[self.host] = (None, time.time())  # type: ignore[index] # unreadable
+            PEERS.exits[self.host] = (None, time.time())  # type: ignore[index] # unreadable
         if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
             wakeup.release_key_waiters()
         self.store.set(keys.ack(key, self.rank), b"")
@@ -206,10 +219,10 @@ class _Heartbeat:
         # The first records at once, in short doubling waits (a store host that dies soon
         # after init is then found by its pid with no store call: see store_host_gone);
         # then one beat per interval.
-        wait, self.copying = min(0.005, self.interval), bool(self.first)
-        self.last_beat = self.last_round = self.last_look = time.monotonic()
+        wait, self.when.copying = min(0.005, self.when.interval), bool(self.first)
+        self.when.last_beat = self.when.last_round = self.when.last_look = time.monotonic()
         runs_tasks = self.rank == 0 and bool(_TASKS)  # runs the tasks (see HeartbeatTask)
-        look = min((r.look for r in _TASKS), default=self.interval)
+        look = min((r.look for r in _TASKS), default=self.when.interval)
         while True:
             self.wake.wait(wait)
             self.wake.clear()
@@ -226,7 +239,7 @@ class _Heartbeat:
     def _turn(self, key: str, runs_tasks: bool, look: float) -> None:
         """One turn of the loop, on this thread's own connection unless a key waiter has it."""
         own = self.own
-        if own is not None and own.conn is None and time.monotonic() >= self.connect_at:
+        if own is not None and own.conn is None and time.monotonic() >= self.when.connect_at:
             self._connect(own)
         if own is None or own.conn is None:
             self._turn_on(key, runs_tasks, look)
@@ -245,6 +258,7 @@ class _Heartbeat:
             conn = self.base.clone()
         except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore)
             self.own = None
+            wakeup.offer_connection(None, None)
             return
         self.own_raw = raw_store(conn)
         own.conn = conn
@@ -252,17 +266,17 @@ class _Heartbeat:
     def _turn_on(self, key: str, runs_tasks: bool, look: float) -> None:
         """Copy the first records, beat when due (else, on rank 0, read the counter for the
         tasks when they wait for something), look for stalls when due, run the tasks."""
-        if self.copying:
-            self.copying = not self._copy_first()
+        if self.when.copying:
+            self.when.copying = not self._copy_first()
         now = time.monotonic()
-        if now - self.last_beat >= self.interval:
-            self.last_beat = self.last_look = now
+        if now - self.when.last_beat >= self.when.interval:
+            self.when.last_beat = self.when.last_look = now
             self._beat(key)
-        elif runs_tasks and _pending() and now - self.last_look >= look:
-            self.last_look = now
+        elif runs_tasks and _pending() and now - self.when.last_look >= look:
+            self.when.last_look = now
             self._waiters()
-        if self.judging and now - self.last_round >= STALL_CHECK_INTERVAL:
-            self.last_round = now
+        if self.when.stall_rounds and now - self.when.last_round >= STALL_CHECK_INTERVAL:
+            self.when.last_round = now
             self._detect_stalls()
         if runs_tasks:
             for task in _TASKS:
@@ -271,15 +285,15 @@ class _Heartbeat:
     def _next_wait(self, wait: float, runs_tasks: bool, look: float) -> float:
         """Seconds until the next turn: doubling while copying the first records, else until
         the next beat, stall detector's round or tasks' look."""
-        if self.copying:
-            return min(wait * 2, self.interval)
-        due = self.last_beat + self.interval
+        if self.when.copying:
+            return min(wait * 2, self.when.interval)
+        due = self.when.last_beat + self.when.interval
         if self.own is not None and self.own.conn is None:
-            due = min(due, self.connect_at)
-        if self.judging:
-            due = min(due, self.last_round + STALL_CHECK_INTERVAL)
+            due = min(due, self.when.connect_at)
+        if self.when.stall_rounds:
+            due = min(due, self.when.last_round + STALL_CHECK_INTERVAL)
         if runs_tasks and _pending():
-            due = min(due, self.last_look + look)
+            due = min(due, self.when.last_look + look)
         return max(0.0, due - time.monotonic())
 
 
@@ -310,36 +324,37 @@ def start_heartbeat() -> None:
     if pg is None:
         return
     with _LOCK:
-        beat = STATE.heartbeat
+        beat = HEARTBEAT.thread
         if beat is not None and beat.pg is pg:
             return  # running, or ended on purpose: its store's host is gone
         if beat is not None:
             beat.halt()
         if beat is None or beat.pg is not pg:
-            STATE.peers.clear()
+            PEERS.peers.clear()
         store = world_store()
         rank, world = dist.get_rank(), dist.get_world_size()
-        run = STATE.run = _run_id(store)
+        run = HEARTBEAT.run = _run_id(store)
         raw = raw_store(store)
         raw.set(keys.RUN_NOTE, records.document({"run": run, "world": world}))
         runs.note_address(run, rank, world, launcher_name())
-        STATE.heartbeat = _Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
-        STATE.exit_store = (store, rank, weakref.ref(pg))
+        HEARTBEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
+        HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))
         for task in _TASKS:
-            task.started(STATE.heartbeat)  # e.g. the warnings held until now
+            task.started(HEARTBEAT.thread)  # e.g. the warnings held until now
 
 
 def exit_connection() -> Optional[Tuple["Store", int, Any]]:
     """The heartbeat's store connection for this process's exit record: ``(store, rank,
     weakref to the default group it belongs to)``, or None before the heartbeat started."""
-    return STATE.exit_store
+    return HEARTBEAT.exit_store
 
 
 def stop_heartbeat() -> None:
     """Stop the heartbeat thread, if any."""
     with _LOCK:
-        beat, STATE.heartbeat = STATE.heartbeat, None
+        beat, HEARTBEAT.thread = HEARTBEAT.thread, None
     if beat is not None:
+        wakeup.offer_connection(None, None)
         beat.halt()
         if beat.thread is not threading.current_thread():
             # Wait for the thread to let go of its store connection: a TCPStore still in use

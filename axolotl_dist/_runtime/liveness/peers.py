@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..base import procs
 from ..base.groups import remember_failure
-from ..base.state import STATE
+from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records
 from ..store.access import StoreHostGoneError, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
@@ -86,18 +86,18 @@ def launcher_name() -> str:
 
 def peer_record(rank: int) -> Optional[Peer]:
     """The record of global ``rank`` this process has seen (no store call), or None."""
-    return STATE.peers.get(rank)
+    return PEERS.peers.get(rank)
 
 
 def peer(raw: "Store", rank: int) -> Optional[Peer]:
     """The record of global ``rank``: the local copy first, then the root store ``raw``;
     None if unknown."""
-    found = STATE.peers.get(rank)
-    run = STATE.run
+    found = PEERS.peers.get(rank)
+    run = HEARTBEAT.run
     if found is None and run is not None and raw.check([keys.who(run, rank)]):
         found = decode_peer(raw.get(keys.who(run, rank)))
         if found is not None:
-            STATE.peers[rank] = found
+            PEERS.peers[rank] = found
     return found
 
 
@@ -105,8 +105,8 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
     """Copy the records of ``ranks`` not known yet from the root store ``raw``: one ``check``
     and one ``multi_get`` for all of them (one by one where some rank has not recorded itself
     yet)."""
-    run = STATE.run
-    missing = [r for r in ranks if r not in STATE.peers]
+    run = HEARTBEAT.run
+    missing = [r for r in ranks if r not in PEERS.peers]
     if run is None or not missing:
         return
     names = [keys.who(run, r) for r in missing]
@@ -114,7 +114,7 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
         for r, value in zip(missing, raw.multi_get(names)):
             record = decode_peer(value)
             if record is not None:
-                STATE.peers[r] = record
+                PEERS.peers[r] = record
         return
     for r in missing:
         peer(raw, r)
@@ -144,12 +144,12 @@ def host_leaving() -> bool:
     its exit record. The host keeps the store up only until every rank has that copy, so from
     here on the kit makes no store call it can avoid (one in flight when the host's process
     ends makes torch print a C++ trace). Free while no exit record was copied."""
-    if not STATE.exits:
+    if not PEERS.exits:
         return False
     host = store_host()
     if host is None or not dist.is_initialized() or host == dist.get_rank():
         return False
-    record = STATE.exits.get(host)
+    record = PEERS.exits.get(host)
     return record is not None and record[0] is not None
 
 
@@ -162,7 +162,7 @@ def _host_gone_how() -> Optional[str]:
         return None
     if host is None or host == me:
         return None
-    record = STATE.peers.get(host)
+    record = PEERS.peers.get(host)
     if record is not None:
         gone = same_machine(record) and procs.proc_state(record.pid) == "gone"
         return f"judged by its pid {record.pid}" if gone else None
@@ -197,7 +197,7 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
     node the store ran on, the launcher."""
     cause = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     host = store_host()
-    relayed = STATE.exits.get(host)[0] if host is not None and host in STATE.exits else None
+    relayed = PEERS.exits.get(host)[0] if host is not None and host in PEERS.exits else None
     if relayed is not None:  # the host exited on a failure: name the root cause
         return remember_failure(_relayed_by_host(host, relayed, what))
     if host is None and _store_answers():
@@ -209,7 +209,7 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
             + " holds something else. Only the job's own processes may write to its store "
             '(docs/design.md, "Trust model")' f" ({cause})")
     if host is not None:
-        record = STATE.peers.get(host)
+        record = PEERS.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""
         return remember_failure(RankFailedError(
             host, "died", f"rank {host} (the store host) died or exited{where}: the c10d store "
@@ -243,10 +243,10 @@ def _lost_node(what: str, cause: str) -> Optional[RankFailedError]:
     """Where a launcher's store is gone and ranks whose records said they ran beside it
     are known (this rank not among them): their node, most likely lost. None otherwise."""
     me = dist.get_rank() if dist.is_initialized() else -1
-    beside = sorted(r for r, record in STATE.peers.items() if record.by_store and r != me)
-    if not beside or (me in STATE.peers and STATE.peers[me].by_store):
+    beside = sorted(r for r, record in PEERS.peers.items() if record.by_store and r != me)
+    if not beside or (me in PEERS.peers and PEERS.peers[me].by_store):
         return None
-    record = STATE.peers[beside[0]]
+    record = PEERS.peers[beside[0]]
     return RankFailedError(
         beside[0], "lost", f"the c10d store at {store_address()} is gone, and with it, "
         f"most likely, the node it ran on: {record.host}, where rank(s) {beside} (at "

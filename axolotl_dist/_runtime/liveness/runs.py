@@ -35,7 +35,7 @@ from ..base.constants import END_DIR_ENV_VAR, RUN_DIR_ENV_VAR
 from ..base.envvars import kit_path
 from ..base.kitlog import kit as log
 from ..base.private import NotPrivateError, create_private, my_uid, private_dir, write_private
-from ..base.state import STATE
+from .liveness_state import RUNS
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",
            "STORE_NOTE", "note_address", "NotPrivateError"]
@@ -88,9 +88,9 @@ def run_dir(create: bool = True) -> Optional[str]:
 
 def _warn(exc: NotPrivateError, warn: Optional[Callable[[str], None]]) -> None:
     text = f"{exc}; until then no run is recorded for `axolotl-dist where`"
-    if text in STATE.runs_refused:
+    if text in RUNS.refused:
         return
-    STATE.runs_refused.add(text)
+    RUNS.refused.add(text)
     if warn is not None:
         warn(text)
     else:
@@ -145,10 +145,10 @@ def record(run: str, addr: str, port: int, world: int, launcher: str,
             json.dump(entry, fh)
         if not _place(tmp, path):
             return None
-        previous = STATE.my_run.get("path")
+        previous = RUNS.my_run.get("path")
         if previous and previous != path:
-            forget(previous, STATE.my_run.get("pid"))
-        STATE.my_run.update(path=path, pid=pid)
+            forget(previous, RUNS.my_run.get("pid"))
+        RUNS.my_run.update(path=path, pid=pid)
         return path
     except Exception:  # noqa: BLE001 - recording must never fail a run
         return None

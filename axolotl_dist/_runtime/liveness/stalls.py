@@ -26,7 +26,7 @@ from ..base.constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SIL
 from ..base.envvars import kit_seconds
 from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
-from ..base.state import STATE
+from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records
 from ..store.access import checked, store_host, world_store
 from . import deadlock
@@ -165,7 +165,7 @@ class PeerChecker:
         :data:`ASLEEP_SLOWDOWN` times less often."""
         if host_leaving():
             host = store_host()
-            return [self._from_record(host, *STATE.exits[host])]
+            return [self._from_record(host, *PEERS.exits[host])]
         check_store_host()
         others = [r for r in ranks if r != self.me]
         if not self.fetched.issuperset(others):
@@ -209,7 +209,7 @@ class PeerChecker:
         """The ``/proc`` state of each peer among ``ranks`` on this machine (no store call)."""
         states: Dict[int, Optional[str]] = {}
         for rank in ranks:
-            record = STATE.peers.get(rank)
+            record = PEERS.peers.get(rank)
             if record is not None and same_machine(record):
                 states[rank] = procs.proc_state(record.pid)
         return states
@@ -228,7 +228,7 @@ class PeerChecker:
             self.have_keys = self.store.check([keys.EXIT_LOG, keys.STALL_REPORT])
             if not self.have_keys:
                 return
-        run = STATE.run if STATE.heartbeat is not None else None  # then its keys exist
+        run = HEARTBEAT.run if HEARTBEAT.thread is not None else None  # then its keys exist
         names = [keys.EXIT_LOG, keys.STALL_REPORT]
         if run is not None and self.raw is self.store:  # the finding on this rank's wait too
             names.append(keys.stuck(run, self.me))
@@ -263,7 +263,7 @@ class PeerChecker:
             report, when = records.failure((rank, "DistributedEnvError", records.unreadable(
                 key, rank, exc), None, "its exit", (), None)), time.time()
         self.store.set(keys.ack(key, self.me), b"")
-        STATE.exits.setdefault(rank, (report, when))
+        PEERS.exits.setdefault(rank, (report, when))
         self.exited[rank] = self._from_record(rank, report, when)
 
     @staticmethod
@@ -286,7 +286,7 @@ class PeerChecker:
         if now - self.rounds_at < SILENT_AFTER:  # the detector runs (a round per beat)
             found = self.silent.get(rank)
             return 0.0 if found is None else found[0]  # as measured, at most a round ago
-        run = STATE.run
+        run = HEARTBEAT.run
         beat = self.raw.add(keys.heartbeat(run, rank), 0) & BEATS if run is not None else 0
         if beat == 0:
             return None
@@ -305,7 +305,7 @@ class PeerChecker:
 
     def _check_rank(self, rank: int, now: float, what: str, state: Optional[str]) -> Optional[Lost]:
         """``state``: its ``/proc`` state where it runs on this machine (:meth:`_local_states`)."""
-        record = STATE.peers.get(rank)
+        record = PEERS.peers.get(rank)
         if record is not None and same_machine(record):
             if state == "gone":
                 return Lost(rank, "died", f"{record.describe()}, exited without reporting an "

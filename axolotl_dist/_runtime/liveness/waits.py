@@ -35,7 +35,7 @@ from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_
 from ..base.envvars import kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
-from ..base.state import STATE
+from .liveness_state import HEARTBEAT, PEERS, WAITS
 from ..store import keys
 from ..store.access import bounded, world_store
 from ..store.clients import raw_store
@@ -46,7 +46,8 @@ from .stalls import Lost, PeerChecker, lost_error
 from .peers import host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError
 
-__all__ = ["Waiting", "collective", "where_they_are", "logged_blocking_call", "left", "timed_out", "SLICE",
+__all__ = ["Waiting", "collective", "where_they_are", "logged_blocking_call", "left", "take_abandoned",
+           "timed_out", "SLICE",
            "LOST_GRACE"]
 
 #: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
@@ -77,12 +78,12 @@ class _Interval:
 
 def where_they_are(ranks: Sequence[int]) -> str:
     """Where ``ranks`` are, one line per place (:mod:`.where_report`); asked through the store."""
-    run = STATE.run
+    run = HEARTBEAT.run
     if run is None or not ranks:
         return ""
     raw = raw_store(world_store())
     answers, silent = where_report.collect(raw, run, where_report.ask(raw, run, ranks))
-    records = {r: p for r, p in STATE.peers.items() if r in silent}
+    records = {r: p for r, p in PEERS.peers.items() if r in silent}
     return where_report.report(answers, silent, records)
 
 
@@ -107,7 +108,7 @@ class Waiting:
         self.thread = threading.get_ident()
         self.point, self.serial, self.published = point, 0, ""
         self.shown = shown or what
-        STATE.waits[self.thread] = where_report.Registered(what, ranks)  # what a snapshot says
+        WAITS.waits[self.thread] = where_report.Registered(what, ranks)  # what a snapshot says
 
     def mark(self) -> None:
         """Count this wait on this rank's waiting key (once): it runs long; and say where it
@@ -116,7 +117,7 @@ class Waiting:
             self.watcher.store.add(keys.waiting(self.me), 1)
             self.watcher.store.add(keys.WAITERS, 1)  # the detector runs while above 0
             self.marked = True
-            run = STATE.run
+            run = HEARTBEAT.run
             if self.point is not None and run is not None:
                 self.serial = new_serial()
                 awaits = None if self.point.kind == "collective" else list(self.ranks)
@@ -155,7 +156,7 @@ class Waiting:
         raise error
 
     def _unpublish(self) -> None:
-        run = STATE.run
+        run = HEARTBEAT.run
         if self.published and run is not None:
             self.watcher.raw.compare_set(keys.long_wait(run, self.me), self.published, "")
             self.published = ""
@@ -180,7 +181,7 @@ class Waiting:
         exception keeps the count until the process exits (see :func:`.stall detector.waiting_key`).
         Either way its description goes (only if still this wait's: compare-and-set), on an
         exception within a second at most (the store may be going)."""
-        STATE.waits.pop(self.thread, None)
+        WAITS.waits.pop(self.thread, None)
         if normal and self.marked:
             store, key = self.watcher.store, keys.waiting(self.me)
 
@@ -293,7 +294,7 @@ def left(work: Any, g: Group, exc: BaseException) -> None:
     try:
         if not work.is_completed():
             g.abandoned = True  # publish_exit then sets keys.exit_pending
-            STATE.abandoned.append(work)
+            WAITS.abandoned.append(work)
     except Exception:  # noqa: BLE001 - best effort: the exception itself matters
         pass
     if isinstance(exc.__context__, RuntimeError) and timed_out(exc.__context__):
@@ -327,3 +328,10 @@ class logged_blocking_call:
 
     def __exit__(self, *exc: Any) -> None:
         self.done.set()
+
+
+def take_abandoned() -> List[Any]:
+    """The collectives left pending by a wait that ended on an exception (see :func:`left`),
+    handed over once (the exit keeps them alive: ``lifecycle/teardown.keep_abandoned``)."""
+    taken, WAITS.abandoned = WAITS.abandoned, []
+    return taken

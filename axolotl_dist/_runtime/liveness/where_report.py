@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from ..base import procs
 from ..base.callsite import PACKAGE_DIR, short_path
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
-from ..base.state import STATE
+from .liveness_state import RUNS, SCOPES, WAITS
 from ..store import keys, records
 from .peers import Peer, decode_peer, same_machine
 
@@ -141,8 +141,8 @@ def snapshot(rank: int) -> Dict[str, Any]:
         else:
             callee = _label(frames[j - 1:]) or name
         j -= 1
-    entry = STATE.waits.get(main)
-    firsts = [scope.describe() for scope in STATE.scopes.get(main) or []
+    entry = WAITS.waits.get(main)
+    firsts = [scope.describe() for scope in SCOPES.open.get(main) or []
               if scope.kind != "zero_only"]
     return {
         "rank": rank, "pid": os.getpid(), "host": HOST, "time": time.time(),
@@ -169,9 +169,9 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
     for r in ranks:
         value = store.add(keys.heartbeat(run, r), REQUEST)
         asked[r] = (value >> 32, value & BEATS)
-        if (run, r) not in STATE.answer_keys:  # made once, so one multi_get reads every answer
+        if (run, r) not in RUNS.answer_keys:  # made once, so one multi_get reads every answer
             store.compare_set(keys.where_answer(run, r), "", "{}")
-            STATE.answer_keys.add((run, r))
+            RUNS.answer_keys.add((run, r))
     return asked
 
 

@@ -11,7 +11,7 @@
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
 * :mod:`.map_cache`: a ``datasets`` map in a ``zero_first`` block that leaves the other ranks
   no cache file, said once.
-* :mod:`.scopes`: collectives the other ranks cannot join are errors at once.
+* :mod:`.protocols_state`: this room's per-process state.
 * :mod:`.threads`: one thread per group at a time.
 * :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.
 * :mod:`.debug_checks`: debug mode's per-call check that every rank is in the same call.

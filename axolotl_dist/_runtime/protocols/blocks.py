@@ -53,11 +53,11 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypeVar
 
 from ..base.callsite import CallSite
 from ..base.groups import Group
-from ..base.state import STATE
+from .protocols_state import BLOCKS, TIMELINE
 from ..store import sweep, wakeup
 from ..store import keys, records
 from ..store.access import checked, group_store, is_store_error
@@ -66,13 +66,13 @@ from ..liveness.failures import await_readers, failure_report, publish_error, re
 from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.polls import poll_until
 from . import timeline
-from . import scopes
+from ..liveness import scopes
 from ...errors import CollectiveMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "run_in_rounds"]
+__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "run_in_rounds", "spy_on_stores"]
 
 T = TypeVar("T")
 
@@ -119,8 +119,8 @@ class Block:
         if g.store is None:
             g.store = group_store(g.arg)
         self.store = g.store
-        if STATE.store_spy is not None:  # a test counting store calls
-            self.store = STATE.store_spy(self.store)
+        if BLOCKS.store_spy is not None:  # a test counting store calls
+            self.store = BLOCKS.store_spy(self.store)
         self.base = keys.block(self.kind, seq)
         word0 = f"{self.base}/{self.tag}"
         self.keys = [word0] if self.ws <= WORD_BITS else [word0] + [
@@ -324,7 +324,7 @@ class Block:
             sweep.delete(self.group, self.store, [f"{self.base}/site"])
         if self.rank != 0 or not complete:
             return
-        done = self.group.blocks_done.setdefault(self.kind, [])
+        done = self.group.connections.finished_keys.setdefault(self.kind, [])
         old: List[str] = []
         keep = []
         for entry in done:  # loops, not comprehensions: each of those is a frame per block
@@ -359,7 +359,7 @@ def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: 
     if before:
         t0 = timeline.now()
         block.wait(lambda: block.full(before), (), lambda: block.missing(before), timeout)
-        if STATE.trace is not None:
+        if TIMELINE.recorder is not None:
             timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in before], site,
                             group, seq)
     try:
@@ -370,9 +370,16 @@ def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: 
     block.set_bit()
     t0 = timeline.now()
     block.wait(block.full, (), block.missing, timeout)
-    if STATE.trace is not None:
+    if TIMELINE.recorder is not None:
         after = [r for r in range(ws) if r % rounds > rank % rounds]
         timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in after], site, group,
                         seq)
     block.finish(complete=True)
     return result
+
+
+def spy_on_stores(spy: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
+    """Wrap the store of every block entered from now on in ``spy(store)`` (None: stop);
+    returns the spy it replaces (:func:`axolotl_dist.testing.count_store_calls`)."""
+    previous, BLOCKS.store_spy = BLOCKS.store_spy, spy
+    return previous

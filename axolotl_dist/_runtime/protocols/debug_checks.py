@@ -33,17 +33,20 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..base.constants import HEARTBEAT_INTERVAL, HOST
+from ..base import envvars
+from ..base.constants import DEBUG_ENV_VAR, HEARTBEAT_INTERVAL, HOST
 from ..base.groups import Group
 from ..store.access import checked, group_store, store_host
 from ..liveness.failures import await_readers
 from ..liveness.stalls import PeerChecker
-from ...errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
+from .protocols_state import DEBUG
+from ...errors import AxolotlDistError, CollectiveMismatchError, DistributedEnvError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "check", "first_rank_block"]
+__all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "check", "first_rank_block",
+           "Switches", "switches", "set_switches", "refresh_from_env"]
 
 #: The per-group call counter (see :mod:`axolotl_dist._runtime.base.groups`) debug checks are numbered by.
 SEQUENCE_KIND = "debug"
@@ -435,3 +438,33 @@ def _read_abort(ctx: _Ctx, late: bool) -> CollectiveMismatchError:
     text = (f"debug mode: {me.who()} reached {me.call()} at {me.site} after another rank had "
             f"given up waiting for it; that rank reported:\n{error.args[0]}")
     return CollectiveMismatchError(text, calls=error.calls, missing=error.missing)
+
+
+# --- debug mode's switches (DEBUG): :mod:`axolotl_dist.debug` is their public face -------------
+
+#: ``(on, timeout, explicit, env_error)``: see :class:`.protocols_state.DebugState`.
+Switches = Tuple[bool, Optional[float], bool, Optional[str]]
+
+
+def switches() -> Switches:
+    """Debug mode's switches as they are now (to restore them later with :func:`set_switches`)."""
+    return DEBUG.on, DEBUG.timeout, DEBUG.explicit, DEBUG.env_error
+
+
+def set_switches(on: bool, timeout: Optional[float], explicit: bool,
+                 env_error: Optional[str]) -> None:
+    """Set debug mode's switches (``enable_debug``, ``disable_debug``, ``debug_mode``)."""
+    DEBUG.on, DEBUG.timeout = on, timeout
+    DEBUG.explicit, DEBUG.env_error = explicit, env_error
+
+
+def refresh_from_env() -> None:
+    """Read ``AXOLOTL_DIST_DEBUG`` again unless a function call decided. A value that is not a
+    switch turns checking on, to raise its error at the first helper call (not at import)."""
+    if DEBUG.explicit:
+        return
+    DEBUG.env_error = None
+    try:
+        DEBUG.on = envvars.kit_switch(DEBUG_ENV_VAR)
+    except DistributedEnvError as exc:
+        DEBUG.on, DEBUG.env_error = True, str(exc)

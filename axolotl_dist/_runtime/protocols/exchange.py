@@ -55,7 +55,7 @@ import torch.distributed as dist
 from ..base import backends
 from ..base.callsite import call_site
 from ..base.groups import HEADER_LEN, Group, remember_failure
-from ..base.state import STATE
+from .protocols_state import BLOCKS, TIMELINE
 from ..base.tracebacks import safe_str
 from ..liveness import waits
 from ..store import records
@@ -277,7 +277,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
         if not g.cpu:
             work.wait()
             return
-        if STATE.unconfirmed:  # see Kind.confirm_in_wait in .helpers
+        if BLOCKS.unconfirmed:  # see Kind.confirm_in_wait in .helpers
             confirm_all()
         try:
             work.wait(_SLICE)
@@ -306,15 +306,15 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
 
 
 def exchange(g: Group, what: str) -> List[int]:
-    """Every rank's header (this rank's is in ``g.hdr_arr``), flat, in group-rank order. CPU
+    """Every rank's header (this rank's is in ``g.headers.hdr_arr``), flat, in group-rank order. CPU
     only."""
-    if g.a2a is not None:
-        g.a2a_arr[:] = g.hdr_arr * g.size  # this rank's header for every rank
-        run(g, what, g.a2a, g.pg_ref(), g.hdr_all, g.a2a_in, _NO_SPLITS, _NO_SPLITS, g.a2a_opts)
+    if g.headers.a2a is not None:
+        g.headers.a2a_arr[:] = g.headers.hdr_arr * g.size  # this rank's header for every rank
+        run(g, what, g.headers.a2a, g.pg_ref(), g.headers.hdr_all, g.headers.a2a_in, _NO_SPLITS, _NO_SPLITS, g.headers.a2a_opts)
     else:
         # the group's own all_gather_single: what dist.all_gather_single runs after its checks
-        run(g, what, g.allgather, g.pg_ref(), g.hdr_all, g.hdr, g.opts)
-    return g.all_arr.tolist()
+        run(g, what, g.headers.allgather, g.pg_ref(), g.headers.hdr_all, g.headers.hdr, g.headers.opts)
+    return g.headers.all_arr.tolist()
 
 
 _NO_SPLITS: List[int] = []  # equal splits
@@ -326,8 +326,8 @@ def _broadcast(g: Group, buffer: torch.Tensor, src: int, what: str) -> None:
     """Broadcast ``buffer`` (int64 or uint8, on ``g.device``) from group rank ``src``: on CPU
     through the group's own broadcast, on accelerators through ``dist.broadcast``."""
     if g.cpu:
-        g.bcast_opts.rootRank = src
-        run(g, what, g.bcast, g.pg_ref(), [buffer], g.bcast_opts)
+        g.headers.bcast_opts.rootRank = src
+        run(g, what, g.headers.bcast, g.pg_ref(), [buffer], g.headers.bcast_opts)
     else:
         run(g, what, dist.broadcast, buffer, group=g.pg_ref(), group_src=src, async_op=True)
 
@@ -372,10 +372,10 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     own: Optional[BaseException] = None
     encoded: Optional[Encoded] = None
     if g.cpu:
-        header = g.hdr
+        header = g.headers.hdr
         if g.rank == src:
             mine, encoded, own = _encode_result(fn, g.rank, where)
-            a = g.hdr_arr
+            a = g.headers.hdr_arr
             a[0], a[1], a[2] = mine[0], mine[1], mine[2]
             a[3] = code
     elif g.rank == src:
@@ -384,8 +384,8 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     else:
         header = torch.empty(HEADER_LEN, dtype=_I64, device=g.device)
     if g.cpu:  # the group's own broadcast (see _broadcast), inline: the hot path
-        g.bcast_opts.rootRank = src
-        run(g, where, g.bcast, g.pg_ref(), [header], g.bcast_opts)
+        g.headers.bcast_opts.rootRank = src
+        run(g, where, g.headers.bcast, g.pg_ref(), [header], g.headers.bcast_opts)
     else:
         _broadcast(g, header, src, where)
     values = header.tolist()
@@ -397,7 +397,7 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     if own is not None:
         del header  # the cached buffer: the traceback keeps this frame (see await_released)
         raise own
-    if STATE.trace is not None and g.rank == src:
+    if TIMELINE.recorder is not None and g.rank == src:
         timeline.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
     return decode(values, payload, device)
 
@@ -436,11 +436,11 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
         return [fn()]
     code = CODES[where] | ((decode_on or 0) << 8 if where in GATHERS else 0)  # helper_code
     header, encoded, own = _encode_result(fn, g.rank, where)
-    if STATE.trace is not None:
+    if TIMELINE.recorder is not None:
         timeline.add_bytes(HEADER_LEN * 8 + (
             encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
     if g.cpu:
-        a = g.hdr_arr
+        a = g.headers.hdr_arr
         a[0], a[1], a[2] = header[0], header[1], header[2]
         a[3] = code
         flat = exchange(g, where)

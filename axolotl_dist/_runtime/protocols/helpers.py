@@ -26,7 +26,7 @@ Around the body, every kind does what its :class:`Kind` says (cheap unless somet
 A collective's fast path (debug, tracing and exclusive scopes off, nothing unconfirmed, one thread) is
 the group's resolution, a ``get_ident()``, a dict read, a tuple and a dict write and delete
 (``benchmarks/debug.py`` measures it); anything on takes :meth:`_Spec.general`. Debug mode's
-switches live on :data:`..base.state.STATE`; :mod:`axolotl_dist.debug` is their public face.
+switches live on :data:`.protocols_state.DEBUG`; :mod:`axolotl_dist.debug` is their public face.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ from ..base import envvars
 from ..base.callsite import call_site
 from ..base.constants import DEBUG_TIMEOUT_ENV_VAR
 from ..base.groups import Group, group_of
-from ..base.state import STATE
-from . import codes, debug_checks, scopes, threads, timeline
+from .protocols_state import BLOCKS, CALLS, DEBUG, TIMELINE
+from ..liveness import scopes
+from ..liveness.liveness_state import SCOPES
+from . import codes, debug_checks, threads, timeline
 from .zero_first import confirm_all
 from ...errors import CollectiveMismatchError, DistributedEnvError
 
@@ -89,8 +91,8 @@ BLOCK = Kind(confirms=False, refuse_in_scopes=False, one_thread=False, traced=Fa
 
 def debug_timeout() -> float:
     """The debug timeout in effect, in seconds."""
-    if STATE.debug_timeout is not None:
-        return STATE.debug_timeout
+    if DEBUG.timeout is not None:
+        return DEBUG.timeout
     return envvars.kit_seconds(DEBUG_TIMEOUT_ENV_VAR)
 
 
@@ -123,14 +125,14 @@ class _Spec:
 
     def run(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
         """The body, through debug mode's check when it is on."""
-        if STATE.debug_on:
+        if DEBUG.on:
             return _call_checked(self.debug_body, self.signature, self.name, self.agree,
                                  self.group_arg, self.waits, args, kwargs)
         return self.body(g, args, kwargs)
 
     def traced_run(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
         """:meth:`run`, recorded as a span while tracing."""
-        recorder = STATE.trace
+        recorder = TIMELINE.recorder
         if recorder is None or not self.kind.traced:
             return self.run(g, args, kwargs)
         if not self.on_group:
@@ -144,12 +146,12 @@ class _Spec:
     def general(self, args: tuple, kwargs: dict, g: Optional[Group] = None) -> Any:
         """Every step the kind asks for (``g``: a collective's group, resolved already)."""
         name, kind = self.name, self.kind
-        if STATE.exclusive_scopes and kind.refuse_in_scopes:
+        if SCOPES.exclusive and kind.refuse_in_scopes:
             _refuse(name, self.record(args, kwargs),
                     lambda g: scopes.check(name, g, lambda: str(call_site())))
-        if self.on_group and g is None and not STATE.debug_on:
+        if self.on_group and g is None and not DEBUG.on:
             return self.fn(None, *args, **kwargs)  # one process: the engine's local path
-        if kind.confirms and STATE.unconfirmed and not (
+        if kind.confirms and BLOCKS.unconfirmed and not (
                 kind.confirm_in_wait and _confirmed_in_wait(g, self.find_group(args, kwargs),
                                                             name)):
             confirm_all()
@@ -159,7 +161,7 @@ class _Spec:
 
     def on_this_thread(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
         """:meth:`traced_run` registered as this thread's call in flight (:mod:`.threads`)."""
-        me, calls = _get_ident(), STATE.calls
+        me, calls = _get_ident(), CALLS.calls
         outer = calls.get(me)
         # recorded before the check: of two threads entering at once, at least one sees
         # the other (both may, and both raise; neither call has run)
@@ -170,14 +172,14 @@ class _Spec:
                         lambda g: threads.check(self.name, g, _call_group))
             result = self.traced_run(g, args, kwargs)
         except BaseException:
-            STATE.thread_conflicts.pop(me, None)  # it raised anyway
+            CALLS.conflicts.pop(me, None)  # it raised anyway
             raise
         finally:
             if outer is None:
                 calls.pop(me, None)
             else:
                 calls[me] = outer
-        if STATE.thread_conflicts and me in STATE.thread_conflicts:
+        if CALLS.conflicts and me in CALLS.conflicts:
             raise threads.conflict_error(me)
         return result
 
@@ -220,7 +222,7 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
         gname = "group"
         position = list(spec.signature.parameters).index(gname)
         body = fn
-        state = STATE
+        blocks, scopes_state, debug, timeline_state, calls_state = BLOCKS, SCOPES, DEBUG, TIMELINE, CALLS
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if gname in kwargs:
@@ -228,14 +230,15 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
             else:
                 group = args[position] if len(args) > position else None
             g = group_of(group, name)
-            if state.exclusive_scopes or state.debug_on or state.trace is not None or state.unconfirmed:
+            if scopes_state.exclusive or debug.on or timeline_state.recorder is not None or \
+                    blocks.unconfirmed:
                 return spec.general(args, kwargs, g)
             if g is None:
                 return body(None, *args, **kwargs)  # one process: the engine's local path
             # _Spec.on_this_thread's steps written out: calling it would add frames to every
             # helper's fast path (benchmarks/frames.py)
             me = _get_ident()
-            calls = state.calls
+            calls = calls_state.calls
             outer = calls.get(me)
             calls[me] = (name, (spec.signature, gname, args, kwargs), outer)
             try:
@@ -244,14 +247,14 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
                             lambda g: threads.check(name, g, _call_group))
                 result = body(g, *args, **kwargs)
             except BaseException:
-                state.thread_conflicts.pop(me, None)  # it raised anyway
+                calls_state.conflicts.pop(me, None)  # it raised anyway
                 raise
             finally:
                 if outer is None:
                     calls.pop(me, None)
                 else:
                     calls[me] = outer
-            if state.thread_conflicts and me in state.thread_conflicts:
+            if calls_state.conflicts and me in calls_state.conflicts:
                 raise threads.conflict_error(me)
             return result
 
@@ -269,7 +272,7 @@ def block(name: str, agree: Agree, *, waits: Callable[[Dict[str, Any]], bool]
         spec = _Spec(fn, name, agree, BLOCK, False, waits=waits)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if STATE.trace is None and not STATE.debug_on:
+            if TIMELINE.recorder is None and not DEBUG.on:
                 return fn(*args, **kwargs)
             return spec.general(args, kwargs)
 
@@ -306,7 +309,7 @@ def _confirmed_in_wait(g: Optional[Group], group: Any, name: str) -> bool:
     """Whether a ``confirm_in_wait`` helper on ``g`` (or, not resolved yet, ``group``) leaves
     the unconfirmed blocks to its first collective's wait (see :func:`checked`): gloo groups,
     debug mode off."""
-    if STATE.debug_on:
+    if DEBUG.on:
         return False  # the debug check would wait for a rank stuck in the block first
     if g is None:
         try:
@@ -375,11 +378,11 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
                   describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]],
                   group_arg: GroupArg, waits: Optional[Callable[[Dict[str, Any]], bool]],
                   args: tuple, kwargs: dict) -> Any:
-    inside = STATE.inside
+    inside = CALLS.inside
     if inside.helper:  # a helper called by a helper: checked by the outer one
         return fn(*args, **kwargs)
-    if STATE.debug_env_error is not None:
-        raise DistributedEnvError(STATE.debug_env_error)
+    if DEBUG.env_error is not None:
+        raise DistributedEnvError(DEBUG.env_error)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:
@@ -408,7 +411,7 @@ def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: st
 @contextmanager
 def first_rank_block(g: Group) -> Iterator[None]:
     """Wrap the body of a ``zero_first`` block on a rank that goes first (no-op when off)."""
-    if not STATE.debug_on or g.size <= 1:
+    if not DEBUG.on or g.size <= 1:
         yield
         return
     with debug_checks.first_rank_block(g, debug_timeout()):

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..base.callsite import is_ours, short_path
 from ..base.kitlog import kit as log
-from ..base.state import STATE
+from .protocols_state import BLOCKS, NOTES
 
 __all__ = ["IN_MEMORY", "KEEP_IN_MEMORY", "NOT_HASHED", "NO_CACHING", "watch", "reasons",
            "note_text"]
@@ -65,7 +65,7 @@ def watch() -> None:
     """A ``zero_first`` block starts on its group's rank 0: wrap ``datasets.Dataset.map``
     unless it is already wrapped, the note was given, or the script has not imported
     ``datasets`` (the kit never imports it). Cheap: a block is on a loop's hot path."""
-    if STATE.map_cache_said:
+    if NOTES.map_cache_said:
         return
     datasets = sys.modules.get("datasets")  # imported by the user's script, or not at all
     dataset_class: Any = getattr(datasets, "Dataset", None)  # None: not imported (or importing)
@@ -85,7 +85,7 @@ def _wrap(original: Callable[..., Any], datasets: Any) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def map(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001 - the method it wraps
-        if not STATE.first_runs.main or STATE.map_cache_said:
+        if not BLOCKS.first_runs.main or NOTES.map_cache_said:
             return original(self, *args, **kwargs)
         before = rng.getstate() if rng is not None else None
         result = original(self, *args, **kwargs)
@@ -93,8 +93,8 @@ def _wrap(original: Callable[..., Any], datasets: Any) -> Callable[..., Any]:
             drew = before is not None and rng.getstate() != before
             call = _arguments(original, self, args, kwargs)
             why = reasons(self, result, call, drew, caching_on())
-            if why and not STATE.map_cache_said:
-                STATE.map_cache_said = True
+            if why and not NOTES.map_cache_said:
+                NOTES.map_cache_said = True
                 log.warning("%s", note_text(call.get("function"), _site(home), why))
         except Exception:  # noqa: BLE001 - a note never breaks the user's map
             pass

@@ -29,7 +29,7 @@ import torch
 
 from ..base.callsite import call_site
 from ..base.groups import HEADER_LEN, Group
-from ..base.state import STATE
+from .protocols_state import TIMELINE
 from . import timeline
 from .codes import helper_code, mismatch_error
 from .exchange import all_gather_into, exchange as exchange_headers, run
@@ -155,7 +155,7 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
     buf, total = _pack(leaves, paths, g.device, slot, what, data)
     while True:
         out = torch.empty(g.size * slot, dtype=torch.uint8, device=g.device)
-        if STATE.trace is not None:
+        if TIMELINE.recorder is not None:
             timeline.add_bytes(slot)
         run(g, what, all_gather_into, out, buf[:slot], group=g.arg, async_op=True)
         rows = out.view(g.size, slot)
@@ -290,7 +290,7 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
     desc, _ = _describe(leaves, paths, what)
     mine = [len(desc), hash(tuple(desc)), 0, helper_code(what)]
     if g.cpu:
-        a = g.hdr_arr
+        a = g.headers.hdr_arr
         a[0], a[1], a[2], a[3] = mine
         flat = exchange_headers(g, what)
     else:

@@ -28,7 +28,8 @@ import os
 from typing import List, Optional
 
 from ..base.kitlog import kit as log
-from ..base.state import STATE
+from ..liveness.liveness_state import HEARTBEAT
+from .protocols_state import NOTES
 from ..store import keys
 from ..store.access import world_store
 from ..liveness.polls import poll_until
@@ -90,8 +91,8 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
     that may differ per node); rank 0's ``path`` decides where to look. Nodes are counted by
     their first ranks' answers once every rank arrived, not from ``LOCAL_WORLD_SIZE`` (nodes
     may run different numbers of ranks)."""
-    run = STATE.run or ""
-    cached = STATE.fs_answers.get((run, label), False)
+    run = HEARTBEAT.run or ""
+    cached = NOTES.fs_answers.get((run, label), False)
     if cached is not False:
         return cached
     store = world_store()
@@ -124,7 +125,7 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
             pass
     missed, unknown = (seen[0] >> shift & _NODES for shift in (37, 50))
     result = None if unknown else not missed
-    STATE.fs_answers[(run, label)] = result
+    NOTES.fs_answers[(run, label)] = result
     return result
 
 

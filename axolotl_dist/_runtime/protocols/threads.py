@@ -4,10 +4,10 @@ A collective pairs with the other ranks' calls by order alone. Two threads of on
 the kit's collectives on one process group at the same time can be ordered differently on each
 rank: the values then cross between the threads (one thread's sum gets the other's numbers) or
 the ranks wait for calls that never come. So every helper call is recorded while it runs
-(``STATE.calls``: thread id -> that thread's innermost call). A call that finds another
+(``CALLS.calls``: thread id -> that thread's innermost call). A call that finds another
 thread's call in flight on the same group raises
 :class:`~axolotl_dist.errors.ThreadConflictError` naming both threads and call sites, and marks
-the other thread (``STATE.thread_conflicts``): when its call returns it raises too, instead of
+the other thread (``CALLS.conflicts``): when its call returns it raises too, instead of
 returning a value that may belong to the other call. The check runs in the wrapper every
 helper wears (:mod:`.helpers`); while no other thread is in a helper it is
 a few dict operations (see ``benchmarks/debug.py``).
@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Tuple
 
 from ..base.callsite import call_site, frame_site
 from ..base.groups import Group
-from ..base.state import STATE
+from .protocols_state import CALLS
 from ...errors import ThreadConflictError
 
 __all__ = ["Call", "check", "conflict_error", "enter_block", "leave_block"]
@@ -63,7 +63,7 @@ def check(name: str, mine: Optional[Group], call_group: Callable[[str, tuple], A
     call[0], call[1])`` is a call's group; anything not a group is skipped); mark that thread
     so that its call raises when it returns (see the module docstring)."""
     me = threading.get_ident()
-    for ident, other in list(STATE.calls.items()):
+    for ident, other in list(CALLS.calls.items()):
         if ident == me:
             continue
         try:
@@ -73,14 +73,14 @@ def check(name: str, mine: Optional[Group], call_group: Callable[[str, tuple], A
         if theirs is not mine:
             continue
         frames, thread = sys._current_frames(), _thread_name(ident)
-        if STATE.calls.get(ident) is not other:
+        if CALLS.calls.get(ident) is not other:
             continue  # its call ended meanwhile: no overlap (a call it enters now sees ours)
         # registered before and after the snapshot: the frame is inside that call
         site = frame_site(frames.get(ident))
         here = f"{name}() at {call_site()} (thread {threading.current_thread().name!r})"
         there = f"{other[0]}() at {site if site is not None else 'an unknown line'} " \
                 f"(thread {thread})"
-        STATE.thread_conflicts[ident] = (f"{there} was still running when {here} was called on the same "
+        CALLS.conflicts[ident] = (f"{there} was still running when {here} was called on the same "
                                 f"process group, so its result may be the other call's and is "
                                 f"not returned. {_ADVICE}")
         raise ThreadConflictError(f"{here} was called while {there} is running on the same "
@@ -89,7 +89,7 @@ def check(name: str, mine: Optional[Group], call_group: Callable[[str, tuple], A
 
 def conflict_error(ident: int) -> ThreadConflictError:
     """The error a call of thread ``ident`` raises instead of returning (and forget it)."""
-    return ThreadConflictError(STATE.thread_conflicts.pop(ident))
+    return ThreadConflictError(CALLS.conflicts.pop(ident))
 
 
 def _block_label(block: Tuple[str, Any, Optional[str], Any]) -> str:

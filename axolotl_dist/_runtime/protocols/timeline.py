@@ -1,11 +1,11 @@
 """Recording this rank's kit calls for the cross-rank timeline (``AXOLOTL_DIST_TRACE``).
 
-While tracing is on (``STATE.trace`` holds a :class:`Recorder`), every outermost kit call on a
+While tracing is on (``TIMELINE.recorder`` holds a :class:`Recorder`), every outermost kit call on a
 thread becomes one span (helper, call site, group, the group's call number, bytes this rank
 sent), and the waits the kit knows of become spans with the ranks waited for: a ``zero_first``
 block's wait for its first rank(s), a ``do_n_at_a_time`` round's wait, ``shared_map``'s wait
 for the other parts. Users add spans with :func:`axolotl_dist.tracing.trace_span`. Off, the
-only cost is the ``STATE.trace is None`` test the helpers' wrapper makes.
+only cost is the ``TIMELINE.recorder is None`` test the helpers' wrapper makes.
 
 Each rank appends to its own ``rank<k>.jsonl`` in the trace directory, one JSON object per
 line, copied as it happens into a shared memory map of the file (:class:`_MappedFile`: no
@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..base import procs
 from ..base.groups import default_pg
-from ..base.state import STATE
+from .protocols_state import TIMELINE
 from ..store import keys, records
 
 __all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
@@ -265,16 +265,16 @@ def start(directory: str, store: Any, rank: int, world_size: int,
     pg = default_pg()
     recorder.default_name = recorder.group(pg) if pg is not None else ""
     recorder.at_end = at_end
-    STATE.trace = recorder
+    TIMELINE.recorder = recorder
     return recorder
 
 
 def finish(exc: Optional[BaseException] = None) -> Optional[Recorder]:
     """Close this rank's file (idempotent); returns the recorder that was open, if any."""
-    recorder = STATE.trace
+    recorder = TIMELINE.recorder
     if recorder is None:
         return None
-    STATE.trace = None
+    TIMELINE.recorder = None
     recorder.end(exc)
     return recorder
 
@@ -363,7 +363,7 @@ def _site_json(site: Any, cache: Dict[Any, str] = {}) -> str:  # noqa: B006 - a 
 
 def add_bytes(nbytes: int) -> None:
     """This thread's traced call sent ``nbytes`` more (a no-op while tracing is off)."""
-    recorder = STATE.trace
+    recorder = TIMELINE.recorder
     if recorder is not None:
         me = threading.get_ident()
         recorder.moved[me] = recorder.moved.get(me, 0) + int(nbytes)
@@ -382,7 +382,7 @@ def _group_name(recorder: Recorder, group: Any) -> str:
 def wait_span(name: str, t0: int, waited: Sequence[int], site: Any = "", group: Any = None,
               seq: int = 0, error: str = "") -> None:
     """Record a kit wait from ``t0`` until now for global ranks ``waited`` (no-op if off)."""
-    recorder = STATE.trace
+    recorder = TIMELINE.recorder
     if recorder is None:
         return
     gname = _group_name(recorder, group)
@@ -392,7 +392,7 @@ def wait_span(name: str, t0: int, waited: Sequence[int], site: Any = "", group: 
 def body_span(name: str, t0: int, site: Any = "", group: Any = None, seq: int = 0,
               error: str = "") -> None:
     """Record the body of a block this rank ran first, from ``t0`` until now (no-op if off)."""
-    recorder = STATE.trace
+    recorder = TIMELINE.recorder
     if recorder is None:
         return
     gname = _group_name(recorder, group)

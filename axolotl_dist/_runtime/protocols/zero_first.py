@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from ..base.state import STATE
+from ..base.groups import failure_record, restore_failure_record
+from .protocols_state import BLOCKS
 from ..liveness.peers import store_errors
-from . import map_cache, scopes
+from ..liveness import scopes
+from . import map_cache
 from .blocks import FAILED_MASK, RELEASED, Block
 from ...errors import CollectiveMismatchError, RankFailedError
 
@@ -59,7 +61,7 @@ class ZeroFirstBlock(Block):
     def confirm_later(self) -> None:
         """See :func:`first_run_end`: the sole first rank's arrival check, deferred when it
         would wait."""
-        pending = STATE.unconfirmed
+        pending = BLOCKS.unconfirmed
         words = self.words
         if (words[0] & (1 << self.ws) - 1 == (1 << self.ws) - 1 if len(words) == 1  # full()
                 else self.full()):  # every rank is here, so past every earlier block: all confirmed
@@ -78,14 +80,14 @@ class ZeroFirstBlock(Block):
         ``timeout``). Another first rank's failure ends the wait: the waiting ranks raise it,
         this rank's body succeeded. Ranks that finished their script without reaching it make
         it a block the ranks did not all enter: :func:`_never_entered`."""
-        known = STATE.known_failure
+        known = failure_record()
         try:
             self.wait(self.full, (), self.missing, self.timeout,
                       " (waiting for every rank to reach it)", failed_ok=True)
         except RankFailedError as exc:
             if exc.exc_type != "exited":
                 raise
-            STATE.known_failure = known  # not another rank's failure: this rank's extra block
+            restore_failure_record(known)  # not another rank's failure: this rank's extra block
             raise _never_entered(self, exc) from None
         if self.words[0] & FAILED_MASK:  # read it all the same: its publisher waits for every reader
             with store_errors(self.what):
@@ -115,7 +117,7 @@ def _never_entered(block: ZeroFirstBlock, lost: RankFailedError) -> CollectiveMi
 def first_run_begin(block: ZeroFirstBlock) -> None:
     """This thread starts the body of a block it runs first (as its group's rank 0, a
     ``datasets`` map in the body that the others cannot reuse is said: :mod:`.map_cache`)."""
-    runs = STATE.first_runs
+    runs = BLOCKS.first_runs
     runs.depth += 1
     if block.rank == 0:
         runs.main += 1
@@ -135,7 +137,7 @@ def first_run_end(block: ZeroFirstBlock, ok: bool) -> None:
     # the *outer* block (they enter the inner one only after the outer body ran here), so
     # waiting for their arrival inside the outer body would deadlock. Finished inner blocks
     # are kept, in order, and all awaited once nothing encloses them any more.
-    runs = STATE.first_runs
+    runs = BLOCKS.first_runs
     runs.depth -= 1
     if block.rank == 0:
         runs.main -= 1
@@ -167,6 +169,6 @@ def confirm_all() -> None:
     Each block leaves the list before its wait: a wait that raises (a mismatch, a lost peer,
     Ctrl-C) has given its account, and the exit must not check the block again and log the
     same failure a second time."""
-    pending = STATE.unconfirmed
+    pending = BLOCKS.unconfirmed
     while pending:
         pending.pop(0).await_arrivals()

@@ -6,6 +6,7 @@
 * :mod:`.clients`: connecting to a run's store from outside its groups (``where``, the
   launcher), and the store's root under a group's prefix.
 * :mod:`.wakeup`: a long wait blocks in one ``store.wait`` until woken instead of polling.
+* :mod:`.store_state`: this room's per-process state.
 * :mod:`.sweep`: deleting finished blocks' keys in the background.
 * :mod:`.attempts`: each attempt of a restarted run in its own namespace of a store that
   outlives attempts.

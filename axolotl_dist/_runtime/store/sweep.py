@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from ..base.groups import Group
-from ..base.state import STATE
+from .store_state import STORE
 from . import wakeup
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["delete", "flush_cleanup"]
 
 
-class _Cleanup:
+class Cleanup:
     """A daemon thread that deletes finished blocks' keys on its own store connection per
     group, so none of it waits on, or is counted against, the caller's connection. Once woken
     it looks for more work every :data:`POLL` seconds until it has found none for
@@ -112,12 +112,12 @@ class _Cleanup:
 def _own_connection(group: Group, store: "Store") -> "Store":
     """The cleanup's connection for a group without the heartbeat's to borrow: a clone of
     ``store``, made once (``store`` itself where it has no ``clone``)."""
-    if group.cleanup_store is None:
+    if group.connections.cleanup is None:
         try:
-            group.cleanup_store = store.clone()
+            group.connections.cleanup = store.clone()
         except Exception:  # noqa: BLE001 - stores without clone: the same connection
-            group.cleanup_store = store
-    return group.cleanup_store
+            group.connections.cleanup = store
+    return group.connections.cleanup
 
 
 #: Seconds between the awake thread's looks for work, and how long it stays awake without any.
@@ -129,12 +129,12 @@ _BACKLOG = 8
 
 def delete(group: Group, store: "Store", keys: List[str]) -> None:
     """Delete ``keys`` of ``group``'s blocks in the background, on this process's
-    :class:`_Cleanup` (``STATE.cleanup``, made at its first use). With :data:`_BACKLOG` keys
+    :class:`Cleanup` (``STORE.cleanup``, made at its first use). With :data:`_BACKLOG` keys
     already queued (the thread is short of CPU), delete them here instead, so the backlog stays
     bounded."""
-    cleanup = STATE.cleanup
+    cleanup = STORE.cleanup
     if cleanup is None:
-        cleanup = STATE.cleanup = _Cleanup()
+        cleanup = STORE.cleanup = Cleanup()
     if cleanup._queued >= _BACKLOG:
         for key in keys:
             store.delete_key(key)
@@ -146,4 +146,4 @@ def delete(group: Group, store: "Store", keys: List[str]) -> None:
 
 def flush_cleanup(seconds: float = 1.0) -> bool:
     """Let the background cleanup finish the deletions queued (at most ``seconds``)."""
-    return STATE.cleanup is None or STATE.cleanup.flush(seconds)
+    return STORE.cleanup is None or STORE.cleanup.flush(seconds)

@@ -26,18 +26,20 @@ or when the interpreter exits.
 from __future__ import annotations
 
 import threading
+import weakref
 from datetime import timedelta
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from ..base.groups import Group
-from ..base.state import STATE
+from .store_state import STORE
 from . import records
 from .access import bounded, checked
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["WAKE_BIT", "KeyWaiter", "LentConnection", "request_wake", "wake_key", "wake", "start_key_waiter", "lent_connection_of", "release_key_waiters"]
+__all__ = ["WAKE_BIT", "KeyWaiter", "LentConnection", "request_wake", "wake_key", "wake",
+           "start_key_waiter", "offer_connection", "lent_connection_of", "release_key_waiters"]
 
 #: A block's word 0, bit 31: a waiter blocks on the block's wake key (see docs/design.md,
 #: "A long wait sleeps").
@@ -47,7 +49,7 @@ WAKE_BIT = 1 << 31
 _FOREVER = timedelta(days=3650)
 #: Seconds a release may wait for the store to answer its wake-up.
 _RELEASE_WAIT = 1.0
-#: Guards ``STATE.key_waiters``: the key waiters whose thread may still be blocked in the store.
+#: Guards ``STORE.key_waiters``: the key waiters whose thread may still be blocked in the store.
 _LOCK = threading.Lock()
 
 
@@ -94,7 +96,7 @@ class KeyWaiter:
         self.failed = False  # the wait raised (the store is gone): the caller's next call says why
         self.thread = threading.Thread(target=self._sleep, name="axolotl-dist-key-wait", daemon=True)
         with _LOCK:
-            STATE.key_waiters.append(self)
+            STORE.key_waiters.append(self)
         self.thread.start()
 
     def _sleep(self) -> None:
@@ -103,10 +105,10 @@ class KeyWaiter:
         except Exception:  # noqa: BLE001 - the store is gone; the waiting thread's call says so
             self.failed = True
         with _LOCK:
-            if self in STATE.key_waiters:
-                STATE.key_waiters.remove(self)
-            if self.lent is None and not self.failed and self.group.sleep_store is None:
-                self.group.sleep_store = self.conn  # free for the group's next sleep
+            if self in STORE.key_waiters:
+                STORE.key_waiters.remove(self)
+            if self.lent is None and not self.failed and self.group.connections.idle is None:
+                self.group.connections.idle = self.conn  # free for the group's next sleep
         if self.lent is not None:
             self.lent.give_back()
         self.woken.set()
@@ -158,7 +160,7 @@ def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWait
         conn = lent.borrow()
         return None if conn is None else KeyWaiter(group, store, conn, key, lent)
     with _LOCK:
-        conn, group.sleep_store = group.sleep_store, None
+        conn, group.connections.idle = group.connections.idle, None
     if conn is None:
         try:
             conn = store.clone()
@@ -168,17 +170,25 @@ def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWait
     return KeyWaiter(group, store, conn, key)
 
 
+def offer_connection(pg: Any, conn: Optional[LentConnection]) -> None:
+    """The heartbeat of ``pg`` (the default group) lends ``conn`` to that group's key waiters
+    from now on; ``conn`` None: it lends nothing (stopped, or its store cannot ``clone``)."""
+    STORE.lendable = None if conn is None or pg is None else (weakref.ref(pg), conn)
+
+
 def lent_connection_of(group: Group) -> Optional[LentConnection]:
-    """The heartbeat's connection if ``group`` is the default group and its heartbeat can
-    make one (its store has ``clone``), else None."""
-    beat = STATE.heartbeat
-    lent = getattr(beat, "own", None) if group.default else None
-    return lent if lent is not None and getattr(beat, "pg", None) is group.pg_ref() else None
+    """The heartbeat's connection if ``group`` is the default group and its heartbeat offers
+    one (:func:`offer_connection`), else None."""
+    offer = STORE.lendable
+    if offer is None or not group.default:
+        return None
+    pg, conn = offer
+    return conn if pg() is group.pg_ref() else None
 
 
 def release_key_waiters() -> None:
     """Release every key waiter still blocked (the store's host is about to leave)."""
     with _LOCK:
-        active = list(STATE.key_waiters)
+        active = list(STORE.key_waiters)
     for waiter in active:
         waiter.release()

@@ -4,7 +4,7 @@ Inside the body of a ``zero_first`` block that this rank runs first (the default
 only), the other ranks of the group wait for the block to end; inside ``with zero_only():`` or
 a ``@zero_only`` function on the main rank, they skip the code. A collective on that group
 called there can never complete. The kit knows where it is: each such scope is a
-:class:`ExclusiveScope` on the calling thread (``STATE.scopes``), counted in ``STATE.exclusive_scopes`` so that a
+:class:`ExclusiveScope` on the calling thread (``SCOPES.open``), counted in ``SCOPES.exclusive`` so that a
 helper's check costs one attribute read while there is none; a checked helper called inside
 one raises :class:`~axolotl_dist.errors.CollectiveMismatchError` at once, naming itself, its
 call site and the scope's, and saying how to restructure. The rank that raises leaves the
@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..base.groups import Group, group_of
-from ..base.state import STATE
+from .liveness_state import SCOPES
 from ...errors import CollectiveMismatchError
 
 __all__ = ["ExclusiveScope", "enter", "leave", "check"]
@@ -45,28 +45,28 @@ def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> E
     """This thread enters a scope (see the module docstring); :func:`leave` it after.
     ``seq``: a first-run block's number on its group (what :mod:`..liveness.deadlock` compares)."""
     scope = ExclusiveScope(kind, group, describe, seq)
-    STATE.scopes.setdefault(threading.get_ident(), []).append(scope)
+    SCOPES.open.setdefault(threading.get_ident(), []).append(scope)
     if kind != "shared_first_run":
-        STATE.exclusive_scopes += 1
+        SCOPES.exclusive += 1
     return scope
 
 
 def leave(scope: ExclusiveScope) -> None:
-    scopes = STATE.scopes.get(threading.get_ident())
+    scopes = SCOPES.open.get(threading.get_ident())
     if not scopes:
         return
     for i in range(len(scopes) - 1, -1, -1):  # this very scope (tuples compare by value)
         if scopes[i] is scope:
             del scopes[i]
             if scope.kind != "shared_first_run":
-                STATE.exclusive_scopes -= 1
+                SCOPES.exclusive -= 1
             return
 
 
 def check(helper: str, g: Optional[Group], site: Callable[[], str]) -> None:
     """Raise if ``helper`` on the group ``g`` (None: one process, no group), called at
     ``site()``, cannot complete here."""
-    for scope in reversed(STATE.scopes.get(threading.get_ident()) or []):
+    for scope in reversed(SCOPES.open.get(threading.get_ident()) or []):
         if scope.kind == "shared_first_run":
             continue
         group = scope.group if isinstance(scope.group, Group) else group_of(scope.group, helper)

@@ -1,0 +1,46 @@
+"""The lifecycle room's per-process state (see :mod:`..base.state`): written only by this room.
+
+=============  ==============================================================================
+part           fields
+=============  ==============================================================================
+``lifecycle``  :data:`LIFECYCLE`: ``closed_recorder`` (a recording the exit's teardown closed,
+               for its cleanup to end); ``kept`` (groups kept alive at exit because a
+               collective was left pending on them); ``ending`` (the exit handlers run again
+               for a Ctrl-C exit: :mod:`.teardown`); ``warning_fold`` (the Python warnings this
+               process holds for folding before its heartbeat starts and, on rank 0, the ones it
+               waits to print: :mod:`.warnfold`, made at the first use); kept by a reset, as
+               facts of the process that a fork keeps: ``exit_hook`` (the exit hook is
+               registered: :mod:`.services`; the hook is in a forked child's ``atexit`` list
+               too) and ``warn_hook`` (the ``warnings.showwarning`` the folding hook replaced;
+               None: no hook)
+=============  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
+
+from ..base.state import RoomState, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..protocols.timeline import Recorder
+    from .warnfold import FoldedWarnings
+
+__all__ = ["LifecycleState", "LIFECYCLE"]
+
+
+class LifecycleState(RoomState):
+    """See the module docstring."""
+
+    SURVIVES = ("exit_hook", "warn_hook")
+
+    def __init__(self) -> None:
+        self.closed_recorder: Optional["Recorder"] = None
+        self.kept: List[Callable[[], Any]] = []
+        self.ending = False
+        self.warning_fold: Optional["FoldedWarnings"] = None
+        self.exit_hook = False
+        self.warn_hook: Optional[Callable[..., Any]] = None
+
+
+LIFECYCLE = register("lifecycle", LifecycleState())

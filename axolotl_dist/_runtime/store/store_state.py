@@ -1,0 +1,36 @@
+"""The store room's per-process state (see :mod:`..base.state`): written only by this room.
+
+==========  ==========================================================================
+part        fields
+==========  ==========================================================================
+``store``   :data:`STORE`: ``cleanup`` (the background deletion of finished blocks' keys,
+            :mod:`.sweep`, made at its first use); ``key_waiters`` (the threads blocked in
+            a ``store.wait`` for this process's long waits, :mod:`.wakeup`); ``lendable``
+            (the heartbeat's own connection, offered to the default group's key waiters, with
+            a reference to that group: :func:`.wakeup.offer_connection`)
+==========  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+
+from ..base.state import RoomState, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .sweep import Cleanup
+    from .wakeup import KeyWaiter, LentConnection
+
+__all__ = ["StoreState", "STORE"]
+
+
+class StoreState(RoomState):
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.cleanup: Optional["Cleanup"] = None
+        self.key_waiters: List["KeyWaiter"] = []
+        self.lendable: Optional[Tuple[Callable[[], Any], "LentConnection"]] = None
+
+
+STORE = register("store", StoreState())
