@@ -33,8 +33,7 @@ registers an ``atexit`` hook that, before finalization:
    torch's modules is ~0.45 s of CPU on an idle 2-core VM and seconds on a loaded one, and a
    Ctrl-C must stop a rank within 2 s.
 
-:func:`cleanup` is safe to call twice or never. See docs/design.md, "Exit records and the store
-host's linger".
+:func:`cleanup` is safe to call twice or never. See docs/design.md, "Exit records".
 """
 
 from __future__ import annotations
