@@ -159,3 +159,31 @@ def _extra_requirements(extras_cfg: str, extra: str) -> set:
     body = re.search(rf"^{extra} =\n((?:    .+\n)+)", extras_cfg, re.M)
     assert body is not None, extra
     return {re.split(r"[<>=;\[ ]", line.strip())[0] for line in body.group(1).splitlines()}
+
+
+#: docs/design.md is the current design, not its history (issue #57); the changelog is one
+#: line per user-visible change, grouped as Keep a Changelog does.
+DESIGN_LIMIT, CHANGELOG_LIMIT = 500, 300
+
+
+def test_the_design_doc_and_the_changelog_stay_short():
+    design = (ROOT / "docs" / "design.md").read_text().splitlines()
+    changelog = (ROOT / "CHANGELOG.md").read_text().splitlines()
+    assert len(design) <= DESIGN_LIMIT, len(design)
+    assert len(changelog) <= CHANGELOG_LIMIT, len(changelog)
+
+
+def test_each_changelog_release_has_each_subsection_once():
+    releases: dict = {}
+    current = None
+    for line in (ROOT / "CHANGELOG.md").read_text().splitlines():
+        if line.startswith("## "):
+            current = line
+            releases[current] = []
+        elif line.startswith("### ") and current is not None:
+            releases[current].append(line[4:].strip())
+    assert "## [Unreleased]" in releases, list(releases)
+    for release, sections in releases.items():
+        assert len(sections) == len(set(sections)), (release, sections)
+        assert set(sections) <= {"Added", "Changed", "Deprecated", "Removed", "Fixed",
+                                 "Security"}, (release, sections)
