@@ -225,7 +225,9 @@ def collective(work: Any, g: Group, what: str) -> None:
             now = time.monotonic()
             if now >= next_look:
                 next_look = now + LIVENESS_INTERVAL
-                lost = w.lost(now)
+                lost = _look(w, work, now)
+                if lost is None:  # completed while the look found the store gone
+                    break
                 stuck = w.stuck()
                 if stuck is not None and not _completes(work, 0.0):
                     w.deadlock(stuck)
@@ -249,6 +251,19 @@ def collective(work: Any, g: Group, what: str) -> None:
 #: failed on the line after this collective (a wait that looked at the peers just before the
 #: collective completed here); one that left this collective pending (Ctrl-C in it) none.
 LOST_GRACE = 1.0
+
+
+def _look(w: Waiting, work: Any, now: float) -> Optional[List[Lost]]:
+    """The awaited ranks that are gone, or None where the look found the store gone but the
+    collective completed within :data:`LOST_GRACE`: a store host that did its part and then
+    ended (a script's last collective, then ``os._exit``) ends no collective its peers
+    finish; the store's loss is then said at this rank's next store call."""
+    try:
+        return w.lost(now)
+    except Exception:
+        if _completes(work, LOST_GRACE):
+            return None
+        raise
 
 
 def _grace(watcher: PeerChecker, lost: List[Lost]) -> float:
