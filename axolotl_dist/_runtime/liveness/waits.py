@@ -37,7 +37,7 @@ from ..base.groups import Group
 from ..base.kitlog import kit as log
 from .liveness_state import HEARTBEAT, PEERS, WAITS
 from ..store import keys
-from ..store.access import bounded, world_store
+from ..store.access import StoreHostGoneError, bounded, world_store
 from ..store.clients import raw_store
 from . import where_report
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
@@ -226,8 +226,6 @@ def collective(work: Any, g: Group, what: str) -> None:
             if now >= next_look:
                 next_look = now + LIVENESS_INTERVAL
                 lost = _look(w, work, now)
-                if lost is None:  # completed while the look found the store gone
-                    break
                 stuck = w.stuck()
                 if stuck is not None and not _completes(work, 0.0):
                     w.deadlock(stuck)
@@ -253,17 +251,30 @@ def collective(work: Any, g: Group, what: str) -> None:
 LOST_GRACE = 1.0
 
 
-def _look(w: Waiting, work: Any, now: float) -> Optional[List[Lost]]:
-    """The awaited ranks that are gone, or None where the look found the store gone but the
-    collective completed within :data:`LOST_GRACE`: a store host that did its part and then
-    ended (a script's last collective, then ``os._exit``) ends no collective its peers
-    finish; the store's loss is then said at this rank's next store call."""
+def _look(w: Waiting, work: Any, now: float) -> List[Lost]:
+    """The awaited ranks that are gone; none where the look found the store's host gone but
+    the collective then succeeded within :data:`LOST_GRACE`: a store host that did its part
+    and then ended (a script's last collective, then ``os._exit``) fails no collective its
+    peers finish; the store's loss is then said at this rank's next store call."""
     try:
         return w.lost(now)
-    except Exception:
-        if _completes(work, LOST_GRACE):
-            return None
+    except StoreHostGoneError:
+        if _succeeds(work, LOST_GRACE):
+            return []
         raise
+
+
+def _succeeds(work: Any, grace: float) -> bool:
+    """Whether ``work`` ends without an error within ``grace`` seconds (a collective a lost
+    peer never joined fails: its connections closed)."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            work.wait(_SLICE)
+            return True
+        except RuntimeError as exc:
+            if not timed_out(exc) or time.monotonic() >= deadline:
+                return False
 
 
 def _grace(watcher: PeerChecker, lost: List[Lost]) -> float:
