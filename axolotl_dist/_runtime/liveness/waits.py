@@ -265,16 +265,18 @@ def _look(w: Waiting, work: Any, now: float) -> List[Lost]:
 
 
 def _succeeds(work: Any, grace: float) -> bool:
-    """Whether ``work`` ends without an error within ``grace`` seconds (a collective a lost
-    peer never joined fails: its connections closed)."""
+    """Whether ``work`` ends without an error within ``grace`` seconds, waited for in slices so
+    that a signal is still handled (a collective a lost peer never joined fails: its
+    connections closed)."""
     deadline = time.monotonic() + grace
-    while True:
+    while time.monotonic() < deadline:
         try:
             work.wait(_SLICE)
             return True
         except RuntimeError as exc:
-            if not timed_out(exc) or time.monotonic() >= deadline:
+            if not timed_out(exc):
                 return False
+    return False
 
 
 def _grace(watcher: PeerChecker, lost: List[Lost]) -> float:
@@ -293,23 +295,16 @@ def _grace(watcher: PeerChecker, lost: List[Lost]) -> float:
 
 
 def _completes(work: Any, grace: float) -> bool:
-    """Whether ``work`` completes within ``grace`` seconds (in slices, so that a signal is
-    still handled). A collective a lost peer never joined fails at once (its connections
-    closed) or times out here: then the caller names the peer."""
+    """Whether ``work`` completes within ``grace`` seconds: it has already ended (with or
+    without an error), or it succeeds within them (:func:`_succeeds`). A collective a lost
+    peer never joined fails at once (its connections closed) or times out here: then the
+    caller names the peer."""
     try:
         if work.is_completed():
             return True
     except RuntimeError:
         return False
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            work.wait(_SLICE)
-            return True
-        except RuntimeError as exc:
-            if not timed_out(exc):
-                return False
-    return False
+    return _succeeds(work, grace)
 
 
 def left(work: Any, g: Group, exc: BaseException) -> None:
