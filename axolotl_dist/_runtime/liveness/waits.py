@@ -37,13 +37,13 @@ from ..base.groups import Group
 from ..base.kitlog import kit as log
 from .liveness_state import HEARTBEAT, PEERS, WAITS
 from ..store import keys
-from ..store.access import StoreHostGoneError, bounded, world_store
+from ..store.access import StoreHostGoneError, bounded, is_store_error, world_store
 from ..store.clients import raw_store
 from . import where_report
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
 from .failures import await_readers
 from .stalls import Lost, PeerChecker, lost_error
-from .peers import host_leaving, store_host_gone
+from .peers import check_store_host, host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError
 
 __all__ = ["Waiting", "collective", "where_they_are", "logged_blocking_call", "left", "take_abandoned",
@@ -186,6 +186,8 @@ class Waiting:
             store, key = self.watcher.store, keys.waiting(self.me)
 
             def call() -> None:
+                if store_host_gone():  # a call would fail, with torch's C++ trace
+                    return
                 store.add(key, -1)
                 store.add(keys.WAITERS, -1)
                 self._unpublish()
@@ -219,7 +221,9 @@ def collective(work: Any, g: Group, what: str) -> None:
                 Point(g, "collective", g.calls, what), shown=f"{what} at {call_site()}")
     normal = False
     try:
-        w.mark()
+        if not _mark(w, work):
+            normal = True
+            return
         next_look = w.start  # the first look at the peers at once: a dead one is named promptly
         while True:
             now = time.monotonic()
@@ -261,6 +265,20 @@ def _look(w: Waiting, work: Any, now: float) -> List[Lost]:
     except StoreHostGoneError:
         if _succeeds(work, LOST_GRACE):
             return []
+        raise
+
+
+def _mark(w: Waiting, work: Any) -> bool:
+    """Mark the wait as long (:meth:`Waiting.mark`); False where the store's host is found
+    gone but the collective then succeeded within :data:`LOST_GRACE` (as in :func:`_look`:
+    its host did its part of this collective, then ended)."""
+    try:
+        check_store_host()  # gone: no store call, which would print torch's C++ trace
+        w.mark()
+        return True
+    except Exception as exc:  # noqa: BLE001 - re-raised unless the collective succeeded
+        if is_store_error(exc) and _succeeds(work, LOST_GRACE):
+            return False
         raise
 
 
