@@ -21,7 +21,6 @@ from ..store.access import (Job, StoreHostGoneError, is_store_error, store_addre
 from ..store.wakeup import KeyWaiter
 from . import where_report
 from .deadlock import Point
-from .stalls import lost_error
 from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
 from .waits import Waiting
 from ...errors import (CollectiveMismatchError, DistributedEnvError, RankFailedError,
@@ -192,7 +191,7 @@ class _Poll:
             if outcome == "ready":
                 return True
             if outcome == "lost":
-                raise lost_error(found, w.what)
+                raise w.failure(found)
             if outcome == "stuck":
                 w.deadlock(found)
         elif now - self.job_since >= _STORE_SILENT_AFTER:

@@ -25,6 +25,7 @@ where they are). What it waits on comes in two kinds:
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from datetime import timedelta
@@ -35,6 +36,7 @@ from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_
 from ..base.envvars import kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
+from ..base.text import ranks_in_text
 from .liveness_state import HEARTBEAT, PEERS, WAITS
 from ..store import keys
 from ..store.access import StoreHostGoneError, bounded, is_store_error, world_store
@@ -139,6 +141,22 @@ class Waiting:
         return CollectiveMismatchError(f"rank {self.me}'s {self.shown} can never complete: {text}",
                                        calls={int(r): c for r, c in calls.items()})
 
+    def failure(self, lost: List[Lost]) -> Exception:
+        """The error for the ``lost`` peers: this rank's own :class:`CollectiveMismatchError`
+        where a peer failed on the deadlock this wait is part of (it read the stall detector's
+        finding first: on a loaded machine this rank may look again only after the peer is
+        gone), else :func:`.stalls.lost_error`."""
+        for item in lost:
+            report = item.report
+            if report is None or report.exc_type != "CollectiveMismatchError":
+                continue
+            text = report.exc_message.partition(" can never complete: ")[2]
+            for ranks, call in _PARTY.findall(text):
+                if self.me in ranks_in_text(ranks) and call.startswith(self.shown):
+                    return CollectiveMismatchError(
+                        f"rank {self.me}'s {self.shown} can never complete: {text}")
+        return lost_error(lost, self.what)
+
     def deadlock(self, error: CollectiveMismatchError) -> None:
         """Raise ``error`` (from :meth:`stuck`), first acknowledging it: a rank that hosts the
         store keeps it up until every other rank of the deadlock has read its own finding (it
@@ -197,6 +215,10 @@ class Waiting:
             bounded(self._unpublish, 1.0)
 
 
+#: A party's line in a deadlock's report: ``  ranks 0, 1: <call> ...``, ``  rank 2: <call> ...``.
+_PARTY = re.compile(r"^ +ranks? ([\d, -]+): (.*)$", re.M)
+
+
 def _now(call: Callable[[], Any]) -> None:
     try:
         call()
@@ -234,7 +256,7 @@ def collective(work: Any, g: Group, what: str) -> None:
                 if stuck is not None and not _completes(work, 0.0):
                     w.deadlock(stuck)
                 if lost and not _completes(work, _grace(w.watcher, lost)):
-                    raise lost_error(lost, what)
+                    raise w.failure(lost)
                 w.warn(now, peers)
             try:
                 work.wait(_SLICE)
