@@ -153,7 +153,7 @@ for version in "${versions[@]}"; do
     || fail "installing pytest" "$logs/pytest-install.log"
   if [ "$quick" -eq 1 ]; then tests=("${QUICK_TESTS[@]}"); else tests=(tests); fi
   start=$(date +%s)
-  (cd "$REPO" && "$venv/bin/python" -m pytest -n 4 -q -p no:cacheprovider "${tests[@]}") \
+  (cd "$REPO" && "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "${tests[@]}") \
     >"$logs/pytest.log" 2>&1 || fail "pytest ${tests[*]} on torch $after" "$logs/pytest.log"
   counts=$(tail -n 1 "$logs/pytest.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
   summary+=("torch $after, python $pyver, $numpy numpy: install line kept torch; core_check 2 ranks \
