@@ -15,6 +15,7 @@ stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) count
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
@@ -26,6 +27,7 @@ from ..base.constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SIL
 from ..base.envvars import kit_seconds
 from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
+from ..base.text import ranks_in_text
 from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records
 from ..store.access import checked, store_host, world_store
@@ -33,12 +35,12 @@ from . import deadlock
 from .peers import (EVENTS, STALL_CHECK_INTERVAL, STALL_ROUND, check_store_host, fetch_peers, host_leaving, same_machine)
 from ..store.clients import raw_store
 from .where_report import BEATS
-from ...errors import RankFailedError
+from ...errors import CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "Lost", "PeerChecker", "lost_error"]
+__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "Lost", "PeerChecker", "lost_error", "party_error"]
 
 #: How many look intervals apart a wait blocked on a wake key looks at the store (see
 #: :meth:`PeerChecker.find_lost`): the exit of a peer on this machine is seen with no store call
@@ -392,3 +394,23 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
                                      error.remote_traceback, where=what,
                                      ranks=(error.rank,) + ranks, machine=error.machine))
     return remember_failure(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))
+
+
+#: A party's line in a deadlock's finding: ``  ranks 0, 1: <call> ...``, ``  rank 2: <call> ...``.
+_PARTY = re.compile(r"^ +ranks? ([\d, -]+): (.*)$", re.M)
+
+
+def party_error(lost: Sequence[Lost], me: int, shown: str) -> Optional[CollectiveMismatchError]:
+    """Rank ``me``'s own :class:`CollectiveMismatchError` where a lost peer failed on a deadlock
+    in which ``me`` waits in ``shown`` (the call as the finding names it): the peer read the
+    stall detector's finding first; on a loaded machine this rank may look again only after the
+    peer is gone, and must still say what it is part of. None otherwise."""
+    for item in lost:
+        report = item.report
+        if report is None or report.exc_type != "CollectiveMismatchError":
+            continue
+        text = report.exc_message.partition(" can never complete: ")[2]
+        for ranks, call in _PARTY.findall(text):
+            if me in ranks_in_text(ranks) and call.startswith(shown):
+                return CollectiveMismatchError(f"rank {me}'s {shown} can never complete: {text}")
+    return None

@@ -25,7 +25,6 @@ where they are). What it waits on comes in two kinds:
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 import time
 from datetime import timedelta
@@ -36,7 +35,6 @@ from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_
 from ..base.envvars import kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
-from ..base.text import ranks_in_text
 from .liveness_state import HEARTBEAT, PEERS, WAITS
 from ..store import keys
 from ..store.access import StoreHostGoneError, bounded, is_store_error, world_store
@@ -44,7 +42,7 @@ from ..store.clients import raw_store
 from . import where_report
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
 from .failures import await_readers
-from .stalls import Lost, PeerChecker, lost_error
+from .stalls import Lost, PeerChecker, lost_error, party_error
 from .peers import check_store_host, host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError
 
@@ -142,20 +140,10 @@ class Waiting:
                                        calls={int(r): c for r, c in calls.items()})
 
     def failure(self, lost: List[Lost]) -> Exception:
-        """The error for the ``lost`` peers: this rank's own :class:`CollectiveMismatchError`
-        where a peer failed on the deadlock this wait is part of (it read the stall detector's
-        finding first: on a loaded machine this rank may look again only after the peer is
-        gone), else :func:`.stalls.lost_error`."""
-        for item in lost:
-            report = item.report
-            if report is None or report.exc_type != "CollectiveMismatchError":
-                continue
-            text = report.exc_message.partition(" can never complete: ")[2]
-            for ranks, call in _PARTY.findall(text):
-                if self.me in ranks_in_text(ranks) and call.startswith(self.shown):
-                    return CollectiveMismatchError(
-                        f"rank {self.me}'s {self.shown} can never complete: {text}")
-        return lost_error(lost, self.what)
+        """The error for the ``lost`` peers: this rank's own finding where a peer failed on the
+        deadlock this wait is part of (:func:`.stalls.party_error`), else
+        :func:`.stalls.lost_error`."""
+        return party_error(lost, self.me, self.shown) or lost_error(lost, self.what)
 
     def deadlock(self, error: CollectiveMismatchError) -> None:
         """Raise ``error`` (from :meth:`stuck`), first acknowledging it: a rank that hosts the
@@ -213,10 +201,6 @@ class Waiting:
             unmark(call)
         elif self.published and not host_leaving() and not store_host_gone():
             bounded(self._unpublish, 1.0)
-
-
-#: A party's line in a deadlock's report: ``  ranks 0, 1: <call> ...``, ``  rank 2: <call> ...``.
-_PARTY = re.compile(r"^ +ranks? ([\d, -]+): (.*)$", re.M)
 
 
 def _now(call: Callable[[], Any]) -> None:
