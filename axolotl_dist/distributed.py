@@ -27,6 +27,7 @@ This module only re-exports; the code lives in small modules a reader would gues
 
 from __future__ import annotations
 
+from .checkpoints import checkpoint_dir, latest_checkpoint
 from .collectives import all_gather, all_reduce, barrier, broadcast
 from .debug import debug_mode, disable_debug, enable_debug, is_debug_enabled
 from .data import get_sampler, split_between_processes
@@ -106,6 +107,8 @@ __all__ = [
     "gather_from_all_ranks", "gather_scalar_from_all_ranks", "reduce_and_broadcast",
     # rank-ordered blocks
     "zero_first", "zero_only", "do_n_at_a_time",
+    # checkpoints
+    "checkpoint_dir", "latest_checkpoint",
     # Accelerate / composer style
     "main_process_first", "local_main_process_first", "run_local_rank_zero_first",
     "on_main_process", "on_local_main_process", "on_last_process", "on_process",

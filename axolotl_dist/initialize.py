@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ._runtime.base import backends as _backends, tracebacks as _tracebacks
 from ._runtime.store import access as _access, attempts as _attempts
 from ._runtime.lifecycle import services as _services, teardown as _teardown
+from ._runtime.protocols import checkpointing as _checkpointing
 from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols import timeline as _timeline
 from . import tracing as _tracing
@@ -386,6 +387,9 @@ def cleanup_distributed() -> None:
     """Destroy the default process group (if any) and forget the world mesh.
 
     Safe to call twice, or never: :func:`init_distributed` also arranges the same teardown at
-    interpreter exit (see :mod:`axolotl_dist._runtime.lifecycle.teardown`).
+    interpreter exit (see :mod:`axolotl_dist._runtime.lifecycle.teardown`). A checkpoint whose
+    writes were handed to futures (``CheckpointPath.commit_after``) is waited for and committed
+    first; if it failed, this raises on every rank (the group is kept).
     """
+    _checkpointing.settle()
     _teardown.cleanup()

@@ -14,7 +14,7 @@ Everything is made here, nothing is downloaded: a character-level corpus, its to
 (done once, by rank 0, under ``zero_first``; the other ranks reuse the cache), a 2-layer
 causal transformer trained with ``DistributedDataParallel``, a ``get_sampler`` data
 loader, token counts agreed with ``reduce_and_broadcast``, a progress bar and logs on the main
-process only, and a checkpoint written by rank 0. Rank 0 prints ``step N loss=X`` lines.
+process only, and a checkpoint through ``ad.checkpoint_dir`` (rank 0 writes the model). Rank 0 prints ``step N loss=X`` lines.
 """
 
 from __future__ import annotations
@@ -176,14 +176,18 @@ def main() -> None:
     tokens = ad.reduce_and_broadcast(lambda: local_tokens, sum)
     mean_first = ad.reduce_and_broadcast(lambda: losses[0], lambda xs: sum(xs) / len(xs))
     mean_last = ad.reduce_and_broadcast(lambda: losses[-1], lambda xs: sum(xs) / len(xs))
-    checkpoint = os.path.join(args.output_dir, "checkpoint.pt")
+    # Every rank enters; one writes the model; the block returns once it is committed (fsynced,
+    # renamed to checkpoints/step-N), with no group timeout on a slow disk.
+    with ad.checkpoint_dir(os.path.join(args.output_dir, "checkpoints"), step, keep=2) as path:
+        if path.should_save:
+            torch.save({"model": model.state_dict(), "step": step, "tokens": tokens},
+                       os.path.join(path, "checkpoint.pt"))
     if main_process:
-        torch.save({"model": model.state_dict(), "step": step, "tokens": tokens}, checkpoint)
         elapsed = time.monotonic() - start
         print(f"done: ranks={world} steps={step} tokens={tokens} device={device.type} "
               f"loss {mean_first:.3f} -> {mean_last:.3f} (ln vocab {math.log(vocab):.3f}) "
-              f"in {elapsed:.1f}s; checkpoint {checkpoint}", flush=True)
-    ad.barrier()  # nobody exits (and tears the group down) before the checkpoint is written
+              f"in {elapsed:.1f}s; checkpoint {os.path.join(path.final, 'checkpoint.pt')}",
+              flush=True)
     ad.cleanup_distributed()
 
 

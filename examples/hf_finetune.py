@@ -19,8 +19,8 @@ cache file and the other ranks then load that file instead of calling the map fu
 rank prints ``map calls=N`` and the cache file it uses); a 2-layer GPT-2 built from a config
 and trained with ``DistributedDataParallel`` and an ``ad.get_sampler`` loader; a
 progress bar and logs on the main process only; the token count agreed with
-``ad.reduce_and_broadcast``; and a checkpoint written by the main process alone with
-``save_pretrained``. The main process prints ``step N loss=X`` lines and a ``done:`` line.
+``ad.reduce_and_broadcast``; and a checkpoint through ``ad.checkpoint_dir`` that the main process
+fills with ``save_pretrained``. The main process prints ``step N loss=X`` lines and a ``done:`` line.
 """
 
 from __future__ import annotations
@@ -145,12 +145,15 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-@ad.zero_only
-def save_checkpoint(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, path: str) -> str:
-    """Main process only: ``save_pretrained`` the model and the tokenizer."""
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def save_checkpoint(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, root: str,
+                    step: int) -> str:
+    """Every rank: a checkpoint of ``step`` under ``root``; the main process ``save_pretrained``s
+    the model and the tokenizer into it. Returns where it is once committed."""
+    with ad.checkpoint_dir(root, step, keep=2) as path:
+        if path.should_save:
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+    return path.final
 
 
 def main() -> None:
@@ -206,11 +209,10 @@ def main() -> None:
     first = ad.reduce_and_broadcast(lambda: losses[0], lambda xs: sum(xs) / len(xs))
     last = ad.reduce_and_broadcast(lambda: sum(losses[-5:]) / len(losses[-5:]),
                                    lambda xs: sum(xs) / len(xs))
-    saved = save_checkpoint(model, tokenizer, os.path.join(args.output_dir, "checkpoint"))
+    saved = save_checkpoint(model, tokenizer, os.path.join(args.output_dir, "checkpoints"), step)
     ad.print(f"done: ranks={ad.get_world_size()} steps={step} tokens={tokens} device={device.type} "
              f"loss {first:.3f} -> {last:.3f} in {time.monotonic() - start:.1f}s; "
              f"checkpoint {saved}", flush=True)
-    ad.barrier()  # nobody tears the group down before the checkpoint is written
     ad.cleanup_distributed()
 
 

@@ -68,7 +68,7 @@ def test_hf_example_through_accelerate_launch_rank1_loads_rank0s_datasets_cache(
     assert "done: ranks=2 steps=40 tokens=20480 " in out  # 2 ranks x 40 steps x 8 x 32, agreed
     assert err.count("INFO hf_finetune: [rank 0/2] wrote 1200 lines") == 1, err[-3000:]
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        assert (out_dir / "checkpoint" / name).is_file(), name
+        assert (out_dir / "checkpoints" / "step-40" / name).is_file(), name
     assert not (tmp_path / "hf_home" / "hub").exists()  # nothing fetched from the hub
 
 

@@ -732,3 +732,49 @@ def test_zero_first_path_probes_its_own_directory_after_init_found_the_cache_sha
     builders = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("built-*"))
     assert builders == [0, 2], (builders, out)
     assert sorted(re.findall(r"ok (\d) shared=1", out)) == ["0", "1", "2", "3"], out
+
+
+def test_checkpoints_on_private_disks_commit_per_node_or_say_what_to_do(tmp_path):
+    # two nodes, each its own /tmp (its own disk), the checkpoints under it: per_node=True
+    # commits a copy on each node (its first rank writes the model); without it the first save
+    # raises DistributedConfigError on every rank; a checkpoint only one node has is not the
+    # latest but an error naming the rank that cannot see it
+    root = f"/tmp/axd-ckpt-{os.getpid()}-{time.monotonic_ns()}"
+    script = _script(tmp_path, f"""
+        import json, torch
+        root = {root!r}
+        for step in (1, 2):
+            with ad.checkpoint_dir(root, step, keep=1, per_node=True) as path:
+                if path.should_save:
+                    torch.save({{"w": step}}, os.path.join(path, "model.pt"))
+                open(os.path.join(path, f"rank-{{rank}}"), "w").write(str(step))
+        latest = ad.latest_checkpoint(root)
+        print("latest", rank, latest, sorted(os.listdir(root)), sorted(os.listdir(latest)),
+              flush=True)
+        try:
+            with ad.checkpoint_dir(root + "-2", 1):
+                pass
+        except ad.DistributedConfigError as exc:
+            print("config error", rank, exc, flush=True)
+        if rank == 0:  # a checkpoint on node-a's disk alone
+            os.makedirs(os.path.join(root + "-3", "step-5"))
+            open(os.path.join(root + "-3", "step-5", ".axolotl_dist_checkpoint.json"), "w").write("{{}}")
+        ad.barrier()
+        try:
+            ad.latest_checkpoint(root + "-3")
+        except ad.DistributedConfigError as exc:
+            print("latest error", rank, exc, flush=True)
+    """)
+    nodes = [hosts.Node([0], "node-a", private=["/tmp"]), hosts.Node([1], "node-b", private=["/tmp"])]
+    with _no_network(nodes):
+        ranks = hosts.start_nodes(nodes, script, str(tmp_path), free_port())
+        assert hosts.wait_nodes(nodes, timeout=120), ranks.describe()
+    for rank in range(2):
+        out = ranks.output(rank)
+        assert ranks.code(rank) == 0, ranks.describe()
+        assert (f"latest {rank} {root}/step-2 ['step-2'] "
+                f"['.axolotl_dist_checkpoint.json', 'model.pt', 'rank-{rank}']") in out, out
+        assert f"config error {rank} checkpoint_dir(root='{root}-2'): the 2 nodes do not share" in out
+        assert "pass per_node=True" in out, out
+        assert f"latest error {rank} latest_checkpoint(root='{root}-3')" in out, out
+        assert "rank 0 (node-a) sees step-5, rank 1 (node-b) sees none" in out, out

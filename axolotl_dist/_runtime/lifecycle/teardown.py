@@ -8,6 +8,8 @@ called without an active exception" and SIGABRT (exit code 134), after a run tha
 Plain torch does the same without ``destroy_process_group()``. So once a group exists the kit
 registers an ``atexit`` hook that, before finalization:
 
+0. on a normal exit, waits for the checkpoint this rank handed to futures and commits it
+   (:func:`..protocols.checkpointing.settle`: said once; a failure is logged);
 1. stops the heartbeat and leaves this rank's exit record in the store (an uncaught exception's
    report, or a normal exit), so peers name the real cause of a rank that ended;
 2. destroys every process group (a destroyed group joins its worker threads, and its peers'
@@ -60,7 +62,7 @@ from ..protocols.protocols_state import BLOCKS
 from ..store import access, sweep
 from ..liveness import failures, heartbeat, peers, waits
 from ..protocols import timeline
-from ..protocols import zero_first
+from ..protocols import checkpointing, zero_first
 from ...errors import RankFailedError
 
 __all__ = ["at_exit", "cleanup", "teardown", "keep_abandoned"]
@@ -233,6 +235,8 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         heartbeat.stop_heartbeat()
         return
+    if exc is None and not peers.host_leaving():
+        _step(checkpointing.settle, True)  # a checkpoint handed to futures: waited for, committed
     rank, world_size = dist.get_rank(), dist.get_world_size()
     recorder = _step(timeline.finish, exc)  # the trace's last line says how this process ended
     if recorder is not None:

@@ -42,7 +42,7 @@ __all__ = ["Point", "Stuck", "describe", "new_serial", "find_stuck",
 #: The kinds of meeting, in the order of a rank's progress counters: the group's kit
 #: collectives (counted by :func:`..protocols.exchange.run`), then the per-kind call counters
 #: (:attr:`..base.groups.Group.seq`).
-KINDS = ("collective", "zero_first", "do_n_at_a_time", "shared_map")
+KINDS = ("collective", "zero_first", "do_n_at_a_time", "shared_map", "checkpoint_dir")
 _SERIALS = itertools.count(1)
 
 
@@ -243,7 +243,7 @@ def _line(s: Stuck) -> str:
 def _advice(part: List[Stuck]) -> str:
     """What to change, from the shapes of the waits (the first that applies)."""
     kinds = {KINDS[s.desc["k"]] for s in part}
-    if kinds & {"zero_first", "do_n_at_a_time", "shared_map"} and "collective" in kinds:
+    if kinds & {"zero_first", "do_n_at_a_time", "shared_map", "checkpoint_dir"} and "collective" in kinds:
         block = sorted(kinds - {"collective"})[0]
         return (f"Some ranks are in a {block} call the others never entered (they went on to "
                 f"a collective). Every rank must enter the same {block} calls in the same "

@@ -9,6 +9,8 @@
 * :mod:`.codes`: which helper sent a value header (registered where each is decorated).
 * :mod:`.blocks`: blocks through the store: bit words, pairing, failures; ``do_n_at_a_time``.
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
+* :mod:`.checkpointing`: a ``checkpoint_dir`` call's two blocks (written, committed) and its
+  files: staging, commit, rotation.
 * :mod:`.map_cache`: a ``datasets`` map in a ``zero_first`` block that leaves the other ranks
   no cache file, said once.
 * :mod:`.protocols_state`: this room's per-process state.

@@ -144,7 +144,8 @@ class Block:
         word, bit = divmod(self.rank, WORD_BITS)
         try:
             value = self.words[word] = self.store.add(self.keys[word], 1 << bit)
-            if value & wakeup.WAKE_BIT and self.rank == 0 and self.releases:
+            if value & wakeup.WAKE_BIT and (self.rank == 0 and self.releases or
+                                            self.wakes_when_full and self.full()):
                 wakeup.wake(self.store, self.keys[0])
         except Exception as exc:  # noqa: BLE001
             if is_store_error(exc):
@@ -152,6 +153,9 @@ class Block:
             raise
 
     releases = False  # group rank 0's bit releases the waiters (a default zero_first block)
+    #: the last rank to set its bit wakes the waiters (every rank waits for every bit; one
+    #: word, up to 31 ranks: a rank sees only its own word's bits)
+    wakes_when_full = False
 
     def read(self, which: Sequence[int] = ()) -> None:
         """Read the words ``which`` again (default: all).

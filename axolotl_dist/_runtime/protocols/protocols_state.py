@@ -19,6 +19,11 @@ part       fields
            :func:`axolotl_dist.testing.count_store_calls`)
 ``trace``  :data:`TIMELINE`: ``recorder`` (the recorder of this rank's kit calls while tracing
            is on, else None: :mod:`.timeline`)
+``saves``  :data:`SAVES`: ``pending`` (this rank's ``checkpoint_dir`` calls whose bodies
+           handed their writes over to futures, oldest first: committed once they are done,
+           at the next ``checkpoint_dir``, ``latest_checkpoint``, cleanup or exit:
+           :mod:`.checkpointing`); ``said`` (the exit's wait for them was said); ``hooked``
+           (the exit's hook that waits for them is registered)
 ``notes``  :data:`NOTES`: ``fs_answers`` ((run, directory) -> whether the nodes share it, as
            probed: :mod:`.shared_fs`); ``map_cache_said`` (this process said that a
            ``datasets`` map in a ``zero_first`` block wrote no cache file the other ranks load:
@@ -35,10 +40,11 @@ from ..base.state import RoomState, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from .blocks import Block
+    from .checkpointing import Save
     from .timeline import Recorder
 
 __all__ = ["FirstRuns", "DebugState", "CallsState", "BlocksState", "TimelineState",
-           "NotesState", "DEBUG", "CALLS", "BLOCKS", "TIMELINE", "NOTES"]
+           "NotesState", "SavesState", "DEBUG", "CALLS", "BLOCKS", "TIMELINE", "NOTES", "SAVES"]
 
 
 class FirstRuns(threading.local):
@@ -93,6 +99,15 @@ class TimelineState(RoomState):
         self.recorder: Optional["Recorder"] = None
 
 
+class SavesState(RoomState):
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.pending: List["Save"] = []
+        self.said = False
+        self.hooked = False
+
+
 class NotesState(RoomState):
     """See the module docstring."""
 
@@ -106,3 +121,4 @@ CALLS = register("calls", CallsState())
 BLOCKS = register("blocks", BlocksState())
 TIMELINE = register("trace", TimelineState())
 NOTES = register("notes", NotesState())
+SAVES = register("saves", SavesState())

@@ -74,7 +74,8 @@ def ack(record: str, reader: int) -> str:
 
 def block(kind: str, seq: int) -> str:
     """The base of block ``seq`` of ``kind`` (``zf``: ``zero_first``, ``dn``:
-    ``do_n_at_a_time``); the block appends its words, ``site``, ``mismatch``, ``wake``."""
+    ``do_n_at_a_time``, ``ck``: ``checkpoint_dir``); the block appends its words, ``site``,
+    ``mismatch``, ``wake``."""
     return f"axd/{kind}/{seq}"
 
 
@@ -199,6 +200,7 @@ DOCUMENTED = (
     exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, STALL_REPORT, WARN_LOG,  # type: ignore[arg-type]
     exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]
     gone("<rank>"), block("zf", "<seq>"), shared_fs("<h>"), block("dn", "<seq>"),  # type: ignore[arg-type]
+    block("ck", "<seq>"),  # type: ignore[arg-type]
     debug_check("<seq>"), shared_map("<seq>"), clock("<rank>", "<i>", "<side>"),  # type: ignore[arg-type]
     ATTEMPTS, attempt_join("<rank>"), attempt_answer("<rank>", "<token>"),  # type: ignore[arg-type]
     attempt_joined("<a>", "<rank>"), attempt_prefix("<a>"),  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ def desc(rank: int, kind: str, n: int, label: str, counters: Dict[str, List[int]
 
 
 def counts(collectives: int = 0, zero_first: int = 0) -> Dict[str, List[int]]:
-    return {WORLD: [collectives, zero_first, 0, 0]}
+    return {WORLD: [collectives, zero_first] + [0] * (len(KINDS) - 2)}
 
 
 def test_a_barrier_every_rank_is_in_is_not_stuck():
@@ -77,7 +77,7 @@ def test_a_zero_first_waiter_is_blocked_by_its_first_rank_still_inside_the_body(
 def test_waits_on_a_sub_group_look_at_its_members_only():
     # ranks 0 and 2 (group "0:4:2") in one barrier of their own; ranks 1 and 3 elsewhere
     sub = "g1"
-    both = {WORLD: [1, 0, 0, 0], sub: [4, 0, 0, 0]}
+    both = {WORLD: [1] + [0] * (len(KINDS) - 1), sub: [4] + [0] * (len(KINDS) - 1)}
     descs = {r: desc(r, "collective", 4, "barrier", both, group=sub, members="0:4:2")
              for r in (0, 2)}
     assert find_stuck(descs, 4) == []

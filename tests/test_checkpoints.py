@@ -1,0 +1,395 @@
+"""``checkpoint_dir`` and ``latest_checkpoint`` (#58): a checkpoint is committed only once every
+rank's body ended, atomically, and every rank leaves the block with it committed; a rank that
+raises or dies inside is named on every rank and nothing is committed; a writer slower than the
+group's timeout is waited for; ``keep`` rotates; a new run's ``latest_checkpoint`` is the last
+committed checkpoint on every rank, never a partial one.
+
+Real forked ranks on gloo (the harness), the store in the parent and in rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch
+
+import axolotl_dist as ad
+from axolotl_dist.testing import run_distributed, run_distributed_outcomes
+from fixtures import alive, finish, start, subprocess_env
+
+MARKER = ".axolotl_dist_checkpoint.json"
+
+
+def _save(root, step, keep=None, fault=None, faulty=1, timeout=None):
+    """Every rank: its own shard, the model from the rank that should save; ``fault`` on rank
+    ``faulty`` halfway through its shard. Returns what the rank saw, or its RankFailedError."""
+    rank = ad.get_rank()
+    start = time.monotonic()
+    try:
+        with ad.checkpoint_dir(root, step, keep=keep, timeout=timeout) as path:
+            staging = str(path)
+            if path.should_save:
+                torch.save({"step": step}, os.path.join(path, "model.pt"))
+            with open(os.path.join(path, f"shard-{rank}.bin"), "wb") as fh:
+                fh.write(b"x" * 4096)
+                if rank == faulty and fault == "raises":
+                    raise ValueError(f"disk full on rank {rank}")
+                if rank == faulty and fault == "killed":
+                    fh.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if rank == faulty and fault == "exits":
+                    fh.flush()
+                    os._exit(3)
+                if rank == faulty and fault == "slow":
+                    time.sleep(8)
+                fh.write(b"y" * 4096)
+    except ad.RankFailedError as exc:
+        return {"failed": exc.rank, "exc_type": exc.exc_type, "message": str(exc),
+                "elapsed": time.monotonic() - start}
+    return {"staging": staging, "final": path.final, "should_save": path.should_save,
+            "files": sorted(os.listdir(path.final)), "staging_left": os.path.exists(staging),
+            "latest": ad.latest_checkpoint(root), "elapsed": time.monotonic() - start}
+
+
+def _latest(root):
+    return ad.latest_checkpoint(root)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_a_checkpoint_is_committed_once_every_rank_wrote_it(world, tmp_path):
+    root = str(tmp_path / "ckpt")
+    assert run_distributed(_latest, world, args=(root,)) == [None] * world
+    results = run_distributed(_save, world, args=(root, 7), timeout=60)
+    final = os.path.join(root, "step-7")
+    for rank, got in enumerate(results):
+        assert got["final"] == final and got["latest"] == final, got
+        assert got["should_save"] == (rank == 0), got
+        assert got["files"] == sorted([MARKER, "model.pt"] + [f"shard-{r}.bin" for r in range(world)])
+        assert not got["staging_left"], got
+    assert sorted(os.listdir(root)) == ["step-7"]
+    record = json.loads((tmp_path / "ckpt" / "step-7" / MARKER).read_text())
+    assert record["step"] == 7 and record["world_size"] == world
+    assert all(os.path.getsize(os.path.join(final, f"shard-{r}.bin")) == 8192 for r in range(world))
+    assert run_distributed(_latest, world, args=(root,)) == [final] * world
+
+
+def _rotate(root):
+    for step in range(5):
+        with ad.checkpoint_dir(root, step * 10, keep=2) as path:
+            with open(os.path.join(path, f"r{ad.get_rank()}"), "w") as fh:
+                fh.write(str(step))
+    with ad.checkpoint_dir(root, 20) as path:  # a step saved again replaces it, rotation or not
+        with open(os.path.join(path, f"again{ad.get_rank()}"), "w") as fh:
+            fh.write("again")
+    return sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, "step-20")))
+
+
+def test_keep_2_over_5_saves_leaves_the_newest_2_and_a_step_saved_again_is_replaced(tmp_path):
+    root = str(tmp_path / "ckpt")
+    for names, step20 in run_distributed(_rotate, 3, args=(root,), timeout=60):
+        assert names == ["step-20", "step-30", "step-40"], names
+        assert step20 == [MARKER, "again0", "again1", "again2"], step20
+
+
+def _check_failure(got, fault, faulty):
+    assert got.get("failed") == faulty, got
+    assert got["elapsed"] < 20, got
+    if fault == "raises":
+        assert got["exc_type"] == "ValueError", got
+        assert f"disk full on rank {faulty}" in got["message"], got
+        assert "test_checkpoints.py" in got["message"] and "checkpoint_dir" in got["message"], got
+    else:
+        assert got["exc_type"] in ("died", "exited"), got
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("fault, faulty", [("raises", 1), ("killed", 1), ("exits", 0),
+                                           ("raises", 0), ("killed", 0)])
+def test_a_rank_that_fails_inside_is_named_and_nothing_is_committed(world, fault, faulty, store,
+                                                                     tmp_path):
+    root = str(tmp_path / "ckpt")
+    first = run_distributed(_save, world, args=(root, 1), store=store, timeout=60)
+    assert {got["latest"] for got in first} == {os.path.join(root, "step-1")}
+    outcomes = run_distributed_outcomes(_save, world, args=(root, 2, None, fault, faulty),
+                                        store=store, timeout=60, pg_timeout=300)
+    for outcome in outcomes:
+        if outcome.rank == faulty:
+            if fault == "raises":
+                assert outcome.error and outcome.error.startswith("ValueError"), outcome.describe()
+            elif fault == "killed":
+                assert outcome.exitcode == -signal.SIGKILL, outcome.describe()
+            continue
+        assert outcome.ok, outcome.describe()
+        _check_failure(outcome.value, fault, faulty)
+    assert not os.path.exists(os.path.join(root, "step-2"))
+    # a new run resumes from the last committed checkpoint on every rank, never the partial one
+    again = run_distributed(_latest, world, args=(root,), store=store)
+    assert again == [os.path.join(root, "step-1")] * world
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_writer_slower_than_the_group_timeout_is_waited_for(world, store, tmp_path):
+    root = str(tmp_path / "ckpt")
+    results = run_distributed(_save, world, args=(root, 5, None, "slow", world - 1), store=store,
+                              timeout=60, pg_timeout=3)
+    for got in results:
+        assert got["latest"] == os.path.join(root, "step-5"), got
+        assert got["elapsed"] > 7.5, got
+
+
+def test_a_timeout_of_the_block_names_the_slow_rank(tmp_path):
+    root = str(tmp_path / "ckpt")
+    outcomes = run_distributed_outcomes(_save, 2, args=(root, 5, None, "slow", 1, 2.0),
+                                        timeout=60)
+    waiter = outcomes[0]
+    assert not waiter.ok and waiter.error.startswith("RankTimeoutError"), waiter.describe()
+    assert "checkpoint_dir block" in waiter.error and "rank(s) [1]" in waiter.error, waiter.describe()
+    assert not os.path.exists(os.path.join(root, "step-5"))
+
+
+def _main_only(root):
+    if ad.is_main_process():  # the mistake the block exists for: a save under a rank guard
+        with ad.checkpoint_dir(root, 1) as path:
+            open(os.path.join(path, "m"), "w").write("m")
+    ad.barrier()
+
+
+def test_a_block_under_a_main_process_guard_is_an_error_on_every_rank(tmp_path):
+    outcomes = run_distributed_outcomes(_main_only, 2, args=(str(tmp_path / "ckpt"),),
+                                        timeout=60)
+    for outcome in outcomes:
+        assert not outcome.ok and outcome.error.startswith("CollectiveMismatchError"), \
+            outcome.describe()
+        assert "checkpoint_dir block #1" in outcome.error and "barrier" in outcome.error
+        assert "Some ranks are in a checkpoint_dir call the others never entered" in outcome.error
+    assert not (tmp_path / "ckpt" / "step-1").exists()
+
+
+def test_latest_checkpoint_takes_only_what_the_kit_committed(tmp_path):
+    root = tmp_path / "ckpt"
+    assert ad.latest_checkpoint(str(root)) is None  # no directory yet
+    with ad.checkpoint_dir(root, 3) as path:
+        (tmp_path / "ckpt" / "x").write_text("not in the checkpoint")
+        with open(os.path.join(path, "w.pt"), "w") as fh:
+            fh.write("w")
+        assert ad.latest_checkpoint(root) is None  # still staging
+    (root / "step-9").mkdir()  # a directory the kit did not commit (no marker)
+    (root / ".step-12.staging-dead-1").mkdir()  # a dead run's staging directory
+    assert ad.latest_checkpoint(root) == str(root / "step-3")
+    assert sorted(os.listdir(root / "step-3")) == [MARKER, "w.pt"]
+    with pytest.raises(ValueError, match="failed inside"):
+        with ad.checkpoint_dir(root, 4):
+            raise ValueError("failed inside")
+    assert ad.latest_checkpoint(root) == str(root / "step-3")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda r: ad.checkpoint_dir(r, -1), r"checkpoint_dir\(step=-1\) must be an int >= 0"),
+    (lambda r: ad.checkpoint_dir(r, True), r"checkpoint_dir\(step=True\) must be an int >= 0"),
+    (lambda r: ad.checkpoint_dir(r, 1, keep=0), r"checkpoint_dir\(keep=0\) must be an int >= 1"),
+    (lambda r: ad.checkpoint_dir(r, 1, timeout=0), r"checkpoint_dir\(timeout=0\) must be a positive"),
+    (lambda r: ad.checkpoint_dir(None, 1), r"checkpoint_dir\(root=None\) must be a directory path"),
+    (lambda r: ad.latest_checkpoint(3), r"latest_checkpoint\(root=3\) must be a directory path"),
+])
+def test_bad_arguments_say_which_and_how_to_fix_them(call, message, tmp_path):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(str(tmp_path))
+
+
+def _dcp(root):
+    import torch.distributed.checkpoint as dcp
+
+    rank = ad.get_rank()
+    state = {"w": torch.arange(12, dtype=torch.float64) * (rank + 1), "step": torch.tensor(4)}
+    with ad.checkpoint_dir(root, 4) as path:
+        dcp.save(state, checkpoint_id=path)
+    latest = ad.latest_checkpoint(root)
+    loaded = {"w": torch.zeros(12, dtype=torch.float64), "step": torch.tensor(0)}
+    dcp.load(loaded, checkpoint_id=latest)
+    return latest, loaded["w"].tolist(), int(loaded["step"])
+
+
+def test_a_dcp_save_through_the_block_loads_back_equal(tmp_path):
+    root = str(tmp_path / "ckpt")
+    for latest, w, step in run_distributed(_dcp, 2, args=(root,), timeout=60):
+        assert latest == os.path.join(root, "step-4")
+        assert w == [float(i) for i in range(12)] and step == 4  # DCP: rank 0's replicated value
+    assert ".metadata" in os.listdir(os.path.join(root, "step-4"))
+
+
+# A launched run: commit step 1 (unless there is one), then write step 2 until killed.
+_LAUNCHED = r"""
+import os, sys, time
+import axolotl_dist as ad
+root, flags = sys.argv[1], sys.argv[2]
+ad.init_distributed()
+rank = ad.get_rank()
+if ad.latest_checkpoint(root) is None:
+    with ad.checkpoint_dir(root, 1) as path:
+        open(os.path.join(path, f"r{rank}"), "w").write("1")
+with ad.checkpoint_dir(root, 2) as path:
+    with open(os.path.join(path, f"r{rank}"), "w") as fh:
+        fh.write("partial")
+        fh.flush()
+        open(os.path.join(flags, f"writing-{rank}-{os.getpid()}"), "w").close()
+        time.sleep(60)
+"""
+
+
+def test_a_launcher_sigkilled_mid_save_leaves_the_last_commit_the_latest(tmp_path):
+    root, flags = tmp_path / "ckpt", tmp_path / "flags"
+    flags.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(_LAUNCHED)
+    launcher = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", str(script),
+                      str(root), str(flags)], subprocess_env(tmp_path), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(flags)) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, finish(launcher, 5)
+            time.sleep(0.05)
+        os.kill(launcher.pid, signal.SIGKILL)
+        pids = [int(name.split("-")[2]) for name in os.listdir(flags)]
+        deadline = time.monotonic() + 15
+        while any(alive(pid) for pid in pids):  # each rank dies with its launcher
+            assert time.monotonic() < deadline, pids
+            time.sleep(0.05)
+    finally:
+        finish(launcher, 10)
+    assert sorted(n for n in os.listdir(root) if not n.startswith(".")) == ["step-1"]
+    for store in ("parent", "rank0"):  # the next run, wherever its store is
+        assert run_distributed(_latest, 2, args=(str(root),), store=store) == \
+            [str(root / "step-1")] * 2
+
+
+# Attempt 0 commits step 1, then rank 1 fails writing step 2; attempt 1 resumes from step 1.
+_RESTARTED = r"""
+import os, sys
+import axolotl_dist as ad
+root = sys.argv[1]
+ad.init_distributed()
+rank, attempt = ad.get_rank(), os.environ["TORCHELASTIC_RESTART_COUNT"]
+latest = ad.latest_checkpoint(root)
+start = 0 if latest is None else int(open(os.path.join(latest, "step")).read())
+print(f"attempt {attempt} resumes after step {start}", flush=True)
+for step in range(start + 1, 4):
+    with ad.checkpoint_dir(root, step) as path:
+        if path.should_save:
+            open(os.path.join(path, "step"), "w").write(str(step))
+        if attempt == "0" and step == 2 and rank == 1:
+            raise OSError("no space left on device")
+print(f"attempt {attempt} done, latest {os.path.basename(ad.latest_checkpoint(root))}", flush=True)
+"""
+
+
+def test_a_restarted_run_resumes_from_the_last_commit(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_RESTARTED)
+    root = tmp_path / "ckpt"
+    code, out, err = finish(start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2",
+                                   "--max-restarts", "1", str(script), str(root)],
+                                  subprocess_env(tmp_path), cwd=tmp_path), 120)
+    assert code == 0, err
+    assert "[ranks 0, 1] attempt 0 resumes after step 0" in out, out
+    assert "[ranks 0, 1] attempt 1 resumes after step 1" in out, out
+    assert "[ranks 0, 1] attempt 1 done, latest step-3" in out, out
+    assert "OSError: no space left on device" in err, err
+    assert sorted(os.listdir(root)) == ["step-1", "step-2", "step-3"]  # attempt 0's staging gone
+
+
+# ---- writes handed over to futures ---------------------------------------------------------
+
+def _write_later(path, rank, delay, fail):
+    time.sleep(delay)
+    if fail:
+        raise ValueError(f"upload failed on rank {rank}")
+    with open(os.path.join(path, f"shard-{rank}.bin"), "wb") as fh:
+        fh.write(b"z" * 4096)
+
+
+def _async(root, faulty, then):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rank = ad.get_rank()
+    pool = ThreadPoolExecutor(1)
+    start = time.monotonic()
+    with ad.checkpoint_dir(root, 1) as path:
+        path.commit_after(pool.submit(_write_later, str(path), rank, 1.0, rank == faulty))
+    returned = time.monotonic() - start
+    if then == "exit":
+        return returned  # the exit waits for the future and commits
+    try:
+        if then == "cleanup":
+            ad.cleanup_distributed()  # commits it first, or raises its failure
+            return {"returned": returned, "latest": "cleaned up"}
+        latest = ad.latest_checkpoint(root)  # commits it first, or raises its failure
+    except ad.RankFailedError as exc:
+        return {"returned": returned, "failed": exc.rank, "message": str(exc)}
+    except ValueError as exc:
+        return {"returned": returned, "own": str(exc)}
+    return {"returned": returned, "latest": latest, "files": sorted(os.listdir(latest))}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_writes_handed_to_futures_are_committed_once_every_rank_is_done(world, store, tmp_path):
+    root = str(tmp_path / "ckpt")
+    for got in run_distributed(_async, world, args=(root, None, "latest"), store=store,
+                               timeout=60):
+        assert got["returned"] < 0.9, got  # the block ended before the writes
+        assert got["latest"] == os.path.join(root, "step-1"), got
+        assert got["files"] == [MARKER] + [f"shard-{r}.bin" for r in range(world)], got
+
+
+@pytest.mark.parametrize("then", ["latest", "cleanup"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_future_that_fails_is_raised_on_every_rank_and_nothing_is_committed(world, then, store,
+                                                                              tmp_path):
+    root = str(tmp_path / "ckpt")
+    results = run_distributed(_async, world, args=(root, 1, then), store=store, timeout=60)
+    assert results[1]["own"] == "upload failed on rank 1", results
+    for rank, got in enumerate(results):
+        if rank != 1:
+            assert got["failed"] == 1 and "upload failed on rank 1" in got["message"], got
+    assert not os.path.exists(os.path.join(root, "step-1"))
+
+
+def test_the_exit_waits_for_a_save_handed_to_futures_and_commits_it(tmp_path):
+    root = str(tmp_path / "ckpt")
+    returned = run_distributed(_async, 2, args=(root, None, "exit"), timeout=60)
+    assert all(r < 0.9 for r in returned), returned
+    assert sorted(os.listdir(os.path.join(root, "step-1"))) == [MARKER, "shard-0.bin",
+                                                                "shard-1.bin"]
+
+
+def _dcp_async_failing(root):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Failing(FileSystemWriter):
+        def write_data(self, plan, planner):
+            if ad.get_rank() == 1:
+                raise OSError("disk quota exceeded on rank 1")
+            return super().write_data(plan, planner)
+
+    state = {"w": torch.arange(8, dtype=torch.float32) + ad.get_rank()}
+    with ad.checkpoint_dir(root, 9) as path:
+        path.commit_after(dcp.async_save(state, storage_writer=Failing(str(path))))
+    try:
+        ad.latest_checkpoint(root)
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is one
+        return type(exc).__name__, str(exc)
+    return "nothing raised", ""
+
+
+def test_an_async_dcp_save_whose_writer_fails_is_raised_on_every_rank(tmp_path):
+    root = str(tmp_path / "ckpt")
+    results = run_distributed(_dcp_async_failing, 2, args=(root,), timeout=90)
+    for kind, message in results:
+        assert kind in ("RankFailedError", "CheckpointException", "OSError"), results
+        assert "disk quota exceeded on rank 1" in message, results
+    assert not os.path.exists(os.path.join(root, "step-9"))
