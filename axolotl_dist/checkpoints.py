@@ -60,7 +60,7 @@ class CheckpointPath(str):
     def __new__(cls, path: str, step: int, final: str, should_save: bool) -> "CheckpointPath":
         self = super().__new__(cls, path)
         self.step, self.final, self.should_save = step, final, should_save
-        self._futures: List[Callable[[], Any]] = []
+        self._futures: List[Callable[[Optional[float]], Any]] = []
         return self
 
     def commit_after(self, future: Any) -> None:
@@ -71,7 +71,8 @@ class CheckpointPath(str):
         :func:`latest_checkpoint`, ``cleanup_distributed()`` or the exit, which waits for it).
         A future that raises is raised there on its rank, and as
         :class:`~axolotl_dist.errors.RankFailedError` naming the rank on every other; nothing
-        is committed."""
+        is committed. The block's ``timeout`` bounds the wait for them too (at the exit as
+        well: a future not done by then is a ``TimeoutError``)."""
         self._futures.append(_checkpointing.future_wait(future))
 
 

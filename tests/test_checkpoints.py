@@ -203,23 +203,29 @@ def test_bad_arguments_say_which_and_how_to_fix_them(call, message, tmp_path):
 
 def _dcp(root):
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
 
-    rank = ad.get_rank()
-    state = {"w": torch.arange(12, dtype=torch.float64) * (rank + 1), "step": torch.tensor(4)}
+    mesh = init_device_mesh("cpu", (ad.get_world_size(),))
+    full = torch.arange(24, dtype=torch.float64).reshape(6, 4)
+    state = {"w": distribute_tensor(full, mesh, [Shard(0)]), "step": torch.tensor(4)}
     with ad.checkpoint_dir(root, 4) as path:
-        dcp.save(state, checkpoint_id=path)
+        dcp.save(state, checkpoint_id=path)  # each rank its shard, rank 0 the metadata
     latest = ad.latest_checkpoint(root)
-    loaded = {"w": torch.zeros(12, dtype=torch.float64), "step": torch.tensor(0)}
+    loaded = {"w": distribute_tensor(torch.zeros(6, 4, dtype=torch.float64), mesh, [Shard(0)]),
+              "step": torch.tensor(0)}
     dcp.load(loaded, checkpoint_id=latest)
-    return latest, loaded["w"].tolist(), int(loaded["step"])
+    return latest, loaded["w"].full_tensor().tolist(), int(loaded["step"]), \
+        sorted(os.listdir(latest))
 
 
-def test_a_dcp_save_through_the_block_loads_back_equal(tmp_path):
+def test_a_dcp_sharded_save_through_the_block_loads_back_equal(tmp_path):
     root = str(tmp_path / "ckpt")
-    for latest, w, step in run_distributed(_dcp, 2, args=(root,), timeout=60):
+    want = torch.arange(24, dtype=torch.float64).reshape(6, 4).tolist()
+    for latest, w, step, files in run_distributed(_dcp, 2, args=(root,), timeout=60):
         assert latest == os.path.join(root, "step-4")
-        assert w == [float(i) for i in range(12)] and step == 4  # DCP: rank 0's replicated value
-    assert ".metadata" in os.listdir(os.path.join(root, "step-4"))
+        assert w == want and step == 4
+        assert ".metadata" in files and len([f for f in files if f.endswith(".distcp")]) == 2
 
 
 # A launched run: commit step 1 (unless there is one), then write step 2 until killed.
@@ -241,16 +247,17 @@ with ad.checkpoint_dir(root, 2) as path:
 """
 
 
-def test_a_launcher_sigkilled_mid_save_leaves_the_last_commit_the_latest(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_launcher_sigkilled_mid_save_leaves_the_last_commit_the_latest(ranks, tmp_path):
     root, flags = tmp_path / "ckpt", tmp_path / "flags"
     flags.mkdir()
     script = tmp_path / "train.py"
     script.write_text(_LAUNCHED)
-    launcher = start([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", str(script),
+    launcher = start([sys.executable, "-m", "axolotl_dist.launch", "-n", str(ranks), str(script),
                       str(root), str(flags)], subprocess_env(tmp_path), cwd=tmp_path)
     try:
         deadline = time.monotonic() + 60
-        while len(os.listdir(flags)) < 2:
+        while len(os.listdir(flags)) < ranks:
             assert launcher.poll() is None and time.monotonic() < deadline, finish(launcher, 5)
             time.sleep(0.05)
         os.kill(launcher.pid, signal.SIGKILL)
@@ -263,8 +270,8 @@ def test_a_launcher_sigkilled_mid_save_leaves_the_last_commit_the_latest(tmp_pat
         finish(launcher, 10)
     assert sorted(n for n in os.listdir(root) if not n.startswith(".")) == ["step-1"]
     for store in ("parent", "rank0"):  # the next run, wherever its store is
-        assert run_distributed(_latest, 2, args=(str(root),), store=store) == \
-            [str(root / "step-1")] * 2
+        assert run_distributed(_latest, ranks, args=(str(root),), store=store) == \
+            [str(root / "step-1")] * ranks
 
 
 # Attempt 0 commits step 1, then rank 1 fails writing step 2; attempt 1 resumes from step 1.
@@ -393,3 +400,29 @@ def test_an_async_dcp_save_whose_writer_fails_is_raised_on_every_rank(tmp_path):
         assert kind in ("RankFailedError", "CheckpointException", "OSError"), results
         assert "disk quota exceeded on rank 1" in message, results
     assert not os.path.exists(os.path.join(root, "step-9"))
+
+
+def _slow_future(root):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rank = ad.get_rank()
+    pool = ThreadPoolExecutor(1)
+    with ad.checkpoint_dir(root, 1, timeout=2) as path:
+        path.commit_after(pool.submit(time.sleep, 10 if rank == 1 else 0))
+    try:
+        ad.latest_checkpoint(root)
+    except Exception as exc:  # noqa: BLE001 - what each rank raises is the answer
+        return type(exc).__name__, str(exc)
+    return "nothing raised", ""
+
+
+def test_the_blocks_timeout_bounds_the_wait_for_its_futures(tmp_path):
+    root = str(tmp_path / "ckpt")
+    start = time.monotonic()
+    (kind0, message0), (kind1, message1) = run_distributed(_slow_future, 2, args=(root,),
+                                                           timeout=60)
+    assert kind1 == "TimeoutError" and "handed to futures" in message1, message1
+    assert "timeout=2" in message1, message1
+    assert kind0 in ("RankFailedError", "RankTimeoutError") and "1" in message0, message0
+    assert time.monotonic() - start < 9  # not the future's 10 s
+    assert not os.path.exists(os.path.join(root, "step-1"))

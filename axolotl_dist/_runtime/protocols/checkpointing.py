@@ -45,9 +45,9 @@ from ..store import records
 from .protocols_state import SAVES, TIMELINE
 from . import timeline
 
-__all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "arrive", "together", "MARKER", "STEP_PREFIX", "staging_dir", "final_dir",
-           "committed_steps", "commit", "commit_record", "commit_save", "rotate", "remove_staging",
-           "job_id"]
+__all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "arrive",
+           "together", "MARKER", "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps",
+           "commit", "commit_record", "commit_save", "rotate", "remove_staging", "job_id"]
 
 T = TypeVar("T")
 
@@ -107,24 +107,34 @@ class Save:
 
     def __init__(self, written: Optional[CheckpointBlock], staging: str, final: str,
                  should_save: bool, root: str, step: int, keep: Optional[int], run: str,
-                 timeout: Optional[float], futures: List[Callable[[], Any]]) -> None:
+                 timeout: Optional[float], futures: List[Callable[[Optional[float]], Any]]
+                 ) -> None:
         self.written, self.staging, self.final, self.should_save = (written, staging, final,
                                                                     should_save)
         self.root, self.step, self.keep, self.run = root, step, keep, run
         self.timeout, self.futures = timeout, futures
 
 
-def future_wait(future: Any) -> Callable[[], Any]:
-    """How to wait for ``future``: a ``concurrent.futures.Future`` (a thread's,
-    ``torch.distributed.checkpoint.async_save``'s), a ``torch.futures.Future``, or DCP's
-    ``AsyncSaveResponse`` (its ``upload_completion``). TypeError for anything else."""
+def future_wait(future: Any) -> Callable[[Optional[float]], Any]:
+    """How to wait for ``future``, at most a given number of seconds (None: for as long as it
+    takes): a ``concurrent.futures.Future`` (a thread's, ``torch.distributed.checkpoint.
+    async_save``'s), a ``torch.futures.Future``, or DCP's ``AsyncSaveResponse`` (its
+    ``upload_completion``). TypeError for anything else."""
     future = getattr(future, "upload_completion", future)
-    for method in ("result", "wait"):
-        if callable(getattr(future, method, None)):
-            return getattr(future, method)
+    if callable(getattr(future, "result", None)) and callable(getattr(future, "done", None)):
+        return lambda timeout: future.result(timeout=timeout)
+    if callable(getattr(future, "wait", None)) and callable(getattr(future, "done", None)):
+        def wait(timeout: Optional[float]) -> Any:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not future.done():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the future was not done after {timeout} s")
+                time.sleep(0.01)
+            return future.wait()
+        return wait
     raise TypeError(f"commit_after({future!r}): not a future: pass what "
                     "torch.distributed.checkpoint.async_save or an executor's submit returns "
-                    "(an object with result() or wait())")
+                    "(an object with done() and result() or wait())")
 
 
 def finish(save: Save, error: Optional[BaseException]) -> None:
@@ -149,12 +159,18 @@ def finish(save: Save, error: Optional[BaseException]) -> None:
 
 
 def _await_futures(save: Save) -> Optional[BaseException]:
-    """Wait for ``save``'s futures; the first one's exception, if one raised."""
+    """Wait for ``save``'s futures, at most its ``timeout`` in all; the first one's exception,
+    if one raised (a future not done in time: a ``TimeoutError`` naming the step)."""
     error: Optional[BaseException] = None
+    deadline = None if save.timeout is None else time.monotonic() + save.timeout
     for wait in save.futures:
         try:
-            wait()
+            wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except BaseException as exc:  # noqa: BLE001 - told to every rank by finish()
+            if isinstance(exc, TimeoutError) and error is None:
+                exc = TimeoutError(f"the writes of the checkpoint of step {save.step}, handed to "
+                                   f"futures, were not done after checkpoint_dir(timeout="
+                                   f"{save.timeout})")
             error = error or exc
     return error
 
