@@ -72,7 +72,8 @@ from ...errors import CollectiveMismatchError
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "run_in_rounds", "spy_on_stores"]
+__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "run_in_rounds", "together", "arrive",
+           "spy_on_stores"]
 
 T = TypeVar("T")
 
@@ -366,20 +367,36 @@ def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: 
         if TIMELINE.recorder is not None:
             timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in before], site,
                             group, seq)
+    return together(f, block, timeout, lambda: [g.global_rank(r) for r in range(ws)
+                                                 if r % rounds > rank % rounds])
+
+
+def together(f: Callable[[], T], block: Block, timeout: Optional[float],
+             waited: Callable[[], List[int]]) -> T:
+    """Run ``f`` on this rank, then :func:`arrive`. If ``f`` raises, the other ranks hear of it
+    (their wait raises :class:`~axolotl_dist.errors.RankFailedError` naming this rank and the
+    line) and this rank re-raises."""
     try:
         result = f()
     except BaseException as exc:
         block.fail(exc)
         raise
+    arrive(block, timeout, waited)
+    return result
+
+
+def arrive(block: Block, timeout: Optional[float], waited: Callable[[], List[int]]) -> None:
+    """This rank's part of ``block`` is done: set its bit and wait until every rank's is (or
+    raise the failure of a rank that raised or died; a ``RankTimeoutError`` after ``timeout``
+    seconds); while tracing, the wait is recorded as waiting for the global ranks ``waited()``.
+    A block that :attr:`Block.wakes_when_full` sleeps on its wake key once polls are not
+    enough."""
     block.set_bit()
     t0 = timeline.now()
-    block.wait(block.full, (), block.missing, timeout)
+    block.wait(block.full, (), block.missing, timeout, sleep=block.wakes_when_full)
     if TIMELINE.recorder is not None:
-        after = [r for r in range(ws) if r % rounds > rank % rounds]
-        timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in after], site, group,
-                        seq)
+        timeline.wait_span(block.family, t0, waited(), block.site, block.group, block.seq)
     block.finish(complete=True)
-    return result
 
 
 def spy_on_stores(spy: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:

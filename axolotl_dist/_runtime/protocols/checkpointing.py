@@ -36,20 +36,17 @@ import shutil
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional
 
 from ..base.kitlog import kit as log
 from ..base.tracebacks import safe_str
-from .blocks import Block
+from .blocks import Block, arrive, together
 from ..store import records
-from .protocols_state import SAVES, TIMELINE
-from . import timeline
+from .protocols_state import SAVES
 
-__all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "arrive",
-           "together", "MARKER", "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps",
-           "commit", "commit_record", "commit_save", "rotate", "remove_staging", "job_id"]
-
-T = TypeVar("T")
+__all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "MARKER",
+           "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps", "commit", "commit_record",
+           "commit_save", "rotate", "remove_staging", "job_id"]
 
 #: A committed checkpoint is ``<root>/step-<step>``.
 STEP_PREFIX = "step-"
@@ -70,31 +67,10 @@ class CheckpointBlock(Block):
         return len(self.keys) == 1
 
 
-def arrive(block: CheckpointBlock, timeout: Optional[float]) -> None:
-    """This rank's part of ``block`` is done: set its bit and wait until every rank's is (or
-    raise the failure of a rank that raised or died, :class:`~axolotl_dist.errors.RankFailedError`;
-    :class:`~axolotl_dist.errors.RankTimeoutError` after ``timeout`` seconds)."""
+def _others(block: CheckpointBlock) -> List[int]:
+    """The global ranks a rank waits for in ``block``: every other one."""
     g = block.group
-    block.set_bit()
-    t0 = timeline.now()
-    block.wait(block.full, (), block.missing, timeout, sleep=block.wakes_when_full)
-    if TIMELINE.recorder is not None:
-        others = [g.global_rank(r) for r in range(g.size) if r != g.rank]
-        timeline.wait_span("checkpoint_dir", t0, others, block.site, g, block.seq)
-    block.finish(complete=True)
-
-
-def together(f: Callable[[], T], block: CheckpointBlock, timeout: Optional[float]) -> T:
-    """Run ``f`` on this rank, then :func:`arrive`. If ``f`` raises, the other ranks hear of it
-    (their wait raises :class:`~axolotl_dist.errors.RankFailedError` naming this rank and the
-    line) and this rank re-raises."""
-    try:
-        result = f()
-    except BaseException as exc:
-        block.fail(exc)
-        raise
-    arrive(block, timeout)
-    return result
+    return [g.global_rank(r) for r in range(g.size) if r != g.rank]
 
 
 # --- a call's end, now or once its futures are done ------------------------------------------
@@ -150,12 +126,12 @@ def finish(save: Save, error: Optional[BaseException]) -> None:
     if error is not None:
         written.fail(error)
         raise error
-    arrive(written, save.timeout)  # every rank's body (and futures) ended without raising
+    arrive(written, save.timeout, lambda: _others(written))  # every body (and future) ended well
     g = written.group
     committed = CheckpointBlock(g, g.next_seq("checkpoint_dir"), written.site, None,
                                 timeout=save.timeout)
     together(lambda: commit_save(save, g.size) if save.should_save else None, committed,
-             save.timeout)
+             save.timeout, lambda: _others(committed))
 
 
 def _await_futures(save: Save) -> Optional[BaseException]:
