@@ -201,6 +201,14 @@ def test_bad_arguments_say_which_and_how_to_fix_them(call, message, tmp_path):
         call(str(tmp_path))
 
 
+def test_commit_after_refuses_what_is_not_a_future(tmp_path):
+    with pytest.raises(TypeError, match=r"commit_after\(42\): not a future: pass what "
+                                        r"torch.distributed.checkpoint.async_save"):
+        with ad.checkpoint_dir(tmp_path / "ckpt", 1) as path:
+            path.commit_after(42)
+    assert ad.latest_checkpoint(tmp_path / "ckpt") is None
+
+
 def _dcp(root):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
