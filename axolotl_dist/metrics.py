@@ -145,7 +145,7 @@ def gather_for_metrics(g: Optional[Group], input_data: Any, data_source: Any = N
             "Accelerator.prepare wrapped; pass the evaluation DataLoader (or its sampler, the "
             "dataset or its length): gather_for_metrics(preds, loader) "
             '(docs/porting.md, "Evaluation: every sample once")')
-    ws, me = (1, 0) if g is None else (g.size, g.rank)
+    ws = 1 if g is None else g.size
     source = _source(data_source)
     key = (_identity(source), ws)
     n, share = _layout(source, ws)
@@ -158,11 +158,11 @@ def gather_for_metrics(g: Optional[Group], input_data: Any, data_source: Any = N
                                                      all_gather_object(input_data, group)]
         keep = _rows_kept(key, n, share, [len(p) for p in parts])
         return [x for part, k in zip(parts, keep) for x in part[:k]]
-    per_rank, paths, rebuild = gather_parts(g, input_data, "gather_for_metrics", group)
+    per_rank, mine, paths, rebuild = gather_parts(g, input_data, "gather_for_metrics", group)
     keep = _rows_kept(key, n, share, [_rows(leaves, paths, r) for r, leaves in
                                       enumerate(per_rank)])
     kept = [[t[:k] for t in leaves] for leaves, k in zip(per_rank, keep)]
-    return rebuild(join_ranks(kept, per_rank[me]))
+    return rebuild(join_ranks(kept, mine))  # on the input's devices, as gather's result
 
 
 def reset_metrics_count(data_source: Any = None) -> None:

@@ -73,15 +73,18 @@ def _rows_of(data: Any, what: str) -> Tuple[Leaves, List[str], Rebuild]:
 
 
 def gather_parts(g: Optional[Group], data: Any, what: str,
-                 group: Optional["ProcessGroup"]) -> Tuple[List[Leaves], List[str], Rebuild]:
-    """Every rank's leaves of ``data`` (0-d tensors as 1-element ones), this rank's paths and
-    the structure's rebuild function: :func:`gather`'s exchange, before the concatenation."""
+                 group: Optional["ProcessGroup"]
+                 ) -> Tuple[List[Leaves], Leaves, List[str], Rebuild]:
+    """Every rank's leaves of ``data`` (0-d tensors as 1-element ones, on the device the group
+    communicates on), this rank's own leaves, its paths and the structure's rebuild function:
+    :func:`gather`'s exchange, before the concatenation."""
     leaves, paths, rebuild = _rows_of(data, what)
     if g is None:
-        return [leaves], paths, rebuild
+        return [leaves], leaves, paths, rebuild
     rows, heads = packets.exchange(g, leaves, paths, what)
     check_same(packets.specs_of(rows, heads), paths, what, _JOIN_FIX, key=_joinable)
-    return [packets.unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)], paths, rebuild
+    per_rank = [packets.unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
+    return per_rank, leaves, paths, rebuild
 
 
 def _joined_alike(rows: torch.Tensor, head: List[int]) -> Leaves:

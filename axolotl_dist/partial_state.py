@@ -167,8 +167,8 @@ class PartialState:
     @property
     def distributed_type(self) -> Any:
         """accelerate's :class:`DistributedType` of this run: ``NO`` for one process, else
-        ``MULTI_CPU``, ``MULTI_GPU`` (CUDA) or the ``MULTI_*`` of the device the collectives
-        use. accelerate's own member where the script imported accelerate, else the kit's
+        ``MULTI_CPU``, ``MULTI_GPU`` (CUDA) or the ``MULTI_*`` of :attr:`device` (another
+        accelerator). accelerate's own member where the script imported accelerate, else the kit's
         (equal to it)."""
         if get_world_size() <= 1:
             return _as_accelerates(DistributedType.NO)
@@ -192,14 +192,15 @@ class PartialState:
 
     @property
     def device(self) -> torch.device:
-        """Where this process's tensors go: the group's device once it exists; before, CUDA
-        device ``local_process_index`` where CUDA is usable and ``cpu`` was not asked, else
-        the CPU."""
-        if is_initialized():
-            return comm_device()
-        if not self._cpu and torch.cuda.is_available():
+        """Where this process's tensors go, as accelerate's says: the CPU where ``cpu=True``
+        was asked; else CUDA device ``local_process_index`` where CUDA is usable, whatever the
+        backend (gloo on a GPU machine included); else the group's device once it exists
+        (another accelerator's backend), else the CPU."""
+        if self._cpu:
+            return torch.device("cpu")
+        if torch.cuda.is_available():
             return torch.device("cuda", get_local_rank() % torch.cuda.device_count())
-        return torch.device("cpu")
+        return comm_device() if is_initialized() else torch.device("cpu")
 
     # ---- collectives, blocks, decorators ----
     def wait_for_everyone(self) -> None:

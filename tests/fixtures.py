@@ -40,7 +40,9 @@ def subprocess_env(tmp_path: Optional[Path] = None, **extra: str) -> Dict[str, s
     """
     env = {k: v for k, v in os.environ.items()
            if k not in LAUNCHER_ENV_VARS and not k.startswith(LAUNCHER_PREFIXES)}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    # the checkout first; what the caller's path adds (scripts/gpu_check.sh --wheels) after it
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
     if tmp_path is not None:
         home = tmp_path / "hf_home"
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import axolotl_dist as ad
+from axolotl_dist.collectives import comm_device
 from axolotl_dist.testing import GPU_MARKS, run_distributed, run_distributed_outcomes
 from fixtures import ROOT, subprocess_env
 
@@ -151,7 +152,7 @@ def _init_default_body() -> Dict[str, Any]:
     ad.init_distributed()
     return {"backend": ad.get_backend(), "default": ad.default_backend(),
             "current": torch.cuda.current_device(), "local_rank": ad.get_local_rank(),
-            "comm": str(ad.comm_device()), "supports_cuda": ad.backend_supports_cuda()}
+            "comm": str(comm_device()), "supports_cuda": ad.backend_supports_cuda()}
 
 
 @gpu
@@ -164,7 +165,7 @@ def test_init_on_a_gpu_machine_picks_nccl_and_the_local_gpu():
 def _gloo_on_gpu_body(device: str) -> Dict[str, Any]:
     before = torch.cuda.is_initialized()
     total = ad.reduce_and_broadcast(lambda: ad.get_rank() + 1, sum)  # Python values only
-    return {"comm": str(ad.comm_device()), "backend": ad.get_backend(), "total": total,
+    return {"comm": str(comm_device()), "backend": ad.get_backend(), "total": total,
             "cuda_initialized": (before, torch.cuda.is_initialized())}
 
 
