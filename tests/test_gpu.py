@@ -730,3 +730,4 @@ def test_accelerates_names(config):
                 "broadcast": describe({"a": torch.zeros(2)}, dev),
                 "state": (dev.split(":")[0], ws)}
     check_ranks(run_on(config, _porting_body), expect)
+

@@ -541,10 +541,13 @@ def test_the_harness_says_where_each_rank_was_before_it_killed_them(store):
     assert time.monotonic() - start < 5 + 8
     assert [o.timed_out for o in outcomes] == [True, True]
     first = _one_rank_sleeps.__code__.co_firstlineno
-    assert outcomes[0].where == f"in _one_rank_sleeps at tests/test_where.py:{first + 2}", \
+    # with each rank's place in torch's collectives: init's barrier #1, the kit's barrier #2
+    assert outcomes[0].where == (f"in _one_rank_sleeps at tests/test_where.py:{first + 2}; "
+                                 "torch's last: barrier #1 on the default group, finished"), \
         outcomes[0].where
     assert re.fullmatch(rf"barrier at tests/test_where.py:{first + 3} "
-                        r"\(waiting \d+ s for rank\(s\) \[0\]\)", outcomes[1].where), outcomes[1]
+                        r"\(waiting \d+ s for rank\(s\) \[0\]\); in torch's barrier #2 on the "
+                        r"default group, not finished", outcomes[1].where), outcomes[1]
     assert outcomes[1].describe() == f"rank 1: did not finish in time (killed): {outcomes[1].where}"
     with pytest.raises(DistributedTestError, match="rank 0: did not finish in time .killed.: in "
                                                    "_one_rank_sleeps"):

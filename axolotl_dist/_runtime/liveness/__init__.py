@@ -12,6 +12,8 @@ Floors, one way: :mod:`.peers` <- :mod:`.stalls` <- :mod:`.heartbeat`, and
 * :mod:`.waits`: every kit wait, one watching wait; a collective's wait, in slices.
 * :mod:`.polls`: a wait on a store probe (blocks, debug checks, ``shared_map``).
 * :mod:`.where_report`: where every rank is, on request; the report of all ranks.
+* :mod:`.flight`: each rank's last collective per group in torch's flight recorder; who is
+  behind or mismatched, from every rank's.
 * :mod:`.scopes`: collectives the other ranks cannot join are errors at once.
 * :mod:`.liveness_state`: this room's per-process state.
 * :mod:`.runs`: this host's run directory (``axolotl-dist where`` without an address).

@@ -12,7 +12,8 @@ rank is".
 
 A snapshot holds the main thread's stack, the user's frames kept and the kit's folded into the
 kit call they serve (``barrier at train.py:88``), the kit wait it is in (what, since when, for
-which ranks), and the ``zero_first`` blocks it is running first.
+which ranks), the ``zero_first`` blocks it is running first, and its last collective in each
+of torch's process groups (:mod:`.flight`), from which the report says who is behind.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 from ..base import procs
 from ..base.callsite import PACKAGE_DIR, short_path
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
+from . import flight
 from .liveness_state import RUNS, SCOPES, WAITS
 from ..store import keys, records
 from .peers import Peer, decode_peer, same_machine
@@ -39,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["REQUEST", "BEATS",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "where_command",
-           "where", "where_each", "placed", "read_answer"]
+           "where", "where_each", "placed", "collective_findings", "read_answer"]
 
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
@@ -149,7 +151,7 @@ def snapshot(rank: int) -> Dict[str, Any]:
         "user": user, "call": call,
         "wait": None if entry is None else {"what": entry.what, "since": entry.since,
                                             "ranks": list(entry.ranks)},
-        "first_runs": firsts,
+        "first_runs": firsts, "torch": flight.positions(),
     }
 
 
@@ -178,7 +180,8 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
 _NUMBER = (int, float)
 _ANSWER = MappingProxyType({"rank": int, "pid": int, "host": str, "time": _NUMBER,
                             "user": list, "call": (str, type(None)),
-                            "wait": (dict, type(None)), "first_runs": list, "request": int})
+                            "wait": (dict, type(None)), "first_runs": list,
+                            "torch": (dict, type(None)), "request": int})
 _WAIT = MappingProxyType({"what": str, "since": _NUMBER, "ranks": list})
 
 
@@ -196,6 +199,9 @@ def read_answer(data: bytes) -> Dict[str, Any]:
                                     "function, callee]")
     if not all(isinstance(text, str) for text in doc["first_runs"]):
         raise records.BadRecord("a rank's answer has blocks that are not text")
+    wrong = flight.check_positions(doc["torch"])
+    if wrong is not None:
+        raise records.BadRecord(f"a rank's answer: {wrong}")
     if doc["wait"] is not None:
         records.check_fields(doc["wait"], _WAIT, "a rank's wait")
         records.int_list(doc["wait"]["ranks"], "a rank's awaited ranks")
@@ -261,7 +267,7 @@ def _describe(data: Dict[str, Any], waiting: str = "") -> str:
     firsts = data.get("first_runs") or []
     if firsts:
         text += f"; inside {firsts[-1]}, which it runs first (the others wait for its end)"
-    return text
+    return text + flight.describe_position(data.get("torch"))
 
 
 def _waiting(answers: List[Dict[str, Any]], ranks: List[int], now: float) -> str:
@@ -306,13 +312,37 @@ def placed(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
     return found
 
 
+def _user_line(data: Dict[str, Any]) -> str:
+    """`` at train.py:88``: the user's innermost line in a rank's answer (empty without one)."""
+    user = data.get("user") or []
+    return f" at {user[0][0]}:{user[0][1]}" if user else ""
+
+
+def _place(data: Dict[str, Any]) -> str:
+    """Where a rank is, as a verdict names it: the user's function and line, then the call it
+    is in there (``in evaluate at train.py:120, in torch.distributed.barrier``)."""
+    user, call = data.get("user") or [], data.get("call")
+    where = f"in {user[0][2]}{_user_line(data)}" if user else "in no Python frame of yours"
+    return where + (f", in {call}" if call else "")
+
+
+def collective_findings(answers: Dict[int, Dict[str, Any]]) -> List[str]:
+    """What torch's collectives say of the ranks (:func:`.flight.findings`), from their
+    answers."""
+    found = {r: a.get("torch") for r, a in answers.items() if "unreadable" not in a}
+    return flight.findings(found, lambda r: _user_line(answers[r]),
+                           lambda r: _place(answers[r]))
+
+
 def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
            peers: Dict[int, Peer]) -> str:
-    """One line per group of ranks in the same place (:func:`placed`)."""
+    """One line per group of ranks in the same place (:func:`placed`), then what torch's
+    collectives say of them (:func:`collective_findings`), each line led by ``verdict:``."""
     lines = []
     for ranks, text in placed(answers, silent, peers):
         who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
         lines.append(f"  {who}: {text}")
+    lines += [f"  verdict: {text}" for text in collective_findings(answers)]
     return "\n".join(lines)
 
 

@@ -48,7 +48,7 @@ __all__ = [
     "warning_entry", "VERSION", "MAX_RECORD", "BadRecord", "unreadable",
     "tensor_description", "read_tensor_description", "bigint", "read_bigint",
     "read_warning_entries", "WARNING_END", "clock", "read_clock", "read_number", "read_token",
-    "read_object", "check_fields", "int_list", "RUN_ID_LENGTH", "read_run_id",
+    "read_object", "read_local", "check_fields", "int_list", "RUN_ID_LENGTH", "read_run_id",
 ]
 
 
@@ -244,6 +244,12 @@ def read_document(data: Optional[bytes], empty: Any = None) -> Any:
         return json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRecord(f"not a JSON document ({type(exc).__name__})") from None
+
+
+def read_local(text: str) -> Any:
+    """The value of a JSON document this process made itself (torch's flight recorder's dump):
+    no size bound, since it never crossed the store."""
+    return json.loads(text)
 
 
 def read_object(data: Optional[bytes], fields: Mapping[str, Any], what: str) -> Dict[str, Any]:

@@ -1,0 +1,248 @@
+"""torch's own collectives, as its flight recorder saw them: this rank's position in each
+process group's sequence, and what every rank's positions say together.
+
+torch (2.12 and later) records every collective a gloo or NCCL process group issues, DDP's and
+FSDP's included, in a ring buffer per process (``TORCH_FR_BUFFER_SIZE`` entries, 2,000 unless
+set; 0 turns it off). Each entry has its group, its sequence number in that group, the op,
+the input shapes and dtypes, and whether it finished. A rank that answers a where request
+(:mod:`.where_report`) reads its own buffer, in the process, and keeps one entry per group:
+the last collective it issued. Nothing is read while nobody asks.
+
+From every rank's last entry per group, :func:`findings` says who is behind and who mismatched:
+ranks waiting in collective #N while another rank's last is #N-1 (it never issued #N: its
+place says where it is instead), or ranks whose #N are different ops, shapes or dtypes. See
+docs/design.md, "Where every rank is".
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from ..store import records
+
+__all__ = ["positions", "check_positions", "describe_position", "findings", "group_label"]
+
+#: torch's names of its dtypes in the recorder, as ``torch.<name>`` spells them.
+_DTYPES = MappingProxyType({
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+    "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"})
+#: Ops whose inputs must have the same shapes on every rank of the group.
+_SAME_SHAPES = frozenset({"all_reduce", "allreduce", "broadcast", "reduce", "all_gather",
+                          "allgather", "gather", "reduce_scatter", "allreduce_coalesced"})
+#: A group member's position before its first collective on the group.
+_NONE: Mapping[str, Any] = MappingProxyType(
+    {"seq": 0, "op": "none", "shapes": [], "dtypes": [], "done": True})
+#: The fields of one group's position, as :func:`positions` writes them.
+_FIELDS = MappingProxyType(
+    {"seq": int, "op": str, "shapes": list, "dtypes": list, "done": bool, "ranks": list})
+
+
+def _dump() -> Optional[Dict[str, Any]]:
+    """torch's recorder of this process as a dict, or None where this torch has none (torch
+    is imported here, in a rank that answers, not where a report is only read)."""
+    import torch
+
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return None
+    try:
+        return records.read_local(dump(True, True))
+    except Exception:  # noqa: BLE001 - a recorder that cannot dump leaves the report as it was
+        return None
+
+
+def _members() -> Dict[str, List[int]]:
+    """Each live process group's name -> its global ranks, from torch's own registry."""
+    from torch.distributed import distributed_c10d
+
+    world = distributed_c10d._world
+    out = {}
+    try:
+        for pg, name in list(world.pg_names.items()):
+            ranks = world.pg_group_ranks.get(pg)
+            if ranks is not None:
+                out[str(name)] = sorted(int(r) for r in ranks)
+    except Exception:  # noqa: BLE001 - the main thread changed the registry meanwhile
+        return out
+    return out
+
+
+def positions() -> Optional[Dict[str, Dict[str, Any]]]:
+    """This rank's last collective per process group (group name -> ``{"seq", "op", "shapes",
+    "dtypes", "done", "ranks"}``), or None where torch records none (too old, or
+    ``TORCH_FR_BUFFER_SIZE=0``). Point-to-point entries are left out: they have no place in a
+    group's collective sequence. The entries come oldest first."""
+    dump = _dump()
+    if dump is None or not dump.get("entries"):
+        return None
+    members = _members()
+    last: Dict[str, Dict[str, Any]] = {}
+    for entry in dump["entries"]:
+        if entry.get("is_p2p"):
+            continue
+        name = str((entry.get("process_group") or ["?"])[0])
+        if members and name not in members:
+            continue  # a destroyed group's entries stay in the buffer
+        seq = int(entry.get("collective_seq_id", 0))  # the newest entry wins: a group made
+        # again under the same name (a process that re-initialized) starts from #1
+        op = str(entry.get("profiling_name", "?")).split(":")[-1]
+        last[name] = {
+            "seq": seq, "op": op,
+            "shapes": [[int(n) for n in s] for s in entry.get("input_sizes") or []],
+            "dtypes": [_DTYPES.get(d, str(d).lower()) for d in entry.get("input_dtypes") or []],
+            "done": bool(entry.get("retired")) or entry.get("state") == "completed",
+            "ranks": members.get(name, []),
+        }
+    return last or None
+
+
+def _check_position(name: str, pos: Any) -> Optional[str]:
+    """What is wrong with one group's position (None when nothing is)."""
+    if not isinstance(pos, dict) or set(pos) != set(_FIELDS):
+        return f"torch's position on group {name!r} is not an object of {sorted(_FIELDS)}"
+    for field, want in _FIELDS.items():
+        if not isinstance(pos[field], want) or (want is int and isinstance(pos[field], bool)):
+            return f"torch's position on group {name!r} has a {field!r} of the wrong type"
+    shapes_ok = all(isinstance(s, list) and all(type(n) is int for n in s)
+                    for s in pos["shapes"])
+    if not (shapes_ok and all(isinstance(d, str) for d in pos["dtypes"])
+            and all(type(r) is int for r in pos["ranks"])):
+        return f"torch's position on group {name!r} has malformed shapes, dtypes or ranks"
+    return None
+
+
+def check_positions(value: Any) -> Optional[str]:
+    """What is wrong with ``value`` as :func:`positions` writes it (None when nothing is):
+    a rank's answer is checked field by field before a report reads it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "torch's positions are not an object"
+    for name, pos in value.items():
+        wrong = _check_position(name, pos)
+        if wrong is not None:
+            return wrong
+    return None
+
+
+def group_label(name: str, ranks: List[int]) -> str:
+    """``the default group`` or ``group 3 (ranks 1, 2)``."""
+    if name == "0":
+        return "the default group"
+    return f"group {name} (ranks {', '.join(map(str, ranks))})" if ranks else f"group {name}"
+
+
+def _tensors(pos: Mapping[str, Any]) -> str:
+    """``float32[4096]`` (``, ``-joined for several inputs; empty for none)."""
+    return ", ".join(f"{d}[{', '.join(map(str, s))}]"
+                     for d, s in zip(pos["dtypes"], pos["shapes"]))
+
+
+def _what(pos: Mapping[str, Any], seq: bool = False) -> str:
+    """``all_reduce (float32[4096])``; ``all_reduce #57 (float32[4096])`` with ``seq``."""
+    tensors = _tensors(pos)
+    return pos["op"] + (f" #{pos['seq']}" if seq else "") + (f" ({tensors})" if tensors else "")
+
+
+def _call(pos: Mapping[str, Any]) -> str:
+    """``all_reduce #57 (float32[4096])``."""
+    return _what(pos, seq=True)
+
+
+def describe_position(found: Optional[Dict[str, Dict[str, Any]]]) -> str:
+    """What a rank's report line says of its torch collectives: the ones it waits in, else
+    its last one (empty where torch records none)."""
+    if not found:
+        return ""
+    pending = [(n, p) for n, p in sorted(found.items()) if not p["done"]]
+    if pending:
+        return "; in torch's " + "; ".join(
+            f"{_call(p)} on {group_label(n, p['ranks'])}, not finished" for n, p in pending)
+    name, pos = max(found.items(), key=lambda item: (item[0] == "0", item[1]["seq"]))
+    return f"; torch's last: {_call(pos)} on {group_label(name, pos['ranks'])}, finished"
+
+
+def _ranks(ranks: List[int]) -> str:
+    return (f"rank {ranks[0]}" if len(ranks) == 1 else
+            "ranks " + ", ".join(map(str, sorted(ranks))))
+
+
+def _kind(pos: Mapping[str, Any]) -> Tuple[Any, ...]:
+    """What must agree across ranks at one sequence number."""
+    shapes = tuple(map(tuple, pos["shapes"])) if pos["op"] in _SAME_SHAPES else None
+    return pos["op"], shapes, tuple(pos["dtypes"])
+
+
+def _mismatch(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
+              lines: Callable[[int], str]) -> List[str]:
+    """The finding where the ranks' collective ``#top`` differs in op, shapes or dtypes."""
+    there: Dict[Tuple[Any, ...], List[int]] = {}
+    for rank, pos in sorted(by_rank.items()):
+        if pos["seq"] == top:
+            there.setdefault(_kind(pos), []).append(rank)
+    if len(there) < 2:
+        return []
+    parts = [f"{_what(by_rank[rs[0]])} on {_ranks(rs)}{lines(rs[0])}" for rs in there.values()]
+    return [f"torch's collective #{top} on {label} differs across ranks: " + "; ".join(parts)
+            + ". Every rank must issue the same collectives in the same order with the same "
+            "shapes and dtypes: one of these calls runs on some ranks only (an `if` on the "
+            "rank, or a loop of a different length)."]
+
+
+def _behind(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
+            lines: Callable[[int], str], places: Callable[[int], str]) -> List[str]:
+    """The finding where some ranks' last collective is older than ``#top``: who waits in
+    ``#top``, and where each rank that never issued it is instead."""
+    behind = {r: p for r, p in by_rank.items() if p["seq"] < top}
+    if not behind:
+        return []
+    waiting = sorted(r for r, p in by_rank.items() if p["seq"] == top and not p["done"])
+    where: Dict[Tuple[int, str, str], List[int]] = {}
+    for rank in sorted(behind):
+        where.setdefault((behind[rank]["seq"], behind[rank]["op"], places(rank)),
+                         []).append(rank)
+    ahead = [r for r, p in sorted(by_rank.items()) if p["seq"] == top]
+    head = (f"{_ranks(waiting)} wait in torch's {_call(by_rank[waiting[0]])} on {label}"
+            f"{lines(waiting[0])}" if waiting else
+            f"{_ranks(ahead)} issued torch's {_call(by_rank[ahead[0]])} on {label}")
+    tails = []
+    for (seq, op, place), rs in where.items():
+        one = len(rs) == 1
+        last = (f"{'its' if one else 'their'} last was #{seq} ({op})" if seq else
+                "none issued on this group yet")
+        tails.append(f"{_ranks(rs)} never issued #{top}: {last}, "
+                     f"{'it is' if one else 'they are'} {place}")
+    return [head + "; " + "; ".join(tails)]
+
+
+def _group_findings(name: str, by_rank: Dict[int, Dict[str, Any]],
+                    lines: Callable[[int], str], places: Callable[[int], str]) -> List[str]:
+    """The findings of one group: a mismatch at its newest sequence number, then the ranks
+    that never issued it. None where no rank waits in a collective of the group."""
+    if all(p["done"] for p in by_rank.values()):
+        return []
+    top = max(p["seq"] for p in by_rank.values())
+    label = group_label(name, next(iter(by_rank.values()))["ranks"])
+    return (_mismatch(label, top, by_rank, lines)
+            + _behind(label, top, by_rank, lines, places))
+
+
+def findings(found: Dict[int, Optional[Dict[str, Dict[str, Any]]]],
+             lines: Callable[[int], str], places: Callable[[int], str]) -> List[str]:
+    """Every group's findings from the ranks' positions (rank -> :func:`positions`):
+    ``lines(rank)`` is `` at train.py:88`` (the user's line a rank is at, or empty),
+    ``places(rank)`` where a rank is (``in evaluate at train.py:120``)."""
+    groups: Dict[str, Dict[int, Dict[str, Any]]] = {}
+    for rank, mine in found.items():
+        for name, pos in (mine or {}).items():
+            groups.setdefault(name, {})[rank] = pos
+    for name, by_rank in groups.items():  # members that answered but issued none on it yet
+        for rank in next(iter(by_rank.values()))["ranks"]:
+            if found.get(rank) is not None and rank not in by_rank:
+                by_rank[rank] = dict(_NONE, ranks=by_rank[next(iter(by_rank))]["ranks"])
+    out = []
+    for name in sorted(groups, key=lambda n: (n != "0", n)):
+        out += _group_findings(name, groups[name], lines, places)
+    return out
