@@ -10,7 +10,8 @@
 #   2. nothing is installed into that Python: the checkout runs from PYTHONPATH; --wheels DIR
 #      first installs the wheels in DIR into a folder of its own (offline; e.g. datasets for
 #      examples/hf_finetune.py, which the GPU machines' image lacks);
-#   3. pytest -m gpu: tests/test_gpu.py, the examples on CUDA among them;
+#   3. pytest -m gpu: tests/test_gpu.py, the examples on CUDA among them, and NCCL in torch's
+#      flight recorder (tests/runtime/liveness/test_flight.py);
 #   4. benchmarks/collectives.py --device cuda: the helpers next to the raw torch collectives
 #      on CUDA tensors, in the same run;
 #   5. a summary: the GPU, torch, the test counts, each example, the benchmark's table.
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) wheels=${2:?--wheels needs a directory}; shift 2 ;;
     --) shift; pytest_args=("$@"); break ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -115,7 +116,8 @@ EOF
 echo "gpu_check: running pytest -m gpu (log: $WORK/pytest.log)"
 t0=$(date +%s)
 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rfEs "${xdist[@]}" --junitxml "$WORK/gpu.xml" \
-  "${pytest_args[@]}" tests/test_gpu.py >"$WORK/pytest.log" 2>&1
+  "${pytest_args[@]}" tests/test_gpu.py tests/runtime/liveness/test_flight.py \
+  >"$WORK/pytest.log" 2>&1
 pytest_rc=$?
 pytest_s=$(( $(date +%s) - t0 ))
 echo "gpu_check: running benchmarks/collectives.py --device cuda (log: $WORK/bench.log)"
