@@ -203,9 +203,12 @@ def test_a_hang_fails_at_its_timeout_saying_where_each_rank_is(tmp_path):
            "where each was, before every rank was killed:" in out, out
     assert re.search(r"^FAILED test_user.py::test_rank0_hangs - timed out: ranks 0, 1 of 2 still "
                      r"running after 12 s \(the marker's timeout=12\)$", out, re.M), out
-    assert f"  rank 0: in test_rank0_hangs at test_user.py:{sleep}\n" in out, out
+    # each with its place in torch's collectives: the harness's init barrier #1, the kit's #2
+    assert (f"  rank 0: in test_rank0_hangs at test_user.py:{sleep}; torch's last: barrier #1 "
+            "on the default group, finished\n") in out, out
     assert re.search(rf"^  rank 1: barrier at test_user.py:{barrier} \(waiting 1\d s for "
-                     r"rank\(s\) \[0\]\)$", out, re.M), out
+                     r"rank\(s\) \[0\]\); in torch's barrier #2 on the default group, not "
+                     r"finished$", out, re.M), out
 
 
 def test_the_same_file_under_xdist(tmp_path):
@@ -346,7 +349,8 @@ def test_without_a_marker_timeout_pytest_timeouts_limit_applies_report_first(tmp
     assert "timed out: ranks 0, 1 of 2 still running after 8 s (pytest-timeout's 16 s less 8 s " \
            "for this report)" in out, out
     sleep = HANG.splitlines().index("        time.sleep(3600)") + 1
-    assert f"  rank 1: in test_hangs at test_user.py:{sleep}\n" in out, out
+    assert (f"  rank 1: in test_hangs at test_user.py:{sleep}; torch's last: barrier #1 on the "
+            "default group, finished\n") in out, out
     assert "+++ Timeout +++" not in out, out  # pytest-timeout's own stack dump never came
     assert _seconds(tmp_path, "test_hangs") < 16, out
 
