@@ -19,6 +19,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ..base.text import ranks_text
 from ..store import records
 
 __all__ = ["positions", "check_positions", "describe_position", "findings", "group_label"]
@@ -98,33 +99,21 @@ def positions() -> Optional[Dict[str, Dict[str, Any]]]:
     return last or None
 
 
-def _check_position(name: str, pos: Any) -> Optional[str]:
-    """What is wrong with one group's position (None when nothing is)."""
-    if not isinstance(pos, dict) or set(pos) != set(_FIELDS):
-        return f"torch's position on group {name!r} is not an object of {sorted(_FIELDS)}"
-    for field, want in _FIELDS.items():
-        if not isinstance(pos[field], want) or (want is int and isinstance(pos[field], bool)):
-            return f"torch's position on group {name!r} has a {field!r} of the wrong type"
-    shapes_ok = all(isinstance(s, list) and all(type(n) is int for n in s)
-                    for s in pos["shapes"])
-    if not (shapes_ok and all(isinstance(d, str) for d in pos["dtypes"])
-            and all(type(r) is int for r in pos["ranks"])):
-        return f"torch's position on group {name!r} has malformed shapes, dtypes or ranks"
-    return None
-
-
-def check_positions(value: Any) -> Optional[str]:
-    """What is wrong with ``value`` as :func:`positions` writes it (None when nothing is):
-    a rank's answer is checked field by field before a report reads it."""
+def check_positions(value: Any) -> None:
+    """Raise :class:`~..store.records.BadRecord` where ``value`` is not what :func:`positions`
+    writes: a rank's answer is checked field by field before a report reads it."""
     if value is None:
-        return None
+        return
     if not isinstance(value, dict):
-        return "torch's positions are not an object"
+        raise records.BadRecord("torch's positions are not an object")
     for name, pos in value.items():
-        wrong = _check_position(name, pos)
-        if wrong is not None:
-            return wrong
-    return None
+        what = f"torch's position on group {name!r}"
+        records.check_fields(pos, _FIELDS, what)
+        records.int_list(pos["ranks"], f"{what}'s ranks")
+        for shape in pos["shapes"]:
+            records.int_list(shape, f"{what}'s shapes")
+        if not all(isinstance(d, str) for d in pos["dtypes"]):
+            raise records.BadRecord(f"{what}'s dtypes are not text")
 
 
 def group_label(name: str, ranks: List[int]) -> str:
@@ -146,11 +135,6 @@ def _what(pos: Mapping[str, Any], seq: bool = False) -> str:
     return pos["op"] + (f" #{pos['seq']}" if seq else "") + (f" ({tensors})" if tensors else "")
 
 
-def _call(pos: Mapping[str, Any]) -> str:
-    """``all_reduce #57 (float32[4096])``."""
-    return _what(pos, seq=True)
-
-
 def describe_position(found: Optional[Dict[str, Dict[str, Any]]]) -> str:
     """What a rank's report line says of its torch collectives: the ones it waits in, else
     its last one (empty where torch records none)."""
@@ -159,14 +143,9 @@ def describe_position(found: Optional[Dict[str, Dict[str, Any]]]) -> str:
     pending = [(n, p) for n, p in sorted(found.items()) if not p["done"]]
     if pending:
         return "; in torch's " + "; ".join(
-            f"{_call(p)} on {group_label(n, p['ranks'])}, not finished" for n, p in pending)
+            f"{_what(p, seq=True)} on {group_label(n, p['ranks'])}, not finished" for n, p in pending)
     name, pos = max(found.items(), key=lambda item: (item[0] == "0", item[1]["seq"]))
-    return f"; torch's last: {_call(pos)} on {group_label(name, pos['ranks'])}, finished"
-
-
-def _ranks(ranks: List[int]) -> str:
-    return (f"rank {ranks[0]}" if len(ranks) == 1 else
-            "ranks " + ", ".join(map(str, sorted(ranks))))
+    return f"; torch's last: {_what(pos, seq=True)} on {group_label(name, pos['ranks'])}, finished"
 
 
 def _kind(pos: Mapping[str, Any]) -> Tuple[Any, ...]:
@@ -184,7 +163,7 @@ def _mismatch(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
             there.setdefault(_kind(pos), []).append(rank)
     if len(there) < 2:
         return []
-    parts = [f"{_what(by_rank[rs[0]])} on {_ranks(rs)}{lines(rs[0])}" for rs in there.values()]
+    parts = [f"{_what(by_rank[rs[0]])} on {ranks_text(rs)}{lines(rs[0])}" for rs in there.values()]
     return [f"torch's collective #{top} on {label} differs across ranks: " + "; ".join(parts)
             + ". Every rank must issue the same collectives in the same order with the same "
             "shapes and dtypes: one of these calls runs on some ranks only (an `if` on the "
@@ -204,15 +183,15 @@ def _behind(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
         where.setdefault((behind[rank]["seq"], behind[rank]["op"], places(rank)),
                          []).append(rank)
     ahead = [r for r, p in sorted(by_rank.items()) if p["seq"] == top]
-    head = (f"{_ranks(waiting)} wait in torch's {_call(by_rank[waiting[0]])} on {label}"
+    head = (f"{ranks_text(waiting)} wait in torch's {_what(by_rank[waiting[0]], seq=True)} on {label}"
             f"{lines(waiting[0])}" if waiting else
-            f"{_ranks(ahead)} issued torch's {_call(by_rank[ahead[0]])} on {label}")
+            f"{ranks_text(ahead)} issued torch's {_what(by_rank[ahead[0]], seq=True)} on {label}")
     tails = []
     for (seq, op, place), rs in where.items():
         one = len(rs) == 1
         last = (f"{'its' if one else 'their'} last was #{seq} ({op})" if seq else
                 "none issued on this group yet")
-        tails.append(f"{_ranks(rs)} never issued #{top}: {last}, "
+        tails.append(f"{ranks_text(rs)} never issued #{top}: {last}, "
                      f"{'it is' if one else 'they are'} {place}")
     return [head + "; " + "; ".join(tails)]
 
@@ -238,10 +217,11 @@ def findings(found: Dict[int, Optional[Dict[str, Dict[str, Any]]]],
     for rank, mine in found.items():
         for name, pos in (mine or {}).items():
             groups.setdefault(name, {})[rank] = pos
-    for name, by_rank in groups.items():  # members that answered but issued none on it yet
-        for rank in next(iter(by_rank.values()))["ranks"]:
+    for by_rank in groups.values():  # members that answered but issued none on it yet
+        members = next(iter(by_rank.values()))["ranks"]
+        for rank in members:
             if found.get(rank) is not None and rank not in by_rank:
-                by_rank[rank] = dict(_NONE, ranks=by_rank[next(iter(by_rank))]["ranks"])
+                by_rank[rank] = dict(_NONE, ranks=members)
     out = []
     for name in sorted(groups, key=lambda n: (n != "0", n)):
         out += _group_findings(name, groups[name], lines, places)
