@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from ._runtime.base import constants as _constants
 from ._runtime.protocols import debug_checks as _debug_checks
+from ._runtime.protocols import raw_checks as _raw_checks
 from ._runtime.protocols.helpers import debug_timeout
 from ._runtime.base.groups import group_of as _group_of
 from .errors import DistributedConfigError, DistributedEnvError
@@ -62,9 +63,16 @@ DEFAULT_DEBUG_TIMEOUT = _constants.DEFAULT_DEBUG_TIMEOUT
 
 # debug mode's switches live in the protocols room (:mod:`axolotl_dist._runtime.protocols.debug_checks`)
 
-#: Re-read :data:`DEBUG_ENV_VAR` unless :func:`enable_debug`/:func:`disable_debug` decided.
-refresh_from_env = _debug_checks.refresh_from_env
-_set = _debug_checks.set_switches
+def refresh_from_env() -> None:
+    """Re-read :data:`DEBUG_ENV_VAR` unless :func:`enable_debug`/:func:`disable_debug` decided."""
+    _debug_checks.refresh_from_env()
+    _raw_checks.sync()
+
+
+def _set(on: bool, timeout: Optional[float], explicit: bool, env_error: Optional[str]) -> None:
+    """Set the switches; torch's own collectives are checked exactly while it is on."""
+    _debug_checks.set_switches(on, timeout, explicit, env_error)
+    _raw_checks.sync()
 
 
 def enable_debug(timeout: Optional[float] = None) -> None:

@@ -124,14 +124,14 @@ def _trace_cost_ns(number: int = 20_000, rounds: int = 25) -> Dict[str, float]:
     # the span the wrapper records, timed alone
     from axolotl_dist._runtime.protocols import timeline
     from axolotl_dist._runtime.base.callsite import call_site
-    from axolotl_dist._runtime.base.state import STATE  # the benchmark toggles the recorder
+    from axolotl_dist._runtime.protocols.protocols_state import TIMELINE  # toggled here
 
     def nothing() -> None:
         return None
 
     with tempfile.TemporaryDirectory() as directory:
         ad.init_distributed(trace_dir=directory)
-        recorder = STATE.trace
+        recorder = TIMELINE.recorder
 
         def span() -> None:
             timeline.helper_span(recorder, "barrier", None, call_site, nothing, (), {})
@@ -140,13 +140,57 @@ def _trace_cost_ns(number: int = 20_000, rounds: int = 25) -> Dict[str, float]:
         for _ in range(rounds):
             costs["span"].append(timeit.timeit(span, number=number) / number * 1e9)
             costs["bare"].append(timeit.timeit(nothing, number=number) / number * 1e9)
-            STATE.trace = recorder
+            TIMELINE.recorder = recorder
             costs["on"].append(timeit.timeit(ad.barrier, number=number // 10) / number * 1e10)
-            STATE.trace = None
+            TIMELINE.recorder = None
             costs["off"].append(timeit.timeit(ad.barrier, number=number // 10) / number * 1e10)
         recorder.end(None)  # closed unmerged: a merge of a million spans is not what is timed
         ad.cleanup_distributed()
     return {k: min(v) for k, v in costs.items()}
+
+
+def _raw_body(iters: int) -> Dict[str, float]:
+    """Median us per raw ``dist.all_reduce`` of 4 floats: torch's own (debug mode off) and
+    checked by debug mode (on), interleaved in blocks; under ``TORCH_DISTRIBUTED_DEBUG`` (the
+    env of the run) the ``off`` column is torch's own check."""
+    import torch
+    import torch.distributed as dist
+
+    import axolotl_dist as ad
+
+    t = torch.ones(4)
+    times: Dict[str, List[float]] = {"off": [], "on": []}
+    clock = time.perf_counter_ns
+    for i in range(iters // 10 + 5):
+        for mode in ("off", "on"):
+            if mode == "on":
+                ad.enable_debug()
+            dist.barrier()
+            t0 = clock()
+            for _ in range(10):
+                dist.all_reduce(t)
+            if i >= 5:
+                times[mode].append((clock() - t0) / 1e4)
+            ad.disable_debug()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _raw_table(world_size: int, iters: int) -> None:
+    """Raw torch collectives: debug mode's check against torch's own
+    (``TORCH_DISTRIBUTED_DEBUG=DETAIL``: every collective first checked through a side group)."""
+    from axolotl_dist.testing import run_distributed
+
+    plain = run_distributed(_raw_body, world_size, args=(iters,), timeout=3600,
+                            env={"AXOLOTL_DIST_DEBUG": "0"})
+    detail = run_distributed(_raw_body, world_size, args=(iters,), timeout=3600,
+                             env={"AXOLOTL_DIST_DEBUG": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    off, on = max(r["off"] for r in plain), max(r["on"] for r in plain)
+    det = max(r["off"] for r in detail)
+    print(f"\nRaw `dist.all_reduce` of 4 floats, {world_size} gloo ranks, median us per call of "
+          "the slower rank (blocks of 10):\n")
+    print("| torch alone | debug mode (`AXOLOTL_DIST_DEBUG=1`) | `TORCH_DISTRIBUTED_DEBUG=DETAIL` |")
+    print("|---:|---:|---:|")
+    print(f"| {off:.0f} | {on:.0f} ({on / off:.1f}x) | {det:.0f} ({det / off:.1f}x) |")
 
 
 def _slowest(per_rank: Sequence[Dict[str, List[float]]], key: str) -> List[float]:
@@ -203,6 +247,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{trace['on']:.0f} ns on ({trace['on'] - trace['off']:+.0f} ns in place, where "
           f"Python runs slower right after a collective).")
     ok &= span <= 5000
+    _raw_table(args.world_size, args.iters)
     print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
     return 0 if ok else 1
 

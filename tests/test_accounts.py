@@ -217,3 +217,45 @@ def test_str_leaves_the_traceback_to_a_rank_on_this_machine_and_keeps_it_in_the_
         assert str(there) == f"{text}\n--- traceback from rank 0 ---\n{remote.rstrip()}"
         back = RankFailedError.from_report(there.to_report())
         assert back.machine == machine and str(back) == str(there)
+
+
+RAW = """
+import torch, torch.distributed as dist
+import axolotl_dist as ad
+ad.init_distributed()
+rank, last = ad.get_rank(), ad.get_world_size() - 1
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+for step in range(2 if rank == last else 3):
+    model(torch.randn(2, 8)).sum().backward()
+if rank == last:
+    raise ValueError("bad row 17 in data.jsonl")
+t = torch.ones(4)
+dist.all_reduce(t)
+"""
+#: a rank in DDP's all-reduce (inside gloo) when the last rank raised: gloo's "Connection
+#: closed by peer" becomes the last rank's account, at the rank's own line
+RAW_ACCOUNT = (r"axolotl_dist\.errors\.RankFailedError at (\S*/)?e\.py:8 in <module>: "
+               r"rank {last} failed in torch's collective: ValueError: " + re.escape(MESSAGE)
+               + r"( \(its traceback is in rank {last}'s output\)|; also rank .*)$")
+
+
+def test_a_torch_collective_failed_by_a_peer_gives_that_peers_account(tmp_path):
+    for ws, launcher in ((2, "axolotl-dist"), (3, "env"), (3, "torchrun")):
+        if launcher == "axolotl-dist":
+            code, out, err = launch_script(tmp_path, "e.py", RAW, ws, TIMEOUT)
+            output = out + err
+        elif launcher == "env":
+            results = run_bare_env(tmp_path, "e.py", RAW, ws, TIMEOUT)
+            output = "".join(o + e for _, o, e in results)
+        else:
+            (tmp_path / "e.py").write_text(RAW)
+            code, out, err = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node", str(ws), "e.py"], subprocess_env(tmp_path),
+                                 TIMEOUT, cwd=tmp_path)
+            output = out + err
+        last = ws - 1
+        assert "Connection closed by peer" not in output and "GLHF" not in output, output
+        assert output.count(rank_tag(last, launcher) + "Traceback (most recent call last)") == 1
+        for r in range(last):
+            one = "^" + re.escape(rank_tag(r, launcher))
+            assert re.search(one + RAW_ACCOUNT.format(last=last), output, re.M), (launcher, output)

@@ -249,3 +249,43 @@ def test_the_traced_example_names_its_slow_rank(tmp_path):
     assert re.search(r"\d\.\d+ s for 2 +\d\.\d+ s for 2 +-$", rows["reduce_and_broadcast"]), summary
     assert (trace / "timeline.png").exists() or not HAS_MATPLOTLIB
     assert (trace / "trace.json").exists()
+
+
+RAW = """
+import torch, torch.distributed as dist
+import axolotl_dist as ad
+ad.init_distributed()
+t = torch.ones(16)
+for _ in range(3):
+    dist.all_reduce(t)
+with ad.trace_span("between"):
+    ad.barrier()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+model(torch.randn(2, 8)).sum().backward()
+"""
+
+
+def test_torchs_own_collectives_are_on_a_row_of_their_own(tmp_path):
+    (tmp_path / "raw.py").write_text(RAW)
+    code, out, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "2", "raw.py"],
+                         _env(tmp_path), 120, cwd=tmp_path)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "trace" / "trace.json").read_text())
+    events = doc["traceEvents"]
+    for rank in (0, 1):
+        rows = {e["tid"] for e in events if e["pid"] == rank and e["name"] == "thread_name"
+                and e["args"]["name"] == "torch's collectives (flight recorder)"}
+        torch_events = [e for e in events if e["pid"] == rank and e.get("cat") == "torch"]
+        assert {e["tid"] for e in torch_events} == rows and len(rows) == 1, torch_events
+        names = [e["name"] for e in torch_events]
+        raw = [n for n in names if n.endswith("(float32[16])")]
+        assert len(raw) == 3 and all(re.fullmatch(r"all_reduce #\d+ \(float32\[16\]\)", n)
+                                     for n in raw), names
+        assert any(re.fullmatch(r"all_reduce #\d+ \(float32\[36\]\)", n) for n in names), names
+        assert all(e["ph"] == "i" and e["args"]["group"] == "0" for e in torch_events)
+        between = next(e for e in events if e["pid"] == rank and e["name"] == "between")
+        # the clocks agree: the raw all-reduces come before the user's span, DDP's after it
+        stamps = {e["name"]: e["ts"] for e in torch_events}
+        assert all(stamps[n] <= between["ts"] + 1 for n in raw), (stamps, between)
+        ddp = [e["ts"] for e in torch_events if "float32[36]" in e["name"]]
+        assert ddp and min(ddp) >= between["ts"] + between["dur"] - 1, (ddp, between)

@@ -24,7 +24,7 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .._runtime.protocols.timeline import FILE_PREFIX
 
@@ -265,6 +265,23 @@ def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _span_event(tr: RankTrace, span: Dict[str, Any], us: Callable[[int], float]) -> Dict[str, Any]:
+    """One span of a rank as a Chrome trace event (``us``: a time on rank 0's clock in the
+    trace's microseconds)."""
+    args = {key: span[src] for key, src in (("site", "site"), ("group", "g"), ("call", "s"),
+                                            ("bytes", "b"), ("waited_for", "w"), ("error", "err"))
+            if src in span}
+    name = span["n"] if span["k"] != "wait" else f"wait: {span['n']}"
+    if span["k"] == "body":
+        name = f"{span['n']} body"
+    event = {"name": name, "cat": span["k"], "ph": "X", "pid": tr.rank, "tid": span["th"],
+             "ts": us(tr.at(span["t"])), "dur": round(span["d"] / 1000.0, 3), "args": args}
+    if span["k"] == "torch" and not span["d"]:  # issued; gloo stamps no completion
+        del event["dur"]
+        event.update(ph="i", s="t")
+    return event
+
+
 def _events(traces: List[RankTrace], waits: List[_Wait], base: int) -> List[Dict[str, Any]]:
     def us(t: int) -> float:
         return round((t - base) / 1000.0, 3)
@@ -280,17 +297,7 @@ def _events(traces: List[RankTrace], waits: List[_Wait], base: int) -> List[Dict
         for th, name in tr.threads.items():
             events.append({"name": "thread_name", "ph": "M", "pid": tr.rank, "tid": th,
                            "args": {"name": name}})
-        for span in tr.spans:
-            args = {key: span[src] for key, src in (("site", "site"), ("group", "g"),
-                                                    ("call", "s"), ("bytes", "b"),
-                                                    ("waited_for", "w"), ("error", "err"))
-                    if src in span}
-            name = span["n"] if span["k"] != "wait" else f"wait: {span['n']}"
-            if span["k"] == "body":
-                name = f"{span['n']} body"
-            events.append({"name": name, "cat": span["k"], "ph": "X", "pid": tr.rank,
-                           "tid": span["th"], "ts": us(tr.at(span["t"])),
-                           "dur": round(span["d"] / 1000.0, 3), "args": args})
+        events += [_span_event(tr, span, us) for span in tr.spans]
         if tr.end is None:
             events.append({"name": "ended: rank lost (no exit record: killed or crashed)",
                            "cat": "lost", "ph": "i", "s": "p", "pid": tr.rank, "tid": 0,

@@ -17,16 +17,29 @@ import os
 import sys
 import traceback
 from types import TracebackType
-from typing import Any, List, Optional, Type
+from typing import Any, Callable, List, Optional, Type
 
 from .callsite import PACKAGE_DIR, short_path
 from .procs import MACHINE
 from ...errors import RankFailedError
 
 __all__ = ["kit_frame", "format_exception", "format_failure", "format_uncaught", "safe_str",
-           "install"]
+           "install", "on_uncaught"]
 
 _PACKAGE = PACKAGE_DIR
+_TORCH_MARK = os.sep + "torch" + os.sep
+#: Asked first about an uncaught exception (:func:`on_uncaught`): the failure of another rank
+#: it stands for, or None.
+_EXPLAIN: List[Callable[[BaseException], Optional[RankFailedError]]] = []
+
+
+def on_uncaught(explain: Callable[[BaseException], Optional[RankFailedError]]) -> None:
+    """Ask ``explain`` about each uncaught exception the kit's hook prints: where it returns
+    another rank's failure (a torch collective that failed because that rank ended), the hook
+    prints that account instead (:func:`format_failure`). :mod:`..lifecycle.services`
+    registers it here: the floors below cannot import it."""
+    if explain not in _EXPLAIN:
+        _EXPLAIN.append(explain)
 
 
 def kit_frame(filename: str) -> bool:
@@ -76,8 +89,10 @@ def format_exception(exc_type: Optional[Type[BaseException]], exc: BaseException
 
 
 def _site(tb: Optional[TracebackType]) -> str:
-    """``path:line in function`` of the innermost frame of ``tb`` outside the kit ("" if none)."""
+    """``path:line in function`` of the innermost frame of ``tb`` outside the kit and torch
+    ("" if none): the user's line that called the collective that failed."""
     frames = [f for f in traceback.extract_tb(tb) if not kit_frame(f.filename)]
+    frames = [f for f in frames if _TORCH_MARK not in f.filename] or frames
     if not frames:
         return ""
     frame = frames[-1]
@@ -121,7 +136,16 @@ class _Hook:
 
     def __call__(self, exc_type: Type[BaseException], exc: BaseException,
                  tb: Optional[TracebackType]) -> None:
-        text = format_uncaught(exc_type, exc, tb)
+        text = ""
+        for explain in _EXPLAIN:
+            try:
+                failure = explain(exc)
+            except Exception:  # noqa: BLE001 - the exception's own traceback then
+                failure = None
+            if failure is not None:
+                text = format_failure(failure, tb)
+                break
+        text = text or format_uncaught(exc_type, exc, tb)
         if self.prefix:
             text = "".join(f"{self.prefix}: {line}" if line.strip() else line
                            for line in text.splitlines(keepends=True))

@@ -22,7 +22,6 @@ from . import teardown
 
 __all__ = ["start_services"]
 
-
 def start_services() -> None:
     """Once a group exists: register the exit hook, and on several ranks record this rank and
     start its heartbeat (idempotent; cheap after the first call)."""
@@ -30,6 +29,7 @@ def start_services() -> None:
         LIFECYCLE.exit_hook = True
         atexit.register(teardown.at_exit)
         tracebacks.install()  # uncaught exceptions: the user's frames, not the kit's
+        tracebacks.on_uncaught(teardown.peer_failure)  # ... and a peer's failure, not gloo's words
         access.start_worker()  # the exit hook's store calls need it: no thread at shutdown
     if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
         heartbeat.start_heartbeat()  # torch's fake group (layouts in one process): no peers

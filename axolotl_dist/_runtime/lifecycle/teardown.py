@@ -44,6 +44,7 @@ import atexit
 import ctypes
 import gc
 import os
+import re
 import signal
 import sys
 import time
@@ -63,9 +64,9 @@ from ..store import access, sweep
 from ..liveness import failures, heartbeat, peers, waits
 from ..protocols import timeline
 from ..protocols import checkpointing, zero_first
-from ...errors import RankFailedError
+from ...errors import AxolotlDistError, RankFailedError
 
-__all__ = ["at_exit", "cleanup", "teardown", "keep_abandoned"]
+__all__ = ["at_exit", "cleanup", "teardown", "keep_abandoned", "peer_failure"]
 
 #: Seconds given to gloo worker threads of a group still referenced at exit.
 _DRAIN = 0.05
@@ -184,10 +185,37 @@ def _uncaught() -> Optional[BaseException]:
     return exc if isinstance(exc, BaseException) and not isinstance(exc, SystemExit) else None
 
 
+#: What torch's backends say when a collective fails because a peer's connection went away:
+#: gloo's ``Connection closed by peer``, a reset, a broken pipe, NCCL's remote errors.
+_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited"
+                        r"|NCCL (communicator was aborted|error)", re.I)
+
+
+def peer_failure(exc: BaseException) -> Optional[RankFailedError]:
+    """The failure of another rank an uncaught torch error stands for (a raw collective, DDP's
+    all-reduce in ``backward()``, that failed because that rank ended), or None: the kit's hook
+    then prints that rank's account instead of the backend's message
+    (:func:`..base.tracebacks.on_uncaught`)."""
+    if (isinstance(exc, AxolotlDistError) or not isinstance(exc, RuntimeError)
+            or not _PEER_LOST.search(tracebacks.safe_str(exc)) or not dist.is_initialized()):
+        return None
+    try:
+        g = groups.group_of(None, "torch's collective")
+    except Exception:  # noqa: BLE001 - the env disagrees with the group: torch's message then
+        return None
+    if g is None or g.size < 2:
+        return None
+    found = failures.diagnose_lost_peer(exc, "torch's collective", g)
+    return found if isinstance(found, RankFailedError) else None
+
+
 def at_exit() -> None:
     if LIFECYCLE.ending:
         return
     exc = _uncaught()
+    if exc is not None and not isinstance(exc, AxolotlDistError) and groups.known_failure() is not None \
+            and _PEER_LOST.search(tracebacks.safe_str(exc)):
+        exc = groups.known_failure()  # explained by the kit's hook (peer_failure): relay the cause
     teardown(exc)
     if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in LIFECYCLE.kept):
         _end_now()

@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ..base.text import ranks_text
 from ..store import records
 
-__all__ = ["positions", "check_positions", "describe_position", "findings", "group_label"]
+__all__ = ["positions", "check_positions", "describe_position", "findings", "group_label",
+           "group_name", "what", "ahead_of", "unchecked_finding", "recorded"]
 
 #: torch's names of its dtypes in the recorder, as ``torch.<name>`` spells them.
 _DTYPES = MappingProxyType({
@@ -129,7 +130,7 @@ def _tensors(pos: Mapping[str, Any]) -> str:
                      for d, s in zip(pos["dtypes"], pos["shapes"]))
 
 
-def _what(pos: Mapping[str, Any], seq: bool = False) -> str:
+def what(pos: Mapping[str, Any], seq: bool = False) -> str:
     """``all_reduce (float32[4096])``; ``all_reduce #57 (float32[4096])`` with ``seq``."""
     tensors = _tensors(pos)
     return pos["op"] + (f" #{pos['seq']}" if seq else "") + (f" ({tensors})" if tensors else "")
@@ -143,9 +144,9 @@ def describe_position(found: Optional[Dict[str, Dict[str, Any]]]) -> str:
     pending = [(n, p) for n, p in sorted(found.items()) if not p["done"]]
     if pending:
         return "; in torch's " + "; ".join(
-            f"{_what(p, seq=True)} on {group_label(n, p['ranks'])}, not finished" for n, p in pending)
+            f"{what(p, seq=True)} on {group_label(n, p['ranks'])}, not finished" for n, p in pending)
     name, pos = max(found.items(), key=lambda item: (item[0] == "0", item[1]["seq"]))
-    return f"; torch's last: {_what(pos, seq=True)} on {group_label(name, pos['ranks'])}, finished"
+    return f"; torch's last: {what(pos, seq=True)} on {group_label(name, pos['ranks'])}, finished"
 
 
 def _kind(pos: Mapping[str, Any]) -> Tuple[Any, ...]:
@@ -163,7 +164,7 @@ def _mismatch(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
             there.setdefault(_kind(pos), []).append(rank)
     if len(there) < 2:
         return []
-    parts = [f"{_what(by_rank[rs[0]])} on {ranks_text(rs)}{lines(rs[0])}" for rs in there.values()]
+    parts = [f"{what(by_rank[rs[0]])} on {ranks_text(rs)}{lines(rs[0])}" for rs in there.values()]
     return [f"torch's collective #{top} on {label} differs across ranks: " + "; ".join(parts)
             + ". Every rank must issue the same collectives in the same order with the same "
             "shapes and dtypes: one of these calls runs on some ranks only (an `if` on the "
@@ -183,9 +184,9 @@ def _behind(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
         where.setdefault((behind[rank]["seq"], behind[rank]["op"], places(rank)),
                          []).append(rank)
     ahead = [r for r, p in sorted(by_rank.items()) if p["seq"] == top]
-    head = (f"{ranks_text(waiting)} wait in torch's {_what(by_rank[waiting[0]], seq=True)} on {label}"
+    head = (f"{ranks_text(waiting)} wait in torch's {what(by_rank[waiting[0]], seq=True)} on {label}"
             f"{lines(waiting[0])}" if waiting else
-            f"{ranks_text(ahead)} issued torch's {_what(by_rank[ahead[0]], seq=True)} on {label}")
+            f"{ranks_text(ahead)} issued torch's {what(by_rank[ahead[0]], seq=True)} on {label}")
     tails = []
     for (seq, op, place), rs in where.items():
         one = len(rs) == 1
@@ -225,4 +226,66 @@ def findings(found: Dict[int, Optional[Dict[str, Dict[str, Any]]]],
     out = []
     for name in sorted(groups, key=lambda n: (n != "0", n)):
         out += _group_findings(name, groups[name], lines, places)
+    return out
+
+
+# --- debug mode: ranks in a collective no checked call issued --------------------------------
+
+def group_name(pg: Any) -> Optional[str]:
+    """torch's name of process group ``pg`` as its recorder's entries carry it (``"0"``: the
+    default group); None for a group torch does not know (any more)."""
+    from torch.distributed import distributed_c10d
+
+    try:
+        name = distributed_c10d._world.pg_names.get(pg)
+    except Exception:  # noqa: BLE001 - an object torch cannot look up
+        return None
+    return None if name is None else str(name)
+
+
+def ahead_of(name: str, mine: int, found: Dict[int, Optional[Dict[str, Dict[str, Any]]]]
+             ) -> Dict[int, Dict[str, Any]]:
+    """The ranks (of ``found``: rank -> :func:`positions`) whose last collective on group
+    ``name`` is past ``mine``, this rank's last: collectives this rank never issued."""
+    return {rank: pos[name] for rank, pos in sorted(found.items())
+            if pos and name in pos and pos[name]["seq"] > mine}
+
+
+def unchecked_finding(label: str, mine: int, call: str, ahead: Dict[int, Dict[str, Any]],
+                      lines: Callable[[int], str]) -> str:
+    """Debug mode's finding where ranks sit in torch collectives past ``mine`` (:func:`ahead_of`)
+    while this rank is at a checked ``call`` (``rank 2: torch.distributed.barrier() at
+    train.py:22``): no checked call issued them, so the ranks can never meet."""
+    by_what: Dict[Tuple[str, str], List[int]] = {}
+    for rank, pos in ahead.items():
+        by_what.setdefault((what(pos, seq=True), lines(rank)), []).append(rank)
+    theirs = "; ".join(f"{ranks_text(rs)} {'is' if len(rs) == 1 else 'are'} in torch's {w} on "
+                       f"{label}{line}" for (w, line), rs in by_what.items())
+    return (f"torch's collective #{mine + 1} on {label} differs across ranks: {theirs}, which "
+            f"no checked call issued (DDP's gradient all-reduce in backward(), FSDP's "
+            f"all-gathers, another call inside torch); {call}, its last torch collective "
+            f"#{mine}. The ranks can never meet: every rank must issue the same collectives "
+            "in the same order (a loop that ran a different number of times, DDP with a batch "
+            "fewer on some ranks, or an `if` on the rank)")
+
+
+def recorded(since_ns: int) -> List[Dict[str, Any]]:
+    """torch's recorded collectives created at or after ``since_ns`` (its wall clock, ns),
+    oldest first, for the timeline: ``{"group", "seq", "name", "t", "d"}``, ``d`` the
+    nanoseconds to its completion where the backend stamps one (NCCL with timing), else 0.
+    The buffer keeps the last ``TORCH_FR_BUFFER_SIZE`` only; point-to-point ones are left out."""
+    dump = _dump()
+    out = []
+    for entry in (dump or {}).get("entries") or []:
+        created = int(entry.get("time_created_ns") or 0)
+        if entry.get("is_p2p") or created < since_ns:
+            continue
+        done = int(entry.get("time_discovered_completed_ns") or 0)
+        pos = {"seq": int(entry.get("collective_seq_id", 0)),
+               "op": str(entry.get("profiling_name", "?")).split(":")[-1],
+               "shapes": [[int(n) for n in s] for s in entry.get("input_sizes") or []],
+               "dtypes": [_DTYPES.get(d, str(d).lower()) for d in entry.get("input_dtypes") or []]}
+        out.append({"group": str((entry.get("process_group") or ["?"])[0]), "seq": pos["seq"],
+                    "name": what(pos, seq=True), "t": created,
+                    "d": done - created if done > created else 0})
     return out

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["REQUEST", "BEATS",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "where_command",
-           "where", "where_each", "placed", "collective_findings", "read_answer"]
+           "where", "where_each", "placed", "place", "collective_findings", "read_answer"]
 
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
@@ -314,7 +314,7 @@ def placed(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
     return found
 
 
-def _place(data: Dict[str, Any]) -> str:
+def place(data: Dict[str, Any]) -> str:
     """Where a rank is, as a verdict names it: the user's function and line, then the call it
     is in there (``in evaluate at train.py:120, in torch.distributed.barrier``)."""
     user, call = data.get("user") or [], data.get("call")
@@ -327,7 +327,7 @@ def collective_findings(answers: Dict[int, Dict[str, Any]]) -> List[str]:
     answers."""
     found = {r: a.get("torch") for r, a in answers.items() if "unreadable" not in a}
     return flight.findings(found, lambda r: _user_line(answers[r]),
-                           lambda r: _place(answers[r]))
+                           lambda r: place(answers[r]))
 
 
 def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
@@ -372,13 +372,29 @@ def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any
         return records.unreadable(keys.RUN_NOTE, None, exc)
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
+    peers = _peer_records(store, run, silent)
+    busy = {r: wanted[r] for r in silent if silent[r] <= 0 and _running_here(peers.get(r))}
+    if busy:  # running here with no beat: its heartbeat waits for the GIL or a CPU; once more
+        late, still = collect(store, run, busy, HEARTBEAT_INTERVAL)
+        answers.update(late)
+        silent = {r: still.get(r, n) for r, n in silent.items() if r not in late}
+    return answers, silent, peers
+
+
+def _peer_records(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Peer]:
+    """The peer records of ``ranks`` that exist (one or two store calls each)."""
     peers: Dict[int, Peer] = {}
-    for rank in silent:
+    for rank in ranks:
         key = keys.who(run, rank)
         record = decode_peer(store.get(key)) if store.check([key]) else None
         if record is not None:
             peers[rank] = record
-    return answers, silent, peers
+    return peers
+
+
+def _running_here(record: Optional[Peer]) -> bool:
+    """Whether a rank's process runs on this machine and is running (not stopped, not gone)."""
+    return same_machine(record) and record is not None and procs.proc_state(record.pid) == "running"
 
 
 def where(store: "Store", ranks: Optional[Sequence[int]] = None,

@@ -17,5 +17,7 @@
 * :mod:`.threads`: one thread per group at a time.
 * :mod:`.shared_fs`: whether the nodes share a filesystem, asked of it.
 * :mod:`.debug_checks`: debug mode's per-call check that every rank is in the same call.
+* :mod:`.raw_checks`: debug mode's check put on torch's own collectives while it is on.
+* :mod:`.unchecked`: a waiting check's look at ranks inside a torch collective no check saw.
 * :mod:`.timeline`: recording this rank's kit calls for the timeline (every helper records).
 """

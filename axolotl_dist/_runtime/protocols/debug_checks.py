@@ -40,6 +40,7 @@ from ..store.access import checked, group_store, store_host
 from ..liveness.failures import await_readers
 from ..liveness.stalls import PeerChecker
 from .protocols_state import DEBUG
+from .unchecked import UncheckedLook
 from ...errors import AxolotlDistError, CollectiveMismatchError, DistributedEnvError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -245,6 +246,10 @@ def _wait_all(ctx: _Ctx) -> None:
     last_progress = time.monotonic()
     next_liveness = last_progress + HEARTBEAT_INTERVAL
     spins, delay, seen = 0, 0.0002, 0
+    me = ctx.me
+    torch_look = UncheckedLook(ctx.group, last_progress,
+                               f"{me.who()} is at checked call #{ctx.seq} {me.call()} at "
+                               f"{me.site.split(': ', 1)[0]}")
     while True:
         arrived = ctx.store.add(f"{ctx.prefix}/n", 0)
         if arrived > ABORT:
@@ -262,6 +267,9 @@ def _wait_all(ctx: _Ctx) -> None:
             dead = _dead_ranks(ctx, watcher, now, all_ranks=monitor)
             if dead:
                 _give_up(ctx, dead)
+        finding = torch_look.look(now, lambda: _present(ctx))
+        if finding is not None:
+            _publish(ctx, _unchecked_error(ctx, finding), [ctx.me.rank])
         if now - last_progress >= ctx.timeout + (0.0 if monitor else MONITOR_GRACE):
             _give_up(ctx, {})
         if spins < 50:
@@ -297,14 +305,25 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
     calls = _records(ctx)
     if len({c.digest() for c in calls}) > 1:
         raise _mismatch_error(ctx, calls)
-    error = _missing_error(ctx, calls, dead)
+    _publish(ctx, _missing_error(ctx, calls, dead), [c.rank for c in calls])
+
+
+def _publish(ctx: _Ctx, error: CollectiveMismatchError, readers: List[int]) -> None:
+    """Publish ``error`` for the ranks waiting at this call and those still coming, then raise it."""
     try:
         ctx.store.set(f"{ctx.prefix}/abort", records.mismatch(error, ctx.me.rank))
         ctx.store.add(f"{ctx.prefix}/n", ABORT)
     except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
         raise error from None
-    _acknowledge(ctx, f"{ctx.prefix}/abort", [c.rank for c in calls])
+    _acknowledge(ctx, f"{ctx.prefix}/abort", readers)
     raise error
+
+
+def _unchecked_error(ctx: _Ctx, finding: Tuple[str, List[int]]) -> CollectiveMismatchError:
+    """The error where ranks sit in torch collectives no checked call issued (:mod:`.unchecked`)."""
+    calls = _records(ctx)
+    return CollectiveMismatchError("\n".join([f"debug mode: {finding[0]}."] + _table(calls)),
+                                   calls=_summary(calls), missing=finding[1])
 
 
 def _present(ctx: _Ctx, seq: Optional[int] = None) -> List[int]:

@@ -50,7 +50,7 @@ from ...errors import CollectiveMismatchError, DistributedEnvError
 
 from typing import Concatenate, ParamSpec
 
-__all__ = ["Kind", "collective", "block", "rounds", "call", "debug_timeout", "first_rank_block",
+__all__ = ["Kind", "collective", "block", "rounds", "call", "call_checked", "debug_timeout", "first_rank_block",
            "tensor_signature"]
 
 P = ParamSpec("P")
@@ -126,7 +126,7 @@ class _Spec:
     def run(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
         """The body, through debug mode's check when it is on."""
         if DEBUG.on:
-            return _call_checked(self.debug_body, self.signature, self.name, self.agree,
+            return call_checked(self.debug_body, self.signature, self.name, self.agree,
                                  self.group_arg, self.waits, args, kwargs)
         return self.body(g, args, kwargs)
 
@@ -374,7 +374,7 @@ def _refuse(name: str, call: tuple, check: Callable[[Optional[Group]], None]) ->
         raise exc.with_traceback(None)  # the user's frames matter, not the check's
 
 
-def _call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: str,
+def call_checked(fn: Callable[..., Any], signature: inspect.Signature, name: str,
                   describe: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]],
                   group_arg: GroupArg, waits: Optional[Callable[[Dict[str, Any]], bool]],
                   args: tuple, kwargs: dict) -> Any:

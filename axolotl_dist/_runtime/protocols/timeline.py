@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..base import procs
 from ..base.groups import default_pg
+from ..liveness import flight
 from .protocols_state import TIMELINE
 from ..store import keys, records
 
@@ -135,6 +136,7 @@ class Recorder:
         self.moved: Dict[int, int] = {}
         self.lock = threading.Lock()
         self.default_name = ""  # the default group's name, once the meta line is written
+        self.wall_start = time.time_ns()  # torch's flight recorder stamps this clock
         #: run by the exit's cleanup once this rank's groups are destroyed (the tracing
         #: feature merges the files there: :mod:`axolotl_dist.tracing`)
         self.at_end: Optional[Callable[["Recorder"], None]] = None
@@ -163,6 +165,13 @@ class Recorder:
             with self.lock:
                 row = self.threads[ident] = len(self.threads)
             self._line({"e": "thread", "th": row, "name": threading.current_thread().name})
+        return row
+
+    def row(self, key: int, name: str) -> int:
+        """A row of its own for events of no thread (``key``: negative), named ``name``."""
+        with self.lock:
+            row = self.threads.setdefault(key, len(self.threads))
+        self._line({"e": "thread", "th": row, "name": name})
         return row
 
     def group(self, pg: Any) -> str:
@@ -275,8 +284,27 @@ def finish(exc: Optional[BaseException] = None) -> Optional[Recorder]:
     if recorder is None:
         return None
     TIMELINE.recorder = None
+    _torch_spans(recorder)
     recorder.end(exc)
     return recorder
+
+
+def _torch_spans(recorder: Recorder) -> None:
+    """torch's own collectives since tracing began, from its flight recorder, on a row of their
+    own (``torch`` spans: a raw ``dist.all_reduce``, DDP's all-reduce; no duration where the
+    backend stamps no completion, as gloo)."""
+    try:
+        found = flight.recorded(recorder.wall_start)
+    except Exception:  # noqa: BLE001 - a torch without the recorder: the timeline goes without
+        return
+    if not found:
+        return
+    row = recorder.row(-1, "torch's collectives (flight recorder)")
+    shift = time.time_ns() - now()  # the recorder stamps the wall clock; the file, monotonic
+    for entry in found:
+        t0 = entry["t"] - shift
+        recorder.span("torch", entry["name"], t0, t0 + entry["d"], group=entry["group"],
+                      seq=entry["seq"], thread=row)
 
 
 # --- what the kit's code calls ---------------------------------------------------------------

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from axolotl_dist._runtime.liveness.flight import (
-    check_positions, describe_position, findings, positions)
+    ahead_of, check_positions, describe_position, findings, group_name, positions,
+    unchecked_finding)
 from axolotl_dist._runtime.store.records import BadRecord
 from axolotl_dist.testing import GPU_MARKS, run_distributed
 from fixtures import free_port
@@ -149,3 +150,39 @@ def test_each_rank_reads_its_last_collective_on_nccl_as_on_gloo(device, backend,
                                timeout=120):
         assert got == {"seq": 2, "op": "all_reduce", "shapes": [[3]], "dtypes": ["bfloat16"],
                        "done": True}, got
+
+
+# --- debug mode: ranks in a collective no checked call issued ---------------------------------
+
+def test_ranks_past_this_ranks_last_collective_are_ahead():
+    found = {0: {"0": pos(9, shape=[36])}, 1: {"0": pos(9, shape=[36])},
+             3: {"0": pos(8, done=True)}, 4: None, 5: {"7": pos(12, ranks=[5, 6])}}
+    assert ahead_of("0", 8, found) == {0: pos(9, shape=[36]), 1: pos(9, shape=[36])}
+    assert ahead_of("0", 9, found) == {}  # level with this rank: late, not elsewhere
+    assert ahead_of("7", 0, found) == {5: pos(12, ranks=[5, 6])}
+
+
+def test_the_unchecked_finding_names_both_sides_and_the_fix():
+    ahead = {0: pos(9, shape=[36]), 1: pos(9, shape=[36]), 3: pos(10, op="broadcast", shape=[4])}
+    text = unchecked_finding("the default group", 8, "rank 2 is at checked call #1 "
+                             "torch.distributed.barrier() at train.py:22", ahead,
+                             lambda r: " (in <module> at train.py:21)")
+    assert text.startswith(
+        "torch's collective #9 on the default group differs across ranks: ranks 0, 1 are in "
+        "torch's all_reduce #9 (float32[36]) on the default group (in <module> at "
+        "train.py:21); rank 3 is in torch's broadcast #10 (float32[4]) on the default group "
+        "(in <module> at train.py:21), which no checked call issued (DDP's gradient "
+        "all-reduce in backward(), "), text
+    assert "; rank 2 is at checked call #1 torch.distributed.barrier() at train.py:22, its last " \
+           "torch collective #8. The ranks can never meet" in text
+
+
+def test_group_names_are_torchs_own(tmp_path):
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    try:
+        assert group_name(dist.group.WORLD) == "0"
+        sub = dist.new_group([0])
+        assert group_name(sub) not in (None, "0")
+        assert group_name(object()) is None
+    finally:
+        dist.destroy_process_group()
