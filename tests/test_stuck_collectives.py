@@ -63,11 +63,17 @@ def _verdict(scenario: str, ws: int) -> str:
     others = {2: "rank 0", 3: "ranks 0, 1", 4: "ranks 0-2"}[ws]  # the kit folds runs of 3+
     at = lambda marker: rf"at stuck\.py:{_line(marker)}"  # noqa: E731
     if scenario in ("skip", "loop"):
-        place = (f"in evaluate {at('EVALUATE')}(, in exists)?$" if scenario == "skip" else
-                 rf"in spin at stuck\.py:({_line('SPIN') - 1}|{_line('SPIN')})")
-        return (rf"verdict: {others} wait in torch's all_reduce #4 \(float32\[4096\]\) on the "
-                rf"default group {at('ALL_REDUCE')}; rank {last} never issued #4: its last was "
-                rf"#3 \(all_reduce\), it is {place}")
+        head = (rf"verdict: {others} wait in torch's all_reduce #4 \(float32\[4096\]\) on the "
+                rf"default group {at('ALL_REDUCE')}; rank {last} ")
+        if scenario == "skip":
+            return (head + rf"never issued #4: its last was #3 \(all_reduce\), it is in "
+                    rf"evaluate {at('EVALUATE')}(, in exists)?$")
+        # its heartbeat answers between the loop's bytecodes, or, starved of the GIL (the
+        # loop's os.stat every 100,000 turns keeps it from asking), not at all
+        return head + (rf"(never issued #4: its last was #3 \(all_reduce\), it is in spin at "
+                       rf"stuck\.py:({_line('SPIN') - 1}|{_line('SPIN')})|did not answer: its "
+                       r"process runs but its heartbeat got no turn \(Python code holding the "
+                       r"GIL\), so it is not in #4)")
     if scenario == "bcast":
         return (rf"verdict: torch's collective #4 on the default group differs across ranks: "
                 rf"all_reduce \(float32\[4096\]\) on {others} {at('ALL_REDUCE')}; broadcast "
@@ -119,9 +125,7 @@ def _where(port: int, tmp_path: Path) -> str:
     return done.stdout
 
 
-#: Each scenario under each launcher, on 2, 3 and 4 ranks in turn. A rank spinning in Python
-#: ("loop") answers late under load (its heartbeat waits for the GIL and a CPU): the report
-#: waits once more for a rank running on this machine that has not beaten yet.
+#: Each scenario under each launcher, on 2, 3 and 4 ranks in turn.
 CASES = [(scenario, launcher, ws)
          for i, (scenario, launcher) in enumerate(
              (s, la) for s in ("skip", "bcast", "ddp", "loop")
@@ -141,7 +145,7 @@ def test_where_gives_the_verdict_on_torchs_collectives(tmp_path, scenario, launc
         asked = time.monotonic()
         if launcher == "axolotl-dist":
             os.kill(procs[0].pid, signal.SIGUSR1)
-            time.sleep(9.0)  # a beat, the answers' 4 s, once more 2.5 s for a busy rank
+            time.sleep(7.5)  # the report takes a beat (2.5 s) and the answers' wait (4 s)
             out = ""
         else:
             out = _where(port, tmp_path)
@@ -157,7 +161,7 @@ def test_where_gives_the_verdict_on_torchs_collectives(tmp_path, scenario, launc
     report = out or results[0][2]
     assert re.search(_verdict(scenario, ws), report, re.M), report
     assert report.count("verdict:") == 1, report  # said once
-    assert took < 30, took
+    assert took < 30, took  # `where`'s own start-up included; the report itself: docs/faults.md
 
 
 def _per_rank(launcher: str, results, ws: int) -> List[str]:
@@ -191,7 +195,7 @@ def test_debug_mode_raises_torchs_mismatch_on_every_rank(tmp_path, scenario, lau
     last = ws - 1
     texts = _per_rank(launcher, results, ws)
     if scenario == "bcast":
-        want = ["mismatched call #4 on the default group: the ranks called different helpers",
+        want = ["mismatched call #4 on the default group: the ranks called different collectives",
                 f"rank {last}: torch.distributed.broadcast(tensor=float32[4096], src=0)",
                 "rank 0: torch.distributed.all_reduce(tensor=float32[4096], op=SUM)"]
         wants = {r: want for r in range(ws)}

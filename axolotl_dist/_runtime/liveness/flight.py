@@ -17,7 +17,7 @@ docs/design.md, "Where every rank is".
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.text import ranks_text
 from ..store import records
@@ -174,27 +174,38 @@ def _mismatch(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
 def _behind(label: str, top: int, by_rank: Dict[int, Dict[str, Any]],
             lines: Callable[[int], str], places: Callable[[int], str]) -> List[str]:
     """The finding where some ranks' last collective is older than ``#top``: who waits in
-    ``#top``, and where each rank that never issued it is instead."""
+    ``#top``, and where each rank that never issued it is instead (a busy rank, ``seq`` -1:
+    it did not answer, see :func:`findings`)."""
     behind = {r: p for r, p in by_rank.items() if p["seq"] < top}
     if not behind:
         return []
     waiting = sorted(r for r, p in by_rank.items() if p["seq"] == top and not p["done"])
-    where: Dict[Tuple[int, str, str], List[int]] = {}
-    for rank in sorted(behind):
-        where.setdefault((behind[rank]["seq"], behind[rank]["op"], places(rank)),
-                         []).append(rank)
     ahead = [r for r, p in sorted(by_rank.items()) if p["seq"] == top]
     head = (f"{ranks_text(waiting)} wait in torch's {what(by_rank[waiting[0]], seq=True)} on {label}"
             f"{lines(waiting[0])}" if waiting else
             f"{ranks_text(ahead)} issued torch's {what(by_rank[ahead[0]], seq=True)} on {label}")
+    return [head + "; " + "; ".join(_tails(top, behind, places))]
+
+
+def _tails(top: int, behind: Dict[int, Dict[str, Any]], places: Callable[[int], str]) -> List[str]:
+    """Where the ranks that never issued ``#top`` are, ranks in the same place together."""
+    where: Dict[Tuple[int, str, str], List[int]] = {}
+    for rank in sorted(behind):
+        seq = behind[rank]["seq"]
+        where.setdefault((seq, behind[rank]["op"], places(rank) if seq >= 0 else ""),
+                         []).append(rank)
     tails = []
     for (seq, op, place), rs in where.items():
         one = len(rs) == 1
-        last = (f"{'its' if one else 'their'} last was #{seq} ({op})" if seq else
-                "none issued on this group yet")
-        tails.append(f"{ranks_text(rs)} never issued #{top}: {last}, "
-                     f"{'it is' if one else 'they are'} {place}")
-    return [head + "; " + "; ".join(tails)]
+        its, it_is = ("its", "it is") if one else ("their", "they are")
+        if seq < 0:
+            tails.append(f"{ranks_text(rs)} did not answer: {its} {'process runs' if one else 'processes run'}"
+                         f" but {its} heartbeat got no turn (Python code holding the GIL), so "
+                         f"{it_is} not in #{top}")
+            continue
+        last = f"{its} last was #{seq} ({op})" if seq else "none issued on this group yet"
+        tails.append(f"{ranks_text(rs)} never issued #{top}: {last}, {it_is} {place}")
+    return tails
 
 
 def _group_findings(name: str, by_rank: Dict[int, Dict[str, Any]],
@@ -210,10 +221,13 @@ def _group_findings(name: str, by_rank: Dict[int, Dict[str, Any]],
 
 
 def findings(found: Dict[int, Optional[Dict[str, Dict[str, Any]]]],
-             lines: Callable[[int], str], places: Callable[[int], str]) -> List[str]:
+             lines: Callable[[int], str], places: Callable[[int], str],
+             busy: Sequence[int] = ()) -> List[str]:
     """Every group's findings from the ranks' positions (rank -> :func:`positions`):
     ``lines(rank)`` is `` at train.py:88`` (the user's line a rank is at, or empty),
-    ``places(rank)`` where a rank is (``in evaluate at train.py:120``)."""
+    ``places(rank)`` where a rank is (``in evaluate at train.py:120``); ``busy``: ranks that
+    did not answer while their process runs (a rank inside a collective waits in C++ and
+    answers at once: these are in Python, holding the GIL, not in the group's collective)."""
     groups: Dict[str, Dict[int, Dict[str, Any]]] = {}
     for rank, mine in found.items():
         for name, pos in (mine or {}).items():
@@ -223,6 +237,8 @@ def findings(found: Dict[int, Optional[Dict[str, Dict[str, Any]]]],
         for rank in members:
             if found.get(rank) is not None and rank not in by_rank:
                 by_rank[rank] = dict(_NONE, ranks=members)
+            elif rank in busy and rank not in found:
+                by_rank[rank] = dict(_NONE, seq=-1, ranks=members)
     out = []
     for name in sorted(groups, key=lambda n: (n != "0", n)):
         out += _group_findings(name, groups[name], lines, places)

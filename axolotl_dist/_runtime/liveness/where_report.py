@@ -322,12 +322,12 @@ def place(data: Dict[str, Any]) -> str:
     return where + (f", in {call}" if call else "")
 
 
-def collective_findings(answers: Dict[int, Dict[str, Any]]) -> List[str]:
+def collective_findings(answers: Dict[int, Dict[str, Any]], busy: Sequence[int] = ()) -> List[str]:
     """What torch's collectives say of the ranks (:func:`.flight.findings`), from their
-    answers."""
+    answers; ``busy``: the silent ranks whose process runs on this machine."""
     found = {r: a.get("torch") for r, a in answers.items() if "unreadable" not in a}
     return flight.findings(found, lambda r: _user_line(answers[r]),
-                           lambda r: place(answers[r]))
+                           lambda r: place(answers[r]), busy)
 
 
 def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
@@ -338,7 +338,8 @@ def report(answers: Dict[int, Dict[str, Any]], silent: Dict[int, int],
     for ranks, text in placed(answers, silent, peers):
         who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
         lines.append(f"  {who}: {text}")
-    lines += [f"  verdict: {text}" for text in collective_findings(answers)]
+    busy = [r for r in silent if _running_here(peers.get(r))]
+    lines += [f"  verdict: {text}" for text in collective_findings(answers, busy)]
     return "\n".join(lines)
 
 
@@ -372,13 +373,7 @@ def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any
         return records.unreadable(keys.RUN_NOTE, None, exc)
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
-    peers = _peer_records(store, run, silent)
-    busy = {r: wanted[r] for r in silent if silent[r] <= 0 and _running_here(peers.get(r))}
-    if busy:  # running here with no beat: its heartbeat waits for the GIL or a CPU; once more
-        late, still = collect(store, run, busy, HEARTBEAT_INTERVAL)
-        answers.update(late)
-        silent = {r: still.get(r, n) for r, n in silent.items() if r not in late}
-    return answers, silent, peers
+    return answers, silent, _peer_records(store, run, silent)
 
 
 def _peer_records(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Peer]:

@@ -398,9 +398,11 @@ def _mismatch_error(ctx: _Ctx, calls: List[Call]) -> CollectiveMismatchError:
     _acknowledge(ctx, ctx.prefix, [c.rank for c in calls])
     ordered = sorted(calls, key=lambda c: c.rank)
     if len({c.name for c in ordered}) > 1:
-        why = ("the ranks called different helpers (" + ", ".join(
-            f"{c.who()}: {c.name}" for c in ordered) + "): every rank must call the same "
-            "helpers in the same order")
+        kind = ("collectives" if any(c.name.startswith("torch.") for c in ordered)
+                else "helpers")
+        why = (f"the ranks called different {kind} (" + ", ".join(
+            f"{c.who()}: {c.name}" for c in ordered) + f"): every rank must call the same "
+            f"{kind} in the same order")
     else:
         differ = [k for k in ordered[0].agree if len({repr(c.agree.get(k)) for c in ordered}) > 1]
         why = "; ".join(

@@ -186,3 +186,12 @@ def test_group_names_are_torchs_own(tmp_path):
         assert group_name(object()) is None
     finally:
         dist.destroy_process_group()
+
+
+def test_a_rank_running_but_silent_is_not_in_the_collective():
+    found = {0: {"0": pos(4, shape=[4096])}, 1: {"0": pos(4, shape=[4096])}}
+    assert findings(found, lambda r: " at train.py:33", lambda r: "", busy=[2]) == [
+        "ranks 0, 1 wait in torch's all_reduce #4 (float32[4096]) on the default group at "
+        "train.py:33; rank 2 did not answer: its process runs but its heartbeat got no turn "
+        "(Python code holding the GIL), so it is not in #4"]
+    assert findings(found, lambda r: "", lambda r: "") == []  # without it: nobody behind
