@@ -207,11 +207,11 @@ def test_debug_mode_raises_torchs_mismatch_on_every_rank(tmp_path, scenario, lau
                    rf"torch\._tensor\.backward\), which no checked call issued .*; rank {last} "
                    rf"is at checked call #1 torch\.distributed\.barrier\(\) at "
                    rf"stuck\.py:{_line('BARRIER')} in <module>, its last torch collective #")
-        wants = {r: [finding] for r in range(ws)}
+        # inside gloo's all-reduce, the others end with rank `last`'s account, at their line
+        wants = {r: [rf"RankFailedError at stuck\.py:{_line('BACKWARD')} in <module>: rank "
+                     rf"{last} failed in torch's collective: CollectiveMismatchError: " + finding]
+                 for r in range(last)}
         wants[last] = ["CollectiveMismatchError: " + finding]
-        for r in range(last):  # inside gloo's all-reduce: rank `last`'s account, at their line
-            wants[r] = [rf"RankFailedError at stuck\.py:{_line('BACKWARD')} in <module>: rank "
-                        rf"{last} failed in torch's collective: CollectiveMismatchError: " + finding]
     for r in range(ws):
         for pattern in wants[r]:
             found = (re.search(pattern, texts[r]) if scenario == "ddp" else pattern in texts[r])

@@ -22,6 +22,7 @@ from . import teardown
 
 __all__ = ["start_services"]
 
+
 def start_services() -> None:
     """Once a group exists: register the exit hook, and on several ranks record this rank and
     start its heartbeat (idempotent; cheap after the first call)."""

@@ -191,13 +191,18 @@ _PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote p
                         r"|NCCL (communicator was aborted|error)", re.I)
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a backend's error for a peer that went away (not the kit's own)."""
+    return (isinstance(exc, RuntimeError) and not isinstance(exc, AxolotlDistError)
+            and _PEER_LOST.search(tracebacks.safe_str(exc)) is not None)
+
+
 def peer_failure(exc: BaseException) -> Optional[RankFailedError]:
     """The failure of another rank an uncaught torch error stands for (a raw collective, DDP's
     all-reduce in ``backward()``, that failed because that rank ended), or None: the kit's hook
     then prints that rank's account instead of the backend's message
     (:func:`..base.tracebacks.on_uncaught`)."""
-    if (isinstance(exc, AxolotlDistError) or not isinstance(exc, RuntimeError)
-            or not _PEER_LOST.search(tracebacks.safe_str(exc)) or not dist.is_initialized()):
+    if not _peer_lost(exc) or not dist.is_initialized():
         return None
     try:
         g = groups.group_of(None, "torch's collective")
@@ -213,9 +218,8 @@ def at_exit() -> None:
     if LIFECYCLE.ending:
         return
     exc = _uncaught()
-    if exc is not None and not isinstance(exc, AxolotlDistError) and groups.known_failure() is not None \
-            and _PEER_LOST.search(tracebacks.safe_str(exc)):
-        exc = groups.known_failure()  # explained by the kit's hook (peer_failure): relay the cause
+    if exc is not None and _peer_lost(exc):  # explained by the kit's hook (peer_failure):
+        exc = groups.known_failure() or exc  # relay the cause it found
     teardown(exc)
     if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in LIFECYCLE.kept):
         _end_now()

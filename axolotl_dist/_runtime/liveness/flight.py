@@ -84,20 +84,27 @@ def positions() -> Optional[Dict[str, Dict[str, Any]]]:
     for entry in dump["entries"]:
         if entry.get("is_p2p"):
             continue
-        name = str((entry.get("process_group") or ["?"])[0])
+        name = _group_of(entry)
         if members and name not in members:
             continue  # a destroyed group's entries stay in the buffer
-        seq = int(entry.get("collective_seq_id", 0))  # the newest entry wins: a group made
-        # again under the same name (a process that re-initialized) starts from #1
-        op = str(entry.get("profiling_name", "?")).split(":")[-1]
-        last[name] = {
-            "seq": seq, "op": op,
-            "shapes": [[int(n) for n in s] for s in entry.get("input_sizes") or []],
-            "dtypes": [_DTYPES.get(d, str(d).lower()) for d in entry.get("input_dtypes") or []],
-            "done": bool(entry.get("retired")) or entry.get("state") == "completed",
-            "ranks": members.get(name, []),
-        }
+        # the newest entry wins: a group made again under the same name (a process that
+        # re-initialized) starts from #1
+        last[name] = dict(_position(entry), ranks=members.get(name, []),
+                          done=bool(entry.get("retired")) or entry.get("state") == "completed")
     return last or None
+
+
+def _group_of(entry: Mapping[str, Any]) -> str:
+    """The name of the process group a recorder entry belongs to."""
+    return str((entry.get("process_group") or ["?"])[0])
+
+
+def _position(entry: Mapping[str, Any]) -> Dict[str, Any]:
+    """A recorder entry's number in its group, op, input shapes and dtypes."""
+    return {"seq": int(entry.get("collective_seq_id", 0)),
+            "op": str(entry.get("profiling_name", "?")).split(":")[-1],
+            "shapes": [[int(n) for n in s] for s in entry.get("input_sizes") or []],
+            "dtypes": [_DTYPES.get(d, str(d).lower()) for d in entry.get("input_dtypes") or []]}
 
 
 def check_positions(value: Any) -> None:
@@ -297,11 +304,7 @@ def recorded(since_ns: int) -> List[Dict[str, Any]]:
         if entry.get("is_p2p") or created < since_ns:
             continue
         done = int(entry.get("time_discovered_completed_ns") or 0)
-        pos = {"seq": int(entry.get("collective_seq_id", 0)),
-               "op": str(entry.get("profiling_name", "?")).split(":")[-1],
-               "shapes": [[int(n) for n in s] for s in entry.get("input_sizes") or []],
-               "dtypes": [_DTYPES.get(d, str(d).lower()) for d in entry.get("input_dtypes") or []]}
-        out.append({"group": str((entry.get("process_group") or ["?"])[0]), "seq": pos["seq"],
-                    "name": what(pos, seq=True), "t": created,
-                    "d": done - created if done > created else 0})
+        pos = _position(entry)
+        out.append({"group": _group_of(entry), "seq": pos["seq"], "name": what(pos, seq=True),
+                    "t": created, "d": done - created if done > created else 0})
     return out

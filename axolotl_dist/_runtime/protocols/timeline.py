@@ -162,13 +162,12 @@ class Recorder:
         ident = threading.get_ident()
         row = self.threads.get(ident)
         if row is None:
-            with self.lock:
-                row = self.threads[ident] = len(self.threads)
-            self._line({"e": "thread", "th": row, "name": threading.current_thread().name})
+            row = self.row(ident, threading.current_thread().name)
         return row
 
     def row(self, key: int, name: str) -> int:
-        """A row of its own for events of no thread (``key``: negative), named ``name``."""
+        """The row of ``key`` (a thread's id; negative for events of no thread, such as torch's
+        collectives), named ``name`` in the file."""
         with self.lock:
             row = self.threads.setdefault(key, len(self.threads))
         self._line({"e": "thread", "th": row, "name": name})
