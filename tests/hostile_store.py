@@ -147,7 +147,7 @@ class HostileStore:
     ranks), ``store_port`` the real store's (for a reader that should see what is stored)."""
 
     def __init__(self, world_size: int, target: Optional[Callable[[str], bool]] = None,
-                 payloads: Sequence[bytes] = (b"",)) -> None:
+                 payloads: Sequence[bytes] = (b"",), forge_first: Optional[float] = None) -> None:
         from datetime import timedelta
 
         import torch.distributed as dist
@@ -156,6 +156,10 @@ class HostileStore:
                                    wait_for_workers=False)
         self.store_port = self.store.port
         self.target, self.payloads = target, list(payloads)
+        #: not None: forge instead of replace (see :meth:`_forge`), holding the genuine write
+        #: back this many seconds
+        self.forge_first = forge_first
+        self.forged: Set[str] = set()
         self.lock = threading.Lock()
         #: Every kit key written through the proxy, and the attacked ones with what was put.
         self.written: Set[str] = set()
@@ -186,7 +190,10 @@ class HostileStore:
             with self.lock:
                 self.written.add(key)
             if self.target is not None and self.target(key):
-                query.fields[-1] = self._next_payload(key)
+                if self.forge_first is not None:
+                    self._forge(key, query.fields[-1])  # type: ignore[arg-type]
+                else:
+                    query.fields[-1] = self._next_payload(key)
         elif query.qtype == _MULTI_SET:
             items = list(query.fields[0])  # type: ignore[call-overload]
             for i in range(0, len(items), 2):
@@ -195,9 +202,30 @@ class HostileStore:
                     with self.lock:
                         self.written.add(key)
                     if self.target is not None and self.target(key):
-                        items[i + 1] = self._next_payload(key)
+                        if self.forge_first is not None:
+                            self._forge(key, items[i + 1])
+                        else:
+                            items[i + 1] = self._next_payload(key)
             query.fields[0] = items
         return query
+
+    def _forge(self, key: str, genuine: bytes) -> None:
+        """The first write of ``key``: the attacker's record goes in first (the next payload,
+        or, for an empty payload, the genuine value with its seal stripped or replaced by
+        another's), and the genuine write waits :attr:`forge_first` seconds (a slow writer
+        whose readers look in the meantime)."""
+        if genuine.lstrip(b"-").isdigit():
+            return  # a counter's compare_set, not a record
+        with self.lock:
+            if key in self.forged:
+                return
+            self.forged.add(key)
+        payload = self._next_payload(key) or _unsealed(genuine, len(self.forged))
+        api_key = key[1:] if key.startswith("/") else key  # torch's client adds the "/"
+        self.store.set(api_key, payload)
+        self.store.check([api_key])  # a round trip: the set is in before the genuine write
+        import time
+        time.sleep(self.forge_first)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -245,6 +273,22 @@ class HostileStore:
         except OSError:
             pass
         self.store = None
+
+
+#: A sealed record's head: its mark, a 22-character tag, a colon (the kit's seals module).
+_SEAL = re.compile(rb"^\x1fs1:[A-Za-z0-9_-]{22}:")
+
+
+#: Every digit one up (9 to 0): a record of the same shape that says something else.
+_SHIFTED = bytes.maketrans(b"0123456789", b"1234567890")
+
+
+def _unsealed(genuine: bytes, n: int) -> bytes:
+    """What a stranger who read the kit's record could write in its place, by ``n % 3``: its
+    content with every digit changed (another rank, pid, attempt, tag, time), without a seal
+    (1) or with a seal that is not the run's (2); or bytes that are no record (0)."""
+    body = _SEAL.sub(b"", genuine).translate(_SHIFTED)
+    return (b"\x00garbage\xff", body, b"\x1fs1:" + b"A" * 22 + b":" + body)[n % 3]
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:

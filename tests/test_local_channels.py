@@ -10,6 +10,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -38,6 +39,8 @@ import axolotl_dist as ad
 ad.init_distributed()
 r = ad.get_rank()
 if r == 0:
+    with open("master_port", "w") as fh:
+        fh.write(os.environ["MASTER_PORT"])
     with open("socket_path.tmp", "w") as fh:
         fh.write(os.environ.get("AXOLOTL_DIST_LAUNCHER_FOLDS", ""))
     os.replace("socket_path.tmp", "socket_path")
@@ -153,6 +156,7 @@ def shared_tmp():
 
 def _env(tmp_path: Path, tmp: str, **extra: str) -> Dict[str, str]:
     """The runs' env: their ``TMPDIR`` is ``tmp``; the run directory is the default one."""
+    extra.setdefault("XDG_CACHE_HOME", str(tmp_path / "cache"))
     env = subprocess_env(tmp_path, TMPDIR=tmp, **extra)
     env.pop("AXOLOTL_DIST_RUN_DIR", None)
     if "XDG_RUNTIME_DIR" not in extra:
@@ -250,7 +254,7 @@ def test_run_records_and_the_launchers_files_are_this_users_alone(tmp_path, shar
 
 
 @pytest.mark.parametrize("planted", ["another user's", "writable by others", "a link"])
-def test_a_run_directory_others_could_write_is_refused(tmp_path, shared_tmp, planted):
+def test_a_squatted_run_directory_gives_way_to_a_private_one(tmp_path, shared_tmp, planted):
     base = os.path.join(shared_tmp, f"axolotl_dist-{os.geteuid()}")
     if planted == "writable by others":
         os.mkdir(base)
@@ -262,16 +266,127 @@ def test_a_run_directory_others_could_write_is_refused(tmp_path, shared_tmp, pla
         why = (f"belongs to uid {_other_user().pw_uid}, not to this user (uid {os.geteuid()})"
                if planted == "another user's" else "is a link or not a directory")
     env = _env(tmp_path, shared_tmp)
-    proc = _launch(tmp_path, env, seconds=2)  # long enough for the launcher to record
-    code, out, err = finish(proc, TIMEOUT)
+    fallback = os.path.join(env["XDG_CACHE_HOME"], "axolotl_dist",
+                            f"runs-{socket.gethostname()}")
+    proc = _launch(tmp_path, env)
+    try:
+        _wait_for("run record in the fallback", lambda: os.path.isdir(fallback) and any(
+            n.endswith(".json") for n in os.listdir(fallback)), proc)
+        assert (_mode(fallback), _owned(fallback)) == (0o700, True)
+        where = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "where"],
+                               env=env, capture_output=True, text=True, timeout=60,
+                               cwd=str(tmp_path))
+    finally:
+        (tmp_path / "go").write_text("")
+        code, out, err = finish(proc, TIMEOUT)
     assert code == 0, (out, err)
-    said = f"axolotl-dist: {base} {why}: the kit keeps a run's files only in a directory "
+    said = (f"axolotl-dist: {base} {why}: the kit keeps a run's files only in a directory "
+            f"that is this user's alone; ")
     assert err.count(said) == 1, err
-    assert "no run is recorded for `axolotl-dist where`" in err, err
+    assert f"the kit records this user's runs in {fallback} instead" in err, err
     if planted != "a link":
         assert os.listdir(base) == []  # nothing written into it
-    where = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "where"], env=env,
-                           capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
-    assert where.returncode == 1 and where.stdout == "", where
-    assert where.stderr.startswith(f"axolotl-dist where: {base} {why}: "), where.stderr
-    assert "AXOLOTL_DIST_RUN_DIR" in where.stderr, where.stderr
+    assert where.returncode == 0, where
+    assert "where every rank of the run at 127.0.0.1:" in where.stdout, where.stdout
+    assert "ranks 0, 1: in <module> at sleeper.py:" in where.stdout, where.stdout
+    assert where.stderr.count(f"axolotl-dist where: {base} {why}: ") == 1, where.stderr
+    assert os.listdir(fallback) == []  # the launcher took its record back
+
+
+#: ``axolotl-dist where`` as another user: the kit and torch imported as root (the other user
+#: cannot read this Python's install), then every privilege dropped before it runs.
+WHERE_AS = """
+import encodings.idna, os, socket, sys
+from axolotl_dist.launch import main
+socket.getaddrinfo("127.0.0.1", 1)  # the resolver's modules, while they can be read
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups([]); os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid)
+os.chdir("/")
+sys.exit(main(["where", *sys.argv[3:]]))
+"""
+
+
+def where_as_other_user(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """``axolotl-dist where ARGS`` run by ``nobody`` (:data:`WHERE_AS`)."""
+    who = _other_user()
+    return subprocess.run([sys.executable, "-c", WHERE_AS, str(who.pw_uid), str(who.pw_gid),
+                           *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_another_users_where_makes_nothing(tmp_path, shared_tmp):
+    env = dict(_env(tmp_path, shared_tmp), HOME="/nonexistent")
+    env.pop("XDG_CACHE_HOME")
+    done = where_as_other_user(env)
+    assert done.returncode == 1, done
+    assert "no run of this user is recorded on this host" in done.stderr, done.stderr
+    assert os.listdir(shared_tmp) == []  # neither its own directory nor anyone else's
+
+
+def test_a_one_node_runs_store_listens_on_loopback_only(tmp_path, shared_tmp):
+    others = _external_addresses()
+    if not others:
+        pytest.skip("this host has no address but loopback")
+    proc = _launch(tmp_path, _env(tmp_path, shared_tmp))
+    try:
+        _wait_for("socket path from rank 0", (tmp_path / "socket_path").exists, proc)
+        ports = _listening(proc.pid)
+        assert len(ports) == 2, ports  # the rendezvous' store and the ranks'
+        for port in ports:
+            for addr in others:
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection((addr, port), timeout=5)
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        (tmp_path / "go").write_text("")
+        code, out, err = finish(proc, TIMEOUT)
+    assert code == 0, (out, err)
+
+
+def _external_addresses() -> List[str]:
+    """This host's IPv4 addresses other than loopback."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    found = [line.split()[3].split("/")[0] for line in out.splitlines() if " inet " in line]
+    return [a for a in found if not a.startswith("127.")]
+
+
+def _listening(pid: int) -> List[int]:
+    """The TCP ports process ``pid`` listens on."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    return sorted(int(line.split()[3].rpartition(":")[2]) for line in out.splitlines()
+                  if f"pid={pid}," in line)
+
+
+def test_a_strangers_where_gets_no_stacks(tmp_path, shared_tmp):
+    env = _env(tmp_path, shared_tmp)
+    proc = _launch(tmp_path, env)
+    try:
+        _wait_for("socket path from rank 0", (tmp_path / "socket_path").exists, proc)
+        port = (tmp_path / "master_port").read_text()
+        stranger = dict(env, HOME="/nonexistent")
+        stranger.pop("XDG_CACHE_HOME")
+        theirs = where_as_other_user(stranger, "--master-port", port, "--timeout", "10")
+        mine = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "where"], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        stored = _every_value(int(port))
+    finally:
+        (tmp_path / "go").write_text("")
+        code, out, err = finish(proc, TIMEOUT)
+    assert code == 0, (out, err)
+    assert "sleeper.py" not in theirs.stdout + theirs.stderr, theirs
+    assert "sealed with a run secret this process does not have" in theirs.stdout, theirs
+    assert "ranks 0, 1: in <module> at sleeper.py:" in mine.stdout, mine  # the run's user
+    assert "note: this run has no secret" not in mine.stdout, mine
+    answers = {k: v for k, v in stored.items() if "/where/" in k}
+    assert len(answers) == 2 and all(v.startswith(b"\x1fe1:") for v in answers.values()), answers
+    assert not [k for k, v in stored.items() if b"sleeper.py" in v], stored  # nowhere in clear
+
+
+def _every_value(port: int) -> Dict[str, bytes]:
+    """Every key of the store at ``port`` and its value (what a client of it can read)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10),
+                          wait_for_workers=False)
+    return {k: store.get(k) for k in store.list_keys()}

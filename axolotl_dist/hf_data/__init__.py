@@ -44,7 +44,7 @@ from .._runtime.base.private import private_dir, user_dir
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
 from .._runtime.protocols.protocols_state import TIMELINE
 from .._runtime.store import keys as _keys, records as _records
-from .._runtime.store.access import checked, group_store
+from .._runtime.store.access import checked, group_store, put
 from .._runtime.liveness.deadlock import Point
 from .._runtime.liveness.polls import poll_until
 from ..env import env_shared_filesystem
@@ -301,7 +301,7 @@ class _SharedMap:
                  "fp": self.dataset._fingerprint, "rows": len(self.dataset), "temp": self.temp}
         if self.rank == 0:
             entry["new"] = one_process_fingerprint(self.dataset, self.call)
-        self.store.set(self.key("who", self.rank), _records.document(entry))
+        put(self.store, self.key("who", self.rank), _records.document(entry))
         self.store.add(self.key("arrived"), 1)
         self._wait("arrived", self.ws)
         names = [self.key("who", r) for r in range(self.ws)]

@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -59,7 +60,8 @@ from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 from .._runtime.base import envvars as _envvars, procs as _procs
 from .._runtime.base.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
-                                       LAUNCHER_TTY_ENV_VAR, TRACE_ENV_VAR)
+                                       LAUNCHER_TTY_ENV_VAR, SECRET_ENV_VAR, SECRET_FILE_ENV_VAR,
+                                       TRACE_ENV_VAR)
 from . import _options
 from ._restarts import Restarts
 from ._report import (GUARDS_DIR, PROG, attempt_dir, attempts, exit_code_of, first_failure,
@@ -159,6 +161,17 @@ def _set_thread_default(nproc: int) -> None:
         os.environ[_OMP_NUM_THREADS_ENV_VAR] = str(max(1, (cpus or 1) // nproc))
 
 
+def _set_secret(max_nodes: int) -> None:
+    """A one-node run's secret, made here unless the user gave one (or ``off``): it reaches
+    the ranks through their environment, this process's ``where`` and the run's record
+    (docs/design.md, "Trust model"). Several nodes need the user's (each node's launcher would
+    make another): without it, the run has none."""
+    _envvars.kit_secret()  # a bad one is the user's error, said before any rank starts
+    if max_nodes == 1 and SECRET_ENV_VAR not in os.environ \
+            and SECRET_FILE_ENV_VAR not in os.environ:
+        os.environ[SECRET_ENV_VAR] = secrets.token_hex(32)
+
+
 def run(opts: _options.Options, tmp_dir: str) -> int:
     """Launch the ranks and wait for them; return the launcher's exit code."""
     from torch.distributed.elastic.multiprocessing import SignalException
@@ -169,6 +182,7 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
     _quiet_torch_logs(args.verbose)
     _set_thread_default(opts.nproc)
     _set_loopback_gloo(opts.nnodes)
+    _set_secret(opts.max_nodes)
     os.environ[LAUNCHER_PID_ENV_VAR] = str(os.getpid())
     end_dir = os.environ[END_DIR_ENV_VAR] = os.path.join(tmp_dir, "ends")
     os.makedirs(end_dir, mode=0o700, exist_ok=True)  # in tmp_dir, this user's alone (0700)

@@ -8,8 +8,10 @@ spellings, torchrun's defaults and ``PET_*`` variables), with the kit's options 
 torchrun by construction. Where the kit differs, :func:`launch_config` says so in a comment
 (docs/launching.md, "Options" has the table):
 
-* one node without ``--master-port`` (or ``--standalone``): c10d rendezvous on 127.0.0.1 port 0
-  (torchrun: ``localhost:0``), the ranks' address 127.0.0.1;
+* one node (``--standalone`` too) on this machine's own address: c10d rendezvous whose stores
+  listen on 127.0.0.1 only (:mod:`._loopback`; torchrun's listen on every interface), the
+  ranks' store on ``--master-port`` if given, else on a port the OS picks; the ranks' address
+  127.0.0.1;
 * ``-n`` defaults to the number of GPUs, else 1 (torchrun: 1);
 * ``--log-dir DIR`` keeps each rank's whole output in ``DIR/rank<r>.log``; with ``--tee`` or
   ``--redirects`` it is torchrun's directory (their files), and the kit then leaves the
@@ -29,7 +31,11 @@ from typing import Any, List, Optional, Set, Tuple
 from .._runtime.base import envvars as _envvars
 from .._runtime.base.constants import FOLD_ENV_VAR, LOG_DIR_ENV_VAR
 from ._report import PROG
+from . import _loopback
 from ._where import LOOPBACK
+
+#: ``--master-addr`` values that mean this machine (torchrun's default is 127.0.0.1).
+_LOCAL_NAMES = (LOOPBACK, "localhost")
 
 __all__ = ["Options", "COMMANDS", "build_parser", "validate", "launch_config", "rank_command",
            "rendezvous_note"]
@@ -285,15 +291,18 @@ def _rendezvous(args: argparse.Namespace, opts: Options) -> argparse.Namespace:
     """torchrun's ``run()`` choices before ``config_from_args``, on a copy of ``args``."""
     args = argparse.Namespace(**vars(args))
     single = opts.max_nodes == 1
+    local = args.master_addr in _LOCAL_NAMES and args.local_addr in (None, *_LOCAL_NAMES)
     if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint
-                           and args.master_port is None and single):
-        # torchrun: c10d on localhost:0. The kit: on the loopback address, the OS picks the
-        # port (no race), and the ranks' MASTER_ADDR is 127.0.0.1.
-        args.rdzv_backend, args.rdzv_endpoint = "c10d", f"{LOOPBACK}:0"
+                           and single and local):
+        # torchrun: c10d on localhost:0, its stores on every interface. The kit: both stores
+        # listen on 127.0.0.1 only (:mod:`._loopback`), on --master-port if given, else on a
+        # port the OS picks (no race); the ranks' MASTER_ADDR is 127.0.0.1.
+        _loopback.register()
+        args.rdzv_backend, args.rdzv_endpoint = _loopback.BACKEND, f"{LOOPBACK}:0"
         args.rdzv_id = uuid.uuid4().hex
-        if args.local_addr is None:
-            args.local_addr = LOOPBACK
-    elif single and args.local_addr is None and args.rdzv_backend == "static":
+        args.local_addr = LOOPBACK
+        return args
+    if single and args.local_addr is None and args.rdzv_backend == "static":
         args.local_addr = LOOPBACK
     if args.master_port is None:
         args.master_port = 29500  # torchrun's default
@@ -310,6 +319,8 @@ def launch_config(opts: Options, error_dir: str) -> Any:
     args.nproc_per_node = str(opts.nproc)
     args.log_dir = opts.torch_log_dir or error_dir
     config, _, _ = config_from_args(args)
+    if config.rdzv_backend == _loopback.BACKEND and args.master_port:
+        config.rdzv_configs[_loopback.PORT_CONF] = args.master_port  # the ranks' store
     if opts.args.rdzv_timeout is not None:  # the kit's --rdzv-timeout: both backends' names
         key = "timeout" if config.rdzv_backend == "static" else "join_timeout"
         config.rdzv_configs.setdefault(key, opts.args.rdzv_timeout)

@@ -64,6 +64,11 @@ def _report(addr: str, port: int, timeout: float, title: str = "") -> int:
         return 1
     print(f"where every rank of the run at {addr}:{port}{title} is:")
     print(where_report.where(store), flush=True)
+    if clients.listens_widely(port):
+        print(f"  note: the run's c10d store (port {port}) listens on every interface of this "
+              "host: other hosts can reach it and read or write its keys. A multi-node run needs "
+              "that; a one-node run under axolotl-dist keeps it on 127.0.0.1 (torchrun cannot: "
+              "README, \"Security\")", flush=True)
     return 0
 
 
@@ -71,7 +76,7 @@ def _recorded(addr: Optional[str], timeout: float) -> int:
     """``where`` without a port: the runs this host's run directory records (those at
     ``addr`` where given)."""
     try:
-        found: List[Dict[str, Any]] = runs.live_runs()
+        found: List[Dict[str, Any]] = runs.live_runs(warn=_fail)
     except runs.NotPrivateError as exc:  # nothing in it is read: another user could write it
         _fail(f"{exc}; or point it at a run with --master-addr A --master-port P")
         return 1
@@ -93,6 +98,7 @@ def _recorded(addr: Optional[str], timeout: float) -> int:
             print()
         script = os.path.basename(str(entry.get("script", "")))
         title = f" ({script}, {entry.get('world')} rank(s))" if script else ""
+        runs.use_secret(entry)
         code = max(code, _report(str(entry["addr"]), int(entry["port"]), timeout, title))
     return code
 
@@ -118,4 +124,17 @@ def where_main(argv: Sequence[str]) -> int:
     if not str(port).isdigit():
         parser.error(f"MASTER_PORT={port!r} is not a port number")
     addr = args.addr or os.environ.get("MASTER_ADDR") or LOOPBACK
+    _recorded_secret(int(port))
     return _report(addr, int(port), args.timeout)
+
+
+def _recorded_secret(port: int) -> None:
+    """Take the secret of a run recorded on this host whose store is on ``port`` (its ranks'
+    or its rendezvous'), if any: a run with a secret answers only its holders."""
+    try:
+        found = runs.live_runs()
+    except Exception:  # noqa: BLE001 - no run directory: the secret must come from the env
+        return
+    for entry in found:
+        if entry.get("port") == port:
+            runs.use_secret(entry)

@@ -37,6 +37,9 @@ __all__ = [
     "END_DIR_ENV_VAR",
     "TRACE_ENV_VAR",
     "RUN_DIR_ENV_VAR",
+    "SECRET_ENV_VAR",
+    "SECRET_FILE_ENV_VAR",
+    "SECRET_OFF",
     "DEFAULT_HEARTBEAT_TIMEOUT",
     "DEFAULT_WAIT_LOG_INTERVAL",
     "DEFAULT_STORE_LINGER",
@@ -105,6 +108,12 @@ TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
 #: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default
 #: ``$XDG_RUNTIME_DIR/axolotl_dist/runs``, else ``<tmp>/axolotl_dist-<uid>/runs``).
 RUN_DIR_ENV_VAR = "AXOLOTL_DIST_RUN_DIR"
+#: The run's secret, which seals what the kit writes to the store and encrypts ``where``
+#: answers (``axolotl-dist`` makes one for a one-node run), or a file holding it; the value
+#: :data:`SECRET_OFF` runs without one.
+SECRET_ENV_VAR = "AXOLOTL_DIST_SECRET"
+SECRET_FILE_ENV_VAR = "AXOLOTL_DIST_SECRET_FILE"
+SECRET_OFF = "off"
 #: torch elastic's switch: ``True`` when the launcher's agent hosts the store.
 AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 

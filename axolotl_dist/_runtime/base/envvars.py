@@ -42,6 +42,8 @@ __all__ = [
     "kit_seconds",
     "kit_switch",
     "kit_path",
+    "kit_secret",
+    "MIN_SECRET",
     "validate_kit_vars",
     "SHARED_FS_ENV_VAR",
 ]
@@ -172,7 +174,58 @@ KIT_VARS: Dict[str, KitVar] = {
     constants.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
     constants.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
     constants.END_DIR_ENV_VAR: KitVar("launcher", None, ""),
+    constants.SECRET_ENV_VAR: KitVar("secret", None, ""),
+    constants.SECRET_FILE_ENV_VAR: KitVar("path", None, ""),
 }
+
+#: The fewest characters a run's secret may have.
+MIN_SECRET = 16
+_SECRET_HOW = ("give every rank the same secret of at least 16 characters (e.g. "
+               f"{constants.SECRET_ENV_VAR}=$(openssl rand -hex 32)), or "
+               f"{constants.SECRET_ENV_VAR}={constants.SECRET_OFF} to run without one")
+
+
+def kit_secret() -> Optional[bytes]:
+    """The run's secret: :data:`~.constants.SECRET_ENV_VAR`'s value or the content of the file
+    :data:`~.constants.SECRET_FILE_ENV_VAR` names (this user's, readable by no one else); None
+    where neither is set or the value is ``off``. Raises
+    :class:`~axolotl_dist.errors.DistributedEnvError` naming the variable and the fix."""
+    value, path = raw(constants.SECRET_ENV_VAR), kit_path(constants.SECRET_FILE_ENV_VAR)
+    if value is not None and path is not None:
+        raise DistributedEnvError(f"both {constants.SECRET_ENV_VAR} and "
+                                  f"{constants.SECRET_FILE_ENV_VAR} are set: keep one")
+    if path is not None:
+        return _secret_file(path)
+    if value is None or text(value).strip().lower() == constants.SECRET_OFF:
+        return None
+    secret = text(value).strip()
+    if len(secret) < MIN_SECRET:
+        raise DistributedEnvError(f"{constants.SECRET_ENV_VAR} has {len(secret)} characters; "
+                                  + _SECRET_HOW)
+    return secret.encode()
+
+
+@functools.lru_cache(maxsize=4)
+def _secret_file(path: str) -> bytes:
+    """The secret in file ``path``, refused where another user could read or change it."""
+    name = constants.SECRET_FILE_ENV_VAR
+    try:
+        info = os.stat(path)
+        with open(path, "rb") as fh:
+            secret = fh.read(4096).strip()
+    except OSError as exc:
+        raise DistributedEnvError(f"{name}={path!r} cannot be read ({exc.strerror or exc}): "
+                                  "point it at a file holding the run's secret") from None
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise DistributedEnvError(f"{name}={path!r} belongs to uid {info.st_uid}, not to this "
+                                  f"user (uid {os.geteuid()}): use a file of your own")
+    if info.st_mode & 0o077:
+        raise DistributedEnvError(f"{name}={path!r} can be read by other users (mode "
+                                  f"{info.st_mode & 0o777:o}): chmod 600 {path}")
+    if len(secret) < MIN_SECRET:
+        raise DistributedEnvError(f"{name}={path!r} holds {len(secret)} characters; "
+                                  + _SECRET_HOW)
+    return secret
 
 
 def kit_seconds(name: str) -> float:
@@ -203,3 +256,5 @@ def validate_kit_vars() -> None:
             kit_seconds(name)
         elif var.kind == "switch":
             kit_switch(name)
+        elif var.kind == "secret":
+            kit_secret()

@@ -43,8 +43,8 @@ from ..base.kitlog import KitLog
 from .lifecycle_state import LIFECYCLE
 from ..liveness.liveness_state import HEARTBEAT
 from ..base.text import ranks_text
-from ..store import keys, records
-from ..store.access import bounded
+from ..store import keys, records, seals
+from ..store.access import bounded, genuine
 from ..liveness import heartbeat
 from ... import env
 from ...errors import DistributedEnvError
@@ -176,7 +176,8 @@ def _publish(beat: Any, texts: List[str]) -> bool:
         if not beat.store_usable():
             return False
         store = beat.base  # any thread: the group's connection (the heartbeat's may be lent)
-        store.append(keys.WARN_LOG, "".join(records.warning_entry(beat.rank, text) for text in texts))
+        store.append(keys.WARN_LOG, "".join(records.warning_entry(beat.rank, seals.seal(
+            _entry_key(beat.rank), text).decode()) for text in texts))
         return not store.add(keys.WAITERS, len(texts) * WARNED) & UNREAD
     except Exception:  # noqa: BLE001 - the store is going: printed here instead
         return False
@@ -231,7 +232,17 @@ def read(beat: Any, value: int) -> None:
     data, beat.warn_read = log[beat.warn_read:], len(log)
     folding = _warning_fold()
     for rank, text in records.read_warning_entries(data):
-        _add(folding, text, rank)
+        try:
+            opened = genuine(_entry_key(rank), text.encode())
+        except records.BadRecord:
+            continue  # sealed, and this rank has no secret: not this run's either
+        if opened is not None:  # else not this run's: said once, not shown
+            _add(folding, opened.decode(errors="replace"), rank)
+
+
+def _entry_key(rank: int) -> str:
+    """What a warning entry of global ``rank`` is sealed for (entries share the log's key)."""
+    return f"{keys.WARN_LOG}/{rank}"
 
 
 def pending() -> bool:

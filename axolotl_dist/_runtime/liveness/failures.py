@@ -20,7 +20,7 @@ from ..base.procs import MACHINE
 from ..base.state import GROUPS
 from ..base.tracebacks import format_exception, safe_str
 from ..store import keys, records
-from ..store.access import checked, hosts_store, is_store_error, world_store
+from ..store.access import checked, hosts_store, is_store_error, put, world_store
 from .heartbeat import exit_connection
 from .stalls import ASLEEP_SLOWDOWN, PeerChecker, lost_error
 from .peers import peer_record, store_host_gone, store_lost_error
@@ -64,7 +64,7 @@ def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
 def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
     """Store a failure report of ``rank`` under ``key`` (never raises)."""
     try:
-        store.set(key, failure_report(rank, exc, where))
+        put(store, key, failure_report(rank, exc, where))
     except Exception:  # noqa: BLE001 - the store may be gone: nothing to report to
         pass
 
@@ -169,8 +169,9 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
             report = failure_report(rank, exc, "its script")
         if any(g.abandoned for g in list(GROUPS.groups.values())):
             store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
-        store.set(keys.exit_record(rank), records.exit_record(report, time.time()))
-        store.append(keys.EXIT_LOG, f"{rank},")
+        put(store, keys.exit_record(rank), records.exit_record(report, time.time()))
+        store.append(keys.EXIT_LOG, f",{rank},")  # separated on both sides: bytes another
+        # process appended cannot run into it
         store.add(keys.EXITS, 1)
     except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
         return None

@@ -28,8 +28,8 @@ from ..base import procs
 from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
 from ..base.groups import default_pg
 from .liveness_state import HEARTBEAT, PEERS
-from ..store import keys, records, wakeup
-from ..store.access import checked, store_host, world_store
+from ..store import keys, records, seals, wakeup
+from ..store.access import genuine, parsed, propose, put, store_host, world_store
 from ..store.clients import raw_store
 from . import runs, where_report
 from .stalls import StallDetector
@@ -42,9 +42,10 @@ __all__ = ["HeartbeatTask", "add_task", "start_heartbeat", "stop_heartbeat", "ex
 
 
 def _run_id(base: "Store") -> str:
-    """The id every rank of this group agrees on: the first rank to propose one wins."""
+    """The id every rank of this group agrees on: the first rank to propose one wins (one not
+    sealed by this run is replaced: :func:`~..store.access.propose`)."""
     mine = uuid.uuid4().hex[:records.RUN_ID_LENGTH]
-    return checked(records.read_run_id, base.compare_set(keys.RUN, "", mine), keys.RUN)
+    return parsed(records.read_run_id, propose(base, keys.RUN, mine), keys.RUN)
 
 
 # --- what runs on rank 0's heartbeat ---------------------------------------------------------
@@ -143,16 +144,17 @@ class Heartbeat:
         PEERS.peers[rank] = me
         # the record, and this rank's long-wait description and finding (none yet): one call
         names = [keys.who(run, rank), keys.long_wait(run, rank), keys.stuck(run, rank)]
+        values = [seals.seal(k, v) for k, v in zip(names, [encode_peer(me), "", ""])]
         try:
-            raw.multi_set(names, [encode_peer(me), "", ""])
+            raw.multi_set(names, values)
         except (AttributeError, NotImplementedError, RuntimeError):  # a store without it
-            for key, value in zip(names, [encode_peer(me), "", ""]):
+            for key, value in zip(names, values):
                 raw.set(key, value)
         raw.add(keys.heartbeat(run, rank), 1)
         store.add(keys.waiting(rank), 0)  # created now: the key count stays flat afterwards
         store.add(keys.EXITS, 0)
         store.append(keys.EXIT_LOG, "")  # created now, so a waiter reads both in one call
-        store.compare_set(keys.STALL_REPORT, "", "{}")
+        store.compare_set(keys.STALL_REPORT, "", seals.seal(keys.STALL_REPORT, "{}"))
         store.add(keys.WAITERS, 0)  # created now: long waits add no key
         wakeup.offer_connection(self.pg, self.own)  # lent to the default group's key waiters
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
@@ -200,7 +202,10 @@ class Heartbeat:
         if self.host in PEERS.exits or not self.store.check([key]):
             return
         try:
-            PEERS.exits[self.host] = records.read_exit(self.store.get(key))  # type: ignore[index]
+            data = genuine(key, self.store.get(key))
+            if data is None:
+                return  # not this run's: the genuine record overwrites it
+            PEERS.exits[self.host] = records.read_exit(data)  # type: ignore[index]
         except records.BadRecord:
             PEERS.exits[self.host] = (None, time.time())  # type: ignore[index] # unreadable
         if host_leaving():  # the store goes once all acknowledged: no wait may be left in it
@@ -335,7 +340,8 @@ def start_heartbeat() -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         run = HEARTBEAT.run = _run_id(store)
         raw = raw_store(store)
-        raw.set(keys.RUN_NOTE, records.document({"run": run, "world": world}))
+        put(raw, keys.RUN_NOTE, records.document({"run": run, "world": world,
+                                                   "sealed": seals.sealing()}))
         runs.note_address(run, rank, world, launcher_name())
         HEARTBEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))

@@ -21,7 +21,7 @@ from ..base import procs
 from ..base.groups import remember_failure
 from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records
-from ..store.access import StoreHostGoneError, is_store_error, store_address, store_host
+from ..store.access import StoreHostGoneError, genuine, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,8 +54,13 @@ def encode_peer(record: Peer) -> str:
                         record.launcher)
 
 
-def decode_peer(raw: bytes) -> Optional[Peer]:
-    fields = records.read_peer(raw)
+def decode_peer(key: str, raw: bytes) -> Optional[Peer]:
+    """The peer record at store ``key``; None where it is unreadable or not this run's."""
+    try:
+        data = genuine(key, raw)
+    except records.BadRecord:
+        return None
+    fields = records.read_peer(data) if data is not None else None
     if fields is None:
         return None
     host, pid, machine, by_store, launcher = fields
@@ -95,7 +100,7 @@ def peer(raw: "Store", rank: int) -> Optional[Peer]:
     found = PEERS.peers.get(rank)
     run = HEARTBEAT.run
     if found is None and run is not None and raw.check([keys.who(run, rank)]):
-        found = decode_peer(raw.get(keys.who(run, rank)))
+        found = decode_peer(keys.who(run, rank), raw.get(keys.who(run, rank)))
         if found is not None:
             PEERS.peers[rank] = found
     return found
@@ -111,8 +116,8 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
         return
     names = [keys.who(run, r) for r in missing]
     if len(names) > 1 and raw.check(names):
-        for r, value in zip(missing, raw.multi_get(names)):
-            record = decode_peer(value)
+        for r, name, value in zip(missing, names, raw.multi_get(names)):
+            record = decode_peer(name, value)
             if record is not None:
                 PEERS.peers[r] = record
         return

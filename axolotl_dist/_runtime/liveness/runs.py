@@ -5,8 +5,10 @@ The directory is per user: ``AXOLOTL_DIST_RUN_DIR`` if set, else
 ``$XDG_RUNTIME_DIR/axolotl_dist/runs`` where that directory is set and writable, else
 ``<tempfile.gettempdir()>/axolotl_dist-<uid>/runs``. Each directory the kit names there is
 mode 0700 and this user's alone: made with that mode, or, where it was there already, used
-only if it is this user's, not a link and writable by nobody else (else refused, said once:
-:mod:`..base.private`). Each file, ``<run id>.json`` (mode 0600), holds the store's address
+only if it is this user's, not a link and writable by nobody else (else refused:
+:mod:`..base.private`). Where another user made the usual directory first, the kit uses
+``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/axolotl_dist/runs-<host>`` instead, said once.
+A reader (``axolotl-dist where``) makes no directory. Each file, ``<run id>.json`` (mode 0600), holds the store's address
 and port, the run id, the world size, the pid of the process that recorded it (the
 ``axolotl-dist`` launcher, or under other launchers the rank that recorded it at init), that
 process's machine (:func:`..base.procs.machine_id`), the script, the launcher's name and the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -31,53 +34,83 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..base import procs
 from ..base.callsite import short_path
-from ..base.constants import END_DIR_ENV_VAR, RUN_DIR_ENV_VAR
+from ..base.constants import (END_DIR_ENV_VAR, RUN_DIR_ENV_VAR, SECRET_ENV_VAR,
+                              SECRET_FILE_ENV_VAR, SECRET_OFF)
 from ..base.envvars import kit_path
 from ..base.kitlog import kit as log
 from ..base.private import NotPrivateError, create_private, my_uid, private_dir, write_private
 from .liveness_state import RUNS
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",
-           "STORE_NOTE", "note_address", "NotPrivateError"]
+           "STORE_NOTE", "note_address", "NotPrivateError", "use_secret"]
 
 
+#: This host's name, in the fallback run directory's (a home may be shared by several hosts).
+_HOST = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64] or "host"
 #: What a user whose run directory is refused can do, besides what the refusal says.
 _FIX = f"or set {RUN_DIR_ENV_VAR} to a directory of your own"
 
 
-def _levels() -> List[str]:
-    """The directories to make and check, outermost first; the last is the run directory."""
+def _chains() -> List[List[str]]:
+    """The directories to make and check, outermost first, the last of each the run directory:
+    the usual one, then (unless ``AXOLOTL_DIST_RUN_DIR`` names one) the fallback in this user's
+    home that no other user can make first."""
     chosen = kit_path(RUN_DIR_ENV_VAR)
     if chosen is not None:
-        return [os.path.abspath(chosen)]
+        return [[os.path.abspath(chosen)]]
     xdg = os.environ.get("XDG_RUNTIME_DIR", "")
     if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
         base = os.path.join(xdg, "axolotl_dist")
     else:
         base = os.path.join(tempfile.gettempdir(), f"axolotl_dist-{max(my_uid(), 0)}")
-    return [base, os.path.join(base, "runs")]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.path.join(cache, "axolotl_dist")
+    return [[base, os.path.join(base, "runs")], [home, os.path.join(home, f"runs-{_HOST}")]]
 
 
-def _verified() -> str:
-    """This user's run directory, made where missing, every level the kit names checked to be
-    this user's alone (:func:`..base.private.private_dir`). Raises
-    :class:`~..base.private.NotPrivateError` (or OSError)."""
-    levels = _levels()
-    parent = os.path.dirname(levels[0])
-    if parent and not os.path.isdir(parent):  # AXOLOTL_DIST_RUN_DIR's parents: the user's
-        os.makedirs(parent, exist_ok=True)
-    for level in levels:
+def _verified(create: bool = True, warn: Optional[Callable[[str], None]] = None) -> str:
+    """This user's run directory, every level the kit names checked to be this user's alone
+    (:func:`..base.private.private_dir`), made where missing if ``create`` (else a missing one
+    is FileNotFoundError). A usual directory that is refused (another user made it first)
+    gives way to the fallback, said once. Raises :class:`~..base.private.NotPrivateError`
+    where no directory is usable (or OSError). ``warn``: how to say it (default: a kit
+    warning)."""
+    chains = _chains()
+    refused: Optional[NotPrivateError] = None
+    for chain in chains:
+        try:
+            return _checked(chain, create)
+        except NotPrivateError as exc:
+            refused = refused or exc
+            if chain is not chains[-1]:
+                _say(f"{exc}; the kit records this user's runs in {chains[-1][-1]} instead",
+                     warn)
+    raise refused if refused is not None else FileNotFoundError(chains[-1][-1])
+
+
+def _checked(chain: List[str], create: bool) -> str:
+    """The last of ``chain``, each level made (if ``create``) and checked."""
+    parent = os.path.dirname(chain[0])
+    if create and parent and not os.path.isdir(parent):  # AXOLOTL_DIST_RUN_DIR's parents,
+        os.makedirs(parent, exist_ok=True)               # ~/.cache: the user's own
+    for level in chain:
+        if not create and not os.path.isdir(level):
+            raise FileNotFoundError(level)
         private_dir(level, _FIX)
-    return levels[-1]
+    return chain[-1]
 
 
 def run_dir(create: bool = True) -> Optional[str]:
     """This user's run directory on this host (``create``: made and checked, else only its
-    path); None where none can be used (then nothing is recorded). A directory that is not
-    this user's alone is refused, said once per process (a kit warning)."""
+    path, the fallback's where the usual one is refused); None where none can be used (then
+    nothing is recorded). A directory that is not this user's alone is refused, said once per
+    process (a kit warning)."""
     try:
         if not create:
-            return _levels()[-1]
+            try:
+                return _verified(create=False)
+            except Exception:  # noqa: BLE001 - none yet: the usual path, for messages
+                return _chains()[0][-1]
         return _verified()
     except NotPrivateError as exc:
         _warn(exc, None)
@@ -87,7 +120,11 @@ def run_dir(create: bool = True) -> Optional[str]:
 
 
 def _warn(exc: NotPrivateError, warn: Optional[Callable[[str], None]]) -> None:
-    text = f"{exc}; until then no run is recorded for `axolotl-dist where`"
+    _say(f"{exc}; until then no run is recorded for `axolotl-dist where`", warn)
+
+
+def _say(text: str, warn: Optional[Callable[[str], None]]) -> None:
+    """Say ``text`` once per process, through ``warn`` (default: a kit warning)."""
     if text in RUNS.refused:
         return
     RUNS.refused.add(text)
@@ -132,7 +169,7 @@ def record(run: str, addr: str, port: int, world: int, launcher: str,
     tmp = None
     try:
         try:
-            directory = _verified()
+            directory = _verified(warn=warn)
         except NotPrivateError as exc:
             _warn(exc, warn)
             return None
@@ -162,9 +199,31 @@ def _entry(run: str, addr: str, port: int, world: int, launcher: str, script: Op
     """What a run's file says (``script``: default, this process's)."""
     if script is None:
         script = sys.argv[0] if sys.argv and sys.argv[0] else "?"
-    return {"run": run, "addr": addr, "port": int(port), "world": int(world), "pid": pid,
-            "machine": procs.MACHINE, "script": os.path.abspath(script) if os.path.exists(
-                script) else script, "launcher": launcher, "started": time.time()}
+    entry = {"run": run, "addr": addr, "port": int(port), "world": int(world), "pid": pid,
+             "machine": procs.MACHINE, "script": os.path.abspath(script) if os.path.exists(
+                 script) else script, "launcher": launcher, "started": time.time()}
+    entry.update(_secret_entry())
+    return entry
+
+
+def _secret_entry() -> Dict[str, str]:
+    """How ``axolotl-dist where`` finds the run's secret (this file is this user's alone, as
+    the ranks' environment is): the file that holds it, or the value."""
+    path = kit_path(SECRET_FILE_ENV_VAR)
+    if path is not None:
+        return {"secret_file": os.path.abspath(path)}
+    value = os.environ.get(SECRET_ENV_VAR, "").strip()
+    return {"secret": value} if value and value.lower() != SECRET_OFF else {}
+
+
+def use_secret(entry: Dict[str, Any]) -> None:
+    """Take the secret of the run ``entry`` records for this process, unless it has one."""
+    if os.environ.get(SECRET_ENV_VAR) or os.environ.get(SECRET_FILE_ENV_VAR):
+        return
+    if isinstance(entry.get("secret_file"), str):
+        os.environ[SECRET_FILE_ENV_VAR] = entry["secret_file"]
+    elif isinstance(entry.get("secret"), str):
+        os.environ[SECRET_ENV_VAR] = entry["secret"]
 
 
 def _place(tmp: str, path: str) -> bool:
@@ -193,12 +252,12 @@ def forget(path: Optional[str], pid: Optional[int] = None) -> None:
         pass
 
 
-def live_runs() -> List[Dict[str, Any]]:
+def live_runs(warn: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
     """The runs recorded on this host whose recording process still runs, oldest first; stale
     entries are removed on the way. Raises :class:`~..base.private.NotPrivateError` where
     the run directory is not this user's alone (nothing in it is read)."""
     try:
-        directory = _verified()
+        directory = _verified(create=False, warn=warn)  # a reader makes nothing
     except NotPrivateError:
         raise
     except Exception:  # noqa: BLE001 - no directory: nothing listed

@@ -29,8 +29,8 @@ from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
 from ..base.text import ranks_in_text
 from .liveness_state import HEARTBEAT, PEERS
-from ..store import keys, records
-from ..store.access import checked, store_host, world_store
+from ..store import keys, records, seals
+from ..store.access import checked_or_ignored, genuine, put, store_host, world_store
 from . import deadlock
 from .peers import (EVENTS, STALL_CHECK_INTERVAL, STALL_ROUND, check_store_host, fetch_peers, host_leaving, same_machine)
 from ..store.clients import raw_store
@@ -76,10 +76,12 @@ class StallDetector:
                 return  # a rank still initializing: its waiters are not in kit waits yet
         now = time.monotonic()
         values = raw.multi_get(self.keys)  # the waits' descriptions in the same call
-        found = self.deadlocks.round(values[world:])
+        found = self.deadlocks.round([_description(k, v) for k, v in
+                                      zip(self.keys[world:], values[world:])])
         if found is not None and found[0]:  # the marks first: a waiter reads one on the event
             marks = sorted(found[0].items())
-            raw.multi_set([keys.stuck(self.run, r) for r, _ in marks], [m for _, m in marks])
+            names = [keys.stuck(self.run, r) for r, _ in marks]
+            raw.multi_set(names, [seals.seal(k, m) for k, (_, m) in zip(names, marks)])
         silent = self._silent(values[:world], now)
         # republished each round while a rank is silent: a waiter then checks "dead" from
         # what the stall detector measured at most a round ago, never from its own extrapolation (a
@@ -87,7 +89,7 @@ class StallDetector:
         changed = bool(silent) or set(silent) != set(self.silent) or found is not None
         self.silent = silent
         if changed:
-            store.set(keys.STALL_REPORT, records.document({
+            put(store, keys.STALL_REPORT, records.document({
                 "silent": {str(r): round(s, 1) for r, s in silent.items()},
                 "deadlocks": self.deadlocks.texts}))
         store.add(keys.EXITS, STALL_ROUND + (1 if changed else 0))
@@ -236,13 +238,21 @@ class PeerChecker:
             names.append(keys.stuck(run, self.me))
         log, report, *mine = self.store.multi_get(names)
         self._read_exits(log)
-        silent, deadlocks = checked(_stall_report, report, keys.STALL_REPORT, 0)
+        self._read_findings(report, mine, run, now)
+
+    def _read_findings(self, report: bytes, mine: List[bytes], run: Optional[str],
+                       now: float) -> None:
+        """Take the stall detector's ``report`` and this rank's mark (``mine``, where read)."""
+        found = checked_or_ignored(_stall_report, report, keys.STALL_REPORT, 0)
+        if found is None:
+            return  # not this run's report: the stall detector's next one overwrites it
+        silent, deadlocks = found
         self.silent = {r: (secs, now) for r, secs in silent.items()}
         if run is not None and self.raw is not self.store:  # the world's keys under a prefix
             mine = [self.raw.get(keys.stuck(run, self.me))]
-        mark = checked(records.read_stuck_mark, mine[0] if mine else b"",
-                       keys.stuck(run or "", self.me), 0)
-        self._read_mark(mark, deadlocks)
+        mark = (checked_or_ignored(records.read_stuck_mark, mine[0], keys.stuck(run or "", self.me), 0)
+                if mine else None)
+        self._read_mark(mark or ("", ""), deadlocks)
 
     def _read_exits(self, log: bytes) -> None:
         """Read the exit records of the ranks the exit log names that are new to this rank."""
@@ -260,7 +270,10 @@ class PeerChecker:
     def _read_exit(self, rank: int) -> None:
         key = keys.exit_record(rank)
         try:
-            report, when = records.read_exit(self.store.get(key))
+            data = genuine(key, self.store.get(key))
+            if data is None:
+                return  # not this run's: its genuine record overwrites it
+            report, when = records.read_exit(data)
         except records.BadRecord as exc:  # not the kit's: the rank is gone all the same
             report, when = records.failure((rank, "DistributedEnvError", records.unreadable(
                 key, rank, exc), None, "its exit", (), None)), time.time()
@@ -342,6 +355,15 @@ class PeerChecker:
         if last is None or now - last >= self.warn_every:
             self.warned[rank] = now
             log.warning("rank %d: %s", self.me, message)
+
+
+def _description(key: str, value: bytes) -> bytes:
+    """A rank's long-wait description as published (empty: none, or one not this run's)."""
+    try:
+        data = genuine(key, value)
+    except records.BadRecord:
+        return b"?"  # unreadable: that wait is left unjudged
+    return b"" if data is None else data
 
 
 def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:

@@ -36,8 +36,8 @@ from ..base.envvars import kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from .liveness_state import HEARTBEAT, PEERS, WAITS
-from ..store import keys
-from ..store.access import StoreHostGoneError, bounded, is_store_error, world_store
+from ..store import keys, seals
+from ..store.access import StoreHostGoneError, bounded, is_store_error, put, world_store
 from ..store.clients import raw_store
 from . import where_report
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
@@ -123,7 +123,7 @@ class Waiting:
                 awaits = None if self.point.kind == "collective" else list(self.ranks)
                 self.published = describe(self.point, self.serial, self.shown, self.thread,
                                           awaits)
-                self.watcher.raw.set(keys.long_wait(run, self.me), self.published)
+                put(self.watcher.raw, keys.long_wait(run, self.me), self.published)
 
     def lost(self, now: float, asleep: bool = False) -> List[Lost]:
         """The awaited ranks that are gone (see :meth:`.stalls.PeerChecker.find_lost`)."""
@@ -164,7 +164,8 @@ class Waiting:
     def _unpublish(self) -> None:
         run = HEARTBEAT.run
         if self.published and run is not None:
-            self.watcher.raw.compare_set(keys.long_wait(run, self.me), self.published, "")
+            key = keys.long_wait(run, self.me)
+            self.watcher.raw.compare_set(key, seals.seal(key, self.published), seals.seal(key, ""))
             self.published = ""
 
     def warn(self, now: float, ranks: Sequence[int]) -> None:

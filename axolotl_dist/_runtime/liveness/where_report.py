@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..base import procs
 from ..base.callsite import PACKAGE_DIR, short_path
-from ..base.constants import HEARTBEAT_INTERVAL, HOST
+from ..base.constants import HEARTBEAT_INTERVAL, HOST, SECRET_ENV_VAR
 from . import flight
 from .liveness_state import RUNS, SCOPES, WAITS
-from ..store import keys, records
+from ..store import keys, records, seals
+from ..store.access import genuine, ignore, put
 from .peers import Peer, decode_peer, same_machine
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,7 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["REQUEST", "BEATS",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "where_command",
-           "where", "where_each", "placed", "place", "collective_findings", "read_answer"]
+           "where", "where_each", "placed", "place", "collective_findings", "read_answer",
+           "asked_by_the_run", "QUESTION_FRESH", "UNSEALED", "WITHHELD"]
 
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
@@ -51,6 +53,18 @@ BEATS = REQUEST - 1
 ANSWER_WITHIN = HEARTBEAT_INTERVAL + 1.5
 #: Seconds between a requester's looks for answers not in yet (each one ``multi_get``).
 _ANSWER_POLL = 0.5
+#: Seconds a sealed question stays good for (runs with a secret): a rank answers requests
+#: made while it is this recent, each answer encrypted.
+QUESTION_FRESH = 60.0
+#: The answer a requester leaves in place before the first one (a rank's key made once).
+_NO_ANSWER = b"{}"
+#: The report's line on a run without a secret.
+UNSEALED = (f"  note: this run has no secret ({SECRET_ENV_VAR}): anyone who can reach its "
+            'store can read these stacks and write the kit\'s records (docs/design.md, '
+            '"Trust model")')
+#: Where a rank withheld its stack (its secret, no cipher to encrypt it with).
+WITHHELD = ("its stack is not sent through the store unencrypted, and this rank has no "
+            "`cryptography` package to encrypt it (pip install 'axolotl_dist[secure]')")
 
 _PACKAGE = PACKAGE_DIR
 _TORCH_MARK = os.sep + "torch" + os.sep
@@ -156,25 +170,66 @@ def snapshot(rank: int) -> Dict[str, Any]:
 
 
 def answer(store: "Store", run: str, rank: int, request: int) -> None:
-    """Write this rank's snapshot for request number ``request``."""
+    """Write this rank's snapshot for request number ``request``: in a run with a secret, only
+    for a recent question sealed with it (:func:`asked_by_the_run`), encrypted (or, without
+    the ``cryptography`` package, with its stack withheld)."""
     data = snapshot(rank)
     data["request"] = request
-    store.set(keys.where_answer(run, rank), records.document(data))
+    key = keys.where_answer(run, rank)
+    if not seals.sealing():
+        store.set(key, records.document(data))
+        return
+    if not asked_by_the_run(store, run):
+        return
+    sealed = seals.encrypt(records.document(data))
+    if sealed is None:  # no cipher here: the stack stays with the rank
+        data.update(user=[], call=None, first_runs=[], withheld=True)
+        sealed = seals.seal(key, records.document(data))
+    store.set(key, sealed)
+
+
+def asked_by_the_run(store: "Store", run: str) -> bool:
+    """Whether the run's last question (:func:`~..store.keys.where_question`) is sealed with its
+    secret and at most :data:`QUESTION_FRESH` seconds old (a question not this run's is
+    ignored, said once)."""
+    key = keys.where_question(run)
+    try:
+        data = genuine(key, store.get(key)) if store.check([key]) else None
+        asked_at = records.read_clock(data) / 1e9 if data is not None else None
+    except records.BadRecord:
+        return False
+    return asked_at is not None and abs(time.time() - asked_at) <= QUESTION_FRESH
 
 
 # --- asking -------------------------------------------------------------------------------
 
 def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, int]]:
     """Ask ``ranks`` for their snapshot: rank -> (the request number to wait for, its beats
-    now); one store call per rank, which also makes sure its answer's key exists."""
+    now); one store call per rank, which also makes sure its answer's key exists (and in a
+    run with a secret, one for the sealed question)."""
+    if seals.sealing():
+        put(store, keys.where_question(run), records.clock(time.time_ns()))
     asked = {}
     for r in ranks:
         value = store.add(keys.heartbeat(run, r), REQUEST)
         asked[r] = (value >> 32, value & BEATS)
         if (run, r) not in RUNS.answer_keys:  # made once, so one multi_get reads every answer
-            store.compare_set(keys.where_answer(run, r), "", "{}")
+            key = keys.where_answer(run, r)
+            store.compare_set(key, "", seals.seal(key, _NO_ANSWER))
             RUNS.answer_keys.add((run, r))
     return asked
+
+
+def _opened_answer(key: str, data: bytes) -> Optional[bytes]:
+    """The document of the answer at ``key`` (decrypted or unsealed); None where it is not
+    this run's (ignored: the genuine one may still come). BadRecord where it cannot be read."""
+    if data.startswith(seals.ENCRYPTED):
+        try:
+            return seals.decrypt(key, data)
+        except seals.NotThisRun as exc:
+            ignore(key, exc)
+            return None
+    return genuine(key, data)
 
 
 _NUMBER = (int, float)
@@ -188,9 +243,13 @@ _WAIT = MappingProxyType({"what": str, "since": _NUMBER, "ranks": list})
 def read_answer(data: bytes) -> Dict[str, Any]:
     """A rank's answer as :func:`answer` writes it, checked field by field (``{}`` for the
     empty one :func:`ask` leaves); :class:`~..store.records.BadRecord` for anything else."""
-    if data == b"{}":
+    if data == _NO_ANSWER:
         return {}
-    doc = records.read_object(data, _ANSWER, "a rank's answer")
+    doc = records.read_document(data)
+    withheld = isinstance(doc, dict) and doc.pop("withheld", False) is True
+    doc = records.check_fields(doc, _ANSWER, "a rank's answer")
+    if withheld:
+        doc["withheld"] = True
     for frame in doc["user"]:
         if not (isinstance(frame, list) and len(frame) == 4 and isinstance(frame[0], str)
                 and type(frame[1]) is int and isinstance(frame[2], str)
@@ -230,7 +289,10 @@ def collect(store: "Store", run: str, wanted: Dict[int, Tuple[int, int]],
             beats[rank] = _beats(values[len(ranks) + i])
             if rank not in got:
                 try:
-                    data = read_answer(values[i])
+                    opened = _opened_answer(names[i], values[i])
+                    if opened is None:
+                        continue
+                    data = read_answer(opened)
                 except records.BadRecord as exc:
                     data = {"unreadable": records.unreadable(names[i], rank, exc)}
                 if "unreadable" in data or data.get("request", 0) >= wanted[rank][0]:
@@ -254,6 +316,8 @@ def _describe(data: Dict[str, Any], waiting: str = "") -> str:
     """Where one rank is; ``waiting`` (what a group of ranks waits for) follows its kit call."""
     if "unreadable" in data:
         return str(data["unreadable"])
+    if data.get("withheld"):
+        return (WITHHELD + flight.describe_position(data.get("torch")))
     user = data.get("user") or []  # innermost first
     call = data.get("call")
     if call is not None:
@@ -364,16 +428,19 @@ def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any
     if not store.check([keys.RUN_NOTE]):
         return "no axolotl_dist run has registered with this store (yet)"
     try:
-        info = records.read_object(store.get(keys.RUN_NOTE), {"run": str, "world": int},
-                                   "the run's note")
+        info = records.read_document(seals.opened(keys.RUN_NOTE, store.get(keys.RUN_NOTE)))
+        sealed = info.pop("sealed", False) if isinstance(info, dict) else False
+        info = records.check_fields(info, {"run": str, "world": int}, "the run's note")
         run, world = records.read_run_id(info["run"].encode()), info["world"]
         if not 0 < world <= _MAX_WORLD:
             raise records.BadRecord(f"a world of {world} ranks")
+    except seals.NotThisRun as exc:
+        return seals.not_this_run(keys.RUN_NOTE, exc)
     except records.BadRecord as exc:
         return records.unreadable(keys.RUN_NOTE, None, exc)
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
-    return answers, silent, _peer_records(store, run, silent)
+    return answers, silent, _peer_records(store, run, silent), sealed
 
 
 def _peer_records(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Peer]:
@@ -381,7 +448,7 @@ def _peer_records(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, P
     peers: Dict[int, Peer] = {}
     for rank in ranks:
         key = keys.who(run, rank)
-        record = decode_peer(store.get(key)) if store.check([key]) else None
+        record = decode_peer(key, store.get(key)) if store.check([key]) else None
         if record is not None:
             peers[rank] = record
     return peers
@@ -396,7 +463,10 @@ def where(store: "Store", ranks: Optional[Sequence[int]] = None,
           within: float = ANSWER_WITHIN) -> str:
     """The report of the run whose root store is ``store`` (all ranks by default)."""
     found = _asked(store, ranks, within)
-    return f"  {found}" if isinstance(found, str) else report(*found)
+    if isinstance(found, str):
+        return f"  {found}"
+    *found, sealed = found
+    return report(*found) + ("" if sealed else "\n" + UNSEALED)
 
 
 def where_each(store: "Store", ranks: Sequence[int],
@@ -406,7 +476,7 @@ def where_each(store: "Store", ranks: Sequence[int],
     found = _asked(store, ranks, within)
     if isinstance(found, str):
         return {r: found for r in ranks}
-    answers, silent, peers = found
+    answers, silent, peers, _ = found
     each = {}
     for rank in ranks:
         mine = ({rank: answers[rank]} if rank in answers else {},

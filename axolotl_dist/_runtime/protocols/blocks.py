@@ -60,7 +60,7 @@ from ..base.groups import Group
 from .protocols_state import BLOCKS, TIMELINE
 from ..store import sweep, wakeup
 from ..store import keys, records
-from ..store.access import checked, group_store, is_store_error
+from ..store.access import checked, group_store, is_store_error, parsed, propose
 from ..liveness.deadlock import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
@@ -241,11 +241,11 @@ class Block:
         """Compare this block's pairing with the first rank that checked (see the module
         docstring); raise :class:`CollectiveMismatchError` if they differ."""
         mine = records.site(self.rank, self.tag, self.desc, str(self.site))
-        have = self.store.compare_set(f"{self.base}/site", "", mine).decode(errors="replace")
+        have = propose(self.store, f"{self.base}/site", mine).decode(errors="replace")
         if have == mine:
             self.wrote_site = True  # deleted when this rank is done with the block
             return
-        other, tag, desc, site = checked(records.read_site, have, f"{self.base}/site")
+        other, tag, desc, site = parsed(records.read_site, have, f"{self.base}/site")
         if tag != self.tag:
             self._publish_mismatch(other, tag, desc, site)
 
@@ -267,7 +267,7 @@ class Block:
                    self.rank: f"{self.noun} {label(self.desc, str(self.site), self.rank)}"})
         key = f"{self.base}/mismatch"
         payload = records.mismatch(error, self.rank)
-        ours = self.store.compare_set(key, "", payload) == payload  # the first report wins
+        ours = propose(self.store, key, payload) == payload  # the first report wins
         for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
             if self.store.add(word0, MISMATCH) & wakeup.WAKE_BIT:
                 wakeup.wake(self.store, word0)
@@ -284,7 +284,7 @@ class Block:
         key = f"{self.keys[0]}/error"
         try:
             report = failure_report(self.rank, exc, self.what)
-            ours = self.store.compare_set(key, "", report) == report
+            ours = propose(self.store, key, report) == report
             if self.store.add(self.keys[0], FAILED) & wakeup.WAKE_BIT:
                 wakeup.wake(self.store, self.keys[0])
             readers = self._readers(exclude=(self.rank,))

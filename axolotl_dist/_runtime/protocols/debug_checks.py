@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 from ..base import envvars
 from ..base.constants import DEBUG_ENV_VAR, HEARTBEAT_INTERVAL, HOST
 from ..base.groups import Group
-from ..store.access import checked, group_store, store_host
+from ..store.access import checked, group_store, put, store_host
 from ..liveness.failures import await_readers
 from ..liveness.stalls import PeerChecker
 from .protocols_state import DEBUG
@@ -184,7 +184,7 @@ def _store_lost(exc: BaseException, seq: int, me: Call, group: Group
 def _post(ctx: _Ctx) -> None:
     """Store this rank's record and count it, digest first (see :meth:`_Ctx.counts`)."""
     store, p = ctx.store, ctx.prefix
-    store.set(f"{p}/c/{ctx.me.rank}", records.call_record(ctx.me.fields()))
+    put(store, f"{p}/c/{ctx.me.rank}", records.call_record(ctx.me.fields()))
     store.add(f"{p}/d/{ctx.digest}", 1)
     ctx.log.posted[ctx.seq] = ctx.digest
     if store.add(f"{p}/n", 1) > ABORT:  # the others gave up on this call before we came
@@ -311,7 +311,7 @@ def _give_up(ctx: _Ctx, dead: Dict[int, str]) -> None:
 def _publish(ctx: _Ctx, error: CollectiveMismatchError, readers: List[int]) -> None:
     """Publish ``error`` for the ranks waiting at this call and those still coming, then raise it."""
     try:
-        ctx.store.set(f"{ctx.prefix}/abort", records.mismatch(error, ctx.me.rank))
+        put(ctx.store, f"{ctx.prefix}/abort", records.mismatch(error, ctx.me.rank))
         ctx.store.add(f"{ctx.prefix}/n", ABORT)
     except Exception:  # noqa: BLE001 - the store may be gone with the missing rank
         raise error from None

@@ -31,7 +31,7 @@ from ..base.kitlog import kit as log
 from ..liveness.liveness_state import HEARTBEAT
 from .protocols_state import NOTES
 from ..store import keys
-from ..store.access import world_store
+from ..store.access import genuine, put, world_store
 from ..liveness.polls import poll_until
 from ... import env as _env
 
@@ -100,12 +100,19 @@ def shares(label: str, path: str, rank: int, local_rank: int, world_size: int) -
     made = ""
     if rank == 0:
         made = _write_probe(probe_dir(path), run)
-        store.set(key, made)
+        put(store, key, made)
     if local_rank == 0:
         if rank != 0:
-            poll_until(lambda: store.check([key]), watch=lambda: [0], timeout=None,
+            found: List[bytes] = []
+
+            def probed() -> bool:  # rank 0's record (one not this run's is none: ignored)
+                data = genuine(key, store.get(key)) if store.check([key]) else None
+                found[:] = [] if data is None else [data]
+                return bool(found)
+
+            poll_until(probed, watch=lambda: [0], timeout=None,
                        what=f"the shared-filesystem probe of {path}", me=rank)
-            made = store.get(key)[:4096].decode(errors="replace")  # a path: only looked at
+            made = found[0][:4096].decode(errors="replace")  # a path: only looked at
         answer = _UNKNOWN if not made else _FOUND if os.path.exists(made) else _NOT_FOUND
     else:
         answer = 0

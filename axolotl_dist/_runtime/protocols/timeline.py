@@ -46,6 +46,7 @@ from ..base.groups import default_pg
 from ..liveness import flight
 from .protocols_state import TIMELINE
 from ..store import keys, records
+from ..store.access import checked, put
 
 __all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
            "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX", "register_sync"]
@@ -245,14 +246,15 @@ def align(store: Any, rank: int, world_size: int) -> Tuple[int, int]:
         for k in range(1, world_size):
             for i in range(_ROUNDS):
                 store.wait([keys.clock(k, i, "ping")], _ALIGN_WAIT)  # a rank not tracing: raises
-                store.set(keys.clock(k, i, "pong"), records.clock(now()))
+                put(store, keys.clock(k, i, "pong"), records.clock(now()))
         return 0, 0
     best: Optional[Tuple[int, int]] = None
     for i in range(_ROUNDS):
         t1 = now()
         store.set(keys.clock(rank, i, "ping"), b"")
         store.wait([keys.clock(rank, i, "pong")], _ALIGN_WAIT)
-        theirs = records.read_clock(store.get(keys.clock(rank, i, "pong")))
+        pong = keys.clock(rank, i, "pong")
+        theirs = checked(records.read_clock, store.get(pong), pong, 0)
         t2 = now()
         trip = (t2 - t1, theirs - (t1 + t2) // 2)
         if best is None or trip[0] < best[0]:

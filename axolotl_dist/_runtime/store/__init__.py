@@ -2,6 +2,8 @@
 
 * :mod:`.keys`: every key the kit keeps in the store (nothing else spells one).
 * :mod:`.records`: every record the kit keeps there, encoded and decoded (nothing else does).
+* :mod:`.seals`: the run's secret at work: records sealed (HMAC) and ``where`` answers
+  encrypted.
 * :mod:`.access`: which store, who hosts it, what a lost store looks like, a worker thread.
 * :mod:`.clients`: connecting to a run's store from outside its groups (``where``, the
   launcher), and the store's root under a group's prefix.

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 import torch.distributed as dist
 
 from ..base.constants import AGENT_STORE_ENV_VAR
-from . import records
+from . import records, seals
+from .store_state import STORE
+from ..base.kitlog import kit as log
 from ...errors import DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +40,13 @@ __all__ = [
     "submit",
     "bounded",
     "checked",
+    "checked_or_ignored",
+    "counter",
+    "parsed",
+    "genuine",
+    "ignore",
+    "propose",
+    "put",
 ]
 
 
@@ -203,10 +212,94 @@ def bounded(fn: Callable[[], Any], seconds: float, default: Any = None) -> Any:
 
 
 def checked(reader: Callable[[Any], T], data: Any, key: str, writer: Optional[int] = None) -> T:
-    """``reader(data)`` (a :mod:`.records` reader of the value at store ``key``); a record the
-    kit did not write is a :class:`~axolotl_dist.errors.DistributedEnvError` naming ``key`` and
-    the rank it was written as (``writer``), not a :class:`.records.BadRecord`."""
+    """``reader(data)`` (a :mod:`.records` reader of the value at store ``key``, unsealed:
+    :mod:`.seals`); a record the kit did not write, or that carries no seal of this run's
+    secret (a record the run needs now: tampering), is a
+    :class:`~axolotl_dist.errors.DistributedEnvError` naming ``key`` and the rank it was
+    written as (``writer``), not a :class:`.records.BadRecord`. Where the genuine record can
+    still come, read it with :func:`checked_or_ignored`."""
+    try:
+        opened = seals.opened(key, data)
+    except seals.NotThisRun as exc:
+        raise DistributedEnvError(seals.not_this_run(key, exc)) from None
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(key, writer, exc)) from None
+    return parsed(reader, opened, key, writer)
+
+
+def parsed(reader: Callable[[Any], T], data: bytes, key: str, writer: Optional[int] = None) -> T:
+    """``reader(data)`` of a record already opened (:func:`propose`'s, :func:`genuine`'s), its
+    :class:`.records.BadRecord` a :class:`~axolotl_dist.errors.DistributedEnvError` naming
+    ``key``."""
     try:
         return reader(data)
     except records.BadRecord as exc:
         raise DistributedEnvError(records.unreadable(key, writer, exc)) from None
+
+
+def counter(data: Any, key: str, what: str) -> int:
+    """The count a counter of the kit's (a store integer, made by ``add``) holds; one that holds
+    anything else is a :class:`~axolotl_dist.errors.DistributedEnvError` naming ``key``: only
+    the kit's ``add`` writes there (counters carry no seal)."""
+    return parsed(lambda raw: records.read_number(raw, what), data, key)
+
+
+def checked_or_ignored(reader: Callable[[Any], T], data: Any, key: str,
+                       writer: Optional[int] = None) -> Optional[T]:
+    """:func:`checked`, but None for a record without this run's seal (ignored, said once per
+    key, as if not there yet: the genuine record overwrites it)."""
+    try:
+        opened = seals.opened(key, data)
+    except seals.NotThisRun as exc:
+        ignore(key, exc)
+        return None
+    except records.BadRecord as exc:
+        raise DistributedEnvError(records.unreadable(key, writer, exc)) from None
+    return parsed(reader, opened, key, writer)
+
+
+def genuine(key: str, data: Any) -> Optional[bytes]:
+    """The value of the record ``data`` at store ``key``, or None where it carries no seal of
+    this run's secret: ignored, as if not there yet (the genuine record overwrites it), and said
+    once per key. :class:`.records.BadRecord` where it is sealed and this process has no
+    secret."""
+    try:
+        return seals.opened(key, data)
+    except seals.NotThisRun as exc:
+        ignore(key, exc)
+        return None
+
+
+def ignore(key: str, exc: "seals.NotThisRun") -> None:
+    """Say, once per key, that the record at store ``key`` is ignored: not this run's."""
+    if key not in STORE.ignored:
+        STORE.ignored.add(key)
+        log.warning("ignored %s", seals.not_this_run(key, exc))
+
+
+#: How many records without this run's seal :func:`propose` replaces before it gives up.
+_PROPOSE_TRIES = 8
+
+
+def propose(store: "Store", key: str, value: Any) -> bytes:
+    """Write record ``value`` to store ``key`` unless one is there (``compare_set``: the first
+    proposal wins); the winning record's value, unsealed. A record without this run's seal is
+    no proposal: it is replaced (said once); past a few, a
+    :class:`~axolotl_dist.errors.DistributedEnvError` names ``key``."""
+    mine, expected = seals.seal(key, value), ""
+    for _ in range(_PROPOSE_TRIES):
+        have = store.compare_set(key, expected, mine)
+        try:
+            return seals.opened(key, have)
+        except seals.NotThisRun as exc:
+            ignore(key, exc)
+            expected = have  # not this run's: ours goes in its place
+        except records.BadRecord as exc:
+            raise DistributedEnvError(records.unreadable(key, None, exc)) from None
+    raise DistributedEnvError(seals.not_this_run(key, seals.NotThisRun(
+        f"{_PROPOSE_TRIES} records without this run's seal replaced one another")))
+
+
+def put(store: "Store", key: str, value: Any) -> None:
+    """Write record ``value`` to store ``key``, sealed (:func:`.seals.seal`)."""
+    store.set(key, seals.seal(key, value))

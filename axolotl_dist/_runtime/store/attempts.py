@@ -37,11 +37,11 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Dict, Iterator, List
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 from ...errors import DistributedEnvError
-from . import keys, records
-from .access import checked
+from . import keys, records, seals
+from .access import checked_or_ignored, put
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -94,10 +94,11 @@ def _lead(store: "Store", world_size: int, deadline: float) -> int:
     pauses = _pauses()
     while True:
         fresh = [(r, t) for r, t in enumerate(store.multi_get(tokens), 1) if answered.get(r) != t]
-        if fresh:
-            store.multi_set([keys.attempt_answer(r, _token(t, r)) for r, t in fresh],
-                            [str(attempt)] * len(fresh))
-            answered.update(fresh)
+        drawn = [(r, _token(t, r)) for r, t in fresh]  # None: not this run's, not answered
+        names = [keys.attempt_answer(r, token) for r, token in drawn if token is not None]
+        if names:
+            store.multi_set(names, [seals.seal(k, str(attempt)) for k in names])
+        answered.update(fresh)
         if store.check(joined):
             return attempt
         if time.monotonic() > deadline:
@@ -117,24 +118,28 @@ def _late(store: "Store", attempt: int, world_size: int) -> str:
 
 def _join(store: "Store", rank: int, timeout: timedelta, deadline: float) -> int:
     token = uuid.uuid4().hex
-    store.set(keys.attempt_join(rank), token)
+    put(store, keys.attempt_join(rank), token)
     answer = keys.attempt_answer(rank, token)
-    if not _until(store, [answer], deadline):
-        raise DistributedEnvError(
-            f"rank {rank} waited {timeout.total_seconds():.0f} s in init_distributed for rank 0 "
-            "to begin this attempt of the run: is rank 0 started, under the same launcher? "
-            "(raise init_distributed(timeout=...) if it starts late)")
-    attempt = checked(lambda data: records.read_number(data, "an attempt's number"),
-                      store.get(answer), answer, 0)
+    attempt = None
+    while attempt is None:  # an answer not sealed by this run is none: the genuine one follows
+        if not _until(store, [answer], deadline):
+            raise DistributedEnvError(
+                f"rank {rank} waited {timeout.total_seconds():.0f} s in init_distributed for "
+                "rank 0 to begin this attempt of the run: is rank 0 started, under the same "
+                "launcher? (raise init_distributed(timeout=...) if it starts late)")
+        attempt = checked_or_ignored(lambda data: records.read_number(data, "an attempt's number"),
+                                     store.get(answer), answer, 0)
+        if attempt is None:
+            time.sleep(_LAST_LOOK)
     store.set(keys.attempt_joined(attempt, rank), "")
     return attempt
 
 
-def _token(data: bytes, rank: int) -> str:
-    """Global ``rank``'s join token as rank 0 read it; DistributedEnvError naming the key for
-    bytes the kit did not draw."""
-    return checked(lambda raw: records.read_token(raw, "a join token", _TOKEN_LEN), data,
-                   keys.attempt_join(rank), rank)
+def _token(data: bytes, rank: int) -> Optional[str]:
+    """Global ``rank``'s join token as rank 0 read it; None for one not sealed by this run
+    (ignored); DistributedEnvError naming the key for bytes the kit did not draw."""
+    return checked_or_ignored(lambda raw: records.read_token(raw, "a join token", _TOKEN_LEN),
+                              data, keys.attempt_join(rank), rank)
 
 
 def attempt_store(addr: str, port: int, rank: int, world_size: int,

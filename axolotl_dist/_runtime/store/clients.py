@@ -17,7 +17,13 @@ from . import keys
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["raw_store", "Refused", "connect", "rendezvous_target"]
+__all__ = ["raw_store", "Refused", "connect", "rendezvous_target", "listens_widely"]
+
+#: The kernel's tables of TCP sockets, and the state a listening socket has in them.
+_TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_LISTEN = "0A"
+#: IPv6's loopback address and IPv4-mapped addresses' head, as the tables write them (hex).
+_LOOPBACK6, _MAPPED4 = "00000000000000000000000001000000", "0000000000000000FFFF0000"
 
 
 def raw_store(store: "Store") -> "Store":
@@ -91,3 +97,31 @@ def _rendezvous_port_keys(store: "Store") -> List[str]:
         found = [keys.rendezvous_port(keys.rendezvous_prefix("none", r)) for r in range(16)]
         found = [k for k in found if store.check([k])]
     return found
+
+
+def listens_widely(port: int) -> Optional[bool]:
+    """Whether the TCP socket listening on ``port`` on this host accepts connections from other
+    hosts (bound to every interface or to an external address): True or False where this host
+    has such a socket (Linux's ``/proc/net/tcp*``), None where it has none (the store runs on
+    another host) or the tables cannot be read."""
+    found = []
+    for table in _TCP_TABLES:
+        try:
+            with open(table) as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == _LISTEN:
+                addr, _, hex_port = fields[1].partition(":")
+                if int(hex_port, 16) == port:
+                    found.append(not _loopback(addr))
+    return any(found) if found else None
+
+
+def _loopback(addr: str) -> bool:
+    """Whether a table's local address (IPv4 in 127.0.0.0/8, little-endian hex; IPv6 ``::1``
+    or an IPv4-mapped 127 address) is reachable from this host alone."""
+    ipv4 = addr if len(addr) == 8 else addr[24:] if addr.startswith(_MAPPED4) else ""
+    return addr == _LOOPBACK6 or ipv4.endswith("7F")

@@ -18,7 +18,7 @@ __all__ = [
     "RUN", "EXITS", "EXIT_LOG", "STALL_REPORT", "WAITERS", "WARN_LOG", "waiting", "exit_record",
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "where_answer",
-    "long_wait", "stuck", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
+    "long_wait", "stuck", "where_question", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
     "attempt_joined", "attempt_prefix", "DOCUMENTED",
 ]
@@ -122,6 +122,12 @@ def where_answer(run: str, rank: int) -> str:
     return f"axolotl_dist/{run}/where/{rank}"
 
 
+def where_question(run: str) -> str:
+    """The last question a holder of the run's secret asked (its time, sealed): a rank answers
+    a request only while it is recent (runs with a secret)."""
+    return f"axolotl_dist/{run}/ask"
+
+
 def long_wait(run: str, rank: int) -> str:
     """The description of global ``rank``'s long kit wait (empty while none runs long)."""
     return f"axolotl_dist/{run}/wait/{rank}"
@@ -195,7 +201,8 @@ def rendezvous_round(port_key: str) -> str:
 #: Every key as docs/design.md's table spells it (placeholders in angle brackets).
 DOCUMENTED = (
     RUN, RUN_NOTE, who("<run>", "<rank>"), heartbeat("<run>", "<rank>"),  # type: ignore[arg-type]
-    where_answer("<run>", "<rank>"), long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
+    where_answer("<run>", "<rank>"), where_question("<run>"),  # type: ignore[arg-type]
+    long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
     stuck("<run>", "<rank>"), deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
     exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, STALL_REPORT, WARN_LOG,  # type: ignore[arg-type]
     exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]

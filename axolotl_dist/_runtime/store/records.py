@@ -352,8 +352,9 @@ WARNING_END = "\x1e"
 
 
 def warning_entry(rank: int, text: str) -> str:
-    """One Python warning a rank publishes for rank 0 to fold (appended to the log)."""
-    return f"{rank}\t{text.replace(WARNING_END, ' ')}{WARNING_END}"
+    """One Python warning a rank publishes for rank 0 to fold (appended to the log; ended on
+    both sides, so bytes another process appended cannot run into it)."""
+    return f"{WARNING_END}{rank}\t{text.replace(WARNING_END, ' ')}{WARNING_END}"
 
 
 def read_warning_entries(data: bytes) -> List[Tuple[int, str]]:

@@ -7,13 +7,14 @@ part        fields
             :mod:`.sweep`, made at its first use); ``key_waiters`` (the threads blocked in
             a ``store.wait`` for this process's long waits, :mod:`.wakeup`); ``lendable``
             (the heartbeat's own connection, offered to the default group's key waiters, with
-            a reference to that group: :func:`.wakeup.offer_connection`)
+            a reference to that group: :func:`.wakeup.offer_connection`); ``ignored`` (the
+            keys whose record without this run's seal was said, :func:`.access.genuine`)
 ==========  ==========================================================================
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Set, Tuple
 
 from ..base.state import RoomState, register
 
@@ -31,6 +32,7 @@ class StoreState(RoomState):
         self.cleanup: Optional["Cleanup"] = None
         self.key_waiters: List["KeyWaiter"] = []
         self.lendable: Optional[Tuple[Callable[[], Any], "LentConnection"]] = None
+        self.ignored: Set[str] = set()
 
 
 STORE = register("store", StoreState())

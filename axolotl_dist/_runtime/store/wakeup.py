@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from ..base.groups import Group
 from .store_state import STORE
-from . import records
-from .access import bounded, checked
+from .access import bounded, counter
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -148,7 +147,7 @@ def request_wake(group: Group, store: "Store", word0: str, seen: int) -> Tuple[O
 def _word(data: bytes, key: str) -> int:
     """A block's word as ``compare_set`` returned it; DistributedEnvError naming ``key`` for
     anything but the number the ranks' ``add`` calls keep there."""
-    return checked(lambda raw: records.read_number(raw, "a block's word"), data, key)
+    return counter(data, key, "a block's word")
 
 
 def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWaiter]:

@@ -1,0 +1,163 @@
+"""The run's secret at work on the store: every record the kit writes is sealed with an HMAC
+bound to its key, and a rank's ``where`` answer is encrypted (docs/design.md, "Trust model").
+
+* :func:`seal`: ``value`` as written to store ``key``: unchanged without a secret; with one,
+  :data:`MARK` + the first 16 bytes of HMAC-SHA256(run key, ``key`` NUL ``value``) (base64,
+  22 characters) + ``:`` + ``value``. The seal names its key, so a record cannot be moved to
+  another key; 27 bytes per record.
+* :func:`opened`: the value a sealed record holds, or :class:`NotThisRun` where it carries no
+  seal of this run's secret (a process outside the job wrote it), or
+  :class:`~.records.BadRecord` where this process has no secret and the record is sealed.
+* :func:`encrypt` / :func:`decrypt`: a ``where`` answer in the store, readable only by holders
+  of the secret: Fernet (AES-128-CBC with HMAC-SHA256) from the ``cryptography`` package
+  (``pip install 'axolotl_dist[secure]'``), under a key derived from the secret. No cipher of
+  the kit's own.
+
+The secret is :func:`~..base.envvars.kit_secret`'s (``AXOLOTL_DIST_SECRET``, or the file
+``AXOLOTL_DIST_SECRET_FILE`` names; ``axolotl-dist`` makes one for a one-node run). Counters
+(``add``) cannot be sealed; the protocols treat what one says as a hint and act on sealed
+records.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import hmac
+from typing import Optional, Union
+
+from ..base.constants import SECRET_ENV_VAR
+from ..base.envvars import kit_secret
+from . import records
+
+__all__ = ["MARK", "SEAL_BYTES", "NotThisRun", "run_key", "sealing", "seal", "opened",
+           "not_this_run", "can_encrypt", "encrypt", "decrypt", "ENCRYPTED"]
+
+#: What a sealed record starts with, and a sealed record's extra bytes.
+MARK = b"\x1fs1:"
+SEAL_BYTES = len(MARK) + 22 + 1
+#: What an encrypted ``where`` answer starts with (a Fernet token follows).
+ENCRYPTED = b"\x1fe1:"
+_TAG = 16
+_SEAL_DOMAIN = b"axolotl_dist seal 1\0"
+_CIPHER_DOMAIN = b"axolotl_dist where 1\0"
+
+Value = Union[bytes, str]
+
+
+class NotThisRun(records.BadRecord):
+    """A record without a valid seal of this run's secret: not written by this run."""
+
+
+@functools.lru_cache(maxsize=4)
+def _derived(secret: bytes, domain: bytes) -> bytes:
+    return hashlib.sha256(domain + secret).digest()
+
+
+def run_key() -> Optional[bytes]:
+    """The key that seals this run's records, or None without a secret."""
+    secret = kit_secret()
+    return None if secret is None else _derived(secret, _SEAL_DOMAIN)
+
+
+def sealing() -> bool:
+    """Whether this process seals what it writes (it has the run's secret)."""
+    return kit_secret() is not None
+
+
+def _tag(mac_key: bytes, key: str, value: bytes) -> bytes:
+    mac = hmac.new(mac_key, key.encode() + b"\0" + value, hashlib.sha256).digest()[:_TAG]
+    return base64.urlsafe_b64encode(mac).rstrip(b"=")
+
+
+def _bytes(value: Value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def seal(key: str, value: Value) -> bytes:
+    """``value`` as the kit writes it to store ``key`` (sealed where the run has a secret)."""
+    data = _bytes(value)
+    mac_key = run_key()
+    if mac_key is None:
+        return data
+    return MARK + _tag(mac_key, key, data) + b":" + data
+
+
+def opened(key: str, data: Value) -> bytes:
+    """What the record ``data`` at store ``key`` holds. :class:`NotThisRun` where this run
+    seals and ``data`` carries no valid seal; :class:`~.records.BadRecord` where it is sealed
+    and this process has no secret."""
+    data = _bytes(data)
+    mac_key = run_key()
+    sealed = data.startswith(MARK) and len(data) >= SEAL_BYTES and data[SEAL_BYTES - 1:SEAL_BYTES] == b":"
+    if mac_key is None:
+        if data.startswith(MARK):
+            raise records.BadRecord(
+                f"it is sealed with a run secret this process does not have: give every rank "
+                f"(and `axolotl-dist where`) the run's {SECRET_ENV_VAR}")
+        return data
+    if not sealed:
+        raise NotThisRun("it carries no seal of this run's secret")
+    body = data[SEAL_BYTES:]
+    if not hmac.compare_digest(data[len(MARK):SEAL_BYTES - 1], _tag(mac_key, key, body)):
+        raise NotThisRun("its seal is not this run's (another secret, or another key's record)")
+    return body
+
+
+def not_this_run(key: str, exc: NotThisRun) -> str:
+    """What a reader says of a record :func:`opened` refused."""
+    return (f"the record at store key {key!r} was not written by this run ({exc}): a process "
+            f"outside the job wrote it, or a rank was started without this run's "
+            f"{SECRET_ENV_VAR} (every rank needs the same)")
+
+
+# --- where answers ---------------------------------------------------------------------------
+
+def can_encrypt() -> bool:
+    """Whether this process can encrypt and decrypt ``where`` answers (``cryptography``)."""
+    try:
+        import cryptography.fernet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fernet() -> Optional[object]:
+    secret = kit_secret()
+    if secret is None or not can_encrypt():
+        return None
+    from cryptography.fernet import Fernet
+
+    return Fernet(base64.urlsafe_b64encode(_derived(secret, _CIPHER_DOMAIN)))
+
+
+def encrypt(value: Value) -> Optional[bytes]:
+    """``value`` encrypted for holders of the run's secret; None where this process cannot
+    (no secret, or no ``cryptography``)."""
+    cipher = _fernet()
+    if cipher is None:
+        return None
+    return ENCRYPTED + cipher.encrypt(_bytes(value))  # type: ignore[attr-defined]
+
+
+def decrypt(key: str, data: Value) -> bytes:
+    """The plain text of an encrypted answer at store ``key``; :class:`NotThisRun` where it
+    was not encrypted with this run's secret, :class:`~.records.BadRecord` where this process
+    cannot decrypt."""
+    data = _bytes(data)
+    if not data.startswith(ENCRYPTED):
+        raise NotThisRun("it is not encrypted with this run's secret")
+    if kit_secret() is None:
+        raise records.BadRecord(f"it is encrypted with the run's secret: give `axolotl-dist "
+                                f"where` the run's {SECRET_ENV_VAR}")
+    cipher = _fernet()
+    if cipher is None:
+        raise records.BadRecord("it is encrypted: reading it needs the `cryptography` package "
+                                "(pip install 'axolotl_dist[secure]')")
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return cipher.decrypt(data[len(ENCRYPTED):])  # type: ignore[attr-defined]
+    except InvalidToken:
+        raise NotThisRun("it was not encrypted with this run's secret") from None
