@@ -158,7 +158,7 @@ class _ZeroFirst:
                 first_run_end(block, ok=False)
                 block.fail(exc if exc is not None else exc_type())
                 return False
-            block.set_bit()  # done
+            block.done()
             first_run_end(block, ok=True)  # and settles the blocks finished inside it
             return False
         finally:

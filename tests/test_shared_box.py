@@ -69,3 +69,131 @@ def test_a_record_forged_before_the_genuine_one_is_ignored():
                                     f"{outcome.describe()[:600]}")
     print(f"\n{len(todo)} families, {forged} keys forged, slowest run {slowest:.1f} s")
     assert problems == [], "\n\n".join(problems)
+
+
+# --- every kit key overwritten while ranks wait in zero_first --------------------------------
+
+def _held_in_zero_first(marks):
+    """Rank 0 runs the block's body until ``marks/go`` exists (20 s at most), leaving
+    ``marks/port`` (the store's) and ``marks/inside`` on entry and ``marks/done`` at its end; a
+    waiting rank that leaves the block before ``done`` exists returns "EARLY"."""
+    def body():
+        import os
+
+        import axolotl_dist as ad
+
+        rank = ad.get_rank()
+        with ad.zero_first():
+            if rank == 0:
+                with open(os.path.join(marks, "port"), "w") as fh:
+                    fh.write(os.environ["MASTER_PORT"])
+                open(os.path.join(marks, "inside"), "w").close()
+                end = time.monotonic() + 20
+                while not os.path.exists(os.path.join(marks, "go")) and time.monotonic() < end:
+                    time.sleep(0.05)
+                open(os.path.join(marks, "done"), "w").close()
+        if rank != 0 and not os.path.exists(os.path.join(marks, "done")):
+            return "EARLY"
+        ad.barrier()
+        return "ok"
+    return body
+
+
+#: What the stranger writes over every kit key: bytes no record or counter holds; a number
+#: with every rank's bit set (a block's word says every rank is done); each record's content
+#: with its digits changed and no seal.
+OVERWRITES = {"none": lambda old: old,
+              "garbage": lambda old: b"\x00garbage\xff",
+              "all bits": lambda old: b"2147483647",
+              "changed record": lambda old: _unsealed_copy(old)}
+
+
+def _unsealed_copy(old):
+    import re
+    body = re.sub(rb"^\x1fs1:[A-Za-z0-9_-]{22}:", b"", old)
+    return body.translate(bytes.maketrans(b"0123456789", b"1234567890")) or b"1"
+
+
+def _overwrite_kit_keys(port, how, only=None):
+    """Overwrite every kit key of the store at ``port`` (as a client of it), or those of family
+    ``only``: the keys done. ``how`` "counted": a counter (a number) gets "all bits", a
+    record a changed copy."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from hostile_store import KIT_KEY
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10),
+                          wait_for_workers=False)
+    done = []
+    for key in store.list_keys():
+        if KIT_KEY.search(key) and (only is None or family(key) == only):
+            name = key[1:] if key.startswith("/") else key  # torch's client adds the "/"
+            old = store.get(name)
+            way = how if how != "counted" else "all bits" if old.strip().isdigit() \
+                else "changed record"  # a counter holds a number, a record does not
+            store.set(name, OVERWRITES[way](old))
+            done.append(key)
+    return done
+
+
+def _overwritten_while_waiting(marks, how, store="parent", only=None):
+    """Every rank's outcome of :func:`_held_in_zero_first` where the stranger overwrote the kit
+    keys (of family ``only``) while ranks 1 and 2 waited; and the keys it overwrote."""
+    import pathlib
+    import threading
+
+    box = {}
+    runner = threading.Thread(target=lambda: box.update(outcomes=run_distributed_outcomes(
+        _held_in_zero_first(marks), 3, env=SECRET, timeout=60, pg_timeout=20, store=store)))
+    runner.start()
+    end, marks = time.monotonic() + 30, pathlib.Path(marks)
+    while not (marks / "inside").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the others are waiting in the block
+    overwritten = _overwrite_kit_keys(int((marks / "port").read_text()), how, only)
+    time.sleep(1.0)  # a rank that would leave early does so now
+    (marks / "go").write_text("")
+    runner.join(90)
+    return box["outcomes"], overwritten
+
+
+def _problems(outcomes):
+    """What is wrong with the ranks' ends: a rank that left the block before rank 0's body
+    ended, or one that ended neither as without the stranger nor on an error naming it."""
+    texts = [o.describe() for o in outcomes]
+    if any(o.ok and o.value == "EARLY" for o in outcomes):
+        return texts
+    if not all(o.ok and o.value == "ok" or o.error and "outside the job" in o.error
+               for o in outcomes):
+        return texts
+    return []
+
+
+@pytest.mark.parametrize("store", ["parent", "rank0"])
+@pytest.mark.parametrize("how", [h for h in OVERWRITES if h != "none"])
+def test_overwriting_every_kit_key_never_lets_a_rank_leave_zero_first_early(tmp_path, how,
+                                                                            store):
+    outcomes, overwritten = _overwritten_while_waiting(str(tmp_path), how, store)
+    assert len(overwritten) >= 10, overwritten
+    assert _problems(outcomes) == []
+
+
+def test_overwriting_each_kit_key_family_alone_never_lets_a_rank_leave_early(tmp_path):
+    """Each family the stranger finds while the ranks wait, overwritten on its own (a counter
+    with every bit, a record with a changed copy): no rank leaves early, and every rank ends
+    as without the stranger or on an error naming it."""
+    first = tmp_path / "first"
+    first.mkdir()
+    _, overwritten = _overwritten_while_waiting(str(first), "none")
+    families = sorted({family(k) for k in overwritten})
+    assert len(families) >= 10, families
+    problems = {}
+    for n, fam in enumerate(families):
+        marks = tmp_path / str(n)
+        marks.mkdir()
+        outcomes, _ = _overwritten_while_waiting(str(marks), "counted", only=fam)
+        if _problems(outcomes):
+            problems[fam] = _problems(outcomes)
+    print(f"\n{len(families)} families overwritten one at a time")
+    assert problems == {}

@@ -23,7 +23,7 @@ from ..store import keys, records
 from ..store.access import checked, hosts_store, is_store_error, put, world_store
 from .heartbeat import exit_connection
 from .stalls import ASLEEP_SLOWDOWN, PeerChecker, lost_error
-from .peers import peer_record, store_host_gone, store_lost_error
+from .peers import peer_record, store_answers, store_host_gone, store_lost_error
 from .where_report import same_machine
 from ...errors import AxolotlDistError, RankFailedError
 
@@ -78,7 +78,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
             store.set(keys.ack(key, me), b"")
     except Exception as exc:  # noqa: BLE001
         if is_store_error(exc):
-            raise store_lost_error(exc, "reading another rank's failure") from exc
+            raise store_lost_error(exc, "reading another rank's failure") from None
         raise
     return remember_failure(checked(RankFailedError.from_report, data, key))
 
@@ -158,24 +158,53 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
         return None  # a later group replaced the one this connection belongs to
     if store_host_gone():
         return None  # nobody left to tell (and a call could wait in torch's reconnect)
+    if exc is None:
+        exc = known_failure()  # it ended normally, but after hearing of a failure
     try:
-        if exc is None:
-            exc = known_failure()  # it ended normally, but after hearing of a failure
-        if exc is None:
-            report = None
-        elif isinstance(exc, RankFailedError):  # a failure relayed from another rank: keep it
-            report = exc.to_report()
-        else:
-            report = failure_report(rank, exc, "its script")
-        if any(g.abandoned for g in list(GROUPS.groups.values())):
-            store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
-        put(store, keys.exit_record(rank), records.exit_record(report, time.time()))
-        store.append(keys.EXIT_LOG, f",{rank},")  # separated on both sides: bytes another
-        # process appended cannot run into it
-        store.add(keys.EXITS, 1)
-    except Exception:  # noqa: BLE001 - the store is gone: nobody left to tell
+        report = None if exc is None else exc.to_report() if isinstance(
+            exc, RankFailedError) else failure_report(rank, exc, "its script")  # relayed: kept
+    except Exception:  # noqa: BLE001 - a report must never stop the exit
         return None
-    return store, rank, report is not None
+    return _written(store, rank, report, getattr(exc, "store_refused", False))
+
+
+def _written(store: "Store", rank: int, report: Optional[bytes],
+             refused: bool) -> Optional[Tuple["Store", int, bool]]:
+    """:func:`publish_exit`'s record written and counted: on ``store``, or where the store
+    closed that connection alone (``refused``, or found here: it refused a request, a key the
+    kit counts in overwritten by a process outside the job) and still answers, on a fresh
+    one, where the peers find the record by the exit log and the key."""
+    written = False
+    for attempt in range(4):
+        try:
+            if refused and attempt == 0:
+                raise _Refused()
+            if not written:
+                _write_exit(store, rank, report)
+                written = True
+            store.add(keys.EXITS, 1)  # counted: the peers' next look reads it
+            return store, rank, report is not None
+        except Exception as error:  # noqa: BLE001 - the store is gone: nobody left to tell
+            if not isinstance(error, _Refused) and (not is_store_error(error) or not store_answers()):
+                break
+            try:
+                store = store.clone()
+            except Exception:  # noqa: BLE001 - a torch without clone, or the store went
+                break
+    return (store, rank, report is not None) if written else None
+
+
+class _Refused(Exception):
+    """This process's connection is known closed by the store: go to a fresh one."""
+
+
+def _write_exit(store: "Store", rank: int, report: Optional[bytes]) -> None:
+    """The exit record of ``rank`` (``report``: its failure, if any), and its line in the log."""
+    if any(g.abandoned for g in list(GROUPS.groups.values())):
+        store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
+    put(store, keys.exit_record(rank), records.exit_record(report, time.time()))
+    store.append(keys.EXIT_LOG, f",{rank},")  # separated on both sides: bytes another
+    # process appended cannot run into it
 
 
 def mark_exited(record: Tuple["Store", int, bool]) -> None:
@@ -226,8 +255,12 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
     no store call after that) or has marked itself gone: a rank told to stop does not wait for
     a peer busy elsewhere. A rank's exit record is not the end of its store calls, so it
     does not count as gone here (a call after the host ended makes torch print a C++ trace).
+    Where the store refuses this rank's requests (a key the kit counts in overwritten by a
+    process outside the job), it keeps the store up for :func:`host_exit_timeout` seconds all
+    the same: the others then find the store answering and name that key themselves.
     Never raises."""
     others = [r for r in range(world_size) if r != rank]
+    start = time.monotonic()
     try:
         def left() -> List[int]:
             return [r for r in others if not store.check([keys.gone(r)])]
@@ -243,8 +276,9 @@ def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = 
             gone = [keys.gone(r) for r in others]
             _wait_for_readers(lambda: not gone or store.check(gone), left,
                     PeerChecker(store, rank, _EXIT_WAIT_CHECK), exits=False)
-    except Exception:  # noqa: BLE001
-        pass
+    except Exception as exc:  # noqa: BLE001
+        if is_store_error(exc):
+            time.sleep(max(0.0, start + host_exit_timeout() - time.monotonic()))
 
 
 # --- collectives that failed -----------------------------------------------------------------

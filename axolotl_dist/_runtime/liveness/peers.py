@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "Peer", "encode_peer", "decode_peer", "same_machine", "launcher_name",
     "peer_record", "peer", "fetch_peers", "EVENTS", "STALL_ROUND", "STALL_CHECK_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
-    "store_lost_error", "store_errors",
+    "store_lost_error", "store_errors", "store_answers",
 ]
 
 
@@ -205,14 +205,18 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
     relayed = PEERS.exits.get(host)[0] if host is not None and host in PEERS.exits else None
     if relayed is not None:  # the host exited on a failure: name the root cause
         return remember_failure(_relayed_by_host(host, relayed, what))
-    if host is None and _store_answers():
-        return DistributedEnvError(
+    if store_answers():  # up, so its host is: it refused this rank's request
+        held = _held(key)
+        refused = DistributedEnvError(
             f"the c10d store at {store_address()} closed this rank's connection while in "
             f"{what}, and it still answers: it refused a request of this rank, as it does when "
-            + (f"store key {key!r}, where the kit keeps a number," if key else
-               "a key the kit keeps a number in (a block's word, a counter)")
-            + " holds something else. Only the job's own processes may write to its store "
-            '(docs/design.md, "Trust model")' f" ({cause})")
+            + (f"store key{held}" if held else f"store key {key!r}," if key else
+               "a key") + " where the kit keeps a number (a block's word, a counter)"
+            + " holds something else: a process outside the job overwrote it. Only the "
+            'job\'s own processes may write to its store (docs/design.md, "Trust model")'
+            f" ({cause})")
+        refused.store_refused = True  # type: ignore[attr-defined] # its connection is dead
+        return refused
     if host is not None:
         record = PEERS.peers.get(host)
         where = f" ({record.describe()})" if record is not None else ""
@@ -261,7 +265,26 @@ def _lost_node(what: str, cause: str) -> Optional[RankFailedError]:
         f"Look at {record.host}'s output for why", where=what, ranks=tuple(beside))
 
 
-def _store_answers() -> bool:
+def _held(key: str) -> Optional[str]:
+    """`` now holding b'...'``: what a key the kit counts in holds instead of a number (``key``,
+    or where it is not known, every counter of the kit's: the first such), read through a
+    fresh connection to the store's root (the group's prefix unknown: every key that ends in
+    ``key``); None where none does or it cannot be read."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    try:
+        probe = dist.TCPStore(str(addr), int(port), is_master=False,
+                              timeout=timedelta(seconds=2), wait_for_workers=False)
+        for name in probe.list_keys():
+            if (name == key or name.endswith("/" + key)) if key else keys.is_counter(name):
+                value = probe.get(name)
+                if not value.strip().lstrip(b"-").isdigit():
+                    return f" {keys.as_named(name)!r}, now holding {value[:40]!r},"
+    except Exception:  # noqa: BLE001 - a torch without list_keys, a store going: say less
+        return None
+    return None
+
+
+def store_answers() -> bool:
     """Whether the store at ``MASTER_ADDR:MASTER_PORT``, on this host, still answers a fresh
     connection (asked only where a socket listens on that port: a store that is gone is not
     connected to, which would make torch print its connection errors)."""
@@ -285,5 +308,5 @@ def store_errors(what: str) -> Iterator[None]:
         yield
     except Exception as exc:  # noqa: BLE001
         if is_store_error(exc) and not isinstance(exc, (RankFailedError, DistributedEnvError)):
-            raise store_lost_error(exc, what) from exc
+            raise store_lost_error(exc, what) from None  # it quotes exc
         raise

@@ -87,7 +87,7 @@ def poll_until(
         raise
     except Exception as exc:  # noqa: BLE001 - the store's host is gone
         if is_store_error(exc):
-            raise store_lost_error(exc, what) from exc
+            raise store_lost_error(exc, what) from None  # it quotes exc
         raise
 
 

@@ -98,7 +98,9 @@ class StallDetector:
         """The ranks whose beat has not moved for ``SILENT_AFTER`` seconds, and for how long."""
         silent: Dict[int, float] = {}
         for r, value in enumerate(beats):
-            beat = int(value) & BEATS
+            beat = int(value) & BEATS if value.strip().isdigit() else -1  # -1: not a count
+            # (a process outside the job overwrote it): that rank is found by its pid, or
+            # when its own heartbeat's next add fails
             last = self.beats.get(r)
             if last is None or last[0] != beat:
                 # it beat since the last round: halfway, as best known (off by at most half
@@ -255,9 +257,12 @@ class PeerChecker:
         self._read_mark(mark or ("", ""), deadlocks)
 
     def _read_exits(self, log: bytes) -> None:
-        """Read the exit records of the ranks the exit log names that are new to this rank."""
+        """Read the exit records of the ranks the exit log names that are new to this rank (a
+        name that is no rank of the world, written by a process outside the job, is none)."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
         for item in log.decode("ascii", "replace").split(","):
-            if item.isdigit() and int(item) not in self.exited and int(item) != self.me:
+            if item.isdigit() and int(item) < world and int(item) not in self.exited \
+                    and int(item) != self.me:
                 self._read_exit(int(item))
 
     def _read_mark(self, mark: Tuple[str, str], deadlocks: List[Any]) -> None:
@@ -269,6 +274,8 @@ class PeerChecker:
 
     def _read_exit(self, rank: int) -> None:
         key = keys.exit_record(rank)
+        if not self.store.check([key]):
+            return  # named in the log by a process outside the job: a get would wait for it
         try:
             data = genuine(key, self.store.get(key))
             if data is None:

@@ -25,6 +25,7 @@ where they are). What it waits on comes in two kinds:
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -200,7 +201,10 @@ class Waiting:
                 self._unpublish()
 
             unmark(call)
-        elif self.published and not host_leaving() and not store_host_gone():
+        elif self.published and not host_leaving() and not store_host_gone() \
+                and not getattr(sys.exc_info()[1], "store_refused", False):
+            # (a wait ending on a store that closed this connection: a call on it makes torch
+            # print a C++ trace)
             bounded(self._unpublish, 1.0)
 
 

@@ -67,7 +67,7 @@ from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.polls import poll_until
 from . import timeline
 from ..liveness import scopes
-from ...errors import CollectiveMismatchError
+from ...errors import CollectiveMismatchError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -144,13 +144,14 @@ class Block:
         """Set this rank's bit (arrived, or done for a first rank); remember its word."""
         word, bit = divmod(self.rank, WORD_BITS)
         try:
-            value = self.words[word] = self.store.add(self.keys[word], 1 << bit)
+            value = self.words[word] = self._checked(word, self.store.add(self.keys[word], 1 << bit),
+                                                     mine=True)
             if value & wakeup.WAKE_BIT and (self.rank == 0 and self.releases or
                                             self.wakes_when_full and self.full()):
                 wakeup.wake(self.store, self.keys[0])
         except Exception as exc:  # noqa: BLE001
             if is_store_error(exc):
-                raise store_lost_error(exc, self.what, self.keys[word]) from exc
+                raise store_lost_error(exc, self.what, self.keys[word]) from None  # it quotes exc
             raise
 
     releases = False  # group rank 0's bit releases the waiters (a default zero_first block)
@@ -167,15 +168,33 @@ class Block:
         for w in which or range(len(self.keys)):
             mine = self.words[w] >> (self.rank - w * WORD_BITS) & 1 if self.rank // WORD_BITS == w else 0
             try:
-                value = self.words[w] = self.store.add(self.keys[w], 0)
+                value = self.words[w] = self._checked(w, self.store.add(self.keys[w], 0),
+                                                      mine=bool(mine))
             except Exception as exc:  # noqa: BLE001
                 if is_store_error(exc):
-                    raise store_lost_error(exc, self.what, self.keys[w]) from exc
+                    raise store_lost_error(exc, self.what, self.keys[w]) from None  # it quotes exc
                 raise
             if value == 0 and mine:
                 self.words = [_WORD_MASK] * len(self.keys)
                 sweep.delete(self.group, self.store, [self.keys[w]])
                 return
+
+    def _checked(self, w: int, value: int, mine: bool) -> int:
+        """Word ``w`` as read (``mine``: this rank's bit is set in it, a word deleted once the
+        block completed aside). One with the bit of a rank the group does not have, or without
+        this rank's (an ``add`` of the kit sets each rank's bit once, so no sum carries), was
+        changed by a process outside the job: an error naming the key, not a wait that can
+        never end."""
+        ranks = min(WORD_BITS, self.ws - w * WORD_BITS)
+        lost = mine and value != 0 and not value >> (self.rank - w * WORD_BITS) & 1
+        if value & _WORD_MASK >> ranks << ranks or value < 0 or lost:
+            why = ("without this rank's bit, which it had set" if lost else
+                   f"with bits of ranks the group of {self.ws} does not have")
+            raise DistributedEnvError(
+                f"the word of {self.what} at store key {self.keys[w]!r} reads {value}, {why}: a "
+                "process outside the job changed it (only the kit's adds write there; "
+                'docs/design.md, "Trust model")')
+        return value
 
     def has(self, rank: int) -> bool:
         word, bit = divmod(rank, WORD_BITS)
@@ -340,8 +359,13 @@ class Block:
         if old:
             done[:] = keep
             sweep.delete(self.group, self.store, old)
-        done.append((self.seq, self.keys + [wakeup.wake_key(self.keys[0])]  # someone slept
-                     if self.words[0] & wakeup.WAKE_BIT else self.keys))
+        keys = self.keys + self.extra_keys()
+        done.append((self.seq, keys + [wakeup.wake_key(self.keys[0])]  # someone slept
+                     if self.words[0] & wakeup.WAKE_BIT else keys))
+
+    def extra_keys(self) -> List[str]:
+        """Keys of this block beside its words, deleted with them (a kind's own)."""
+        return []
 
 
 

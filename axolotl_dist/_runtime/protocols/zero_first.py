@@ -13,9 +13,16 @@ from ..liveness.peers import store_errors
 from ..liveness import scopes
 from . import map_cache
 from .blocks import FAILED_MASK, RELEASED, Block
-from ...errors import CollectiveMismatchError, RankFailedError
+from ..store import records, seals
+from ..store.access import put
+from ...errors import CollectiveMismatchError, DistributedEnvError, RankFailedError
 
 __all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "AHEAD"]
+
+
+#: What :meth:`ZeroFirstBlock._confirmed`'s read gives for a key that is not there (no record
+#: the kit writes starts with a NUL).
+_ABSENT = "\x00absent"
 
 
 class ZeroFirstBlock(Block):
@@ -31,6 +38,46 @@ class ZeroFirstBlock(Block):
     def releases(self) -> bool:  # type: ignore[override]
         return not self.explicit
 
+    def done(self) -> None:
+        """This rank ran the body first and it ended: in a run with a secret, group rank 0 of a
+        default block writes its sealed record first (a waiter leaves on rank 0's bit only with
+        it: a counter carries no seal), then its bit."""
+        if not self.explicit and self.rank == 0 and seals.sealing():
+            put(self.store, self.done_key, str(self.seq))
+        self.set_bit()
+
+    @property
+    def done_key(self) -> str:
+        """Where group rank 0 of a default block records that its body ended (runs with a
+        secret)."""
+        return f"{self.keys[0]}/done"
+
+    def extra_keys(self) -> List[str]:  # deleted with the words
+        return [self.done_key] if not self.explicit and seals.sealing() else []
+
+    def _confirmed(self) -> None:
+        """In a run with a secret, a default block's waiter released by rank 0's bit reads rank
+        0's sealed record of its end; a bit without it (a counter moved or a key deleted by a
+        process outside the job) is an error naming both keys, never an early exit."""
+        if self.explicit or not seals.sealing():
+            return
+        key = self.done_key
+        with store_errors(self.what):  # one round trip, no write: absent gives the sentinel
+            data = self.store.compare_set(key, _ABSENT, _ABSENT)
+        data = None if data == _ABSENT.encode() else data
+        try:
+            ours = data is not None and seals.opened(key, data) == str(self.seq).encode()
+        except records.BadRecord:
+            ours = False
+        if not ours:
+            raise DistributedEnvError(
+                f"the counter at store key {self.keys[0]!r} says group rank 0 finished "
+                f"{self.what}, but its sealed record {key!r} is "
+                f"{'not there' if data is None else 'not this run' + chr(39) + 's'}: a process "
+                "outside the job changed the store (only the job's own ranks hold the run's "
+                'secret; docs/design.md, "Trust model"). This rank does not go on as if the '
+                "block were done")
+
     def await_firsts(self) -> None:
         """A waiting rank: arrive, wait until the first rank(s) are done; raise their failure."""
         self.set_bit()
@@ -40,10 +87,10 @@ class ZeroFirstBlock(Block):
             # read more, then nothing to clean up (this rank wrote no pairing record and
             # deletes no words)
             if self.words[0] & RELEASED == 1:
-                return
+                return self._confirmed()
             self.read((0,))  # names a lost store itself
             if self.words[0] & RELEASED == 1:
-                return
+                return self._confirmed()
         if self.explicit:
             which: Sequence[int] = ()  # every word: the firsts still running, the ranks not here
 
@@ -56,6 +103,7 @@ class ZeroFirstBlock(Block):
                 return self.missing((0,))
 
         self.wait(self._released, which, watch, self.timeout, sleep=not self.explicit)
+        self._confirmed()
         self.finish(complete=self.explicit)
 
     def confirm_later(self) -> None:

@@ -14,13 +14,15 @@ gets its base here and appends its own parts to it.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "RUN", "EXITS", "EXIT_LOG", "STALL_REPORT", "WAITERS", "WARN_LOG", "waiting", "exit_record",
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "where_answer",
     "long_wait", "stuck", "where_question", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
-    "attempt_joined", "attempt_prefix", "DOCUMENTED",
+    "attempt_joined", "attempt_prefix", "DOCUMENTED", "is_counter", "as_named",
 ]
 
 # --- group keys --------------------------------------------------------------------------------
@@ -75,7 +77,7 @@ def ack(record: str, reader: int) -> str:
 def block(kind: str, seq: int) -> str:
     """The base of block ``seq`` of ``kind`` (``zf``: ``zero_first``, ``dn``:
     ``do_n_at_a_time``, ``ck``: ``checkpoint_dir``); the block appends its words, ``site``,
-    ``mismatch``, ``wake``."""
+    ``mismatch``, ``wake``, ``done``."""
     return f"axd/{kind}/{seq}"
 
 
@@ -212,3 +214,24 @@ DOCUMENTED = (
     ATTEMPTS, attempt_join("<rank>"), attempt_answer("<rank>", "<token>"),  # type: ignore[arg-type]
     attempt_joined("<a>", "<rank>"), attempt_prefix("<a>"),  # type: ignore[arg-type]
 )
+
+
+#: The keys the kit counts in (``add``; no seal): their tails, under any prefix.
+_COUNTERS = re.compile(
+    r"(^|/)(axd/(exits|waiters|waiting/\d+|(zf|dn|ck)/\d+/[0-9a-f]{10}(/\d+)?|fs/[0-9a-f]+/seen"
+    r"|dbg/\d+/(n|d/[^/]+)|sm/\d+/(arrived|progress|done|failed|left(/.*)?))"
+    r"|axolotl_dist/[^/]+/hb/\d+|axolotl_dist/attempt)$")
+
+
+def is_counter(key: str) -> bool:
+    """Whether ``key`` (as a store lists it, under any prefix) is one the kit counts in."""
+    return _COUNTERS.search(key) is not None
+
+
+def as_named(listed: str) -> str:
+    """A key as a store lists it (under its prefixes), as the kit names it: from its ``axd/``
+    on (a group key, under an attempt's prefix too), else from ``axolotl_dist/``."""
+    for head in ("axd/", "axolotl_dist/"):
+        if head in listed:
+            return listed[listed.index(head):]
+    return listed
