@@ -147,6 +147,9 @@ def test_axolotl_dist_where_asks_a_run_started_by_another_launcher(tmp_path, lau
     if launcher == "torchrun-rdzv":
         assert re.search(rf"127\.0\.0\.1:{port} is torchrun's rendezvous; the ranks' store is at "
                          r"\S+:\d+", out), out
+    # no secret here, and torch's store listens on every interface: both said (issue #60)
+    assert "note: this run has no secret (AXOLOTL_DIST_SECRET)" in out, out
+    assert "listens on every interface of this host: other hosts can reach it" in out, out
 
 
 def _bare_where(env, timeout: float = 120):
@@ -180,6 +183,7 @@ def test_bare_where_reports_the_run_this_host_recorded(tmp_path):
     assert "rank 1: in tokenize at prep.py:6" in out, out
     assert "rank 0: barrier at prep.py:12" in out, out
     assert "runs are recorded" not in out, out
+    assert "no secret" not in out and "every interface" not in out, out  # axolotl-dist's own
     assert result[0] == 0, result
     logged = result[2]  # the barrier's first warning (loaded, init's own may come first)
     assert re.search(r"rank 0 has waited \d+ s in barrier for rank\(s\) \[1\]; where they are:\n"
