@@ -19,7 +19,9 @@ import torch.distributed as dist
 
 from ._runtime.base import backends as _backends, tracebacks as _tracebacks
 from ._runtime.store import access as _access, attempts as _attempts
-from ._runtime.lifecycle import services as _services, teardown as _teardown
+from ._runtime.lifecycle import services as _services, startup as _startup, teardown as _teardown
+from ._runtime.base.constants import STARTUP_LATE, WAIT_LOG_INTERVAL_ENV_VAR
+from ._runtime.base.envvars import kit_seconds
 from ._runtime.protocols import checkpointing as _checkpointing
 from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols import timeline as _timeline
@@ -204,6 +206,7 @@ def init_distributed(
         _join_existing(backend, shared_filesystem, trace_dir)
         return
 
+    _startup.begin()
     _tracebacks.install()  # an error of the rendezvous shows the user's frame, not the kit's
     _check_backend_usable(backend)
     validate_env_vars()
@@ -222,6 +225,7 @@ def init_distributed(
                     kwargs.update(store=_attempt_store(rank, world_size, pg_timeout),
                                   rank=rank, world_size=world_size)
                 dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
+                _startup.stamp("bootstrap")
             except RuntimeError as exc:
                 if "EADDRINUSE" not in str(exc):
                     raise
@@ -233,7 +237,11 @@ def init_distributed(
                     "axolotl-dist / torchrun, which pick one") from None
     else:
         dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
+        _startup.stamp("bootstrap")
     _after_init(trace_dir)
+    if world_size > 1 and _startup.wanted():
+        _startup.stamp("services")
+        _startup.report()
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
 
 
@@ -244,7 +252,15 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> Any:
     addr, port = _env.env_master_addr(), _env.env_master_port()
     if addr is None or port is None:  # the agent sets both; checked by _set_rendezvous
         raise DistributedEnvError("MASTER_ADDR and MASTER_PORT must be set under torchrun")
-    return _attempts.attempt_store(addr, port, rank, world_size, timeout)
+    root = _attempts.connect(addr, port, world_size, timeout)
+    _startup.stamp("store")
+    if _startup.wanted():  # the report's: a late rank named early, as information
+        late, level = STARTUP_LATE, logging.INFO
+    else:
+        late, level = kit_seconds(WAIT_LOG_INTERVAL_ENV_VAR), logging.WARNING
+    store = _attempts.attempt_store(root, rank, world_size, timeout, late, level)
+    _startup.stamp("handshake")
+    return store
 
 
 def _join_existing(backend: Optional[str], shared_filesystem: Optional[bool],

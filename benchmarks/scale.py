@@ -219,6 +219,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="skip the store's side (store_traffic's proxy)")
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="the store's side: each wait lasts this long")
+    parser.add_argument("--load", type=int, default=0,
+                        help="CPU-bound processes (a Python busy loop each) running beside every "
+                             "run: a loaded machine (default 0)")
     args = parser.parse_args(argv)
     args.worlds = sorted({int(w) for w in args.worlds.split(",") if w.strip()})
     args.configs = [c for c in args.configs.split(",") if c]
@@ -232,7 +235,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     import torch
     print(f"scale: torch {torch.__version__}, {os.cpu_count()} CPUs, W in {args.worlds}, "
-          f"{args.repeats} run(s) per configuration, one after the other")
+          f"{args.repeats} run(s) per configuration, one after the other"
+          + (f", {args.load} CPU-bound process(es) beside" if args.load else ""))
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.load)]
+    try:
+        return _run_all(args)
+    finally:
+        for proc in load:
+            proc.kill()
+            proc.wait()
+
+
+def _run_all(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="axd-scale-") as tmp:
         script = os.path.join(tmp, "rank.py")
         with open(script, "w") as fh:

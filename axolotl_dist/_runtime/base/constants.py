@@ -22,6 +22,8 @@ __all__ = [
     "MAX_WAIT_LOG_INTERVAL",
     "HEARTBEAT_TIMEOUT_ENV_VAR",
     "WAIT_LOG_INTERVAL_ENV_VAR",
+    "STARTUP_ENV_VAR",
+    "STARTUP_LATE",
     "STORE_LINGER_ENV_VAR",
     "AGENT_STORE_ENV_VAR",
     "DEBUG_ENV_VAR",
@@ -45,6 +47,7 @@ __all__ = [
     "DEFAULT_STORE_LINGER",
     "HOST",
     "LONG_WAITS",
+    "UNMARKED_WAIT",
 ]
 
 #: Seconds between two heartbeats of a rank (one store call each; the stall detector's rounds too).
@@ -52,6 +55,11 @@ HEARTBEAT_INTERVAL = 2.5
 #: How often a waiting rank checks the ranks it waits for (seconds): their pids where they run
 #: on this machine (no store call).
 LIVENESS_INTERVAL = 0.5
+#: Seconds a kit wait runs before it marks itself long (its count on the waiting key, its
+#: description for the deadlock detector) and first looks at its peers: a barrier that ends
+#: sooner makes no store call. A rank ending on a failure gives its peers at least this long
+#: to mark themselves (``failures.await_peers_told``).
+UNMARKED_WAIT = 0.25
 #: How often a waiting rank reads the store about them (seconds): one store call; in worlds
 #: of more than ``LOOK_RANKS`` ranks less often (:func:`look_interval`).
 LOOK_INTERVAL = 1.0
@@ -76,6 +84,11 @@ HEARTBEAT_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_HEARTBEAT_TIMEOUT"
 DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 #: Seconds a wait runs before its first warning (then at doubling intervals).
 WAIT_LOG_INTERVAL_ENV_VAR = "AXOLOTL_DIST_WAIT_LOG_INTERVAL"
+#: Switch: rank 0 logs where the start-up's time went, one table after init; rank 0 names the
+#: ranks the kit's handshake still waits for after :data:`STARTUP_LATE` seconds.
+STARTUP_ENV_VAR = "AXOLOTL_DIST_STARTUP"
+#: Seconds after which rank 0 names a late rank in the handshake, with the start-up report on.
+STARTUP_LATE = 5.0
 DEFAULT_WAIT_LOG_INTERVAL = 30.0
 #: Seconds the store's host keeps a failure readable for its peers before it exits.
 STORE_LINGER_ENV_VAR = "AXOLOTL_DIST_STORE_LINGER"

@@ -8,7 +8,8 @@ part           fields
                collective was left pending on them); ``ending`` (the exit handlers run again
                for a Ctrl-C exit: :mod:`.teardown`); ``warning_fold`` (the Python warnings this
                process holds for folding before its heartbeat starts and, on rank 0, the ones it
-               waits to print: :mod:`.warnfold`, made at the first use); kept by a reset, as
+               waits to print: :mod:`.warnfold`, made at the first use); ``startup`` (this
+               process's start-up stamps, by phase: :mod:`.startup`); kept by a reset, as
                facts of the process that a fork keeps: ``exit_hook`` (the exit hook is
                registered: :mod:`.services`; the hook is in a forked child's ``atexit`` list
                too) and ``warn_hook`` (the ``warnings.showwarning`` the folding hook replaced;
@@ -18,7 +19,7 @@ part           fields
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ..base.state import RoomState, register
 
@@ -39,6 +40,7 @@ class LifecycleState(RoomState):
         self.kept: List[Callable[[], Any]] = []
         self.ending = False
         self.warning_fold: Optional["FoldedWarnings"] = None
+        self.startup: Dict[str, float] = {}
         self.exit_hook = False
         self.warn_hook: Optional[Callable[..., Any]] = None
 

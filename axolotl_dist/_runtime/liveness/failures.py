@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, look_interval
+from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, UNMARKED_WAIT, look_interval
 from ..base.envvars import kit_seconds
 from ..base.groups import Group, default_pg, known_failure, remember_failure
 from ..base.procs import MACHINE
@@ -138,6 +138,12 @@ def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], w
 
 # --- exit records ----------------------------------------------------------------------------
 
+#: Seconds a rank ending on a failure looks for peers in a kit wait even where it finds none:
+#: a wait marks itself only after ``UNMARKED_WAIT`` (a collective's after its first slice,
+#: and within one more slice of the mark being due).
+_UNMARKED_COVER = UNMARKED_WAIT + 3 * 0.05
+
+
 def failed_exit_grace(world_size: int) -> float:
     """Seconds a rank ending on a failure gives its peers to read its exit record before its
     process ends: under torchrun, ``axolotl-dist``, accelerate or ``mpirun`` the launcher stops
@@ -222,22 +228,26 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     (:func:`mark_exited`): wait until no other rank is in a kit wait any more (each one there
     reads this rank's record within a look interval, raises naming it, and keeps its wait
     counted until its own exit: :func:`.stall detector.waiting_key`) or it is gone, at most
-    :func:`failed_exit_grace` seconds. A rank busy elsewhere is not waited for: it could not
+    :func:`failed_exit_grace` seconds, and at least :data:`_UNMARKED_COVER` (a wait just begun
+    is not marked yet). A rank busy elsewhere is not waited for: it could not
     name this rank before a launcher stopped it anyway. ``relayed``: this rank ends on another
     rank's failure; it does not wait for a rank that has left its own exit record (that one
     told its account and is in its exit too: two such ranks would wait for each other until
     the bound, then both make their last store calls as the rank that failed first, which
     waits for them, ends, perhaps taking the store with it). Never raises."""
     others = [r for r in range(world_size) if r != rank]
-    deadline = time.monotonic() + failed_exit_grace(world_size)
+    start = time.monotonic()
+    deadline = start + failed_exit_grace(world_size)
     try:
         watcher = PeerChecker(store, rank)
         while time.monotonic() < deadline:
             waiting = [r for r in others if store.add(keys.waiting(r), 0) > 0
                        and not store.check([keys.gone(r)])
                        and not (relayed and store.check([keys.exit_record(r)]))]
-            if not waiting or len(watcher.find_lost(waiting, time.monotonic(),
-                                                    exits=False)) == len(waiting):
+            if not waiting and time.monotonic() >= start + _UNMARKED_COVER:
+                return  # (a peer that just began a wait marks it within the cover)
+            if waiting and len(watcher.find_lost(waiting, time.monotonic(),
+                                                 exits=False)) == len(waiting):
                 return
             time.sleep(_EXIT_WAIT_CHECK)
     except Exception:  # noqa: BLE001
@@ -305,6 +315,8 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):
             return store_lost_error(store_exc, what)
+        if isinstance(store_exc, AxolotlDistError):  # what the look found (a record no rank
+            return store_exc  # of the run wrote, named): clearer than the backend's words
         return exc
 
 

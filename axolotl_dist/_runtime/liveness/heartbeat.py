@@ -32,7 +32,7 @@ from ..store import keys, records, seals, wakeup
 from ..store.access import genuine, parsed, propose, put, store_host, world_store
 from ..store.clients import raw_store
 from . import runs, where_report
-from .stalls import StallDetector
+from .stalls import StallDetector, create_world_keys
 from .peers import (STALL_CHECK_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,10 +152,8 @@ class Heartbeat:
                 raw.set(key, value)
         raw.add(keys.heartbeat(run, rank), 1)
         store.add(keys.waiting(rank), 0)  # created now: the key count stays flat afterwards
-        store.add(keys.EXITS, 0)
-        store.append(keys.EXIT_LOG, "")  # created now, so a waiter reads both in one call
-        store.compare_set(keys.STALL_REPORT, "", seals.seal(keys.STALL_REPORT, "{}"))
-        store.add(keys.WAITERS, 0)  # created now: long waits add no key
+        if rank == 0:  # the world's keys, made once (a reader that finds none makes them)
+            create_world_keys(store)
         wakeup.offer_connection(self.pg, self.own)  # lent to the default group's key waiters
         self.thread = threading.Thread(target=self._run, name="axolotl-dist-heartbeat", daemon=True)
         self.thread.start()
@@ -340,8 +338,9 @@ def start_heartbeat() -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         run = HEARTBEAT.run = _run_id(store)
         raw = raw_store(store)
-        put(raw, keys.RUN_NOTE, records.document({"run": run, "world": world,
-                                                   "sealed": seals.sealing()}))
+        if rank == 0:  # the run's note for axolotl-dist where: alike on every rank
+            put(raw, keys.RUN_NOTE, records.document({"run": run, "world": world,
+                                                       "sealed": seals.sealing()}))
         runs.note_address(run, rank, world, launcher_name())
         HEARTBEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))

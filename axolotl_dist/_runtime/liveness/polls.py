@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..base import procs
-from ..base.constants import LIVENESS_INTERVAL
+from ..base.constants import LIVENESS_INTERVAL, UNMARKED_WAIT
 from ..base.kitlog import kit as log
 from ..store.access import (Job, StoreHostGoneError, is_store_error, store_address,
                             store_host, submit)
@@ -121,7 +121,7 @@ class _Poll:
                  sleep: Optional[Callable[[], Optional[KeyWaiter]]],
                  box: List[Optional[KeyWaiter]]) -> None:
         self.ready, self.watch, self.timeout, self.w, self.box = ready, watch, timeout, w, box
-        self.next_check = w.start + LIVENESS_INTERVAL / 2
+        self.next_check = w.start + UNMARKED_WAIT
         self.spins, self.delay = 0, _FIRST_DELAY
         self.job: Optional[Job] = None
         self.job_since = w.start

@@ -40,7 +40,7 @@ from ...errors import CollectiveMismatchError, RankFailedError
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "Lost", "PeerChecker", "lost_error", "party_error"]
+__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "create_world_keys", "deadlock_part", "Lost", "PeerChecker", "lost_error", "party_error"]
 
 #: How many look intervals apart a wait blocked on a wake key looks at the store (see
 #: :meth:`PeerChecker.find_lost`): the exit of a peer on this machine is seen with no store call
@@ -123,6 +123,17 @@ class Lost(NamedTuple):
     detail: str
     report: Optional[RankFailedError]
     when: float = float("inf")
+
+
+def create_world_keys(store: "Store") -> None:
+    """Make the world's liveness keys where missing (rank 0's heartbeat does, at its start; a
+    waiter that finds an event before it did, itself): the exit count, the exit log and the
+    stall report (created, so one ``multi_get`` reads both) and the count of long waits (long
+    waits add no key). None is overwritten."""
+    store.add(keys.EXITS, 0)
+    store.append(keys.EXIT_LOG, "")
+    store.compare_set(keys.STALL_REPORT, "", seals.seal(keys.STALL_REPORT, "{}"))
+    store.add(keys.WAITERS, 0)
 
 
 class PeerChecker:
@@ -230,10 +241,10 @@ class PeerChecker:
         if events == self.events:
             return
         self.events = events
-        if not self.have_keys:  # created by every rank's heartbeat: then one call reads both
-            self.have_keys = self.store.check([keys.EXIT_LOG, keys.STALL_REPORT])
-            if not self.have_keys:
-                return
+        if not self.have_keys:  # made by rank 0's heartbeat; by this rank if it has not yet
+            if not self.store.check([keys.EXIT_LOG, keys.STALL_REPORT]):
+                create_world_keys(self.store)
+            self.have_keys = True
         run = HEARTBEAT.run if HEARTBEAT.thread is not None else None  # then its keys exist
         names = [keys.EXIT_LOG, keys.STALL_REPORT]
         if run is not None and self.raw is self.store:  # the finding on this rank's wait too
@@ -435,11 +446,20 @@ def party_error(lost: Sequence[Lost], me: int, shown: str) -> Optional[Collectiv
     stall detector's finding first; on a loaded machine this rank may look again only after the
     peer is gone, and must still say what it is part of. None otherwise."""
     for item in lost:
-        report = item.report
-        if report is None or report.exc_type != "CollectiveMismatchError":
-            continue
-        text = report.exc_message.partition(" can never complete: ")[2]
-        for ranks, call in _PARTY.findall(text):
-            if me in ranks_in_text(ranks) and call.startswith(shown):
-                return CollectiveMismatchError(f"rank {me}'s {shown} can never complete: {text}")
+        found = deadlock_part(item.report, me, shown)
+        if found is not None:
+            return found
+    return None
+
+
+def deadlock_part(report: Optional[RankFailedError], me: int,
+                  shown: str) -> Optional[CollectiveMismatchError]:
+    """Rank ``me``'s own :class:`CollectiveMismatchError` where a peer's failure ``report`` is a
+    deadlock in which ``me`` waits in ``shown``; None otherwise (see :func:`party_error`)."""
+    if report is None or report.exc_type != "CollectiveMismatchError":
+        return None
+    text = report.exc_message.partition(" can never complete: ")[2]
+    for ranks, call in _PARTY.findall(text):
+        if me in ranks_in_text(ranks) and call.startswith(shown):
+            return CollectiveMismatchError(f"rank {me}'s {shown} can never complete: {text}")
     return None

@@ -13,7 +13,8 @@ where they are). What it waits on comes in two kinds:
   (its host is stopped) does not stop the wait's clock (docs/design.md, decision 13); an
   optional ``timeout``.
 * :func:`collective`: a collective's work past its first slice (:func:`..protocols.exchange.run` waits
-  the first), in blocking slices of :data:`SLICE` seconds, each returning the moment the
+  the first), unmarked and without a store call for ``UNMARKED_WAIT`` seconds, then in
+  blocking slices of :data:`SLICE` seconds, each returning the moment the
   collective completes; between them Python handles signals (Ctrl-C acts within a slice). A
   peer found gone first gets a grace for the collective to complete (it may have left after
   its part). A wait that ends on an exception with its collective still pending marks the
@@ -32,7 +33,8 @@ from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
 from ..base.callsite import call_site
-from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, WAIT_LOG_INTERVAL_ENV_VAR
+from ..base.constants import (LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, UNMARKED_WAIT,
+                              WAIT_LOG_INTERVAL_ENV_VAR)
 from ..base.envvars import kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
@@ -43,11 +45,11 @@ from ..store.clients import raw_store
 from . import where_report
 from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
 from .failures import await_readers
-from .stalls import Lost, PeerChecker, lost_error, party_error
+from .stalls import Lost, PeerChecker, deadlock_part, lost_error, party_error
 from .peers import check_store_host, host_leaving, store_host_gone
-from ...errors import CollectiveMismatchError
+from ...errors import CollectiveMismatchError, RankFailedError
 
-__all__ = ["Waiting", "collective", "where_they_are", "logged_blocking_call", "left", "take_abandoned",
+__all__ = ["Waiting", "collective", "own_part", "where_they_are", "logged_blocking_call", "left", "take_abandoned",
            "timed_out", "SLICE",
            "LOST_GRACE"]
 
@@ -232,7 +234,7 @@ def collective(work: Any, g: Group, what: str) -> None:
                 Point(g, "collective", g.calls, what), shown=f"{what} at {call_site()}")
     normal = False
     try:
-        if not _mark(w, work):
+        if _ends_unmarked(work) or not _mark(w, work):  # a short wait makes no store call
             normal = True
             return
         next_look = w.start  # the first look at the peers at once: a dead one is named promptly
@@ -293,6 +295,20 @@ def _mark(w: Waiting, work: Any) -> bool:
         raise
 
 
+def _ends_unmarked(work: Any) -> bool:
+    """Whether ``work`` completes within ``UNMARKED_WAIT`` seconds (in slices: a signal is still
+    handled); its failure (a peer gone) raises at once."""
+    deadline = time.monotonic() + UNMARKED_WAIT
+    while time.monotonic() < deadline:
+        try:
+            work.wait(_SLICE)
+            return True
+        except RuntimeError as exc:
+            if not timed_out(exc):
+                raise
+    return False
+
+
 def _succeeds(work: Any, grace: float) -> bool:
     """Whether ``work`` ends without an error within ``grace`` seconds, waited for in slices so
     that a signal is still handled (a collective a lost peer never joined fails: its
@@ -334,6 +350,18 @@ def _completes(work: Any, grace: float) -> bool:
     except RuntimeError:
         return False
     return _succeeds(work, grace)
+
+
+def own_part(error: BaseException, g: Group, what: str) -> BaseException:
+    """The error for a collective of ``what`` on ``g`` that failed with ``error`` (from
+    :func:`.failures.diagnose_lost_peer`): where it names a peer that ended on a deadlock this
+    collective is part of (the peer read the stall detector's finding first, and its exit
+    closed the collective's connections before this rank's next look), this rank's own
+    :class:`CollectiveMismatchError`; else ``error``."""
+    if not isinstance(error, RankFailedError):
+        return error
+    found = deadlock_part(error, g.ranks[g.rank], f"{what} at {call_site()}")
+    return error if found is None else found
 
 
 def left(work: Any, g: Group, exc: BaseException) -> None:

@@ -289,7 +289,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     except RuntimeError as exc:  # a peer is gone: name it
         if work is not None and g.cpu:
             waits.left(work, g, exc)
-        error = diagnose_lost_peer(exc, what, g)
+        error = waits.own_part(diagnose_lost_peer(exc, what, g), g, what)
         try:
             if error is exc:
                 raise

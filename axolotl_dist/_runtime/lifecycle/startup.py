@@ -1,0 +1,138 @@
+"""The start-up report: where a run's start-up time went, rank by rank (``AXOLOTL_DIST_STARTUP``).
+
+``init_distributed`` stamps each phase's end on this process's wall clock (:func:`stamp`);
+with the report on, every rank then times one ``barrier`` (the first collective) and the
+ranks gather their phases' durations to rank 0, which logs one table: per phase the median
+over the ranks and the slowest rank with its host. Durations are differences of one
+process's own stamps, so the nodes' clocks need not agree. The phases:
+
+=================  ===========================================================================
+launch             the launcher's process start to this process's start (``/proc``; under
+                   ``axolotl-dist`` its pid from ``AXOLOTL_DIST_LAUNCHER_PID``, under torchrun,
+                   accelerate, ``srun`` and ``mpirun`` the parent process); none under bare
+                   env vars (the parent is the user's shell)
+imports            this process's start to its ``init_distributed`` call
+store connect      to a connection to the launcher's store (under its agent store only; else
+                   it is part of the bootstrap, inside ``init_process_group``)
+kit handshake      the attempt's number agreed (``_runtime/store/attempts.py``; agent store only)
+group bootstrap    ``torch.distributed.init_process_group`` (the backend's connections)
+kit services       the kit's start after it: its heartbeat, exit hook, the shared-filesystem
+                   probe of several nodes
+first collective   one ``barrier`` right after
+=================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..base.constants import HOST, LAUNCHER_PID_ENV_VAR, STARTUP_ENV_VAR
+from ..base.envvars import kit_switch
+from ..base.kitlog import kit as log
+from ..liveness.peers import launcher_name
+from .lifecycle_state import LIFECYCLE
+
+__all__ = ["begin", "stamp", "wanted", "report", "PHASES"]
+
+#: (stamp that ends the phase, its name in the table); each begins where the one before ended.
+PHASES: Tuple[Tuple[str, str], ...] = (
+    ("process", "launch"), ("init", "imports"), ("store", "store connect"),
+    ("handshake", "kit handshake"), ("bootstrap", "group bootstrap"),
+    ("services", "kit services"), ("collective", "first collective"),
+)
+
+
+def wanted() -> bool:
+    """Whether the start-up report is on (``AXOLOTL_DIST_STARTUP``)."""
+    return kit_switch(STARTUP_ENV_VAR)
+
+
+def stamp(name: str) -> None:
+    """This process reached the end of phase ``name`` (see :data:`PHASES`) now."""
+    LIFECYCLE.startup[name] = time.time()
+
+
+def begin() -> None:
+    """``init_distributed`` was called: stamp it, and this process's and its launcher's starts."""
+    stamp("init")
+    own = _started(os.getpid())
+    if own is not None:
+        LIFECYCLE.startup["process"] = own
+    launcher = _launcher_pid()
+    started = _started(launcher) if launcher is not None else None
+    if started is not None:
+        LIFECYCLE.startup["launcher"] = started
+
+
+def _launcher_pid() -> Optional[int]:
+    """The pid of the launcher that started this process; None under bare env vars."""
+    name = launcher_name()
+    if name == "env vars":
+        return None
+    given = os.environ.get(LAUNCHER_PID_ENV_VAR, "")
+    return int(given) if name == "axolotl-dist" and given.isdigit() else os.getppid()
+
+
+def _started(pid: int) -> Optional[float]:
+    """When process ``pid`` started, in seconds since the epoch (``/proc``, 10 ms steps); None
+    where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def durations() -> List[float]:
+    """This process's seconds per phase of :data:`PHASES` (NaN: a phase it did not go through)."""
+    marks = LIFECYCLE.startup
+    out, last = [], marks.get("launcher")
+    for name, _ in PHASES:
+        now = marks.get(name)
+        out.append(now - last if now is not None and last is not None else float("nan"))
+        last = now if now is not None else last
+    return out
+
+
+def report() -> None:
+    """Time the first collective, gather every rank's phases on rank 0 and log the table there
+    (every rank calls it, right after init, where :func:`wanted`)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    stamp("collective")
+    mine = (HOST, durations())
+    everyone: List[Optional[Tuple[str, List[float]]]] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        log.emit(logging.INFO, "%s", table([e for e in everyone if e is not None]))
+
+
+def table(ranks: Sequence[Tuple[str, List[float]]]) -> str:
+    """The report for ``ranks`` (each ``(host, seconds per phase)``, in rank order)."""
+    rows = [f"start-up of {len(ranks)} ranks ({STARTUP_ENV_VAR}=1), seconds:",
+            f"  {'phase':<17}{'median':>8}  {'slowest':>8}  rank (host)"]
+    totals: Dict[int, float] = {}
+    for i, (_, name) in enumerate(PHASES):
+        values = [(secs[i], r) for r, (_, secs) in enumerate(ranks) if secs[i] == secs[i]]
+        for secs, r in values:
+            totals[r] = totals.get(r, 0.0) + secs
+        rows.append(_row(name, values, ranks))
+    rows.append(_row("in all", [(s, r) for r, s in totals.items()], ranks))
+    return "\n".join(rows)
+
+
+def _row(name: str, values: List[Tuple[float, int]], ranks: Sequence[Tuple[str, List[float]]]) -> str:
+    """One line: the median of ``values`` (seconds, rank) and the slowest; ``-`` for none."""
+    if not values:
+        return f"  {name:<17}{'-':>8}  {'-':>8}"
+    secs, rank = max(values)
+    median = statistics.median(v for v, _ in values)
+    return f"  {name:<17}{median:>8.2f}  {secs:>8.2f}  rank {rank} ({ranks[rank][0]})"
