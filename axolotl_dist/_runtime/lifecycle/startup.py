@@ -57,8 +57,11 @@ def stamp(name: str) -> None:
 
 
 def begin() -> None:
-    """``init_distributed`` was called: stamp it, and this process's and its launcher's starts."""
+    """``init_distributed`` was called: stamp it, and, with the report on, this process's and
+    its launcher's starts (read from ``/proc`` only then)."""
     stamp("init")
+    if not wanted():
+        return
     own = _started(os.getpid())
     if own is not None:
         LIFECYCLE.startup["process"] = own

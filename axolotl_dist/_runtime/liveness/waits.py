@@ -298,21 +298,13 @@ def _mark(w: Waiting, work: Any) -> bool:
 def _ends_unmarked(work: Any) -> bool:
     """Whether ``work`` completes within ``UNMARKED_WAIT`` seconds (in slices: a signal is still
     handled); its failure (a peer gone) raises at once."""
-    deadline = time.monotonic() + UNMARKED_WAIT
-    while time.monotonic() < deadline:
-        try:
-            work.wait(_SLICE)
-            return True
-        except RuntimeError as exc:
-            if not timed_out(exc):
-                raise
-    return False
+    return _succeeds(work, UNMARKED_WAIT, failure_raises=True)
 
 
-def _succeeds(work: Any, grace: float) -> bool:
+def _succeeds(work: Any, grace: float, failure_raises: bool = False) -> bool:
     """Whether ``work`` ends without an error within ``grace`` seconds, waited for in slices so
     that a signal is still handled (a collective a lost peer never joined fails: its
-    connections closed)."""
+    connections closed); with ``failure_raises``, its error raises instead of giving False."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         try:
@@ -320,6 +312,8 @@ def _succeeds(work: Any, grace: float) -> bool:
             return True
         except RuntimeError as exc:
             if not timed_out(exc):
+                if failure_raises:
+                    raise
                 return False
     return False
 
