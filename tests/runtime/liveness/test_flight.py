@@ -5,6 +5,7 @@ one-process group that shows what torch's recorder gives this kit."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -146,6 +147,12 @@ def _recorded_body(device: str) -> Dict[str, Any]:
     pytest.param("cuda", "nccl", 1, marks=GPU_MARKS, id="cuda-nccl-1"),
     pytest.param("cpu", "gloo", 2, id="cpu-gloo-2")])
 def test_each_rank_reads_its_last_collective_on_nccl_as_on_gloo(device, backend, ws):
+    if backend == "nccl" and tuple(
+            int(p) for p in re.findall(r"\d+", torch.__version__)[:2]) < (2, 12):
+        # measured on an H200 with torch 2.11.0+cu130: 0 entries after two all_reduces,
+        # with TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE=2000 or without
+        pytest.skip(f"torch {torch.__version__} is below setup.cfg's floor (2.12) and its "
+                    f"recorder keeps no NCCL collectives")
     for got in run_distributed(_recorded_body, ws, args=(device,), backend=backend,
                                timeout=120):
         assert got == {"seq": 2, "op": "all_reduce", "shapes": [[3]], "dtypes": ["bfloat16"],
