@@ -5,8 +5,10 @@ tensors a moment after the caller's ``wait()`` returned, and that release needs 
 script ends in that moment (its last line is a collective), the thread asks for the GIL while
 the interpreter finalizes, which ends the thread from inside a C++ destructor: "terminate
 called without an active exception" and SIGABRT (exit code 134), after a run that succeeded.
-Plain torch does the same without ``destroy_process_group()``. So once a group exists the kit
-registers an ``atexit`` hook that, before finalization:
+Plain torch does the same without ``destroy_process_group()``; and a daemon thread of the kit's
+inside a store call then (the deletion of finished blocks' keys, after the script destroyed
+its group itself) ends the same way. So once a group exists the kit registers an ``atexit``
+hook that, before finalization, lets the key deletions finish and:
 
 0. on a normal exit, waits for the checkpoint this rank handed to futures and commits it
    (:func:`..protocols.checkpointing.settle`: said once; a failure is logged);
@@ -266,6 +268,11 @@ def teardown(exc: Optional[BaseException] = None) -> None:
     A step that fails never skips the steps after it (:func:`_step`)."""
     if not (dist.is_available() and dist.is_initialized()):
         heartbeat.stop_heartbeat()
+        if not peers.store_host_gone():
+            # the script destroyed the group itself: the background deletion of its last
+            # blocks' keys may still be inside a store call, which the interpreter's
+            # finalization would end by SIGABRT ("terminate called without an active exception")
+            sweep.flush_cleanup(_CLEANUP_FLUSH)
         return
     if exc is None and not peers.host_leaving():
         _step(checkpointing.settle, True)  # a checkpoint handed to futures: waited for, committed
