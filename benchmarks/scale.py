@@ -13,17 +13,19 @@ The script every rank runs (written to a temporary file), one configuration afte
 
 * the kit: ``init_distributed()``; two ``zero_first`` blocks whose body sleeps 2 s on rank 0;
   ``compute_and_broadcast``, ``reduce_and_broadcast``, ``gather_from_all_ranks`` of Python
-  numbers; 20 ``barrier()`` calls; the script ends.
+  numbers; one ``barrier()``, then 20 more; the script ends.
 * plain torch: ``init_process_group("gloo")``; twice: rank 0 sleeps 2 s, then
   ``dist.barrier()`` on every rank; ``broadcast_object_list``, ``all_reduce``,
-  ``gather_object``; 20 ``dist.barrier()``; ``destroy_process_group()``.
+  ``gather_object``; one ``dist.barrier()``, then 20 more; ``destroy_process_group()``.
 
 Configurations: ``plain/torchrun`` (``python -m torch.distributed.run --standalone``),
 ``kit/torchrun`` and ``kit/axolotl-dist`` (``python -m axolotl_dist.launch``). Per run
 (medians over the ranks unless said): **start** (the launcher's start to the script's first
 line), **ready** (to ``import torch`` done: what a script can do first), **import** (the
 kit's ``import axolotl_dist``; 0 for plain torch), **init**, **block 1**
-and **block 2** (the slowest rank: rank 0 sleeps 2.0 s in each), **helpers**, **barriers**,
+and **block 2** (the slowest rank: rank 0 sleeps 2.0 s in each), **helpers**, **sync** (the
+first barrier after them: it absorbs the spread with which the ranks left the helpers),
+**barriers** (the 20 after it),
 **hooks** (the last rank's last line to the last rank's exit handlers done: the kit's exit
 work), **exit** (the last rank's last line to the launcher's exit), **whole** (the launcher's
 start to its exit) and the number of "has not answered" warnings (a stalled store).
@@ -83,6 +85,8 @@ if mode == "kit":
     ad.reduce_and_broadcast(lambda: rank, sum)
     ad.gather_from_all_ranks(lambda: rank)
     t_h = time.time()
+    ad.barrier()  # the ranks leave the helpers apart: this one takes up the spread
+    t_s = time.time()
     for _ in range(20):
         ad.barrier()
 else:
@@ -102,20 +106,22 @@ else:
     dist.all_reduce(t)
     dist.gather_object(rank, [None] * ws if rank == 0 else None, dst=0)
     t_h = time.time()
+    dist.barrier()  # the ranks leave the helpers apart: this one takes up the spread
+    t_s = time.time()
     for _ in range(20):
         dist.barrier()
 t_end = time.time()
 print(f"SCALE rank={rank} start={first - t0:.3f} ready={ready - t0:.3f} "
       f"import={imported - ready:.3f} init={t_init - imported:.3f} "
       f"block1={t_b1 - t_init:.3f} block2={t_b2 - t_b1:.3f} helpers={t_h - t_b2:.4f} "
-      f"barriers={t_end - t_h:.4f} done={t_end - t0:.3f}", flush=True)
+      f"sync={t_s - t_h:.4f} barriers={t_end - t_s:.4f} done={t_end - t0:.3f}", flush=True)
 if mode != "kit":
     dist.destroy_process_group()
 '''
 
 CONFIGS = ("plain/torchrun", "kit/torchrun", "kit/axolotl-dist")
-COLUMNS = ("whole", "start", "ready", "import", "init", "block1", "block2", "helpers", "barriers",
-           "hooks", "exit")
+COLUMNS = ("whole", "start", "ready", "import", "init", "block1", "block2", "helpers", "sync",
+           "barriers", "hooks", "exit")
 
 
 def launch_command(config: str, world: int, script: str) -> List[str]:
@@ -157,7 +163,8 @@ def run_once(config: str, world: int, script: str, timeout: float) -> Dict[str, 
         "ready": statistics.median(col("ready")), "import": statistics.median(col("import")),
         "init": statistics.median(col("init")),
         "block1": max(col("block1")), "block2": max(col("block2")),
-        "helpers": statistics.median(col("helpers")), "barriers": statistics.median(col("barriers")),
+        "helpers": statistics.median(col("helpers")), "sync": statistics.median(col("sync")),
+        "barriers": statistics.median(col("barriers")),
         "exit": whole - max(col("done")),
         "hooks": (max(hooks) - max(col("done"))) if len(hooks) == world else float("nan"),
         "warnings": float(proc.stdout.count("has not answered")),
@@ -171,7 +178,7 @@ def print_table(world: int, results: Dict[str, List[Dict[str, float]]]) -> None:
     print(f"{'configuration':18} " + " ".join(f"{c:>8}" for c in COLUMNS) + "  warnings")
     for config, runs in results.items():
         for run in runs:
-            print(f"{config:18} " + " ".join(f"{run[c]:8.2f}" if c not in ("helpers", "barriers")
+            print(f"{config:18} " + " ".join(f"{run[c]:8.2f}" if c not in ("helpers", "sync", "barriers")
                                              else f"{run[c]:8.3f}" for c in COLUMNS)
                   + f"  {int(run['warnings'])}")
     plain = results.get("plain/torchrun")
@@ -183,8 +190,8 @@ def print_table(world: int, results: Dict[str, List[Dict[str, float]]]) -> None:
             continue
         med = {c: statistics.median(r[c] for r in runs) for c in COLUMNS}
         ratios = {c: (med[c] / base[c] if base[c] > 0 else float("nan")) for c in COLUMNS}
-        print(f"{config + ' / plain':30} whole {ratios['whole']:.2f}x, helpers + barriers "
-              f"{(med['helpers'] + med['barriers']) / (base['helpers'] + base['barriers']):.2f}x, "
+        print(f"{config + ' / plain':30} whole {ratios['whole']:.2f}x, init {ratios['init']:.2f}x, "
+              f"barriers {ratios['barriers']:.2f}x (sync {ratios['sync']:.2f}x), "
               f"first block {med['block1']:.2f} s (plain {base['block1']:.2f} s)")
 
 

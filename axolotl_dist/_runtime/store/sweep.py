@@ -25,8 +25,8 @@ __all__ = ["delete", "flush_cleanup"]
 class Cleanup:
     """A daemon thread that deletes finished blocks' keys on its own store connection per
     group, so none of it waits on, or is counted against, the caller's connection. Once woken
-    it looks for more work every :data:`POLL` seconds until it has found none for
-    :data:`LINGER` seconds: in a loop of blocks the caller just appends to its list (waking a
+    it looks for more work every :data:`POLL` seconds (doubling while it finds none) until it
+    has found none for :data:`LINGER` seconds: in a loop of blocks the caller just appends to its list (waking a
     thread costs the caller a system call, tens of microseconds on a busy VM)."""
 
     def __init__(self) -> None:
@@ -77,6 +77,7 @@ class Cleanup:
         while True:
             self._work.wait()
             last = time.monotonic()  # when work was last found
+            delay = POLL
             while True:
                 if self._todo:
                     self._batch = True
@@ -85,14 +86,15 @@ class Cleanup:
                     for group, store, keys in todo:
                         self._delete(group, store, keys)
                     self._batch = False
-                    last = time.monotonic()
+                    last, delay = time.monotonic(), POLL
                     continue
                 with self._lock:
                     if not self._todo and time.monotonic() - last >= LINGER:
                         self._work.clear()
                         self._idle.set()
                         break
-                time.sleep(POLL)
+                time.sleep(delay)
+                delay = min(2 * delay, _MAX_POLL)  # found none: look less often
 
     @staticmethod
     def _delete(group: Group, store: "Store", keys: List[str]) -> None:
@@ -121,8 +123,12 @@ def _own_connection(group: Group, store: "Store") -> "Store":
 
 
 #: Seconds between the awake thread's looks for work, and how long it stays awake without any.
+#: A look that finds none doubles the next gap, up to :data:`_MAX_POLL`: lingering costs about
+#: 7 wake-ups, not 125 (at 64 ranks on 2 cores, 64 threads polling every 2 ms took CPU from
+#: the collectives that followed a block: docs/performance.md, "Many ranks").
 POLL = 0.002
 LINGER = 0.25
+_MAX_POLL = 0.064
 #: Queued keys beyond which the caller deletes its own (see :func:`delete`).
 _BACKLOG = 8
 

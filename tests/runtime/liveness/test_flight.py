@@ -6,6 +6,7 @@ one-process group that shows what torch's recorder gives this kit."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -115,7 +116,13 @@ def test_torchs_recorder_gives_this_process_its_last_collective_per_group():
             t = torch.ones(3, dtype=torch.bfloat16)
             for _ in range(calls):
                 dist.all_reduce(t)
+            # gloo's worker marks the entry finished a moment after the call returned (under
+            # load, after the read: done False in one run of the suite on 2 workers)
+            deadline = time.monotonic() + 10
             found = positions()
+            while not (found or {}).get("0", {}).get("done") and time.monotonic() < deadline:
+                time.sleep(0.01)
+                found = positions()
         finally:
             dist.destroy_process_group()
     assert found is not None, "this torch records no collectives"
@@ -124,8 +131,6 @@ def test_torchs_recorder_gives_this_process_its_last_collective_per_group():
 
 
 def _recorded_body(device: str) -> Dict[str, Any]:
-    import time
-
     before = (positions() or {}).get("0", {}).get("seq", 0)
     t = torch.ones(3, dtype=torch.bfloat16, device=device)
     for _ in range(2):
