@@ -58,6 +58,7 @@ from .tracing import is_tracing, merge_trace, trace_span
 from .ranks import (
     backend_supports_cpu,
     backend_supports_cuda,
+    get_attempt,
     get_backend,
     get_fs_local_rank,
     get_global_rank,
@@ -93,7 +94,7 @@ __all__ = [
     # queries
     "is_available", "is_initialized", "is_distributed", "get_rank", "get_world_size",
     "get_global_rank", "get_group_rank", "get_local_rank", "get_local_world_size",
-    "get_node_rank", "get_num_nodes", "get_fs_local_rank", "is_main_process",
+    "get_node_rank", "get_num_nodes", "get_attempt", "get_fs_local_rank", "is_main_process",
     "is_local_main_process", "is_last_process", "get_backend", "backend_supports_cuda", "backend_supports_cpu",
     "get_mesh_coordinates",
     # init

@@ -72,6 +72,9 @@ SLURM_NODELIST_ENV_VARS: Tuple[str, ...] = (
 SLURM_TASKS_PER_NODE_ENV_VARS: Tuple[str, ...] = (
     "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
 SLURM_JOB_ID_ENV_VAR = "SLURM_JOB_ID"
+#: This node's count of restarts before this attempt: torch elastic's agent's (``torchrun``,
+#: ``axolotl-dist``, ``accelerate launch``), else SLURM's for a requeued job.
+RESTART_COUNT_ENV_VARS: Tuple[str, ...] = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 #: Step ids at or above this are SLURM's special steps (batch, extern, interactive), not srun.
 _SLURM_SPECIAL_STEP = 0xFFFFFFF0
 
@@ -121,7 +124,7 @@ LAUNCHER_ENV_VARS: Tuple[str, ...] = tuple(dict.fromkeys((
     *SLURM_STEP_ID_ENV_VARS, *SLURM_NODELIST_ENV_VARS, *SLURM_TASKS_PER_NODE_ENV_VARS,
     SLURM_JOB_ID_ENV_VAR, MASTER_ADDR_ENV_VAR, MASTER_PORT_ENV_VAR, FS_LOCAL_RANK_ENV_VAR,
     SHARED_FS_ENV_VAR, OLMO_SHARED_FS_ENV_VAR, "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID", LAUNCHER_PID_ENV_VAR)))
+    "TORCHELASTIC_RUN_ID", *RESTART_COUNT_ENV_VARS, LAUNCHER_PID_ENV_VAR)))
 
 _raw = _envvars.raw
 _text = _envvars.text
@@ -331,6 +334,17 @@ def env_node_rank(rank: Optional[int] = None, world_size: Optional[int] = None) 
             "in [0, NUM_NODES)"
         )
     return node
+
+
+def env_attempt() -> int:
+    """This attempt's number from the launcher's variables (:data:`RESTART_COUNT_ENV_VARS`, the
+    first set), else 0: one node's count, which a membership change does not move."""
+    for name in RESTART_COUNT_ENV_VARS:
+        raw = _raw(name)
+        if raw is not None:
+            return _parse_int(name, raw, 0, "set it to the number of restarts before this "
+                              "attempt (>= 0), or unset it")
+    return 0
 
 
 def env_shared_filesystem() -> bool:

@@ -218,6 +218,7 @@ def init_distributed(
     _set_rendezvous(world_size, rank, kwargs)
     _apply_shared_filesystem(shared_filesystem)
     _set_cuda_device(backend, asked)
+    _attempts.forget()
     if world_size > 1 and "store" not in kwargs:
         with _logged_blocking_call(_init_wait_message(rank, world_size, kwargs.get("init_method"))):
             try:

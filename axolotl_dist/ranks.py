@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, List, Optional
 import torch.distributed as dist
 
 from ._runtime.base import backends as _backends
+from ._runtime.store.store_state import STORE as _STORE
 from . import env as _env
 from .errors import DistributedEnvError
 
@@ -32,6 +33,7 @@ __all__ = [
     "get_local_world_size",
     "get_node_rank",
     "get_num_nodes",
+    "get_attempt",
     "get_fs_local_rank",
     "is_main_process",
     "is_local_main_process",
@@ -198,6 +200,21 @@ def get_num_nodes() -> int:
     if not is_initialized():
         return _env.env_num_nodes()
     return _env.env_num_nodes(get_world_size())
+
+
+def get_attempt() -> int:
+    """This attempt of a restarted run, from 0 for the first.
+
+    After :func:`~axolotl_dist.init_distributed` under torch elastic's agent (``torchrun``,
+    ``axolotl-dist``, ``accelerate launch``), the number the ranks agreed on through the agent's
+    store: the same on every node, and it counts every start of the ranks, a membership change
+    (a node joining or lost) included. Otherwise the launcher's own count of this node's
+    restarts: ``TORCHELASTIC_RESTART_COUNT``, else ``SLURM_RESTART_COUNT`` (a requeued job),
+    else 0 (docs/launching.md, "Restarts")."""
+    agreed = _STORE.attempt
+    if agreed is not None and is_initialized():
+        return agreed - 1
+    return _env.env_attempt()
 
 
 def get_fs_local_rank(group: Optional["ProcessGroup"] = None) -> int:

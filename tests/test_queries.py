@@ -369,3 +369,35 @@ def _change_the_environment_every_way(env):
         agrees()
     finally:
         os.unsetenv("RANK")
+
+
+def test_get_attempt_from_the_launchers_count_before_init():
+    def body():
+        out = [ad.get_attempt()]
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = "2"
+        out.append(ad.get_attempt())
+        del os.environ["TORCHELASTIC_RESTART_COUNT"]
+        os.environ["SLURM_RESTART_COUNT"] = "1"  # a requeued SLURM job
+        out.append(ad.get_attempt())
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = "-1"
+        with pytest.raises(ad.DistributedEnvError) as info:
+            ad.get_attempt()
+        out.append(str(info.value))
+        return out
+
+    [(none, torch_count, slurm_count, bad)] = run_distributed(body, 1, init=False, env=NO_ENV)
+    assert (none, torch_count, slurm_count) == (0, 2, 1)
+    assert bad.startswith("TORCHELASTIC_RESTART_COUNT=-1 must be >= 0; set it to the number of "
+                          "restarts before this attempt (>= 0), or unset it"), bad
+
+
+@pytest.mark.parametrize("store", ["parent", "rank0"])
+def test_get_attempt_after_init_is_agreed_through_an_agents_store(store):
+    # a store in the parent stands for torch elastic's agent's: the ranks agree on the attempt
+    # (the first: 0, whatever one node's count says); hosted by rank 0 (bare env vars, srun),
+    # nothing is agreed on and the count stays the launcher's
+    def body():
+        return ad.get_attempt()
+
+    got = run_distributed(body, 2, store=store, env={"SLURM_RESTART_COUNT": "3"})
+    assert got == ([0, 0] if store == "parent" else [3, 3])

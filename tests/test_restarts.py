@@ -33,13 +33,15 @@ total = ad.reduce_and_broadcast(lambda: ad.get_rank() + 1, sum)
 ranks = ad.gather_from_all_ranks(lambda: ad.get_rank())
 ad.barrier()
 with open(f"ok{ad.get_rank()}.json", "w") as f:
-    json.dump({"attempt": ATTEMPT, "value": value, "total": total, "ranks": ranks}, f)
+    json.dump({"attempt": ATTEMPT, "value": value, "total": total, "ranks": ranks,
+               "before": BEFORE, "agreed": ad.get_attempt()}, f)
 """
 
 HEAD = """\
 import json, os, signal, sys
 import axolotl_dist as ad
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+BEFORE = ad.get_attempt()
 ad.init_distributed()
 """
 
@@ -78,6 +80,9 @@ def _check_attempt(directory: Path, ranks: int, out: str, attempt: int = 1) -> N
     """Every rank of attempt ``attempt`` ran the kit's calls to the end, with exact values."""
     results = _results(directory, ranks)
     assert [r["attempt"] for r in results] == [attempt] * ranks, out
+    # get_attempt(): the launcher's count before init, the number agreed through the agent's
+    # store after it (here the same: no membership change)
+    assert [(r["before"], r["agreed"]) for r in results] == [(attempt, attempt)] * ranks, out
     assert all(r["value"] == 42 and r["total"] == sum(range(1, ranks + 1)) for r in results)
     assert results[0]["ranks"] == list(range(ranks)) and results[1]["ranks"] is None
 
@@ -128,7 +133,8 @@ with ad.zero_first():
 value = ad.compute_and_broadcast(lambda: 42)
 ad.barrier()
 with open(f"ok{ad.get_rank()}.json", "w") as f:
-    json.dump({"world": world, "value": value}, f)
+    json.dump({"world": world, "value": value, "attempt": ad.get_attempt(),
+               "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}, f)
 """
     (tmp_path / "elastic.py").write_text(script)
     port = free_port()
@@ -147,6 +153,9 @@ with open(f"ok{ad.get_rank()}.json", "w") as f:
     assert [r[0] for r in results] == [0, 0], [r[2][-3000:] for r in results]
     oks = _results(tmp_path, 2)
     assert [r["world"] for r in oks] == [2, 2] and [r["value"] for r in oks] == [42, 42]
+    # no agent's store is shared with the ranks here: get_attempt() is the agents' count, which
+    # the membership change did not move, on both nodes
+    assert [(r["attempt"], r["restart"]) for r in oks] == [(0, 0), (0, 0)], oks
     # the first node's rank was restarted, with the restart count torch elastic gave it
     assert (tmp_path / "seen0_2.txt").exists() or (tmp_path / "seen1_2.txt").exists()
 

@@ -50,11 +50,12 @@ from ...errors import DistributedEnvError
 from ..base.kitlog import kit as log
 from . import keys, records, seals
 from .access import checked_or_ignored, put
+from .store_state import STORE
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["agree", "attempt_store", "connect"]
+__all__ = ["agree", "attempt_store", "connect", "forget"]
 
 #: Seconds between rank 0's looks at the tokens: the first, then growing by half to the last.
 _FIRST_LOOK, _LAST_LOOK = 0.001, 0.05
@@ -212,6 +213,11 @@ def _token(data: bytes, rank: int) -> Optional[str]:
                               data, keys.attempt_join(rank), rank)
 
 
+def forget() -> None:
+    """A new group starts: no attempt is agreed on until :func:`attempt_store` runs again."""
+    STORE.attempt = None
+
+
 def connect(addr: str, port: int, world_size: int, timeout: timedelta) -> "Store":
     """A connection to the agent's store at ``addr:port`` (the root of every attempt's keys)."""
     import torch.distributed as dist
@@ -224,8 +230,9 @@ def attempt_store(root: "Store", rank: int, world_size: int, timeout: timedelta,
     """This attempt's namespace of the agent's store ``root`` (:func:`connect`), once the ranks
     agreed on its number (:func:`agree`): where the kit has
     :func:`torch.distributed.init_process_group` bootstrap the group, and so where the kit's
-    group keys live (under the group's own prefix)."""
+    group keys live (under the group's own prefix). The number is kept in ``STORE.attempt``
+    (:func:`axolotl_dist.get_attempt`)."""
     import torch.distributed as dist
 
-    attempt = agree(root, rank, world_size, timeout, late_after, late_level)
+    attempt = STORE.attempt = agree(root, rank, world_size, timeout, late_after, late_level)
     return dist.PrefixStore(keys.attempt_prefix(attempt), root)

@@ -8,7 +8,9 @@ part        fields
             a ``store.wait`` for this process's long waits, :mod:`.wakeup`); ``lendable``
             (the heartbeat's own connection, offered to the default group's key waiters, with
             a reference to that group: :func:`.wakeup.offer_connection`); ``ignored`` (the
-            keys whose record without this run's seal was said, :func:`.access.genuine`)
+            keys whose record without this run's seal was said, :func:`.access.genuine`);
+            ``attempt`` (the number of this attempt the ranks agreed on through the agent's
+            store, from 1: :func:`.attempts.attempt_store`; None without that handshake)
 ==========  ==========================================================================
 """
 
@@ -33,6 +35,7 @@ class StoreState(RoomState):
         self.key_waiters: List["KeyWaiter"] = []
         self.lendable: Optional[Tuple[Callable[[], Any], "LentConnection"]] = None
         self.ignored: Set[str] = set()
+        self.attempt: Optional[int] = None
 
 
 STORE = register("store", StoreState())
