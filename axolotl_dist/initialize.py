@@ -226,7 +226,6 @@ def init_distributed(
                     kwargs.update(store=_attempt_store(rank, world_size, pg_timeout),
                                   rank=rank, world_size=world_size)
                 dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
-                _startup.stamp("bootstrap")
             except RuntimeError as exc:
                 if "EADDRINUSE" not in str(exc):
                     raise
@@ -238,7 +237,7 @@ def init_distributed(
                     "axolotl-dist / torchrun, which pick one") from None
     else:
         dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
-        _startup.stamp("bootstrap")
+    _startup.stamp("bootstrap")
     _after_init(trace_dir)
     if world_size > 1 and _startup.wanted():
         _startup.stamp("services")

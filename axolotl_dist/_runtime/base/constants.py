@@ -48,6 +48,7 @@ __all__ = [
     "HOST",
     "LONG_WAITS",
     "UNMARKED_WAIT",
+    "SLICE",
 ]
 
 #: Seconds between two heartbeats of a rank (one store call each; the stall detector's rounds too).
@@ -60,6 +61,10 @@ LIVENESS_INTERVAL = 0.5
 #: sooner makes no store call. A rank ending on a failure gives its peers at least this long
 #: to mark themselves (``failures.await_peers_told``).
 UNMARKED_WAIT = 0.25
+#: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
+#: handled. A slice ends the moment the collective completes; one that times out costs
+#: microseconds.
+SLICE = 0.05
 #: How often a waiting rank reads the store about them (seconds): one store call; in worlds
 #: of more than ``LOOK_RANKS`` ranks less often (:func:`look_interval`).
 LOOK_INTERVAL = 1.0

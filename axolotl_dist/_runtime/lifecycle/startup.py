@@ -25,6 +25,7 @@ first collective   one ``barrier`` right after
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import time
@@ -62,13 +63,14 @@ def begin() -> None:
     stamp("init")
     if not wanted():
         return
-    own = _started(os.getpid())
-    if own is not None:
-        LIFECYCLE.startup["process"] = own
+    boot = _boot_time()
+    if boot is None:
+        return
     launcher = _launcher_pid()
-    started = _started(launcher) if launcher is not None else None
-    if started is not None:
-        LIFECYCLE.startup["launcher"] = started
+    for name, pid in (("process", os.getpid()), ("launcher", launcher)):
+        started = _started(pid, boot) if pid is not None else None
+        if started is not None:
+            LIFECYCLE.startup[name] = started
 
 
 def _launcher_pid() -> Optional[int]:
@@ -80,16 +82,24 @@ def _launcher_pid() -> Optional[int]:
     return int(given) if name == "axolotl-dist" and given.isdigit() else os.getppid()
 
 
-def _started(pid: int) -> Optional[float]:
-    """When process ``pid`` started, in seconds since the epoch (``/proc``, 10 ms steps); None
-    where it cannot be read."""
+def _boot_time() -> Optional[int]:
+    """When the machine booted, in seconds since the epoch (``/proc/stat``); None where it
+    cannot be read."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _started(pid: int, boot: int) -> Optional[float]:
+    """When process ``pid`` started, in seconds since the epoch (``/proc``, 10 ms steps), the
+    machine having booted at ``boot``; None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
         return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -124,7 +134,7 @@ def table(ranks: Sequence[Tuple[str, List[float]]]) -> str:
             f"  {'phase':<17}{'median':>8}  {'slowest':>8}  rank (host)"]
     totals: Dict[int, float] = {}
     for i, (_, name) in enumerate(PHASES):
-        values = [(secs[i], r) for r, (_, secs) in enumerate(ranks) if secs[i] == secs[i]]
+        values = [(secs[i], r) for r, (_, secs) in enumerate(ranks) if not math.isnan(secs[i])]
         for secs, r in values:
             totals[r] = totals.get(r, 0.0) + secs
         rows.append(_row(name, values, ranks))

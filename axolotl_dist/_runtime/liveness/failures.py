@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from ..base.constants import HEARTBEAT_INTERVAL, STORE_LINGER_ENV_VAR, UNMARKED_WAIT, look_interval
+from ..base.constants import (HEARTBEAT_INTERVAL, SLICE, STORE_LINGER_ENV_VAR, UNMARKED_WAIT,
+                              look_interval)
 from ..base.envvars import kit_seconds
 from ..base.groups import Group, default_pg, known_failure, remember_failure
 from ..base.procs import MACHINE
@@ -141,7 +142,7 @@ def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], w
 #: Seconds a rank ending on a failure looks for peers in a kit wait even where it finds none:
 #: a wait marks itself only after ``UNMARKED_WAIT`` (a collective's after its first slice,
 #: and within one more slice of the mark being due).
-_UNMARKED_COVER = UNMARKED_WAIT + 3 * 0.05
+_UNMARKED_COVER = UNMARKED_WAIT + 3 * SLICE
 
 
 def failed_exit_grace(world_size: int) -> float:
@@ -315,8 +316,10 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
     except Exception as store_exc:  # noqa: BLE001
         if is_store_error(store_exc):
             return store_lost_error(store_exc, what)
-        if isinstance(store_exc, AxolotlDistError):  # what the look found (a record no rank
-            return store_exc  # of the run wrote, named): clearer than the backend's words
+        if isinstance(store_exc, AxolotlDistError):
+            # what the look found (a record no rank of the run wrote, named): clearer than
+            # the backend's words
+            return store_exc
         return exc
 
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
 from ..base.callsite import call_site
-from ..base.constants import (LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, UNMARKED_WAIT,
+from ..base.constants import (LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, SLICE, UNMARKED_WAIT,
                               WAIT_LOG_INTERVAL_ENV_VAR)
 from ..base.envvars import kit_seconds
 from ..base.groups import Group
@@ -53,11 +53,7 @@ __all__ = ["Waiting", "collective", "own_part", "where_they_are", "logged_blocki
            "timed_out", "SLICE",
            "LOST_GRACE"]
 
-#: Seconds of one blocking slice of a collective's wait: how long a signal may wait to be
-#: handled. A slice ends the moment the collective completes; one that times out costs
-#: microseconds.
-SLICE = 0.05
-_SLICE = timedelta(seconds=SLICE)
+_SLICE = timedelta(seconds=SLICE)  # SLICE: one blocking slice (base.constants)
 
 
 class _Interval:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 from ...errors import DistributedEnvError
 from ..base.kitlog import kit as log
+from ..base.text import ranks_text
 from . import keys, records, seals
 from .access import checked_or_ignored, put
 from .store_state import STORE
@@ -112,12 +113,14 @@ class _Late:
 
 
 def _ranks(ranks: List[int]) -> str:
-    """``rank 5`` / ``ranks 5, 9 and 3 more``: a short name for a list of ranks."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]} has"
-    shown = ", ".join(str(r) for r in ranks[:8])
-    more = f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
-    return f"ranks {shown}{more} have"
+    """``rank 5 has`` / ``ranks 1-8, 11 and 3 more have``: the subject of :class:`_Late`'s
+    line, at most :data:`_NAMED` ranks named (:func:`~..base.text.ranks_text`)."""
+    more = f" and {len(ranks) - _NAMED} more" if len(ranks) > _NAMED else ""
+    return f"{ranks_text(ranks[:_NAMED])}{more} {'has' if len(ranks) == 1 else 'have'}"
+
+
+#: The most ranks :class:`_Late` names in a line.
+_NAMED = 8
 
 
 def _until(store: "Store", wanted: List[str], deadline: float,

@@ -26,8 +26,9 @@ class Cleanup:
     """A daemon thread that deletes finished blocks' keys on its own store connection per
     group, so none of it waits on, or is counted against, the caller's connection. Once woken
     it looks for more work every :data:`POLL` seconds (doubling while it finds none) until it
-    has found none for :data:`LINGER` seconds: in a loop of blocks the caller just appends to its list (waking a
-    thread costs the caller a system call, tens of microseconds on a busy VM)."""
+    has found none for :data:`LINGER` seconds: in a loop of blocks the caller just appends to
+    its list (waking a thread costs the caller a system call, tens of microseconds on a busy
+    VM)."""
 
     def __init__(self) -> None:
         self._todo: List[Any] = []
