@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime.base import backends as _backends, tracebacks as _tracebacks
+from ._runtime.base import backends as _backends, geometry as _geometry, tracebacks as _tracebacks
 from ._runtime.store import access as _access, attempts as _attempts
 from ._runtime.lifecycle import services as _services, startup as _startup, teardown as _teardown
 from ._runtime.base.constants import STARTUP_LATE, WAIT_LOG_INTERVAL_ENV_VAR
@@ -111,7 +111,8 @@ def _set_cuda_device(backend: str, asked: Optional[str]) -> None:
         return
     count = torch.cuda.device_count()
     local_rank, local_world_size = _env.env_local_rank(), _env.env_local_world_size()
-    if _backends.served(backend)["cuda"] == "nccl" and local_world_size > count:
+    if _backends.served(backend)["cuda"] == "nccl" and local_world_size > count and \
+            not _geometry.bound_per_task(os.environ, count, local_world_size):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         shown = "unset" if visible is None else repr(visible)
         call = (f"init_distributed(backend={asked!r})" if asked is not None else
@@ -210,6 +211,8 @@ def init_distributed(
     _tracebacks.install()  # an error of the rendezvous shows the user's frame, not the kit's
     _check_backend_usable(backend)
     validate_env_vars()
+    for warning in _geometry.check_geometry(os.environ):  # before any connection: seconds
+        _kit_log.warning("%s", warning)
     asked = backend
     if backend is None:
         backend = default_backend()

@@ -59,6 +59,7 @@ import time
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 from .._runtime.base import envvars as _envvars, procs as _procs
+from .._runtime.base.geometry import check_launcher
 from .._runtime.base.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
                                        LAUNCHER_TTY_ENV_VAR, SECRET_ENV_VAR, SECRET_FILE_ENV_VAR,
                                        TRACE_ENV_VAR)
@@ -179,6 +180,7 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
     from torch.distributed.launcher.api import elastic_launch
 
     args = opts.args
+    check_launcher(os.environ, opts.nproc, opts.min_nodes, opts.max_nodes)  # before any wait
     _quiet_torch_logs(args.verbose)
     _set_thread_default(opts.nproc)
     _set_loopback_gloo(opts.nnodes)

@@ -23,6 +23,7 @@ __all__ = [
     "HEARTBEAT_TIMEOUT_ENV_VAR",
     "WAIT_LOG_INTERVAL_ENV_VAR",
     "STARTUP_ENV_VAR",
+    "CHECK_LAUNCH_ENV_VAR",
     "STARTUP_LATE",
     "STORE_LINGER_ENV_VAR",
     "AGENT_STORE_ENV_VAR",
@@ -92,6 +93,9 @@ WAIT_LOG_INTERVAL_ENV_VAR = "AXOLOTL_DIST_WAIT_LOG_INTERVAL"
 #: Switch: rank 0 logs where the start-up's time went, one table after init; rank 0 names the
 #: ranks the kit's handshake still waits for after :data:`STARTUP_LATE` seconds.
 STARTUP_ENV_VAR = "AXOLOTL_DIST_STARTUP"
+#: Switch: ``0`` turns off the checks of the launch geometry (``srun`` or ``mpirun`` around a
+#: per-node launcher, a ``RANK`` every task inherited, a loopback ``MASTER_ADDR`` on several hosts).
+CHECK_LAUNCH_ENV_VAR = "AXOLOTL_DIST_CHECK_LAUNCH"
 #: Seconds after which rank 0 names a late rank in the handshake, with the start-up report on.
 STARTUP_LATE = 5.0
 DEFAULT_WAIT_LOG_INTERVAL = 30.0

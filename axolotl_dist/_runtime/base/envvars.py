@@ -166,6 +166,9 @@ KIT_VARS: Dict[str, KitVar] = {
     constants.STORE_LINGER_ENV_VAR: KitVar("seconds", constants.DEFAULT_STORE_LINGER, ""),
     constants.STARTUP_ENV_VAR: KitVar("switch", False, f"set {constants.STARTUP_ENV_VAR}=1 on every "
                                "rank for the start-up report, or 0 (or unset it) for none"),
+    constants.CHECK_LAUNCH_ENV_VAR: KitVar("switch", True, f"set {constants.CHECK_LAUNCH_ENV_VAR}=0 to "
+                                    "skip the launch geometry's checks, or 1 (or unset it) to "
+                                    "keep them"),
     constants.FOLD_ENV_VAR: KitVar("switch", True, f"set {constants.FOLD_ENV_VAR}=0 to print every rank's "
                            f"lines as they come or {constants.FOLD_ENV_VAR}=1 (or unset it) to fold "
                            "lines that several ranks print alike"),
