@@ -75,3 +75,9 @@ _by_name(__name__)
 from ._runtime.lifecycle.warnfold import install as _fold_warnings  # noqa: E402
 
 _fold_warnings()
+
+# --- a start-up failure that repeats stops torchrun's restarts ---------------------------------
+# (docs/launching.md, "Restarts"; axolotl-dist's launcher applies the same policy itself)
+from ._runtime.lifecycle.repeat_failure import watch as _watch_restarts  # noqa: E402
+
+_watch_restarts()

@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from ._runtime.base import backends as _backends, geometry as _geometry, tracebacks as _tracebacks
 from ._runtime.store import access as _access, attempts as _attempts
-from ._runtime.lifecycle import services as _services, startup as _startup, teardown as _teardown
+from ._runtime.lifecycle import repeat_failure as _repeat_failure, services as _services
+from ._runtime.lifecycle import startup as _startup, teardown as _teardown
 from ._runtime.base.constants import STARTUP_LATE, WAIT_LOG_INTERVAL_ENV_VAR
 from ._runtime.base.envvars import kit_seconds
 from ._runtime.protocols import checkpointing as _checkpointing
@@ -245,6 +246,8 @@ def init_distributed(
     if world_size > 1 and _startup.wanted():
         _startup.stamp("services")
         _startup.report()
+    _startup.initialized()
+    _repeat_failure.watch()  # its look at an uncaught exception comes before the exit hook
     log.debug("initialized %s process group: rank %d of %d", backend, get_rank(), get_world_size())
 
 

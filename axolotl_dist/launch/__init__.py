@@ -194,7 +194,8 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
                       script=args.training_script, world=opts.nproc * opts.nnodes,
                       stop_signals=tuple(opts.signals), report=True)
     output = _start_output(opts, tmp_dir)
-    restarts = Restarts(opts.restarts, end_dir, output.announce if output is not None else None)
+    restarts = Restarts(opts.restarts, end_dir, output.announce if output is not None else None,
+                        retry_same=args.retry_same_failure)
     first = opts.node_rank * opts.nproc
     try:
         try:

@@ -29,7 +29,7 @@ import uuid
 from typing import Any, List, Optional, Set, Tuple
 
 from .._runtime.base import envvars as _envvars
-from .._runtime.base.constants import FOLD_ENV_VAR, LOG_DIR_ENV_VAR
+from .._runtime.base.constants import FOLD_ENV_VAR, LOG_DIR_ENV_VAR, RETRY_SAME_FAILURE_ENV_VAR
 from ._report import PROG
 from . import _loopback
 from ._where import LOOPBACK
@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                      default=_envvars.kit_switch(FOLD_ENV_VAR),
                      help="print every rank's lines as they come, instead of once for all the "
                      f"ranks that print them alike (env {FOLD_ENV_VAR}=0)")
+    kit.add_argument("--retry-same-failure", dest="retry_same_failure", action="store_true",
+                     default=_envvars.kit_switch(RETRY_SAME_FAILURE_ENV_VAR),
+                     help="with --max-restarts: restart also when an attempt fails before its "
+                     "first collective the way the attempt before did (default: stop then; "
+                     f"env {RETRY_SAME_FAILURE_ENV_VAR}=1)")
     kit.add_argument("-v", "--verbose", action="store_true",
                      help="show torch elastic's own log messages")
     return p

@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 from types import TracebackType
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
 from .._runtime.base.private import DIR_MODE, create_private, write_private
@@ -219,14 +219,22 @@ def _exit_code(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 1
 
 
+#: ``"ModuleNotFoundError at train.py:3"``: what this rank raised before its first collective
+#: (the launcher's restart policy compares it with the attempt before); None: nothing such.
+_STARTUP_FAILURE: Optional[str] = None
+
+
 def _record_end(code: int) -> None:
     """Tell the launcher how and when this rank's script ended."""
     directory, rank = os.environ.get(END_DIR_ENV_VAR), os.environ.get("RANK")
     if not directory or rank is None:
         return
+    end: Dict[str, object] = {"rank": int(rank), "code": code, "time": time.time(),
+                              "pid": os.getpid()}
+    if _STARTUP_FAILURE is not None:
+        end["startup"] = _STARTUP_FAILURE
     try:
-        write_private(os.path.join(directory, f"{rank}.json"), json.dumps(
-            {"rank": int(rank), "code": code, "time": time.time(), "pid": os.getpid()}).encode())
+        write_private(os.path.join(directory, f"{rank}.json"), json.dumps(end).encode())
     except (OSError, ValueError):  # pragma: no cover - the launcher then knows less
         pass
 
@@ -302,8 +310,15 @@ def _uncaught(exc: BaseException) -> None:
     """What python does with an uncaught exception, with the user's frames only: print it
     (through ``sys.excepthook``), then the error file saying where it was printed, and
     ``sys.last_*`` for the kit's exit hook, which reports it to the peers."""
+    global _STARTUP_FAILURE
     now = time.time()
     tb = _user_traceback(exc.__traceback__)
+    try:
+        from .._runtime.lifecycle.repeat_failure import startup_failure
+
+        _STARTUP_FAILURE = startup_failure(exc, tb)
+    except Exception:  # noqa: BLE001 - the launcher then restarts as torch would
+        _STARTUP_FAILURE = None
     formatted = format_exception(type(exc), exc, tb)
     printed_to: object = _stream_id(sys.stderr)
     if printed_to is not None and printed_to == _TO_LAUNCHER:

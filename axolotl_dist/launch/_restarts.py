@@ -8,12 +8,20 @@ group ``torchelastic``): every round of its monitor loop puts
 the next attempt (``SimpleElasticAgent._invoke_run``). :class:`Restarts` is a metric handler
 that says so then, naming the rank that failed from the attempt's end records
 (:func:`._report.read_ends`), and counts the attempts for the final report.
+
+A restart that cannot help is not tried: when the rank that failed first failed before its
+first collective (its end record's ``startup``: the exception's type and line) and so did the
+first failure of the attempt before, the same way, the handler sets the agent's remaining
+restarts to 0 before the agent reads them (the metric comes first, in the same round), so the
+agent stops the group and reports the failure as its last (docs/launching.md, "Restarts").
+``--retry-same-failure`` turns this off.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._report import PROG, attempt_dir, read_ends
 
@@ -35,8 +43,8 @@ class Restarts:
     where the line goes (the ranks' output first, so it comes after what they printed)."""
 
     def __init__(self, max_restarts: int, end_dir: str,
-                 say: Optional[Callable[[str], None]] = None) -> None:
-        self.max_restarts, self.end_dir = max_restarts, end_dir
+                 say: Optional[Callable[[str], None]] = None, retry_same: bool = False) -> None:
+        self.max_restarts, self.end_dir, self.retry_same = max_restarts, end_dir, retry_same
         self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         self.attempt = 0  # the attempt running now, 0-based (torch's restart count)
         self._remaining: Optional[int] = None
@@ -83,18 +91,80 @@ class Restarts:
             self._restarting()
 
     def _restarting(self) -> None:
-        why = self._failed_rank()
+        first = _first_failure(read_ends(attempt_dir(self.end_dir, self.attempt)))
+        if self._same_start_up_failure(first) and _stop_agent():
+            assert first is not None
+            self.say(f"{PROG}: attempt {self.attempt + 1} of {self.max_restarts + 1} failed as "
+                     f"attempt {self.attempt} did, before its first collective (rank {first[1]}: "
+                     f"{first[3]}): not restarting, the next attempt would fail the same way "
+                     "(--retry-same-failure restarts anyway)")
+            return
+        why = _abrupt(_agent_local("run_result"), read_ends(attempt_dir(self.end_dir, self.attempt)))
+        if not why and first:
+            why = f": rank {first[1]} exited with code {first[2]}"
         self.attempt += 1
         self.say(f"{PROG}: attempt {self.attempt} of {self.max_restarts + 1} failed{why}; "
                  f"restarting every rank (attempt {self.attempt + 1} of "
                  f"{self.max_restarts + 1}, --max-restarts {self.max_restarts})")
 
-    def _failed_rank(self) -> str:
-        """``": rank 1 exited with code 3"`` from the attempt's end records, else ``""``."""
-        ends = read_ends(attempt_dir(self.end_dir, self.attempt))
-        failed = sorted((float(e.get("time", 0.0)), rank, e.get("code"))
-                        for rank, e in ends.items() if e.get("code") not in (0, None))
-        if not failed:
-            return ""
-        _, rank, code = failed[0]
-        return f": rank {rank} exited with code {code}"
+    def _same_start_up_failure(self, first: Optional[Tuple[float, int, Any, str]]) -> bool:
+        """Whether this attempt's first failure is a start-up failure the attempt before ended
+        with too."""
+        if self.retry_same or self.attempt == 0 or first is None or not first[3]:
+            return False
+        before = _first_failure(read_ends(attempt_dir(self.end_dir, self.attempt - 1)))
+        return before is not None and before[3] == first[3]
+
+
+def _first_failure(ends: Dict[int, Dict[str, Any]]) -> Optional[Tuple[float, int, Any, str]]:
+    """``(time, rank, exit code, start-up failure or "")`` of the rank that failed first."""
+    failed = sorted((float(e.get("time", 0.0)), rank, e.get("code"), str(e.get("startup") or ""))
+                    for rank, e in ends.items() if e.get("code") not in (0, None))
+    return failed[0] if failed else None
+
+
+def _agent_local(name: str) -> Any:
+    """Local ``name`` of the torch elastic agent's monitor loop calling this handler
+    (``SimpleElasticAgent._invoke_run``, up this thread's stack; ``"self"``: the agent); None
+    where there is none."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_invoke_run" and \
+                hasattr(frame.f_locals.get("self"), "_remaining_restarts"):
+            return frame.f_locals.get(name)
+        frame = frame.f_back
+    return None
+
+
+def _stop_agent() -> bool:
+    """Set the agent's remaining restarts to 0 (see :func:`_agent_local`); False where no
+    agent is calling."""
+    agent = _agent_local("self")
+    if agent is None:
+        return False
+    agent._remaining_restarts = 0
+    return True
+
+
+def _abrupt(result: Any, ends: Dict[int, Dict[str, Any]]) -> str:
+    """``": rank 2 was killed by SIGKILL"`` for a rank the agent saw fail that wrote no end
+    record (killed by a signal, or ``os._exit``; not one the agent's SIGTERM stopped once
+    another had failed): the others' failures followed from its death; ``""`` where there is
+    none."""
+    failures = getattr(result, "failures", None) or {}
+    stopped = -int(signal.SIGTERM)  # the agent's own stop of the ranks still running
+    gone = sorted((rank, f) for rank, f in failures.items()
+                  if rank not in ends and getattr(f, "exitcode", None) != stopped)
+    if not gone:
+        return ""
+    rank, failure = gone[0]
+    code = int(getattr(failure, "exitcode", 0) or 0)
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code} without finishing its script (os._exit?)"
+    more = f" (ranks {', '.join(str(r) for r, _ in gone[1:])} too)" if len(gone) > 1 else ""
+    return f": rank {rank} {how}{more}"

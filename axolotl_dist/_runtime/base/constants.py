@@ -24,6 +24,7 @@ __all__ = [
     "WAIT_LOG_INTERVAL_ENV_VAR",
     "STARTUP_ENV_VAR",
     "CHECK_LAUNCH_ENV_VAR",
+    "RETRY_SAME_FAILURE_ENV_VAR",
     "STARTUP_LATE",
     "STORE_LINGER_ENV_VAR",
     "AGENT_STORE_ENV_VAR",
@@ -96,6 +97,8 @@ STARTUP_ENV_VAR = "AXOLOTL_DIST_STARTUP"
 #: Switch: ``0`` turns off the checks of the launch geometry (``srun`` or ``mpirun`` around a
 #: per-node launcher, a ``RANK`` every task inherited, a loopback ``MASTER_ADDR`` on several hosts).
 CHECK_LAUNCH_ENV_VAR = "AXOLOTL_DIST_CHECK_LAUNCH"
+#: Switch: restart also when an attempt fails at start-up the way the attempt before did.
+RETRY_SAME_FAILURE_ENV_VAR = "AXOLOTL_DIST_RETRY_SAME_FAILURE"
 #: Seconds after which rank 0 names a late rank in the handshake, with the start-up report on.
 STARTUP_LATE = 5.0
 DEFAULT_WAIT_LOG_INTERVAL = 30.0

@@ -9,7 +9,9 @@ part           fields
                for a Ctrl-C exit: :mod:`.teardown`); ``warning_fold`` (the Python warnings this
                process holds for folding before its heartbeat starts and, on rank 0, the ones it
                waits to print: :mod:`.warnfold`, made at the first use); ``startup`` (this
-               process's start-up stamps, by phase: :mod:`.startup`); kept by a reset, as
+               process's start-up stamps, by phase: :mod:`.startup`); ``collectives_at_init`` (the
+               default group's count of collectives when ``init_distributed`` returned: a
+               failure before the next one is a start-up failure); kept by a reset, as
                facts of the process that a fork keeps: ``exit_hook`` (the exit hook is
                registered: :mod:`.services`; the hook is in a forked child's ``atexit`` list
                too) and ``warn_hook`` (the ``warnings.showwarning`` the folding hook replaced;
@@ -41,6 +43,7 @@ class LifecycleState(RoomState):
         self.ending = False
         self.warning_fold: Optional["FoldedWarnings"] = None
         self.startup: Dict[str, float] = {}
+        self.collectives_at_init: Optional[int] = None
         self.exit_hook = False
         self.warn_hook: Optional[Callable[..., Any]] = None
 

@@ -33,11 +33,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..base.constants import HOST, LAUNCHER_PID_ENV_VAR, STARTUP_ENV_VAR
 from ..base.envvars import kit_switch
+from ..base.groups import default_pg
 from ..base.kitlog import kit as log
 from ..liveness.peers import launcher_name
 from .lifecycle_state import LIFECYCLE
 
-__all__ = ["begin", "stamp", "wanted", "report", "PHASES"]
+__all__ = ["begin", "stamp", "wanted", "report", "PHASES", "initialized", "starting_up"]
 
 #: (stamp that ends the phase, its name in the table); each begins where the one before ended.
 PHASES: Tuple[Tuple[str, str], ...] = (
@@ -149,3 +150,31 @@ def _row(name: str, values: List[Tuple[float, int]], ranks: Sequence[Tuple[str, 
     secs, rank = max(values)
     median = statistics.median(v for v, _ in values)
     return f"  {name:<17}{median:>8.2f}  {secs:>8.2f}  rank {rank} ({ranks[rank][0]})"
+
+
+def _collectives() -> Optional[int]:
+    """How many collectives the default process group has issued (torch's sequence number);
+    None where there is no group, or its backend does not count."""
+    pg = default_pg()
+    if pg is None:
+        return None
+    try:
+        return int(pg._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - a backend without the count, a group torn down
+        return None
+
+
+def initialized() -> None:
+    """``init_distributed`` returns: a failure before the group's next collective is still a
+    start-up failure (:func:`starting_up`)."""
+    LIFECYCLE.collectives_at_init = _collectives()
+
+
+def starting_up() -> bool:
+    """Whether this process is still starting up: no process group, or none of its
+    collectives since ``init_distributed`` (the start-up report's own included in init);
+    the restart policy of ``axolotl-dist`` stops a start-up failure that repeats."""
+    count = _collectives()
+    if count is None:
+        return LIFECYCLE.collectives_at_init is None
+    return count <= (LIFECYCLE.collectives_at_init or 0)
