@@ -156,6 +156,20 @@ def _set_loopback_gloo(nnodes: int) -> None:
         os.environ[_GLOO_IFNAME_ENV_VAR] = lo
 
 
+#: torch's switch that gives each rendezvous round a fresh store for the ranks instead of the
+#: agent's (docs/launching.md, "Restarts").
+_NO_SHARED_STORE_ENV_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def _set_elastic_store(min_nodes: int, max_nodes: int) -> None:
+    """``--nnodes MIN:MAX``: torch's c10d rendezvous cannot admit a node into a later round
+    while the agents share their store with the ranks (the joining agent waits for the round's
+    ``MASTER_ADDR``, which only a first round writes): each round then gets a store of its own,
+    hosted by rank 0's process, unless the user set the variable."""
+    if min_nodes < max_nodes and _NO_SHARED_STORE_ENV_VAR not in os.environ:
+        os.environ[_NO_SHARED_STORE_ENV_VAR] = "1"
+
+
 def _set_thread_default(nproc: int) -> None:
     if _OMP_NUM_THREADS_ENV_VAR not in os.environ and nproc > 1:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -184,6 +198,7 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
     _quiet_torch_logs(args.verbose)
     _set_thread_default(opts.nproc)
     _set_loopback_gloo(opts.nnodes)
+    _set_elastic_store(opts.min_nodes, opts.max_nodes)
     _set_secret(opts.max_nodes)
     os.environ[LAUNCHER_PID_ENV_VAR] = str(os.getpid())
     end_dir = os.environ[END_DIR_ENV_VAR] = os.path.join(tmp_dir, "ends")

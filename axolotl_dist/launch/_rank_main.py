@@ -222,6 +222,9 @@ def _exit_code(exc: SystemExit) -> int:
 #: ``"ModuleNotFoundError at train.py:3"``: what this rank raised before its first collective
 #: (the launcher's restart policy compares it with the attempt before); None: nothing such.
 _STARTUP_FAILURE: Optional[str] = None
+#: ``(rank, what it did)``: the other rank whose failure this rank's uncaught
+#: ``RankFailedError`` names (a lost node's rank), for the launcher's restart line.
+_BLAMED: Optional[Tuple[int, str]] = None
 
 
 def _record_end(code: int) -> None:
@@ -233,6 +236,8 @@ def _record_end(code: int) -> None:
                               "pid": os.getpid()}
     if _STARTUP_FAILURE is not None:
         end["startup"] = _STARTUP_FAILURE
+    if _BLAMED is not None:
+        end["blames"], end["why"] = _BLAMED
     try:
         write_private(os.path.join(directory, f"{rank}.json"), json.dumps(end).encode())
     except (OSError, ValueError):  # pragma: no cover - the launcher then knows less
@@ -310,8 +315,12 @@ def _uncaught(exc: BaseException) -> None:
     """What python does with an uncaught exception, with the user's frames only: print it
     (through ``sys.excepthook``), then the error file saying where it was printed, and
     ``sys.last_*`` for the kit's exit hook, which reports it to the peers."""
-    global _STARTUP_FAILURE
+    global _STARTUP_FAILURE, _BLAMED
     now = time.time()
+    blamed = getattr(exc, "rank", None)
+    if type(exc).__name__ == "RankFailedError" and isinstance(blamed, int):
+        why = f"{getattr(exc, 'exc_type', '')}: {getattr(exc, 'exc_message', '')}"
+        _BLAMED = (blamed, why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ...")
     tb = _user_traceback(exc.__traceback__)
     try:
         from .._runtime.lifecycle.repeat_failure import startup_failure

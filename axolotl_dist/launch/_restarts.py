@@ -48,9 +48,9 @@ class Restarts:
         self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         self.attempt = 0  # the attempt running now, 0-based (torch's restart count)
         self._remaining: Optional[int] = None
+        self._state = ""  # the worker group's last state the agent reported
         self._previous = None
-        if max_restarts > 0:
-            self._install()
+        self._install()
 
     def _install(self) -> None:
         from torch.distributed.elastic.metrics import api
@@ -66,8 +66,6 @@ class Restarts:
 
     def close(self) -> None:
         """Give torch's metric group back its handler."""
-        if self.max_restarts <= 0:
-            return
         from torch.distributed.elastic.metrics import api
 
         if self._previous is not None:
@@ -83,12 +81,29 @@ class Restarts:
 
     def emit(self, name: str, value: int) -> None:
         """One of torch's metrics (see the module docstring)."""
+        if name.endswith("._rendezvous.success") and self._state == "healthy":
+            self._joined()  # a round after a healthy one: the membership changed
         if not name.startswith("workers."):
             return
         if name.endswith(".remaining_restarts"):
             self._remaining = value
-        elif name.rsplit(".", 1)[-1] in _FAILED_STATES and (self._remaining or 0) > 0:
+            return
+        state = name.rsplit(".", 1)[-1]
+        if state in _FAILED_STATES + ("healthy", "succeeded"):
+            self._state = state
+        if state in _FAILED_STATES and (self._remaining or 0) > 0:
             self._restarting()
+
+    def _joined(self) -> None:
+        """The agent started a new round while its ranks ran (a node joined, or one left
+        without a rank failing here): say so, with the new size."""
+        group = getattr(_agent_local("self"), "_worker_group", None)
+        workers = getattr(group, "workers", None) or [None]
+        nodes, world = getattr(group, "group_world_size", None), getattr(workers[0], "world_size", None)
+        size = f" (now {nodes} node(s), {world} rank(s))" if nodes and world else ""
+        self.say(f"{PROG}: the membership changed{size}: restarted every rank in a new round "
+                 "(torch elastic does not count it as a restart: TORCHELASTIC_RESTART_COUNT "
+                 "stays)")
 
     def _restarting(self) -> None:
         first = _first_failure(read_ends(attempt_dir(self.end_dir, self.attempt)))
@@ -99,7 +114,8 @@ class Restarts:
                      f"{first[3]}): not restarting, the next attempt would fail the same way "
                      "(--retry-same-failure restarts anyway)")
             return
-        why = _abrupt(_agent_local("run_result"), read_ends(attempt_dir(self.end_dir, self.attempt)))
+        ends = read_ends(attempt_dir(self.end_dir, self.attempt))
+        why = _abrupt(_agent_local("run_result"), ends) or _blamed(first, ends)
         if not why and first:
             why = f": rank {first[1]} exited with code {first[2]}"
         self.attempt += 1
@@ -121,6 +137,18 @@ def _first_failure(ends: Dict[int, Dict[str, Any]]) -> Optional[Tuple[float, int
     failed = sorted((float(e.get("time", 0.0)), rank, e.get("code"), str(e.get("startup") or ""))
                     for rank, e in ends.items() if e.get("code") not in (0, None))
     return failed[0] if failed else None
+
+
+def _blamed(first: Optional[Tuple[float, int, Any, str]], ends: Dict[int, Dict[str, Any]]) -> str:
+    """``": rank 2 failed (...), as rank 0 reported"``: the rank that failed first ended on
+    another rank's failure (a lost node's rank, which left no record here); ``""`` otherwise."""
+    if first is None:
+        return ""
+    record = ends.get(first[1], {})
+    blamed = record.get("blames")
+    if not isinstance(blamed, int) or blamed == first[1] or blamed in ends:
+        return ""
+    return f": rank {blamed} failed ({record.get('why', '')}), as rank {first[1]} reported"
 
 
 def _agent_local(name: str) -> Any:

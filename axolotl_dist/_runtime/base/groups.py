@@ -67,6 +67,18 @@ def on_first_use(hook: Callable[[], None]) -> None:
         _FIRST_USE.append(hook)
 
 
+#: What runs when this process learns of another rank's failure it is about to raise
+#: (:func:`on_peer_failure`).
+_ON_PEER_FAILURE: List[Callable[[RankFailedError], None]] = []
+
+
+def on_peer_failure(hook: Callable[[RankFailedError], None]) -> None:
+    """Run ``hook`` with each new failure of another rank that :func:`remember_failure`
+    records: :mod:`..liveness.failures` lets the store's host keep it readable first."""
+    if hook not in _ON_PEER_FAILURE:
+        _ON_PEER_FAILURE.append(hook)
+
+
 def default_pg() -> Any:
     """The default process group now (None before init): what a record made under one group
     compares with, to tell that the group was replaced. Not a resolution of a ``group=``
@@ -257,7 +269,11 @@ def remember_failure(error: RankFailedError) -> RankFailedError:
     traceback keeps every frame it passed through alive, with their tensors."""
     pg = default_pg()
     if pg is not None and error.rank != pg.rank():  # its own failure relayed back: not remembered
-        FAILURES.known = (weakref.ref(pg), error.to_report())
+        report, known = error.to_report(), FAILURES.known
+        FAILURES.known = (weakref.ref(pg), report)
+        if known is None or known[1] != report:
+            for hook in _ON_PEER_FAILURE:
+                hook(error)
     return error
 
 

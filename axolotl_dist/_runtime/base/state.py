@@ -103,6 +103,8 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.base.envvars.KIT_VARS": "a table",
     "axolotl_dist._runtime.base.groups._FIRST_USE": "a registry: services to start at a "
                                                     "group's first use",
+    "axolotl_dist._runtime.base.groups._ON_PEER_FAILURE": "a registry: what runs when a peer's "
+                                                          "failure is first known, filled at import",
     "axolotl_dist._runtime.base.tracebacks._EXPLAIN": "a registry: what explains an uncaught "
                                                       "exception, filled at the services' start",
     "axolotl_dist._runtime.base.state.PARTS": "a registry: each part's state object, "

@@ -8,6 +8,7 @@ is in docs/design.md, "Failure relay".
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from ..base.constants import (HEARTBEAT_INTERVAL, SLICE, STORE_LINGER_ENV_VAR, UNMARKED_WAIT,
                               look_interval)
 from ..base.envvars import kit_seconds
-from ..base.groups import Group, default_pg, known_failure, remember_failure
+from ..base.groups import Group, default_pg, known_failure, on_peer_failure, remember_failure
 from ..base.procs import MACHINE
 from ..base.state import GROUPS
 from ..base.tracebacks import format_exception, safe_str
@@ -132,7 +133,7 @@ def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], w
         if now >= next_check:
             next_check = now + _EXIT_WAIT_CHECK
             waiting = left()
-            if len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
+            if waiting and len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
                 return
         time.sleep(0.005)
 
@@ -253,6 +254,43 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
             time.sleep(_EXIT_WAIT_CHECK)
     except Exception:  # noqa: BLE001
         pass
+
+
+def _tell_peers_first(error: RankFailedError) -> None:
+    """The store's host learnt another rank's failure and is about to raise it: its script may
+    catch it and end at once (``os._exit``, a crash), taking the store with it. First keep the
+    store up for every rank in a kit wait (at least :data:`_UNMARKED_COVER`: a wait just begun
+    is not marked yet) or in its exit: until it is gone, or found lost, at most
+    :func:`host_exit_timeout` seconds; this rank's own wait does not count meanwhile. Such a rank reads that failure, names it, and makes its
+    exit's store calls while the store still answers; a rank busy elsewhere is not waited for.
+    Never raises."""
+    if not hosts_store() or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        store, rank, size = world_store(), dist.get_rank(), dist.get_world_size()
+        others = [r for r in range(size) if r not in (rank, error.rank)]
+        if not others:
+            return
+        start = time.monotonic()
+
+        def left() -> List[int]:
+            return [r for r in others if not store.check([keys.gone(r)])
+                    and (store.add(keys.waiting(r), 0) > 0 or store.check([keys.exit_record(r)]))]
+
+        # meanwhile this rank's own wait does not count: a rank ending on the same failure
+        # would wait for it to read its record (await_peers_told) while it waits for that one
+        mine = store.add(keys.waiting(rank), 0)
+        store.add(keys.waiting(rank), -mine)
+        try:
+            _wait_for_readers(lambda: time.monotonic() >= start + _UNMARKED_COVER and not left(),
+                              left, PeerChecker(store, rank, _EXIT_WAIT_CHECK), exits=False)
+        finally:
+            store.add(keys.waiting(rank), mine)
+    except Exception:  # noqa: BLE001 - no group or store any more: nobody to wait for
+        return
+
+
+on_peer_failure(_tell_peers_first)
 
 
 def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = False) -> None:
