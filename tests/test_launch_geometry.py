@@ -77,6 +77,7 @@ def test_a_misconfigured_launch_fails_at_once_on_every_rank(tmp_path, name, make
         assert says in err, (rank, err)
         assert err.count("DistributedEnvError") == 1, err  # one account, the user's frame
         assert "train.py" in err and "axolotl_dist/" not in err.replace("axolotl_dist/errors", "")
+    print(f"{name}: both ranks failed {seconds:.1f} s after they were started")
     # before any connection: no rendezvous timeout (torch's default is 30 min), only the start
     # of two interpreters and their imports (about 2-3 s each here, 5 s under a loaded suite)
     assert seconds < 30, seconds
