@@ -15,6 +15,11 @@ first failure of the attempt before, the same way, the handler sets the agent's 
 restarts to 0 before the agent reads them (the metric comes first, in the same round), so the
 agent stops the group and reports the failure as its last (docs/launching.md, "Restarts").
 ``--retry-same-failure`` turns this off.
+
+A restart line names the rank behind the failure: one the agent saw fail that left no end
+record (a signal, ``os._exit``), else the rank an uncaught ``RankFailedError`` blamed (a lost
+node's), else the first end record's. A new rendezvous round after a healthy state (torch's
+``_rendezvous.success`` metric) is a membership change, said with the new size.
 """
 
 from __future__ import annotations
@@ -106,15 +111,14 @@ class Restarts:
                  "stays)")
 
     def _restarting(self) -> None:
-        first = _first_failure(read_ends(attempt_dir(self.end_dir, self.attempt)))
-        if self._same_start_up_failure(first) and _stop_agent():
-            assert first is not None
+        ends = read_ends(attempt_dir(self.end_dir, self.attempt))
+        first = _first_failure(ends)
+        if first is not None and self._same_start_up_failure(first) and _stop_agent():
             self.say(f"{PROG}: attempt {self.attempt + 1} of {self.max_restarts + 1} failed as "
                      f"attempt {self.attempt} did, before its first collective (rank {first[1]}: "
                      f"{first[3]}): not restarting, the next attempt would fail the same way "
                      "(--retry-same-failure restarts anyway)")
             return
-        ends = read_ends(attempt_dir(self.end_dir, self.attempt))
         why = _abrupt(_agent_local("run_result"), ends) or _blamed(first, ends)
         if not why and first:
             why = f": rank {first[1]} exited with code {first[2]}"
@@ -123,10 +127,10 @@ class Restarts:
                  f"restarting every rank (attempt {self.attempt + 1} of "
                  f"{self.max_restarts + 1}, --max-restarts {self.max_restarts})")
 
-    def _same_start_up_failure(self, first: Optional[Tuple[float, int, Any, str]]) -> bool:
+    def _same_start_up_failure(self, first: Tuple[float, int, Any, str]) -> bool:
         """Whether this attempt's first failure is a start-up failure the attempt before ended
         with too."""
-        if self.retry_same or self.attempt == 0 or first is None or not first[3]:
+        if self.retry_same or self.attempt == 0 or not first[3]:
             return False
         before = _first_failure(read_ends(attempt_dir(self.end_dir, self.attempt - 1)))
         return before is not None and before[3] == first[3]
