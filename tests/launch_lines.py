@@ -141,6 +141,13 @@ BAD: List[Line] = [
          {**srun(1, [4, 4], H2), "RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
           "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
          "MASTER_ADDR=127.0.0.1 names each host itself"),
+    Line("srun 2 per node x composer's launcher",
+         "srun -N2 --ntasks-per-node=2 composer -n 4 train.py (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE "
+         "per rank, no agent)",
+         {**srun(3, [2, 2], H2), "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+          "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "1", "MASTER_ADDR": "gpu-a01",
+          "MASTER_PORT": "29500"},
+         "runs inside srun, which started 2 tasks on this node"),
     Line("sbatch array, srun 2 per node x torchrun",
          "#SBATCH --array=0-3; srun --ntasks-per-node=2 torchrun --standalone "
          "--nproc-per-node 4 train.py",
