@@ -75,8 +75,6 @@ SLURM_JOB_ID_ENV_VAR = "SLURM_JOB_ID"
 #: This node's count of restarts before this attempt: torch elastic's agent's (``torchrun``,
 #: ``axolotl-dist``, ``accelerate launch``), else SLURM's for a requeued job.
 RESTART_COUNT_ENV_VARS: Tuple[str, ...] = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
-#: Step ids at or above this are SLURM's special steps (batch, extern, interactive), not srun.
-_SLURM_SPECIAL_STEP = 0xFFFFFFF0
 
 TORCH_SOURCE = "torch"
 SLURM_SOURCE = "slurm"
@@ -136,7 +134,7 @@ def _slurm_step() -> bool:
         raw = _raw(name)
         if raw is not None:
             text = _text(raw).strip()
-            return text.isdigit() and int(text) < _SLURM_SPECIAL_STEP
+            return text.isdigit() and int(text) < _slurm.SPECIAL_STEP
     return False
 
 

@@ -37,6 +37,7 @@ from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
 from .._runtime.base.private import DIR_MODE, create_private, write_private
 from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
 from .._runtime.base.tracebacks import format_exception, install, safe_str
+from ..errors import RankFailedError
 from ._output import connect as _connect_output
 from ._report import GUARDS_DIR, RESTART_COUNT_ENV_VAR, attempt_dir
 
@@ -317,10 +318,9 @@ def _uncaught(exc: BaseException) -> None:
     ``sys.last_*`` for the kit's exit hook, which reports it to the peers."""
     global _STARTUP_FAILURE, _BLAMED
     now = time.time()
-    blamed = getattr(exc, "rank", None)
-    if type(exc).__name__ == "RankFailedError" and isinstance(blamed, int):
-        why = f"{getattr(exc, 'exc_type', '')}: {getattr(exc, 'exc_message', '')}"
-        _BLAMED = (blamed, why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ...")
+    if isinstance(exc, RankFailedError):
+        why = f"{exc.exc_type}: {exc.exc_message}"
+        _BLAMED = (exc.rank, why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ...")
     tb = _user_traceback(exc.__traceback__)
     try:
         from .._runtime.lifecycle.repeat_failure import startup_failure

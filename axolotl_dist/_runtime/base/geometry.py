@@ -27,12 +27,11 @@ from typing import List, Mapping, NamedTuple, Optional, Tuple
 from . import slurm as _slurm
 from .constants import CHECK_LAUNCH_ENV_VAR
 from .envvars import KIT_VARS, parse_flag
+from ...env import SLURM_NODELIST_ENV_VARS, SLURM_STEP_ID_ENV_VARS, SLURM_TASKS_PER_NODE_ENV_VARS
 from ...errors import DistributedEnvError
 
 __all__ = ["check_geometry", "check_launcher", "bound_per_task", "is_loopback"]
 
-#: Step ids at or above this are SLURM's special steps (batch, extern, interactive), not srun.
-_SPECIAL_STEP = 0xFFFFFFF0
 #: Set by torch elastic's agent (torchrun, axolotl-dist, accelerate launch) for its workers.
 _AGENT_VAR = "TORCHELASTIC_RUN_ID"
 _OFF = f"(a launch this check refuses wrongly runs with {CHECK_LAUNCH_ENV_VAR}=0)"
@@ -81,10 +80,10 @@ class _Step(NamedTuple):
 
 def _slurm_step(env: Mapping[str, str]) -> Optional[_Step]:
     """This process's srun step, or None (no step, a batch shell, or values that do not parse)."""
-    step = _int(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    step = _int(env, *SLURM_STEP_ID_ENV_VARS)
     procid = _int(env, "SLURM_PROCID")
     tasks = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    if step is None or step >= _SPECIAL_STEP or procid is None or not tasks:
+    if step is None or step >= _slurm.SPECIAL_STEP or procid is None or not tasks:
         return None
     node = _int(env, "SLURM_NODEID") or 0
     nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or 1
@@ -99,7 +98,7 @@ def _slurm_step(env: Mapping[str, str]) -> Optional[_Step]:
 def _tasks_here(env: Mapping[str, str], node: int) -> Optional[Tuple[int, str]]:
     """``(tasks on node, "NAME=value")`` from SLURM's per-node list; ``(0, "")`` where none is
     set, None where it does not parse."""
-    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+    for name in SLURM_TASKS_PER_NODE_ENV_VARS:
         if name in env:
             try:
                 counts = _slurm.expand_tasks_per_node(env[name], name)
@@ -111,7 +110,7 @@ def _tasks_here(env: Mapping[str, str], node: int) -> Optional[Tuple[int, str]]:
 
 def _hosts(env: Mapping[str, str]) -> List[str]:
     """The step's hosts (``node[01-04]`` expanded); none where the list does not parse."""
-    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+    for name in SLURM_NODELIST_ENV_VARS:
         if name in env:
             try:
                 return _slurm.expand_nodelist(env[name], name)
@@ -235,7 +234,7 @@ def _loopback_on_several_hosts(master: str, step: _Step, t: Optional[_Torch]) ->
 def _alone_in_a_batch_shell(env: Mapping[str, str], no_launcher: bool) -> List[str]:
     """The warning for a ``python`` started alone in an ``sbatch`` shell of several tasks."""
     jobs = _int(env, "SLURM_NTASKS")
-    shell = "SLURM_JOB_ID" in env and not any(n in env for n in ("SLURM_STEP_ID", "SLURM_STEPID"))
+    shell = "SLURM_JOB_ID" in env and not any(n in env for n in SLURM_STEP_ID_ENV_VARS)
     if not (shell and no_launcher and jobs and jobs > 1):
         return []
     return [f"this process runs alone, although its SLURM job has {jobs} tasks (SLURM_NTASKS="

@@ -19,6 +19,7 @@ from ...errors import DistributedEnvError
 __all__ = [
     "SLURM_BASE_PORT",
     "SLURM_PORT_SPAN",
+    "SPECIAL_STEP",
     "expand_nodelist",
     "first_host",
     "expand_tasks_per_node",
@@ -28,6 +29,8 @@ __all__ = [
 #: ``MASTER_PORT`` under SLURM defaults to ``SLURM_BASE_PORT + (job id + step id) % SLURM_PORT_SPAN``.
 SLURM_BASE_PORT = 15000
 SLURM_PORT_SPAN = 20000
+#: Step ids at or above this are SLURM's special steps (batch, extern, interactive), not srun.
+SPECIAL_STEP = 0xFFFFFFF0
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")

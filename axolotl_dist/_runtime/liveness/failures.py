@@ -119,10 +119,10 @@ _EXIT_WAIT_CHECK = 0.05
 
 
 def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "PeerChecker",
-            exits: bool, bound: Optional[float] = None) -> None:
-    """Poll until ``done()``, or until every global rank in ``left()`` is gone (found by
-    ``watcher``; with ``exits``, a rank that left an exit record counts as gone), at most
-    ``bound`` seconds (default :func:`host_exit_timeout`)."""
+            exits: bool, bound: Optional[float] = None, every: float = 0.005) -> None:
+    """Poll until ``done()`` (every ``every`` seconds), or until every global rank in ``left()``
+    is gone (found by ``watcher``; with ``exits``, a rank that left an exit record counts as
+    gone), at most ``bound`` seconds (default :func:`host_exit_timeout`)."""
     start = time.monotonic()
     bound = host_exit_timeout() if bound is None else bound
     deadline, next_check = start + bound, start  # a dead peer: known at once
@@ -135,7 +135,7 @@ def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], w
             waiting = left()
             if waiting and len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
                 return
-        time.sleep(0.005)
+        time.sleep(every)
 
 
 # --- exit records ----------------------------------------------------------------------------
@@ -261,8 +261,9 @@ def _tell_peers_first(error: RankFailedError) -> None:
     catch it and end at once (``os._exit``, a crash), taking the store with it. First keep the
     store up for every rank in a kit wait (at least :data:`_UNMARKED_COVER`: a wait just begun
     is not marked yet) or in its exit: until it is gone, or found lost, at most
-    :func:`host_exit_timeout` seconds; this rank's own wait does not count meanwhile. Such a rank reads that failure, names it, and makes its
-    exit's store calls while the store still answers; a rank busy elsewhere is not waited for.
+    :func:`host_exit_timeout` seconds; this rank's own wait does not count meanwhile. Such a
+    rank reads that failure, names it, and makes its exit's store calls while the store still
+    answers; a rank busy elsewhere is not waited for.
     Never raises."""
     if not hosts_store() or threading.current_thread() is not threading.main_thread():
         return
@@ -282,8 +283,10 @@ def _tell_peers_first(error: RankFailedError) -> None:
         mine = store.add(keys.waiting(rank), 0)
         store.add(keys.waiting(rank), -mine)
         try:
+            # up to three calls per rank a look: one look per _EXIT_WAIT_CHECK, not every 5 ms
             _wait_for_readers(lambda: time.monotonic() >= start + _UNMARKED_COVER and not left(),
-                              left, PeerChecker(store, rank, _EXIT_WAIT_CHECK), exits=False)
+                              left, PeerChecker(store, rank, _EXIT_WAIT_CHECK), exits=False,
+                              every=_EXIT_WAIT_CHECK)
         finally:
             store.add(keys.waiting(rank), mine)
     except Exception:  # noqa: BLE001 - no group or store any more: nobody to wait for
