@@ -66,6 +66,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     :ivar machine: the failing rank's machine (kernel boot and PID namespace), where known.
     :ivar backend_error: where a collective failed because of the lost rank, the first line of
         the backend's own error (``Connection reset by peer``); None otherwise.
+    :ivar site: the failing rank's own innermost line (``train.py:88``), where known.
     """
 
     backend_error: Optional[str] = None
@@ -80,6 +81,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         where: str = "",
         ranks: Sequence[int] = (),
         machine: Optional[str] = None,
+        site: Optional[str] = None,
     ) -> None:
         self.rank = rank
         self.exc_type = exc_type
@@ -88,6 +90,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         self.where = where
         self.ranks = tuple(dict.fromkeys((rank, *ranks)))
         self.machine = machine
+        self.site = site
         place = f" in {where}" if where else ""
         # an empty message shows no ": " (KeyboardInterrupt); notes appended to one start
         # with " (" or "; " and follow the type directly
@@ -103,7 +106,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
 
     def _fields(self) -> tuple:
         return (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where,
-                self.ranks, self.machine)
+                self.ranks, self.machine, self.site)
 
     def __reduce__(self):  # keep the structured fields across pickling
         return (_rebuild_rank_failed, self._fields())
@@ -126,9 +129,9 @@ def _this_machine(machine: Optional[str]) -> bool:
 
 
 def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where, ranks=(),
-                         machine=None):
+                         machine=None, site=None):
     return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where, ranks=ranks,
-                           machine=machine)
+                           machine=machine, site=site)
 
 
 class RankTimeoutError(AxolotlDistError, TimeoutError):

@@ -54,8 +54,10 @@ else:
 #: What each kind's last traceback line says.
 LINE = {"badstr": "BadStr: <exception str() failed>", "badrepr": "BadRepr: <exception str() failed>",
         "unpicklable": "Unpicklable: holds a lock", "base": "Stop: stop now"}
-HELPER = {"zero_first": "zero_first block #1 at boom.py:", "value": "compute_and_broadcast",
-          "plain": "barrier"}
+#: Where each rank 0 failed, as the others' one-line account says: the block's line, else its
+#: own line (the raise in tokenize).
+HELPER = {"zero_first": "in zero_first block #1 at boom.py:", "value": "at boom.py:",
+          "plain": "at boom.py:"}
 
 
 def _check_rank_accounts(err, kind, where, ws, launcher):
@@ -67,7 +69,7 @@ def _check_rank_accounts(err, kind, where, ws, launcher):
     for rank in range(1, ws):
         tag = "^" + re.escape(rank_tag(rank, launcher))
         accounts = re.findall(rf"{tag}axolotl_dist\.errors\.RankFailedError at "
-                              rf"boom\.py:\d+ in <module>: rank 0 failed in "
+                              rf"boom\.py:\d+ in <module>: rank 0 failed "
                               rf"{re.escape(HELPER[where])}.*{re.escape(LINE[kind])} \(its "
                               r"traceback is in rank 0's output\)$", err, re.M)
         assert len(accounts) == 1, err

@@ -616,7 +616,7 @@ def test_a_failure_on_another_node_is_told_there_with_its_traceback(tmp_path, tw
     assert here.count("[rank 0] Traceback (most recent call last)") == 1, both
     assert here.count(message) == 3, both  # rank 0's raise line and last line, rank 1's account
     assert re.search(r"^\[rank 1\] axolotl_dist\.errors\.RankFailedError at rank\.py:\d+ in "
-                     rf"<module>: rank 0 failed in compute_and_broadcast: ValueError: {message} "
+                     rf"<module>: rank 0 failed at rank\.py:\d+: ValueError: {message} "
                      r"\(its traceback is in rank 0's output\)$", here, re.M), both
     assert re.search(r"^axolotl-dist: rank 0 .* failed first: it raised ValueError.*; its "
                      r"traceback is above( \(marked rank \d+\))?$", here, re.M), both

@@ -5,10 +5,8 @@ tests need root to start one; they are skipped otherwise): it cannot reach the s
 the directories or read the files, and a line it gets into the socket anyway (the directory
 opened to it on purpose) is not printed as a rank's."""
 
-import functools
 import json
 import os
-import pwd
 import shutil
 import socket
 import stat
@@ -22,6 +20,7 @@ from typing import Callable, Dict, List
 import pytest
 
 from fixtures import finish, start, subprocess_env
+from strangers import as_nobody, intruder_python, other_user
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -85,35 +84,9 @@ print(json.dumps(found))
 """
 
 
-def _other_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("no user 'nobody' to play another user")
-
-
-def _as_nobody(python: str, *args: str) -> subprocess.CompletedProcess:
-    who = _other_user()
-    return subprocess.run([python, *args], user=who.pw_uid, group=who.pw_gid, extra_groups=[],
-                          cwd="/", capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
-
-
-@functools.lru_cache(maxsize=None)
-def _intruder_python() -> str:
-    """A Python the other user may run (this one may live under root's home)."""
-    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        try:
-            if _as_nobody(python, "-c", "pass").returncode == 0:
-                return python
-        except OSError:  # not there, or not for this user
-            continue
-    pytest.skip("no Python that user 'nobody' may run")
-
-
 def as_other_user(*actions: str) -> Dict[str, object]:
     """Run :data:`INTRUDER` as ``nobody`` (no supplementary groups): what each action got."""
-    done = _as_nobody(_intruder_python(), "-c", INTRUDER, *actions)
+    done = as_nobody(intruder_python(), "-c", INTRUDER, *actions)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -208,7 +181,7 @@ def test_a_connection_of_another_user_is_closed_unread(tmp_path, shared_tmp):
         code, out, err = finish(proc, TIMEOUT)
     assert code == 0, (out, err)
     assert "INJECTED" not in out + err, (out, err)
-    uid = _other_user().pw_uid
+    uid = other_user().pw_uid
     note = (f"axolotl-dist: closed a connection to the ranks' output socket from uid {uid}, "
             f"not this run's user (uid {os.geteuid()}); nothing it sent is shown\n")
     assert err.count(note) == 1, err
@@ -263,7 +236,7 @@ def test_a_squatted_run_directory_gives_way_to_a_private_one(tmp_path, shared_tm
     else:
         action = "plant" if planted == "another user's" else "link"
         assert as_other_user(f"{action}={base}") == {f"{action}={base}": "made"}
-        why = (f"belongs to uid {_other_user().pw_uid}, not to this user (uid {os.geteuid()})"
+        why = (f"belongs to uid {other_user().pw_uid}, not to this user (uid {os.geteuid()})"
                if planted == "another user's" else "is a link or not a directory")
     env = _env(tmp_path, shared_tmp)
     fallback = os.path.join(env["XDG_CACHE_HOME"], "axolotl_dist",
@@ -308,7 +281,7 @@ sys.exit(main(["where", *sys.argv[3:]]))
 
 def where_as_other_user(env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
     """``axolotl-dist where ARGS`` run by ``nobody`` (:data:`WHERE_AS`)."""
-    who = _other_user()
+    who = other_user()
     return subprocess.run([sys.executable, "-c", WHERE_AS, str(who.pw_uid), str(who.pw_gid),
                            *args], env=env, capture_output=True, text=True, timeout=60)
 

@@ -10,11 +10,16 @@ writes in a phase of ``tests/test_store_fuzz.py`` is attacked on its own, in the
 that writes it; every rank must end as without the stranger.
 """
 
+import os
+import re
+import sys
 import time
 
 import pytest
 
 from axolotl_dist.testing import run_distributed_outcomes
+from fixtures import finish, start, subprocess_env, unfold
+from strangers import STORE_CLIENT, as_nobody, intruder_python
 from hostile_store import HostileStore, family
 from test_store_fuzz import BOUND, EXPECTED, PHASES, STALL, WORLD, _classify
 
@@ -197,3 +202,60 @@ def test_overwriting_each_kit_key_family_alone_never_lets_a_rank_leave_early(tmp
             problems[fam] = _problems(outcomes)
     print(f"\n{len(families)} families overwritten one at a time")
     assert problems == {}
+
+
+# --- another real user overwrites every kit key of an axolotl-dist run (issue #77) ----------
+
+#: Rank 0 runs a 15 s ``zero_first`` body (it writes the store's port first); a waiting rank
+#: that leaves the block before the body's end prints EARLY.
+FIFTEEN_SECONDS = """
+import os, sys, time
+import axolotl_dist as ad
+ad.init_distributed()
+rank = ad.get_rank()
+with ad.zero_first():
+    if rank == 0:
+        with open("port.tmp", "w") as fh:
+            fh.write(os.environ["MASTER_PORT"])
+        os.rename("port.tmp", "port")
+        time.sleep(15)
+        open("done", "w").close()
+if rank != 0 and not os.path.exists("done"):
+    print(f"EARLY {rank}", flush=True)
+ad.barrier()
+"""
+#: What a rank's last line says where the tampering ended it: its own error naming the
+#: stranger, or the launcher's line for a rank it stopped after another rank's.
+TOLD = re.compile(r"outside the job|stopped by axolotl-dist while still running, because rank "
+                  r"\d+ failed first")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
+@pytest.mark.parametrize("ranks, how", [(3, "garbage"), (2, "counted")])
+def test_a_stranger_overwriting_every_kit_key_is_told_once_per_rank(tmp_path, ranks, how):
+    os.chmod(tmp_path, 0o755)  # the other user's client needs nothing here: the port is given
+    (tmp_path / "fifteen.py").write_text(FIFTEEN_SECONDS)
+    proc = start([sys.executable, "-m", "axolotl_dist.launch", "-n", str(ranks), "fifteen.py"],
+                 subprocess_env(tmp_path), cwd=tmp_path)
+    try:
+        end = time.monotonic() + 60
+        while not (tmp_path / "port").exists() and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(1.5)  # the others wait in the block
+        port = (tmp_path / "port").read_text()
+        done = as_nobody(intruder_python(), "-c", STORE_CLIENT, port, how)
+    finally:
+        code, out, err = finish(proc, 90)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 10, done.stdout  # the keys it overwrote
+    text = unfold(out + err, labelled=True)
+    assert "EARLY" not in text, text
+    assert "frame #" not in text and "(most recent call first)" not in text, text  # no C++ trace
+    if code == 0:
+        return
+    for rank in range(ranks):
+        lines = [line for line in text.splitlines() if line.startswith(f"[rank {rank}] ")]
+        told = [line for line in lines if TOLD.search(line) and "WARNING" not in line]
+        assert told, (rank, text)
+        assert len([line for line in lines if "Error:" in line or "stopped by" in line]) == 1, \
+            (rank, text)

@@ -31,7 +31,8 @@ except ad.RankFailedError as exc:
 """
 
 FAILURES = {
-    "raise": ("raise ValueError('boom on rank 1')", "rank 1 failed in barrier: ValueError: boom on rank 1"),
+    "raise": ("raise ValueError('boom on rank 1')",
+              "rank 1 failed at chain.py:9: ValueError: boom on rank 1"),
     "os._exit": ("os._exit(3)", "rank 1 failed in barrier: died"),
     "SIGKILL": ("os.kill(os.getpid(), signal.SIGKILL)", "rank 1 failed in barrier: died"),
 }

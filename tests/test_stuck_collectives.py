@@ -207,16 +207,22 @@ def test_debug_mode_raises_torchs_mismatch_on_every_rank(tmp_path, scenario, lau
                    rf"torch\._tensor\.backward\), which no checked call issued .*; rank {last} "
                    rf"is at checked call #1 torch\.distributed\.barrier\(\) at "
                    rf"stuck\.py:{_line('BARRIER')} in <module>, its last torch collective #")
-        # inside gloo's all-reduce, the others end with rank `last`'s account, at their line
+        # inside gloo's all-reduce, the others end with one line naming rank `last`'s account
+        # at their line: its line, type and first words; the whole is in its output (#77)
         wants = {r: [rf"RankFailedError at stuck\.py:{_line('BACKWARD')} in <module>: rank "
-                     rf"{last} failed in torch's collective: CollectiveMismatchError: " + finding]
+                     rf"{last} failed at stuck\.py:{_line('BARRIER')}: CollectiveMismatchError: "
+                     rf"debug mode: torch's… \(its traceback is in rank {last}'s output\)$"]
                  for r in range(last)}
         wants[last] = ["CollectiveMismatchError: " + finding]
     for r in range(ws):
         for pattern in wants[r]:
-            found = (re.search(pattern, texts[r]) if scenario == "ddp" else pattern in texts[r])
+            found = (re.search(pattern, texts[r], re.M) if scenario == "ddp"
+                     else pattern in texts[r])
             assert found, (r, pattern, texts[r], results)
         if scenario == "ddp" and r != last:  # one line: no gloo message, no torch frames
             assert "GLHF" not in texts[r] and "Traceback" not in texts[r], texts[r]
+            assert all(len(line) < 200 for line in texts[r].splitlines()), texts[r]
+    if scenario == "ddp":  # the finding's whole text once in the run's output
+        assert sum(text.count("The ranks can never meet") for text in texts) == 1, texts
     assert all(code != 0 for code, _, _ in results), results
     assert took < 40, took

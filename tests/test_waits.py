@@ -177,7 +177,7 @@ def test_ctrl_c_stops_a_rank_blocked_in_barrier_and_the_others_name_it(tmp_path,
         code, _, err = results[rank]
         assert code == 1, err
         assert re.search(rf"RankFailedError at train\.py:\d+ in <module>: rank {target} failed "
-                         r"in barrier: .*KeyboardInterrupt", err), err
+                         r"at train\.py:\d+: .*KeyboardInterrupt", err), err
 
 
 def test_ctrl_c_stops_a_rank_blocked_in_barrier_under_torchrun(tmp_path):
@@ -202,4 +202,4 @@ def test_ctrl_c_stops_a_rank_blocked_in_barrier_under_torchrun(tmp_path):
     # rank 0 waits in the barrier: it names rank 1 before torchrun's agent stops it (rank 1's
     # exit gives its peers FAILED_EXIT_GRACE to read its record)
     assert re.search(r"\[rank0\]: axolotl_dist\.errors\.RankFailedError at train\.py:\d+ in "
-                     r"<module>: rank 1 failed in barrier: KeyboardInterrupt", err), err
+                     r"<module>: rank 1 failed at train\.py:\d+: KeyboardInterrupt", err), err

@@ -249,7 +249,7 @@ def _start_output(opts: _options.Options, tmp_dir: str) -> Optional[Output]:
     if opts.torch_streams or (opts.kit_log_dir is None and (opts.nproc < 2 or not args.fold)):
         return None
     output = Output(opts.nproc, args.fold and opts.nproc > 1, opts.kit_log_dir, opts.shown,
-                    directory=tmp_dir)
+                    directory=tmp_dir, fold_cpp=args.fold)
     os.environ[LAUNCHER_FOLDS_ENV_VAR] = output.address
     os.environ[LAUNCHER_TTY_ENV_VAR] = output.ttys  # "" where neither stream is a terminal
     return output

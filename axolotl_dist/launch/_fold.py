@@ -19,6 +19,10 @@ gives back what the launcher writes, in order:
 * a traceback (``Traceback (most recent call last):`` and what follows within
   :data:`BLOCK_QUIET` of each line) is written whole, in one piece, each line with its rank,
   never folded with another rank's;
+* a block of C++ frames torch prints (``Exception raised from X at file.cpp:12 (most recent
+  call first):``, then ``frame #0: ...`` lines, ``<omitting python frames>``, a blank line)
+  is written as one line: its first, with a note (where the frames are kept: the rank's log
+  file) in place of the frames;
 * progress bars (output with ``\\r`` and no newline yet) and a partial line left waiting pass
   through at once; a line written while a bar is open goes above it (on a terminal the bar is
   cleared and redrawn, elsewhere the bar's line is ended first).
@@ -28,13 +32,15 @@ It keeps no file or socket: :mod:`._output` feeds it and writes what it returns.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._runtime.base.text import ranks_text
+from ._rank_logs import log_name
 
-__all__ = ["WINDOW", "BLOCK_QUIET", "Folder", "label"]
+__all__ = ["WINDOW", "BLOCK_QUIET", "Folder", "label", "CPP_NOTE"]
 
 #: Seconds a line waits for other ranks' alike lines (the longest any line is held).
 WINDOW = 0.25
@@ -43,6 +49,13 @@ BLOCK_QUIET = 0.1
 #: A traceback is written once it is this old (seconds) or this long (lines), even mid-flow.
 _BLOCK_MAX_AGE, _BLOCK_MAX_LINES = 1.0, 2000
 _TB_HEAD = b"Traceback (most recent call last):"
+#: The first line of a block of C++ frames torch prints (c10's ``Error::what()`` of an error
+#: it logs as a warning), the lines that continue it, and the end of its first line.
+_CPP_HEAD = b"Exception raised from "
+_CPP_FRAME = re.compile(rb"frame #\d+: |<omitting python frames>$|$")
+_CPP_TAIL = b" (most recent call first):"
+#: What :class:`Folder` writes after a C++ block's first line by default.
+CPP_NOTE = b"(its C++ frames are not shown: --log-dir keeps them)"
 #: A leading time of day: ``12:00:01``, ``12:00:01.123``, ``2026-01-01 12:00:01,123``.
 _TIME = re.compile(rb"(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)? ")
 #: A rank's own tag near the start of a line: the kit's ``[rank 1/4]``, torch's ``[rank1]:``.
@@ -53,6 +66,8 @@ _TAG_WITHIN = 160  # a tag further in is part of the message
 #: year, ``W20261126``), then a pid or thread id where it has one, before ``file.cpp:123] ``.
 _CPP = re.compile(rb"(\[?[FEWIV])\d{3,8} \d\d:\d\d:\d\d\.\d+(?: +\d+)?(?= [^ \]]+:\d+\] )")
 _CPP_FIRST = frozenset(b"[FEWIV")
+#: A C++ log line as :func:`_parse` leaves it: its severity, then ``file.cpp:123] ``.
+_CPP_LOGGED = re.compile(rb"\[?[FEWIV] [^ \]]+:\d+\] ")
 _INDENT = (b" ", b"\t")
 
 
@@ -101,12 +116,26 @@ class _Group:
 
 
 class _Block:
-    """A rank's traceback, collected until it is whole."""
+    """A rank's traceback (or, ``cpp``, a block of torch's C++ frames), collected until it is
+    whole."""
 
-    __slots__ = ("fd", "lines", "start", "last")
+    __slots__ = ("fd", "lines", "start", "last", "cpp")
 
-    def __init__(self, fd: int, now: float) -> None:
+    def __init__(self, fd: int, now: float, cpp: bool = False) -> None:
         self.fd, self.lines, self.start, self.last = fd, [], now, now
+        self.cpp = cpp
+
+
+def _cpp_log(line: bytes) -> bool:
+    """Whether ``line`` is one of torch's C++ log lines (``[W1129 05:50:11.798 file.cpp:126]
+    ...``): it ends a Python traceback it follows (it comes from another thread or C++)."""
+    return _CPP_LOGGED.match(_parse(line)[0]) is not None
+
+
+def _continues_cpp(line: bytes) -> bool:
+    """Whether ``line`` (a rank's, its tag and time stripped) continues a C++ block: a frame,
+    torch's ``<omitting python frames>``, or the blank line that ends it."""
+    return _CPP_FRAME.match(_parse(line)[0].strip()) is not None
 
 
 def _parse(line: bytes) -> Tuple[bytes, Optional[Tuple[int, int, bytes]]]:
@@ -139,12 +168,16 @@ class Folder:
     one of them printed is written at once); ``tty``: per output fd, whether it is a
     terminal (bars are then redrawn under a line, not ended by it); ``screens``: fd -> the
     screen it shows on (stdout and stderr on one terminal share one); ``fold=False``: every
-    line passes through as it comes, unlabelled (``--no-fold``)."""
+    line passes through as it comes, unlabelled (``--no-fold``); ``fold_cpp``: a block of C++
+    frames becomes one line (else it passes through, as ``--no-fold`` has it), which names the
+    rank's file in ``log_dir`` (``--log-dir``) as where its frames are."""
 
     def __init__(self, local: int, tty: Dict[int, bool], fold: bool = True,
-                 window: float = WINDOW, screens: Optional[Dict[int, int]] = None) -> None:
+                 window: float = WINDOW, screens: Optional[Dict[int, int]] = None,
+                 fold_cpp: bool = True, log_dir: Optional[str] = None) -> None:
         self.all = local
         self.tty, self.fold, self.window = tty, fold, window
+        self.fold_cpp, self.log_dir = fold_cpp, log_dir
         self.open: Dict[Tuple[int, bytes], _Group] = {}  # (fd, key) -> the group still joinable
         self.order: Deque[_Group] = deque()  # groups not yet written, oldest first
         self.queues: Dict[int, Deque[_Group]] = {}  # rank -> its groups not yet written
@@ -204,13 +237,18 @@ class Folder:
             return
         block = self.blocks.get(rank)
         if block is not None:
-            if block.fd == fd:
+            if block.fd == fd and (_continues_cpp(line) if block.cpp else not _cpp_log(line)):
                 block.lines.extend(line.split(b"\n"))
                 block.last = now
                 if len(block.lines) >= _BLOCK_MAX_LINES:
                     self._write_block(rank)
                 return
             self._write_block(rank)
+        if self.fold_cpp and _parse(line)[0].startswith(_CPP_HEAD):
+            self._release(rank)
+            self.blocks[rank] = _Block(fd, now, cpp=True)
+            self.blocks[rank].lines.append(line)
+            return
         if not self.fold:
             self._raw(rank, fd, line + b"\n")
             return
@@ -223,6 +261,14 @@ class Folder:
             self.blocks[rank] = blk = _Block(fd, now)
             blk.lines.extend(line.split(b"\n"))
             return
+        self._group(rank, fd, line, now, key, tag)
+
+    def _group(self, rank: int, fd: int, line: bytes, now: float,
+               key: Optional[bytes] = None,
+               tag: Optional[Tuple[int, int, bytes]] = None) -> None:
+        """Hold ``line`` in the group of lines alike to it (a new one where none is open)."""
+        if key is None:
+            key, tag = _parse(line)
         group = self.open.get((fd, key))
         if group is None or rank in group.ranks or not self._may_join(rank, group):
             group = _Group(key, fd, line, tag, rank, now + self.window)
@@ -274,11 +320,11 @@ class Folder:
 
     def tick(self, now: float) -> None:
         """Write what is due at ``now``: expired groups, whole tracebacks, stale partial lines."""
-        while self.order and (self.order[0].done or self.order[0].deadline <= now):
-            self._write(self.order.popleft())
-        for rank, block in list(self.blocks.items()):
+        for rank, block in list(self.blocks.items()):  # first: a C++ block's line may fold
             if now - block.last >= BLOCK_QUIET or now - block.start >= _BLOCK_MAX_AGE:
                 self._write_block(rank)
+        while self.order and (self.order[0].done or self.order[0].deadline <= now):
+            self._write(self.order.popleft())
         for key, since in list(self.partial_at.items()):
             if now - since >= self.window:  # a prompt, or print(end=""): shown as it is
                 del self.partial_at[key]
@@ -342,14 +388,31 @@ class Folder:
 
     def _write_block(self, rank: int) -> None:
         block = self.blocks.pop(rank)
+        if block.cpp:  # one line: its first, the note in place of the frames
+            head = block.lines[0]
+            if head.endswith(_CPP_TAIL):
+                head = head[:-len(_CPP_TAIL)]
+            line = head + b" " + self._cpp_note(rank)
+            if self.fold:
+                self._group(rank, block.fd, line, block.last)
+            else:
+                self._raw(rank, block.fd, line + b"\n")
+            return
         lines = [_labelled(line, _parse(line)[1], [rank], rank) for line in block.lines]
         self._emit(block.fd, b"\n".join(lines) + b"\n")
 
+    def _cpp_note(self, rank: int) -> bytes:
+        """What stands for the frames of ``rank``'s C++ block on screen."""
+        if self.log_dir is None:
+            return CPP_NOTE
+        path = os.path.join(self.log_dir, log_name(rank))
+        return b"(its C++ frames are in " + os.fsencode(path) + b")"
+
     def _raw(self, rank: int, fd: int, data: bytes) -> None:
         """``rank``'s output as it is, now (after its own held lines)."""
-        self._release(rank)
-        if rank in self.blocks:
+        if rank in self.blocks:  # a C++ block's line is held with the rest: written first
             self._write_block(rank)
+        self._release(rank)
         if data.endswith(b"\n"):
             self.midline.discard((rank, fd))
         else:

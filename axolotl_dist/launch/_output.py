@@ -199,10 +199,12 @@ class Output:
     """See the module docstring. ``local``: how many ranks this launcher starts; ``fold``:
     fold their lines (else pass them through as they come); ``log_dir``: where each rank's
     whole output goes (None: nowhere); ``directory``: the launcher's own directory (mode
-    0700), where the socket goes (None: a directory made for it)."""
+    0700), where the socket goes (None: a directory made for it); ``fold_cpp``: torch's blocks
+    of C++ frames shown as one line each (not under ``--no-fold``)."""
 
     def __init__(self, local: int, fold: bool, log_dir: Optional[str],
-                 shown: Optional[Set[int]] = None, directory: Optional[str] = None) -> None:
+                 shown: Optional[Set[int]] = None, directory: Optional[str] = None,
+                 fold_cpp: bool = True) -> None:
         #: The socket's path (``AXOLOTL_DIST_LAUNCHER_FOLDS``); the directory made for it.
         self.address, self._made = _socket_place(directory)
         #: The uids whose connections were refused (said once each: :meth:`_accept`).
@@ -224,7 +226,7 @@ class Output:
         screens = _screens()
         shown_count = local if shown is None else len(shown & set(range(local))) or 1
         self.folder = Folder(shown_count, {fd: _isatty(fd) for fd in (1, 2)}, fold=fold,
-                             screens=screens)
+                             screens=screens, fold_cpp=fold_cpp, log_dir=log_dir)
         self.logs: Dict[int, RankLog] = {}
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.server, selectors.EVENT_READ, None)

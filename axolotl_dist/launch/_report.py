@@ -13,6 +13,8 @@ import signal
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from .._runtime.base.text import ranks_text
+
 __all__ = ["PROG", "GUARDS_DIR", "RESTART_COUNT_ENV_VAR", "exit_code_of", "first_failure",
            "traceback_of", "read_ends", "report_failures", "attempt_dir", "attempts", "latest_attempt"]
 
@@ -221,14 +223,27 @@ def _how_it_ended(failure) -> Tuple[str, int]:
     return f"exited with code {failure.exitcode}", code
 
 
+def _stopped_silent(others: List[int], failures: Dict[int, object],
+                    ends: Dict[int, dict]) -> List[int]:
+    """The ranks of ``others`` that the launcher stopped before they said anything: no end
+    record (their script had not ended) and no error file (they printed no traceback)."""
+    return [r for r in others if r not in ends and not _error_data(failures[r])
+            and getattr(failures[r], "exitcode", 0) == -int(signal.SIGTERM)]
+
+
 def _closing_lines(rank: int, failures: Dict[int, object], tb: Optional[str],
-                   code: int) -> List[str]:
+                   code: int, ends: Dict[int, dict]) -> List[str]:
     """The lines after the failed rank's: its traceback (``tb``, where its output did not show
-    it), the other ranks the launcher stopped, the exit code."""
+    it), a line for the ranks stopped before they said anything (each rank's output ends with
+    a line that says why it ended), the other ranks the launcher stopped, the exit code."""
     lines: List[str] = []
     if tb:
         lines += [f"--- traceback of rank {rank} ---", tb.rstrip(), "---"]
     others = sorted(r for r in failures if r != rank)
+    silent = _stopped_silent(others, failures, ends)
+    if silent:
+        lines.append(f"[{ranks_text(silent)}] stopped by {PROG} while still running, because "
+                     f"rank {rank} failed first")
     if others:
         lines.append(f"{PROG}: stopped the other rank(s) {others}")
     lines.append(f"{PROG}: exit code {code}")
@@ -266,7 +281,7 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                      f"it {how}")
     else:
         lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
-    lines += _closing_lines(rank, failures, tb if not above else None, code)
+    lines += _closing_lines(rank, failures, tb if not above else None, code, ends)
     print("\n".join(lines), file=sys.stderr, flush=True)
     return code
 

@@ -24,10 +24,13 @@ from .procs import MACHINE
 from ...errors import RankFailedError
 
 __all__ = ["kit_frame", "format_exception", "format_failure", "format_uncaught", "safe_str",
-           "install", "on_uncaught"]
+           "install", "on_uncaught", "user_line", "excerpt", "EXCERPT"]
 
 _PACKAGE = PACKAGE_DIR
 _TORCH_MARK = os.sep + "torch" + os.sep
+#: The most characters of another rank's message that this rank's one-line account quotes
+#: where that rank printed the whole of it on this machine.
+EXCERPT = 28
 #: Asked first about an uncaught exception (:func:`on_uncaught`): the failure of another rank
 #: it stands for, or None.
 _EXPLAIN: List[Callable[[BaseException], Optional[RankFailedError]]] = []
@@ -88,29 +91,62 @@ def format_exception(exc_type: Optional[Type[BaseException]], exc: BaseException
             return f"{type(exc).__name__}: <exception str() failed>\n"
 
 
-def _site(tb: Optional[TracebackType]) -> str:
-    """``path:line in function`` of the innermost frame of ``tb`` outside the kit and torch
-    ("" if none): the user's line that called the collective that failed."""
+def _user_frame(tb: Optional[TracebackType]) -> Optional[traceback.FrameSummary]:
+    """The innermost frame of ``tb`` outside the kit and torch (outside the kit where every
+    frame is torch's), or None: the user's line that called the kit or torch."""
     frames = [f for f in traceback.extract_tb(tb) if not kit_frame(f.filename)]
     frames = [f for f in frames if _TORCH_MARK not in f.filename] or frames
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
+    return frames[-1] if frames else None
+
+
+def _site(tb: Optional[TracebackType]) -> str:
+    """``path:line in function`` of :func:`_user_frame` ("" if none)."""
+    frame = _user_frame(tb)
+    return "" if frame is None else f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+def user_line(tb: Optional[TracebackType]) -> Optional[str]:
+    """``path:line`` of :func:`_user_frame` (None if none): where a failing rank failed, as a
+    failure report carries it."""
+    frame = _user_frame(tb)
+    return None if frame is None else f"{short_path(frame.filename)}:{frame.lineno}"
+
+
+def excerpt(message: str, limit: int = EXCERPT) -> str:
+    """The first words of ``message``: its first line, cut after a word within ``limit``
+    characters, ``…`` where anything was left out."""
+    lines = message.strip().splitlines() or [""]
+    first = lines[0].rstrip()
+    if len(first) <= limit and len(lines) == 1:
+        return first
+    if len(first) > limit:
+        head = first[:limit + 1]  # a word that ends at the limit is whole
+        cut = head.rsplit(" ", 1)[0] if " " in head else ""
+        first = (cut if len(cut) > limit // 2 else first[:limit]).rstrip(" ,;:(")
+    return first + "…"
 
 
 def format_failure(exc: RankFailedError, tb: Optional[TracebackType]) -> str:
     """An uncaught failure of another rank as this rank's account: one line naming this rank's
-    own line, the failing rank, where it failed and its exception, and where its traceback is:
-    that rank's output on this machine (which shows it), else here, after the line."""
+    own line, the failing rank, where it failed and its exception. Where that rank's output
+    is on this machine (it printed its traceback there), its message is only quoted (its
+    first words, :func:`excerpt`) and the line says where the rest is; else the whole account
+    follows, with the traceback."""
     name = type(exc).__qualname__
     module = type(exc).__module__
     if module not in ("__main__", "builtins"):
         name = f"{module}.{name}"
     site = _site(tb)
-    text = safe_str(exc)
     if exc.remote_traceback and exc.machine is not None and exc.machine == MACHINE:
-        text += f" (its traceback is in rank {exc.rank}'s output)"
+        place = f" in {exc.where}" if exc.where else ""
+        if exc.site and " at " not in exc.where:  # its line, where the place names none
+            place = f" at {exc.site}"
+        quoted = excerpt(exc.exc_message)
+        sep = "" if not quoted or quoted[0] in " ;" else ": "
+        text = (f"rank {exc.rank} failed{place}: {exc.exc_type}{sep}{quoted} (its traceback is "
+                f"in rank {exc.rank}'s output)")
+    else:
+        text = safe_str(exc)
     return f"{name}{f' at {site}' if site else ''}: {text}\n"
 
 

@@ -20,7 +20,7 @@ from ..base.envvars import kit_seconds
 from ..base.groups import Group, default_pg, known_failure, on_peer_failure, remember_failure
 from ..base.procs import MACHINE
 from ..base.state import GROUPS
-from ..base.tracebacks import format_exception, safe_str
+from ..base.tracebacks import format_exception, safe_str, user_line
 from ..store import keys, records
 from ..store.access import checked, hosts_store, is_store_error, put, world_store
 from .heartbeat import exit_connection
@@ -57,7 +57,7 @@ def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
     try:
         tb = format_exception(type(exc), exc, exc.__traceback__)
         return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where,
-                               machine=MACHINE).to_report()
+                               machine=MACHINE, site=user_line(exc.__traceback__)).to_report()
     except Exception:  # noqa: BLE001 - a report must never hide the failure itself
         return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
                                where=where).to_report()

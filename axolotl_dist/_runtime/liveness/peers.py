@@ -242,10 +242,11 @@ def _relayed_by_host(host: int, relayed: bytes, what: str) -> RankFailedError:
                 f"{store_address()} went away)")
         return RankFailedError(error.rank, error.exc_type, error.exc_message + note,
                                error.remote_traceback, where=what,
-                               ranks=(error.rank, host), machine=error.machine)
+                               ranks=(error.rank, host), machine=error.machine, site=error.site)
     note = f" (then its store at {store_address()} went away with it)"
     return RankFailedError(host, error.exc_type, error.exc_message + note,
-                           error.remote_traceback, where=what, machine=error.machine)
+                           error.remote_traceback, where=what, machine=error.machine,
+                           site=error.site)
 
 
 def _lost_node(what: str, cause: str) -> Optional[RankFailedError]:

@@ -294,7 +294,7 @@ class PeerChecker:
             report, when = records.read_exit(data)
         except records.BadRecord as exc:  # not the kit's: the rank is gone all the same
             report, when = records.failure((rank, "DistributedEnvError", records.unreadable(
-                key, rank, exc), None, "its exit", (), None)), time.time()
+                key, rank, exc), None, "its exit", (), None, None)), time.time()
         self.store.set(keys.ack(key, self.me), b"")
         PEERS.exits.setdefault(rank, (report, when))
         self.exited[rank] = self._from_record(rank, report, when)
@@ -426,13 +426,14 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
         error = root.report
         return remember_failure(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
                                      error.remote_traceback, where=what, ranks=ranks,
-                                     machine=error.machine))
+                                     machine=error.machine, site=error.site))
     if root.report is not None:  # every lost rank only relayed another rank's failure
         error = root.report
         relay = f" (rank {root.rank} exited on this failure)"
         return remember_failure(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
                                      error.remote_traceback, where=what,
-                                     ranks=(error.rank,) + ranks, machine=error.machine))
+                                     ranks=(error.rank,) + ranks, machine=error.machine,
+                                     site=error.site))
     return remember_failure(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))
 
 

@@ -43,7 +43,7 @@ __all__ = ["REQUEST", "BEATS",
            "snapshot", "answer", "ask", "collect", "report", "Registered",
            "where_command",
            "where", "where_each", "placed", "place", "collective_findings", "read_answer",
-           "asked_by_the_run", "QUESTION_FRESH", "UNSEALED", "WITHHELD"]
+           "asked_by_the_run", "QUESTION_FRESH", "UNSEALED"]
 
 #: What a requester adds to a rank's heartbeat counter.
 REQUEST = 1 << 32
@@ -62,9 +62,6 @@ _NO_ANSWER = b"{}"
 UNSEALED = (f"  note: this run has no secret ({SECRET_ENV_VAR}): anyone who can reach its "
             'store can read these stacks and write the kit\'s records (docs/design.md, '
             '"Trust model")')
-#: Where a rank withheld its stack (its secret, no cipher to encrypt it with).
-WITHHELD = ("its stack is not sent through the store unencrypted, and this rank has no "
-            "`cryptography` package to encrypt it (pip install 'axolotl_dist[secure]')")
 
 _PACKAGE = PACKAGE_DIR
 _TORCH_MARK = os.sep + "torch" + os.sep
@@ -171,21 +168,16 @@ def snapshot(rank: int) -> Dict[str, Any]:
 
 def answer(store: "Store", run: str, rank: int, request: int) -> None:
     """Write this rank's snapshot for request number ``request``: in a run with a secret, only
-    for a recent question sealed with it (:func:`asked_by_the_run`), encrypted (or, without
-    the ``cryptography`` package, with its stack withheld)."""
+    for a recent question sealed with it (:func:`asked_by_the_run`), encrypted."""
     data = snapshot(rank)
     data["request"] = request
     key = keys.where_answer(run, rank)
-    if not seals.sealing():
-        store.set(key, records.document(data))
-        return
-    if not asked_by_the_run(store, run):
-        return
-    sealed = seals.encrypt(records.document(data))
-    if sealed is None:  # no cipher here: the stack stays with the rank
-        data.update(user=[], call=None, first_runs=[], withheld=True)
-        sealed = seals.seal(key, records.document(data))
-    store.set(key, sealed)
+    document = records.document(data)
+    encrypted = seals.encrypt(key, document)
+    if encrypted is None:  # a run without a secret
+        store.set(key, document)
+    elif asked_by_the_run(store, run):
+        store.set(key, encrypted)
 
 
 def asked_by_the_run(store: "Store", run: str) -> bool:
@@ -245,11 +237,7 @@ def read_answer(data: bytes) -> Dict[str, Any]:
     empty one :func:`ask` leaves); :class:`~..store.records.BadRecord` for anything else."""
     if data == _NO_ANSWER:
         return {}
-    doc = records.read_document(data)
-    withheld = isinstance(doc, dict) and doc.pop("withheld", False) is True
-    doc = records.check_fields(doc, _ANSWER, "a rank's answer")
-    if withheld:
-        doc["withheld"] = True
+    doc = records.check_fields(records.read_document(data), _ANSWER, "a rank's answer")
     for frame in doc["user"]:
         if not (isinstance(frame, list) and len(frame) == 4 and isinstance(frame[0], str)
                 and type(frame[1]) is int and isinstance(frame[2], str)
@@ -316,8 +304,6 @@ def _describe(data: Dict[str, Any], waiting: str = "") -> str:
     """Where one rank is; ``waiting`` (what a group of ranks waits for) follows its kit call."""
     if "unreadable" in data:
         return str(data["unreadable"])
-    if data.get("withheld"):
-        return (WITHHELD + flight.describe_position(data.get("torch")))
     user = data.get("user") or []  # innermost first
     call = data.get("call")
     if call is not None:

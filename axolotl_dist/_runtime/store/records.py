@@ -120,15 +120,15 @@ def _ints(kind: str, values: Any) -> Tuple[int, ...]:
 # --- failures and exits ----------------------------------------------------------------------
 
 _OPT = (str, type(None))
-_FAILURE = (int, str, str, _OPT, str, list, _OPT)
+_FAILURE = (int, str, str, _OPT, str, list, _OPT, _OPT)
 
 
 def failure(fields: tuple) -> bytes:
     """A failure report: the fields of a ``RankFailedError`` (``errors.RankFailedError``'s
     ``to_report`` calls this): rank, exception type, message, traceback text, where, ranks,
-    machine."""
-    rank, exc_type, message, tb, where, ranks, machine = fields
-    return _encode("failure", [rank, exc_type, message, tb, where, list(ranks), machine])
+    machine, the failing rank's own line."""
+    rank, exc_type, message, tb, where, ranks, machine, site = fields
+    return _encode("failure", [rank, exc_type, message, tb, where, list(ranks), machine, site])
 
 
 def read_failure(data: bytes) -> tuple:

@@ -9,9 +9,11 @@ bound to its key, and a rank's ``where`` answer is encrypted (docs/design.md, "T
   seal of this run's secret (a process outside the job wrote it), or
   :class:`~.records.BadRecord` where this process has no secret and the record is sealed.
 * :func:`encrypt` / :func:`decrypt`: a ``where`` answer in the store, readable only by holders
-  of the secret: Fernet (AES-128-CBC with HMAC-SHA256) from the ``cryptography`` package
-  (``pip install 'axolotl_dist[secure]'``), under a key derived from the secret. No cipher of
-  the kit's own.
+  of the secret, with the standard library alone (no optional package: every install shows
+  stacks, docs/design.md, "Trust model"): encrypt-then-MAC, the keystream SHAKE-256 of a key
+  derived from the secret and a fresh 16-byte nonce (SHA-3's extendable output used as a
+  keyed stream), the tag the first 16 bytes of HMAC-SHA256 under another derived key over the
+  store key, the nonce and the ciphertext. A tampered, moved or foreign answer fails its tag.
 
 The secret is :func:`~..base.envvars.kit_secret`'s (``AXOLOTL_DIST_SECRET``, or the file
 ``AXOLOTL_DIST_SECRET_FILE`` names; ``axolotl-dist`` makes one for a one-node run). Counters
@@ -25,23 +27,26 @@ import base64
 import functools
 import hashlib
 import hmac
-from typing import Optional, Union
+import os
+from typing import Optional, Tuple, Union
 
 from ..base.constants import SECRET_ENV_VAR
 from ..base.envvars import kit_secret
 from . import records
 
 __all__ = ["MARK", "SEAL_BYTES", "NotThisRun", "run_key", "sealing", "seal", "opened",
-           "not_this_run", "can_encrypt", "encrypt", "decrypt", "ENCRYPTED"]
+           "not_this_run", "encrypt", "decrypt", "ENCRYPTED"]
 
 #: What a sealed record starts with, and a sealed record's extra bytes.
 MARK = b"\x1fs1:"
 SEAL_BYTES = len(MARK) + 22 + 1
-#: What an encrypted ``where`` answer starts with (a Fernet token follows).
-ENCRYPTED = b"\x1fe1:"
+#: What an encrypted ``where`` answer starts with (base64 of nonce, ciphertext and tag follows).
+ENCRYPTED = b"\x1fe2:"
 _TAG = 16
+_NONCE = 16
 _SEAL_DOMAIN = b"axolotl_dist seal 1\0"
-_CIPHER_DOMAIN = b"axolotl_dist where 1\0"
+_STREAM_DOMAIN = b"axolotl_dist where stream 2\0"
+_ANSWER_MAC_DOMAIN = b"axolotl_dist where tag 2\0"
 
 Value = Union[bytes, str]
 
@@ -114,50 +119,54 @@ def not_this_run(key: str, exc: NotThisRun) -> str:
 
 # --- where answers ---------------------------------------------------------------------------
 
-def can_encrypt() -> bool:
-    """Whether this process can encrypt and decrypt ``where`` answers (``cryptography``)."""
-    try:
-        import cryptography.fernet  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _fernet() -> Optional[object]:
+def _keys() -> Optional[Tuple[bytes, bytes]]:
+    """The stream key and the tag key of this run's ``where`` answers (None without a secret)."""
     secret = kit_secret()
-    if secret is None or not can_encrypt():
+    if secret is None:
         return None
-    from cryptography.fernet import Fernet
-
-    return Fernet(base64.urlsafe_b64encode(_derived(secret, _CIPHER_DOMAIN)))
+    return _derived(secret, _STREAM_DOMAIN), _derived(secret, _ANSWER_MAC_DOMAIN)
 
 
-def encrypt(value: Value) -> Optional[bytes]:
-    """``value`` encrypted for holders of the run's secret; None where this process cannot
-    (no secret, or no ``cryptography``)."""
-    cipher = _fernet()
-    if cipher is None:
+def _xor_stream(stream_key: bytes, nonce: bytes, data: bytes) -> bytes:
+    """``data`` XOR the keystream of ``nonce`` (encrypts and decrypts alike)."""
+    pad = hashlib.shake_256(stream_key + nonce).digest(len(data)) if data else b""
+    return (int.from_bytes(data, "big") ^ int.from_bytes(pad, "big")).to_bytes(len(data), "big")
+
+
+def _answer_tag(tag_key: bytes, key: str, nonce: bytes, body: bytes) -> bytes:
+    return hmac.new(tag_key, key.encode() + b"\0" + nonce + body, hashlib.sha256).digest()[:_TAG]
+
+
+def encrypt(key: str, value: Value) -> Optional[bytes]:
+    """``value``, to be written to store ``key``, encrypted for holders of the run's secret;
+    None without a secret."""
+    pair = _keys()
+    if pair is None:
         return None
-    return ENCRYPTED + cipher.encrypt(_bytes(value))  # type: ignore[attr-defined]
+    nonce = os.urandom(_NONCE)
+    body = _xor_stream(pair[0], nonce, _bytes(value))
+    token = nonce + body + _answer_tag(pair[1], key, nonce, body)
+    return ENCRYPTED + base64.urlsafe_b64encode(token)
 
 
 def decrypt(key: str, data: Value) -> bytes:
     """The plain text of an encrypted answer at store ``key``; :class:`NotThisRun` where it
-    was not encrypted with this run's secret, :class:`~.records.BadRecord` where this process
-    cannot decrypt."""
+    was not encrypted with this run's secret for this key, :class:`~.records.BadRecord` where
+    this process has no secret."""
     data = _bytes(data)
     if not data.startswith(ENCRYPTED):
         raise NotThisRun("it is not encrypted with this run's secret")
-    if kit_secret() is None:
+    pair = _keys()
+    if pair is None:
         raise records.BadRecord(f"it is encrypted with the run's secret: give `axolotl-dist "
                                 f"where` the run's {SECRET_ENV_VAR}")
-    cipher = _fernet()
-    if cipher is None:
-        raise records.BadRecord("it is encrypted: reading it needs the `cryptography` package "
-                                "(pip install 'axolotl_dist[secure]')")
-    from cryptography.fernet import InvalidToken
-
     try:
-        return cipher.decrypt(data[len(ENCRYPTED):])  # type: ignore[attr-defined]
-    except InvalidToken:
-        raise NotThisRun("it was not encrypted with this run's secret") from None
+        token = base64.urlsafe_b64decode(data[len(ENCRYPTED):])
+    except (ValueError, TypeError):
+        raise NotThisRun("it is not an encrypted answer (not base64)") from None
+    if len(token) < _NONCE + _TAG:
+        raise NotThisRun(f"it is too short for an encrypted answer ({len(token)} bytes)")
+    nonce, body, tag = token[:_NONCE], token[_NONCE:-_TAG], token[-_TAG:]
+    if not hmac.compare_digest(tag, _answer_tag(pair[1], key, nonce, body)):
+        raise NotThisRun("it was not encrypted with this run's secret for this key")
+    return _xor_stream(pair[0], nonce, body)

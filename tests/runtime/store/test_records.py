@@ -10,7 +10,7 @@ import pytest
 from axolotl_dist._runtime.store import records
 from axolotl_dist._runtime.store.records import BadRecord
 
-FAILURE = (1, "ValueError", "boom", "Traceback ...\n", "barrier", (1, 2), None)
+FAILURE = (1, "ValueError", "boom", "Traceback ...\n", "barrier", (1, 2), None, "train.py:88")
 
 
 def test_a_failure_report_reads_back_field_for_field():
@@ -37,7 +37,7 @@ def test_what_the_kit_did_not_write_is_refused_with_the_reason(data, why):
         records.read_failure(data)
 
 
-@pytest.mark.parametrize("field, value", [(0, "1"), (0, True), (5, ["1"]), (6, 7)])
+@pytest.mark.parametrize("field, value", [(0, "1"), (0, True), (5, ["1"]), (6, 7), (7, 88)])
 def test_a_field_of_the_wrong_type_is_refused(field, value):
     body = list(FAILURE)
     body[5] = list(body[5])

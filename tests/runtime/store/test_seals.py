@@ -67,21 +67,50 @@ def test_without_a_secret_records_are_as_before_and_a_sealed_one_is_refused(no_s
     assert not isinstance(info.value, seals.NotThisRun)
 
 
-def test_an_answer_decrypts_only_under_its_secret(secret):
-    pytest.importorskip("cryptography")
-    token = seals.encrypt(b'{"user": []}')
+def test_an_answer_decrypts_only_under_its_secret_and_key(secret):
+    plain = b'{"user": [["train.py", 12, "tokenize", null]]}'
+    token = seals.encrypt("axd/where/1", plain)
     assert token is not None and token.startswith(seals.ENCRYPTED)
-    assert b"user" not in token
-    assert seals.decrypt("k", token) == b'{"user": []}'
+    assert b"user" not in token and b"train.py" not in token
+    assert seals.decrypt("axd/where/1", token) == plain
+    assert seals.encrypt("axd/where/1", plain) != token  # a fresh nonce each time
+    with pytest.raises(seals.NotThisRun, match="for this key"):
+        seals.decrypt("axd/where/2", token)  # moved to another rank's answer
     secret.setenv("AXOLOTL_DIST_SECRET", SECRET[::-1])
     with pytest.raises(seals.NotThisRun):
-        seals.decrypt("k", token)
+        seals.decrypt("axd/where/1", token)
     with pytest.raises(seals.NotThisRun):
-        seals.decrypt("k", b'{"user": []}')  # plain text where an answer must be encrypted
+        seals.decrypt("axd/where/1", plain)  # plain text where an answer must be encrypted
+
+
+@pytest.mark.parametrize("size", [0, 1, 31, 4096, 100_000])
+def test_an_answer_of_any_size_round_trips(secret, size):
+    plain = os.urandom(size)
+    assert seals.decrypt("k", seals.encrypt("k", plain)) == plain
+
+
+def test_a_changed_byte_of_an_answer_is_refused(secret):
+    token = bytearray(seals.encrypt("k", b"x" * 40))
+    for i in range(len(seals.ENCRYPTED), len(token), 7):
+        forged = bytearray(token)
+        forged[i] = ord("A") if forged[i] != ord("A") else ord("B")
+        with pytest.raises(seals.NotThisRun):
+            seals.decrypt("k", bytes(forged))
+    with pytest.raises(seals.NotThisRun, match="too short"):
+        seals.decrypt("k", seals.ENCRYPTED + b"AAAA")
+
+
+def test_answers_need_no_optional_package(secret, monkeypatch):
+    # the default install has no `cryptography`: encryption must not need it (issue #77)
+    import sys
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # import fails
+    assert seals.decrypt("k", seals.encrypt("k", b"stack")) == b"stack"
 
 
 def test_nothing_is_encrypted_without_a_secret(no_secret):
-    assert seals.encrypt(b"x") is None
+    assert seals.encrypt("k", b"x") is None
+    with pytest.raises(records.BadRecord, match="AXOLOTL_DIST_SECRET"):
+        seals.decrypt("k", seals.ENCRYPTED + b"AAAA")
 
 
 @pytest.mark.parametrize("value, message", [
