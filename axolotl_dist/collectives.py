@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, List, Optional, TypeVar, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime.base import backends as _backends
 from ._runtime.protocols import timeline as _timeline
 from ._runtime.protocols.helpers import collective
 from ._runtime.protocols.exchange import all_gather_into, resolved, run
@@ -30,7 +29,6 @@ from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
 from ._runtime.base.callsite import call_site
 from ._runtime.protocols.protocols_state import TIMELINE
 from .errors import tensor_mismatch
-from .ranks import get_backend
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
@@ -144,25 +142,27 @@ def _broadcast_joined(g: Group, leaves: List[torch.Tensor], src: int) -> None:
             at += p.numel() + pad
 
 
-def _check_avg(name: str, tensor: torch.Tensor, native_avg: bool) -> None:
-    if (name == "AVG" and not (tensor.is_floating_point() or tensor.is_complex())
-            and not native_avg):
+def _check_avg(name: str, tensor: torch.Tensor) -> None:
+    """AVG takes floating (and complex) tensors on every backend: an integer average is
+    not an integer (NCCL's own AVG truncates it; gloo has none)."""
+    if name == "AVG" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise ValueError(
             f"all_reduce(reduce_operation='AVG') needs a floating tensor, got {tensor.dtype}: "
-            "cast first or use 'SUM'"
+            "cast first or use 'SUM' (the same on every backend)"
         )
 
 
 def all_reduce_into(g: Group, tensor: torch.Tensor, name: str, what: str) -> None:
     """All-reduce ``tensor`` in place over ``g`` with the kit's op ``name`` (``"SUM"``,
-    ``"AVG"``...), unchecked (the caller checked the ranks' shapes and the op's dtype)."""
-    native_avg = g.device.type == "cuda"  # NCCL's AVG
+    ``"AVG"``...), unchecked (the caller checked the ranks' shapes and the op's dtype). AVG is
+    a SUM then a division by the group's size on every backend (NCCL's own AVG scales before
+    it sums: other bits than gloo's), the division on the tensor's device."""
     work = _to_comm(tensor, g.device)
     if TIMELINE.recorder is not None:
         _timeline.add_bytes(tensor.nbytes)
-    op = dist.ReduceOp.SUM if name == "AVG" and not native_avg else getattr(dist.ReduceOp, name)
+    op = dist.ReduceOp.SUM if name == "AVG" else getattr(dist.ReduceOp, name)
     run(g, what, dist.all_reduce, work, op=op, group=g.arg, async_op=True)
-    if name == "AVG" and not native_avg:
+    if name == "AVG":
         work.div_(g.size)
     if work is not tensor:
         tensor.copy_(work)
@@ -185,11 +185,10 @@ def all_reduce(
         raise TypeError(f"all_reduce(tensor=...) takes a tensor, got {type(tensor).__name__}: "
                         "use all_reduce_value for a number, reduce for a structure")
     if g is None:
-        # checked as on several ranks, so one rank fails like N ranks do
-        _check_avg(name, tensor, _backends.device_type(get_backend(group) or "gloo") == "cuda")
+        _check_avg(name, tensor)  # checked as on several ranks: one rank fails like N do
         return tensor
     check_ranks_alike(g, [tensor], ["tensor"], "all_reduce")
-    _check_avg(name, tensor, g.device.type == "cuda")
+    _check_avg(name, tensor)
     all_reduce_into(g, tensor, name, "all_reduce")
     return tensor
 

@@ -100,16 +100,18 @@ def _check_backend_usable(backend: Optional[str]) -> None:
         "backend= (init_distributed() then picks gloo on CPU) or pass backend='gloo'")
 
 
-def _set_cuda_device(backend: str, asked: Optional[str]) -> None:
+def _set_cuda_device(backend: str, asked: Optional[str]) -> Optional[torch.device]:
     """On a backend that serves CUDA, on a machine with a GPU, make ``LOCAL_RANK``'s GPU this
-    rank's current device (shared round-robin where the backend allows it).
+    rank's current device (shared round-robin where the backend allows it) and return it: the
+    device the group is bound to (``device_id=``), so that the group's device never depends on
+    which device is current at its first use.
 
     NCCL refuses two ranks of a group on one GPU, with "Duplicate GPU detected" at the first
     collective, or a hang: with more ranks on this node than visible GPUs, raise
     :class:`DistributedEnvError` here instead, on every rank of the node, naming the numbers
     and the ways out. ``asked``: the backend the caller passed (None: the default)."""
     if not _backends.supports(backend, "cuda") or not _backends.cuda_usable():
-        return
+        return None
     count = torch.cuda.device_count()
     local_rank, local_world_size = _env.env_local_rank(), _env.env_local_world_size()
     if _backends.served(backend)["cuda"] == "nccl" and local_world_size > count and \
@@ -127,6 +129,15 @@ def _set_cuda_device(backend: str, asked: Optional[str]) -> None:
             "(CUDA_VISIBLE_DEVICES), or pass backend='gloo' (CPU communication; the kit's "
             "helpers move CUDA tensors through the CPU)")
     torch.cuda.set_device(local_rank % count)
+    return torch.device("cuda", local_rank % count)
+
+
+def _bind_cuda_device(backend: str, asked: Optional[str], kwargs: Dict[str, Any]) -> None:
+    """:func:`_set_cuda_device`, and the group bound to that device (``device_id=``) unless
+    the caller binds it."""
+    bound = _set_cuda_device(backend, asked)
+    if bound is not None:
+        kwargs.setdefault("device_id", bound)
 
 
 def _apply_shared_filesystem(shared_filesystem: Optional[bool]) -> None:
@@ -221,7 +232,7 @@ def init_distributed(
     rank = _env.env_rank()
     _set_rendezvous(world_size, rank, kwargs)
     _apply_shared_filesystem(shared_filesystem)
-    _set_cuda_device(backend, asked)
+    _bind_cuda_device(backend, asked, kwargs)
     _attempts.forget()
     if world_size > 1 and "store" not in kwargs:
         with _logged_blocking_call(_init_wait_message(rank, world_size, kwargs.get("init_method"))):

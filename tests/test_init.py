@@ -208,3 +208,4 @@ def _helpers_across_groups():
 
 def test_helpers_after_cleanup_and_a_new_group():
     assert run_distributed(_helpers_across_groups, 1, env=NO_ENV, timeout=60) == [[1, 2, 3, 4]]
+

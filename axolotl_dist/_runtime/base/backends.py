@@ -10,12 +10,15 @@ else the CPU: ``"cuda:nccl,cpu:gloo"`` means ``cuda`` on a GPU machine and ``cpu
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+import os
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ...errors import DistributedEnvError
+
 __all__ = ["served", "supports", "usable", "cuda_usable", "usable_accelerator", "device_type",
-           "comm_device", "only", "matches"]
+           "comm_device", "cuda_index", "only", "matches"]
 
 #: The device type each single backend name serves (unknown names: the CPU).
 _NAME_DEVICE = {"nccl": "cuda", "xccl": "xpu", "hccl": "hpu", "gloo": "cpu", "mpi": "cpu",
@@ -104,11 +107,46 @@ def device_type(backend: str, available: Callable[[str], bool] = usable) -> str:
     return next(iter(devices), "cpu")  # an accelerator backend on a machine without it
 
 
-def comm_device(backend: str) -> torch.device:
-    """The :class:`torch.device` for :func:`device_type`, with CUDA's current index."""
+def cuda_index(count: int, current: int, local_rank: Optional[int],
+               bound: Optional[int] = None) -> int:
+    """The CUDA device a rank's group uses: the device the group is bound to
+    (``init_process_group(device_id=...)``, ``bound``), else ``LOCAL_RANK`` modulo the
+    ``count`` visible devices, else (no ``LOCAL_RANK``) the ``current`` one.
+
+    Where that is not this process's current device, NCCL would run the group on the device
+    the user's tensors are not on (or every local rank on cuda:0: "Duplicate GPU detected", or
+    a hang): :class:`~axolotl_dist.errors.DistributedEnvError` naming both and the fix."""
+    if bound is not None:
+        chosen, why = bound, f"the group is bound to cuda:{bound} (device_id=)"
+    elif local_rank is not None and count > 0:
+        chosen = local_rank % count
+        why = f"LOCAL_RANK={local_rank} of {count} visible GPU(s) gives cuda:{chosen}"
+    else:
+        return current
+    if chosen != current:
+        raise DistributedEnvError(
+            f"this rank's current CUDA device is cuda:{current}, but {why}: its collectives "
+            f"would run on cuda:{chosen} while its tensors are made on cuda:{current}. Call "
+            f"torch.cuda.set_device({chosen}) before init_process_group (init_distributed() "
+            f"does), or bind the group to the device you use: init_process_group(..., "
+            f"device_id=torch.device('cuda', {current}))")
+    return chosen
+
+
+def _local_rank() -> Optional[int]:
+    value = os.environ.get("LOCAL_RANK", "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def comm_device(backend: str, pg: Any = None) -> torch.device:
+    """The :class:`torch.device` for :func:`device_type`; for CUDA, :func:`cuda_index` of the
+    group ``pg`` (its bound device, else ``LOCAL_RANK``'s), checked against the current one."""
     kind = device_type(backend)
     if kind == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+        bound = getattr(pg, "bound_device_id", None)
+        index = cuda_index(torch.cuda.device_count(), torch.cuda.current_device(), _local_rank(),
+                           bound.index if bound is not None and bound.type == "cuda" else None)
+        return torch.device("cuda", index)
     return torch.device(kind)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "WAIT_LOG_INTERVAL_ENV_VAR",
     "STARTUP_ENV_VAR",
     "CHECK_LAUNCH_ENV_VAR",
+    "DEAD_PEER_EXIT_ENV_VAR",
     "RETRY_SAME_FAILURE_ENV_VAR",
     "STARTUP_LATE",
     "STORE_LINGER_ENV_VAR",
@@ -97,6 +98,8 @@ STARTUP_ENV_VAR = "AXOLOTL_DIST_STARTUP"
 #: Switch: ``0`` turns off the checks of the launch geometry (``srun`` or ``mpirun`` around a
 #: per-node launcher, a ``RANK`` every task inherited, a loopback ``MASTER_ADDR`` on several hosts).
 CHECK_LAUNCH_ENV_VAR = "AXOLOTL_DIST_CHECK_LAUNCH"
+#: ``0``: a rank whose peer died is not ended by the kit (:mod:`..liveness.dead_peers`).
+DEAD_PEER_EXIT_ENV_VAR = "AXOLOTL_DIST_DEAD_PEER_EXIT"
 #: Switch: restart also when an attempt fails at start-up the way the attempt before did.
 RETRY_SAME_FAILURE_ENV_VAR = "AXOLOTL_DIST_RETRY_SAME_FAILURE"
 #: Seconds after which rank 0 names a late rank in the handshake, with the start-up report on.

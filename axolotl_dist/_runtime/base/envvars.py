@@ -169,6 +169,9 @@ KIT_VARS: Dict[str, KitVar] = {
     constants.CHECK_LAUNCH_ENV_VAR: KitVar("switch", True, f"set {constants.CHECK_LAUNCH_ENV_VAR}=0 to "
                                     "skip the launch geometry's checks, or 1 (or unset it) to "
                                     "keep them"),
+    constants.DEAD_PEER_EXIT_ENV_VAR: KitVar(
+        "switch", True, f"set {constants.DEAD_PEER_EXIT_ENV_VAR}=0 to keep a rank whose peer "
+        "died running, or 1 (or unset it) to end it"),
     constants.RETRY_SAME_FAILURE_ENV_VAR: KitVar(
         "switch", False, f"set {constants.RETRY_SAME_FAILURE_ENV_VAR}=1 to restart a run whose "
         "start-up fails the same way twice, or 0 (or unset it) to stop it"),

@@ -217,7 +217,7 @@ def _build(group: Optional["ProcessGroup"], pg: Any) -> Group:
         get_rank(), get_world_size()  # the env must agree with the world group too
     for hook in _FIRST_USE:
         hook()
-    return Group(pg, rank, size, backends.comm_device(str(dist.get_backend(group))))
+    return Group(pg, rank, size, backends.comm_device(str(dist.get_backend(group)), pg))
 
 
 def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> Optional[Group]:

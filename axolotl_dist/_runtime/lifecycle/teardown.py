@@ -100,9 +100,12 @@ def keep_abandoned() -> List[Any]:
     return kept
 
 
-def cleanup() -> None:
+def cleanup(failed: bool = False) -> None:
     """Stop the heartbeat, run the cleanup hooks, let gloo's worker threads finish releasing
-    their last collectives, and destroy the default process group.
+    their last collectives, and destroy the default process group. ``failed``: the process
+    ends on a failure, with collectives that may never complete: it waits for no device work
+    (no ``torch.cuda.synchronize()``) and aborts the NCCL communicators instead of destroying
+    them (their destruction waits for pending work; abort does not).
 
     The pause matters: destroying a group joins its worker threads while this thread holds the
     GIL, so a worker still releasing a finished collective's tensors (which needs the GIL)
@@ -124,11 +127,14 @@ def cleanup() -> None:
     _await_released(known)
     if dist.is_available() and dist.is_initialized():
         time.sleep(_DRAIN)
-        # CUDA work this rank queued finishes first (nothing to wait for if CUDA never started)
-        if torch.cuda.is_initialized() and backends.supports(str(dist.get_backend()), "cuda"):
-            torch.cuda.synchronize()
-        LIFECYCLE.kept.extend(weakref.ref(pg) for pg in keep_abandoned())  # Ctrl-C in a collective
-        dist.destroy_process_group()
+        cuda = torch.cuda.is_initialized() and backends.supports(str(dist.get_backend()), "cuda")
+        if failed and cuda:
+            _abort_nccl()  # the rest exits with the process: nothing waits on the device
+        else:
+            if cuda:  # CUDA work this rank queued finishes first (none if CUDA never started)
+                torch.cuda.synchronize()
+            LIFECYCLE.kept.extend(weakref.ref(pg) for pg in keep_abandoned())  # Ctrl-C
+            dist.destroy_process_group()
     if recorder is not None and recorder.at_end is not None:
         recorder.at_end(recorder)  # the tracing feature's end: rank 0 merges the files
 
@@ -291,13 +297,30 @@ def teardown(exc: Optional[BaseException] = None) -> None:
         if world_size > 1 and not peers.host_leaving() else None
     _step(_release_kit_frames, exc)
     groups = [weakref.ref(pg) for pg in list(dist.distributed_c10d._world.pg_map)]
-    _step(cleanup)  # exiting anyway: never turn an exit into a crash
+    _step(cleanup, _failed(exc))  # exiting anyway: never turn an exit into a crash
     if record is not None:
         _step(_last_store_calls, record, hosts, rank, world_size, exc)
     del server
     _step(_await_groups_released, groups)
     if not hosts and isinstance(exc, RankFailedError) and under_elastic_agent():
         _step(_await_agent_stop, exc, world_size)
+
+
+def _failed(exc: Optional[BaseException]) -> bool:
+    """Whether the process ends on a failure (``sys.exit(0)`` is no failure; Ctrl-C is)."""
+    return exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
+
+
+def _abort_nccl() -> None:
+    """Abort every NCCL communicator of this process (torch's ``_abort_process_group``, which
+    takes every group when given none), for an exit on a failure: a collective a lost peer
+    never joins would hold ``destroy_process_group()`` until NCCL's timeout."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.is_nccl_available():
+        try:
+            abort()
+        except Exception:  # noqa: BLE001 - a backend without abort: the process ends anyway
+            pass
 
 
 def _step(fn: Callable[..., Any], *args: Any) -> Any:

@@ -1,12 +1,13 @@
 """The liveness room: who is alive, who waits for whom, and where everyone is.
 
-Floors, one way: :mod:`.peers` <- :mod:`.stalls` <- :mod:`.heartbeat`, and
+Floors, one way: :mod:`.peers` <- :mod:`.stalls` <- :mod:`.dead_peers` <- :mod:`.heartbeat`, and
 :mod:`.peers` <- :mod:`.stalls` <- :mod:`.failures` <- :mod:`.waits` <- :mod:`.polls`.
 
 * :mod:`.peers`: each rank's record, what waiters read about peers, a store host that is gone.
 * :mod:`.stalls`: rank 0's stall detector (silent ranks, deadlocks); a waiter's check of
   the ranks it waits for.
 * :mod:`.heartbeat`: each rank's heartbeat thread (and the tasks that run on rank 0's).
+* :mod:`.dead_peers`: a rank whose peer died ends, wherever it waits.
 * :mod:`.deadlock`: the wait-for graph of every rank's long kit wait.
 * :mod:`.failures`: failure and exit records, the store host's wait for its readers, naming a lost peer.
 * :mod:`.waits`: every kit wait, one watching wait; a collective's wait, in slices.

@@ -23,7 +23,7 @@ from ..base.state import GROUPS
 from ..base.tracebacks import format_exception, safe_str, user_line
 from ..store import keys, records
 from ..store.access import checked, hosts_store, is_store_error, put, world_store
-from .heartbeat import exit_connection
+from .liveness_state import HEARTBEAT
 from .stalls import ASLEEP_SLOWDOWN, PeerChecker, lost_error
 from .peers import peer_record, store_answers, store_host_gone, store_lost_error
 from .where_report import same_machine
@@ -39,6 +39,7 @@ __all__ = [
     "host_exit_timeout",
     "await_readers",
     "publish_exit",
+    "publish_exit_on",
     "mark_exited",
     "await_peers_exit",
     "diagnose_lost_peer",
@@ -159,9 +160,9 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
     exception, else a normal exit. Uses the heartbeat's connection (never opens a new one: a
     dead store would make that wait). Returns ``(store, rank, whether it records a failure)``
     if the record was written."""
-    if exit_connection() is None:
+    if HEARTBEAT.exit_store is None:  # the heartbeat's connection for the exit record
         return None
-    store, rank, pg_ref = exit_connection()  # type: ignore[misc]
+    store, rank, pg_ref = HEARTBEAT.exit_store
     if pg_ref() is not default_pg():
         return None  # a later group replaced the one this connection belongs to
     if store_host_gone():
@@ -174,6 +175,14 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
     except Exception:  # noqa: BLE001 - a report must never stop the exit
         return None
     return _written(store, rank, report, getattr(exc, "store_refused", False))
+
+
+def publish_exit_on(store: "Store", rank: int,
+                    error: RankFailedError) -> Optional[Tuple["Store", int, bool]]:
+    """Leave this process's exit record, ending on another rank's failure ``error``, through
+    ``store`` (a connection of this thread's own: the heartbeat's, where the main thread's is
+    held by a call that never ends); as :func:`publish_exit` returns."""
+    return _written(store, rank, error.to_report(), False)
 
 
 def _written(store: "Store", rank: int, report: Optional[bytes],

@@ -49,8 +49,9 @@ def _dump() -> Optional[Dict[str, Any]]:
     dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
     if dump is None:
         return None
-    try:
-        return records.read_local(dump(True, True))
+    try:  # every entry (onlyActive=False): NCCL marks finished ones, which must stay, both
+        # for a group's last collective and for the timeline's spans
+        return records.read_local(dump(True, False))
     except Exception:  # noqa: BLE001 - a recorder that cannot dump leaves the report as it was
         return None
 

@@ -4,8 +4,8 @@ At init the ranks of a multi-rank group agree on a run id (the first to propose 
 every rank records itself (:mod:`.peers`) and starts a thread that bumps
 ``axolotl_dist/<run>/hb/<rank>`` every :data:`~..base.constants.HEARTBEAT_INTERVAL` seconds.
 The thread opens its own connection (lent to the default group's key waiters:
-:class:`~..store.wakeup.LentConnection`) at a moment spread over the ranks, and until then uses the
-group's. It first copies the other ranks' records (at once, in short doubling waits), so a
+:class:`~..store.wakeup.LentConnection`) at a moment spread over the ranks, and makes no store
+call before (the main thread may hold the group's connection in a C++ wait). It first copies the other ranks' records (at once, in short doubling waits), so a
 rank can still be named, and the store's host found gone by its pid, after the store is
 gone; it answers requests for a snapshot of this rank (:mod:`.where_report`), copies the store
 host's failure record, and on global rank 0 runs the stall detector (:class:`~.stalls.StallDetector`)
@@ -32,6 +32,7 @@ from ..store import keys, records, seals, wakeup
 from ..store.access import genuine, parsed, propose, put, store_host, world_store
 from ..store.clients import raw_store
 from . import runs, where_report
+from .dead_peers import DeadPeers
 from .stalls import StallDetector, create_world_keys
 from .peers import (STALL_CHECK_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
@@ -166,7 +167,11 @@ class Heartbeat:
         return all(r in PEERS.peers for r in self.first)
 
     def _beat(self, key: str) -> None:
-        requests = self.raw.add(key, 1) >> 32
+        count = self.raw.add(key, 1)
+        requests = keys.requests_of(count)
+        dead = HEARTBEAT.dead_peers
+        if dead is not None:
+            dead.turn(self.store, self.raw, count, time.monotonic())
         if requests > self.answered:  # someone asked where this rank is
             self.answered = requests
             where_report.answer(self.raw, self.run, self.rank, requests)
@@ -231,19 +236,38 @@ class Heartbeat:
             self.wake.clear()
             if self.stop.is_set():
                 return
-            if default_pg() is not self.pg or store_host_gone():
-                return  # the group this heartbeat belongs to, or the store, is gone
+            if default_pg() is not self.pg:
+                return  # the group this heartbeat belongs to is gone
+            if store_host_gone():
+                self._after_store_host()
+                return
             try:
                 self._turn(key, runs_tasks, look)
             except Exception:  # noqa: BLE001 - store gone, or its host leaving: nothing to do
                 return
             wait = self._next_wait(wait, runs_tasks, look)
 
+    def _after_store_host(self) -> None:
+        """The store's host is gone: no store call is left to make; the dead-peer watch ends
+        this process unless it learns of it otherwise (:mod:`.dead_peers`)."""
+        dead = HEARTBEAT.dead_peers
+        if dead is None or self.host is None:
+            return
+        dead.store_gone(self.host, "judged by its pid")
+        while not self.stop.is_set():
+            dead.step(time.monotonic())
+            self.wake.wait(dead.next_step() or 0.5)
+
     def _turn(self, key: str, runs_tasks: bool, look: float) -> None:
         """One turn of the loop, on this thread's own connection unless a key waiter has it."""
         own = self.own
-        if own is not None and own.conn is None and time.monotonic() >= self.when.connect_at:
+        if own is not None and own.conn is None:
+            if time.monotonic() < self.when.connect_at:
+                # no store call on the group's connection meanwhile: the main thread may be
+                # blocked on it in a C++ call (a store wait) that only a peer can end
+                return
             self._connect(own)
+            own = self.own
         if own is None or own.conn is None:
             self._turn_on(key, runs_tasks, look)
             return
@@ -278,6 +302,8 @@ class Heartbeat:
         elif runs_tasks and _pending() and now - self.when.last_look >= look:
             self.when.last_look = now
             self._waiters()
+        elif HEARTBEAT.dead_peers is not None and HEARTBEAT.dead_peers.known is not None:
+            HEARTBEAT.dead_peers.step(now, self.store)  # between beats: a death's deadlines
         if self.when.stall_rounds and now - self.when.last_round >= STALL_CHECK_INTERVAL:
             self.when.last_round = now
             self._detect_stalls()
@@ -297,6 +323,10 @@ class Heartbeat:
             due = min(due, self.when.last_round + STALL_CHECK_INTERVAL)
         if runs_tasks and _pending():
             due = min(due, self.when.last_look + look)
+        dead = HEARTBEAT.dead_peers
+        step = dead.next_step() if dead is not None else None
+        if step is not None:
+            due = min(due, time.monotonic() + step)
         return max(0.0, due - time.monotonic())
 
 
@@ -304,7 +334,7 @@ def _connect_delay(rank: int, world_size: int) -> float:
     """Seconds after its start a heartbeat opens its own connection: rank r of W at
     ``r / W`` of a window of 40 ms per rank (at most one interval), so the store's host sees
     about 25 new connections a second, each costing it a reverse name lookup (docs/design.md,
-    "Connections"); till then the thread uses the group's connection."""
+    "Connections"); till then the thread makes no store call."""
     window = min(HEARTBEAT_INTERVAL, _CONNECT_SPACING * world_size)
     return window * rank / max(1, world_size)
 
@@ -342,6 +372,7 @@ def start_heartbeat() -> None:
             put(raw, keys.RUN_NOTE, records.document({"run": run, "world": world,
                                                        "sealed": seals.sealing()}))
         runs.note_address(run, rank, world, launcher_name())
+        HEARTBEAT.dead_peers = DeadPeers(run, rank, world) if world > 1 else None
         HEARTBEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))
         for task in _TASKS:

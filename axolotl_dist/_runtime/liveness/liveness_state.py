@@ -10,7 +10,8 @@ part           fields
 ``heartbeat``  :data:`HEARTBEAT`: ``thread`` (this rank's :class:`~.heartbeat.Heartbeat`, if
                running); ``run`` (the id the ranks of the current group agreed on);
                ``exit_store`` (the heartbeat's store connection, its rank and a reference to
-               its group, kept for the exit record)
+               its group, kept for the exit record); ``dead_peers`` (the watch that ends this
+               process when a peer died: :mod:`.dead_peers`)
 ``waits``      :data:`WAITS`: ``waits`` (thread id -> the kit wait it is in, for the where
                report); ``abandoned`` (collectives whose wait ended on an exception, Ctrl-C,
                while still pending: kept, never released, with their groups at exit)
@@ -34,6 +35,7 @@ from ..base.state import RoomState, register
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store, Work
 
+    from .dead_peers import DeadPeers
     from .heartbeat import Heartbeat
     from .peers import Peer
     from .scopes import ExclusiveScope
@@ -58,6 +60,7 @@ class HeartbeatState(RoomState):
         self.thread: Optional["Heartbeat"] = None
         self.run: Optional[str] = None
         self.exit_store: Optional[Tuple["Store", int, Callable[[], Any]]] = None
+        self.dead_peers: Optional["DeadPeers"] = None
 
 
 class WaitsState(RoomState):

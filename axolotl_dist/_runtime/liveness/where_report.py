@@ -45,10 +45,9 @@ __all__ = ["REQUEST", "BEATS",
            "where", "where_each", "placed", "place", "collective_findings", "read_answer",
            "asked_by_the_run", "QUESTION_FRESH", "UNSEALED"]
 
-#: What a requester adds to a rank's heartbeat counter.
-REQUEST = 1 << 32
-#: The beats part of a heartbeat counter.
-BEATS = REQUEST - 1
+#: What a requester adds to a rank's heartbeat counter; the beats part of the counter (their
+#: layout: :func:`~..store.keys.heartbeat`).
+REQUEST, BEATS = keys.REQUEST, keys.BEATS
 #: Seconds a requester waits for the ranks' answers (a rank sees a request at its next beat).
 ANSWER_WITHIN = HEARTBEAT_INTERVAL + 1.5
 #: Seconds between a requester's looks for answers not in yet (each one ``multi_get``).
@@ -204,7 +203,7 @@ def ask(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Tuple[int, 
     asked = {}
     for r in ranks:
         value = store.add(keys.heartbeat(run, r), REQUEST)
-        asked[r] = (value >> 32, value & BEATS)
+        asked[r] = (keys.requests_of(value), value & BEATS)
         if (run, r) not in RUNS.answer_keys:  # made once, so one multi_get reads every answer
             key = keys.where_answer(run, r)
             store.compare_set(key, "", seals.seal(key, _NO_ANSWER))

@@ -22,7 +22,8 @@ __all__ = [
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "where_answer",
     "long_wait", "stuck", "where_question", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
-    "attempt_joined", "attempt_prefix", "DOCUMENTED", "is_counter", "as_named",
+    "attempt_joined", "attempt_prefix", "DOCUMENTED", "is_counter", "as_named", "REQUEST",
+    "NOTICE", "BEATS", "requests_of", "notices_of", "dead",
 ]
 
 # --- group keys --------------------------------------------------------------------------------
@@ -115,8 +116,31 @@ def who(run: str, rank: int) -> str:
 
 
 def heartbeat(run: str, rank: int) -> str:
-    """Global ``rank``'s heartbeat counter (low 32 bits: beats; above: snapshot requests)."""
+    """Global ``rank``'s heartbeat counter: the low 32 bits count its beats, bits 32-47
+    ``where``'s requests for its snapshot (:data:`REQUEST`), the bits above the deaths
+    announced to it (:data:`NOTICE`)."""
     return f"axolotl_dist/{run}/hb/{rank}"
+
+
+#: What a ``where`` requester adds to a heartbeat counter, and what an announced death adds.
+REQUEST, NOTICE = 1 << 32, 1 << 48
+#: The beats part of a heartbeat counter.
+BEATS = REQUEST - 1
+
+
+def requests_of(count: int) -> int:
+    """The ``where`` requests a heartbeat counter holds."""
+    return (count & (NOTICE - 1)) >> 32
+
+
+def notices_of(count: int) -> int:
+    """The deaths announced to the rank of a heartbeat counter."""
+    return count >> 48
+
+
+def dead(run: str) -> str:
+    """The first death announced in the run (a failure report: :mod:`..liveness.dead_peers`)."""
+    return f"axolotl_dist/{run}/dead"
 
 
 def where_answer(run: str, rank: int) -> str:
@@ -203,6 +227,7 @@ def rendezvous_round(port_key: str) -> str:
 #: Every key as docs/design.md's table spells it (placeholders in angle brackets).
 DOCUMENTED = (
     RUN, RUN_NOTE, who("<run>", "<rank>"), heartbeat("<run>", "<rank>"),  # type: ignore[arg-type]
+    dead("<run>"),
     where_answer("<run>", "<rank>"), where_question("<run>"),  # type: ignore[arg-type]
     long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
     stuck("<run>", "<rank>"), deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
