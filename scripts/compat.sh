@@ -28,7 +28,7 @@ NEWEST=2.14.1  # the newest torch this machine's package index offers (a CUDA bu
 FLOOR=$(sed -n 's/^ *torch>=\([0-9.]*\).*/\1/p' "$REPO/setup.cfg" | head -n 1)
 QUICK_TESTS=(tests/test_installs.py tests/test_queries.py tests/test_init.py tests/test_values.py
              tests/test_collectives.py tests/test_ordering.py tests/test_zero_only.py
-             tests/test_errors.py tests/test_pythons.py
+             tests/test_errors.py tests/test_pythons.py tests/test_default_install.py
              tests/test_launch.py::test_a_rank_that_exits_early_with_code_0_is_reported_first
              tests/test_launch.py::test_version_and_help_say_what_the_cli_has)
 
