@@ -48,7 +48,7 @@ from ..base.groups import failure_record, known_failure, restore_failure_record
 from ..base.kitlog import kit as log
 from ..base.tracebacks import kit_frame
 from ..store import keys, records
-from ..store.access import genuine, hosts_store
+from ..store.access import genuine, hosts_store, propose
 from ..store.clients import raw_store
 from .liveness_state import PEERS
 from .peers import fetch_peers, same_machine, store_host_gone
@@ -106,8 +106,10 @@ class DeadPeers:
                 restore_failure_record(before)
             if found is None:
                 return
-            self._know(found, now)
-            if not isinstance(found, _Announced):
+            if isinstance(found, _Announced):
+                self._know(found.error, now)
+            else:
+                self._know(found, now)
                 self._announce(raw, found)
         self.step(now, store)
 
@@ -182,15 +184,13 @@ class DeadPeers:
         self.checker.store, self.checker.raw = store, raw_store(store)
         return self.checker
 
-    def _know(self, found: object, now: float) -> None:
-        self.known = found.error if isinstance(found, _Announced) else found  # type: ignore
-        self.since = now
+    def _know(self, error: RankFailedError, now: float) -> None:
+        """The death ``error`` names is known here since ``now``."""
+        self.known, self.since = error, now
 
     def _announce(self, raw: "Store", error: RankFailedError) -> None:
         """Tell every rank: the run's first death (the first announcement wins), then a notice
         on each rank's heartbeat counter (one ``add`` each, once)."""
-        from ..store.access import propose
-
         try:
             propose(raw, keys.dead(self.run), error.to_report())
             for rank in range(self.world_size):
