@@ -24,7 +24,7 @@ from ._runtime.protocols import timeline as _timeline
 from ._runtime.protocols.helpers import collective
 from ._runtime.protocols.exchange import all_gather_into, resolved, run
 from ._runtime.protocols.packets import DTYPES, check_alike, describe_ranks, flatten
-from ._runtime.base.groups import Group, group_of
+from ._runtime.base.groups import Group, channel_of, group_of
 from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
 from ._runtime.base.callsite import call_site
 from ._runtime.protocols.protocols_state import TIMELINE
@@ -219,11 +219,12 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
     ws, device = g.size, g.device
     meta = [DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))
-    metas_t = torch.empty(ws * len(meta), dtype=torch.int64, device=device)
+    metas_t = torch.empty(ws * len(meta), dtype=torch.int64)  # on the host: the CPU channel
     if TIMELINE.recorder is not None:
         _timeline.add_bytes(tensor.nbytes)
-    run(g, "all_gather", all_gather_into, metas_t,
-        torch.tensor(meta, dtype=torch.int64, device=device), group=g.arg, async_op=True)
+    ch = channel_of(g)
+    run(ch, "all_gather", all_gather_into, metas_t, torch.tensor(meta, dtype=torch.int64),
+        group=ch.arg, async_op=True)
     metas = metas_t.view(ws, len(meta)).tolist()
     if any(m[0] != meta[0] for m in metas):
         raise tensor_mismatch(

@@ -98,11 +98,16 @@ def _joined_alike(rows: torch.Tensor, head: List[int]) -> Leaves:
     return joined
 
 
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` (no call where it is there already)."""
+    return t if t.device == device else t.to(device)
+
+
 def join_ranks(per_rank: List[Leaves], originals: Leaves) -> Leaves:
     """Leaf ``i`` of every rank concatenated on dim 0, on the device of this rank's leaf ``i``."""
     if len(per_rank) == 1:
-        return [t.to(orig.device) for t, orig in zip(per_rank[0], originals)]
-    return [torch.cat([rank[i] for rank in per_rank]).to(orig.device)
+        return [_on(t, orig.device) for t, orig in zip(per_rank[0], originals)]
+    return [_on(torch.cat([rank[i] for rank in per_rank]), orig.device)
             for i, orig in enumerate(originals)]
 
 
@@ -123,7 +128,7 @@ def gather(g: Optional[Group], tensor: Any, group: Optional["ProcessGroup"] = No
     rows, heads = packets.exchange(g, leaves, paths, "gather")
     mine = heads[g.rank]
     if 2 + mine[1] <= len(mine) and all(h == mine for h in heads):  # the common case
-        return rebuild([t.to(orig.device) for t, orig in zip(_joined_alike(rows, mine), leaves)])
+        return rebuild([_on(t, orig.device) for t, orig in zip(_joined_alike(rows, mine), leaves)])
     check_same(packets.specs_of(rows, heads), paths, "gather", _JOIN_FIX, key=_joinable)
     per_rank = [packets.unpack(rows[r, :h[0]], h) for r, h in enumerate(heads)]
     return rebuild(join_ranks(per_rank, leaves))

@@ -25,6 +25,7 @@ __all__ = [
     "STARTUP_ENV_VAR",
     "CHECK_LAUNCH_ENV_VAR",
     "DEAD_PEER_EXIT_ENV_VAR",
+    "STANDIN_ENV_VAR",
     "RETRY_SAME_FAILURE_ENV_VAR",
     "STARTUP_LATE",
     "STORE_LINGER_ENV_VAR",
@@ -98,6 +99,8 @@ STARTUP_ENV_VAR = "AXOLOTL_DIST_STARTUP"
 #: Switch: ``0`` turns off the checks of the launch geometry (``srun`` or ``mpirun`` around a
 #: per-node launcher, a ``RANK`` every task inherited, a loopback ``MASTER_ADDR`` on several hosts).
 CHECK_LAUNCH_ENV_VAR = "AXOLOTL_DIST_CHECK_LAUNCH"
+#: ``1``: gloo groups are treated as accelerator groups (the kit's own tests: tests/standin.py).
+STANDIN_ENV_VAR = "AXOLOTL_DIST_STANDIN_DEVICE"
 #: ``0``: a rank whose peer died is not ended by the kit (:mod:`..liveness.dead_peers`).
 DEAD_PEER_EXIT_ENV_VAR = "AXOLOTL_DIST_DEAD_PEER_EXIT"
 #: Switch: restart also when an attempt fails at start-up the way the attempt before did.

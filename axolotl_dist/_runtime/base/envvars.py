@@ -169,6 +169,9 @@ KIT_VARS: Dict[str, KitVar] = {
     constants.CHECK_LAUNCH_ENV_VAR: KitVar("switch", True, f"set {constants.CHECK_LAUNCH_ENV_VAR}=0 to "
                                     "skip the launch geometry's checks, or 1 (or unset it) to "
                                     "keep them"),
+    constants.STANDIN_ENV_VAR: KitVar(
+        "switch", False, f"set {constants.STANDIN_ENV_VAR}=1 only in the kit's own tests (gloo "
+        "groups run the accelerator branches), else 0 or unset"),
     constants.DEAD_PEER_EXIT_ENV_VAR: KitVar(
         "switch", True, f"set {constants.DEAD_PEER_EXIT_ENV_VAR}=0 to keep a rank whose peer "
         "died running, or 1 (or unset it) to end it"),

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 
 from . import backends
+from .constants import STANDIN_ENV_VAR
+from .envvars import kit_switch
 from .state import FAILURES, GROUPS
 from ... import env as _env
 from ...errors import DistributedEnvError, RankFailedError
@@ -40,7 +42,8 @@ from ...ranks import get_rank, get_world_size
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["world", "Group", "HeaderBuffers", "GroupConnections", "NOT_ASKED", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
+__all__ = ["world", "Group", "HeaderBuffers", "GroupConnections", "NOT_ASKED", "NOT_MADE",
+           "STANDIN_ENV_VAR", "STANDIN_DEVICE", "channel_of", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
            "forget_last_group", "failure_record", "restore_failure_record",
            "HEADER_LEN", "A2A_MAX_RANKS"]
 
@@ -95,6 +98,11 @@ def _options(cls: Any, async_op: bool) -> Any:
 
 #: :attr:`Group.node_first` before the first block asked.
 NOT_ASKED = object()
+#: :attr:`Group.channel` of an accelerator group before its first use.
+NOT_MADE = object()
+#: The device of a stand-in accelerator group: the CPU, named so that a test can tell the
+#: tensors made on it (``device=`` given) from host ones.
+STANDIN_DEVICE = torch.device("cpu", 0)
 
 
 class HeaderBuffers:
@@ -147,15 +155,21 @@ class GroupConnections:
 class Group:
     """What the kit knows of one process group (see the module docstring)."""
 
-    __slots__ = ("pg_ref", "default", "rank", "size", "device", "cpu", "env_rank", "env_ws", "seq",
+    __slots__ = ("pg_ref", "default", "rank", "size", "device", "channel", "env_rank", "env_ws", "seq",
                  "store", "debug", "world_mesh", "connections", "abandoned", "node_first", "calls", "open_blocks", "_ranks", "headers",
                  "gather_slots", "__weakref__")
 
-    def __init__(self, pg: Any, rank: int, size: int, device: torch.device) -> None:
+    def __init__(self, pg: Any, rank: int, size: int, device: torch.device,
+                 accelerator: Optional[bool] = None) -> None:
         self.pg_ref: Callable[[], Any] = weakref.ref(pg)
         self.default = pg is default_pg()  # the world group: torch's APIs take None for it
         self.rank, self.size, self.device = rank, size, device
-        self.cpu = device.type == "cpu"
+        #: where the group's metadata (headers, descriptions, shape checks) travels: None for
+        #: a CPU group (itself), else a CPU group of the same ranks, made at its first use
+        #: (:func:`channel_of`); ``accelerator``: treat the group as an accelerator's whatever
+        #: its device (the CPU stand-in of the kit's tests, :data:`STANDIN_ENV_VAR`)
+        accel = device.type != "cpu" if accelerator is None else accelerator
+        self.channel: Any = NOT_MADE if accel else None
         self.env_rank, self.env_ws = _RANK_RAW(), _WS_RAW()
         self.seq: Dict[str, int] = {}
         self.calls = 0  # the kit's collectives on this group so far (:mod:`..liveness.deadlock`)
@@ -174,6 +188,11 @@ class Group:
         #: its next one sends that many in its first all-gather; the same on every rank
         self.gather_slots: Dict[str, int] = {}
         self.headers = HeaderBuffers(pg, size, self.cpu)
+
+    @property
+    def cpu(self) -> bool:
+        """Whether the group's collectives run on the CPU (gloo: sliced waits, host buffers)."""
+        return self.channel is None
 
     @property
     def arg(self) -> Any:
@@ -217,7 +236,33 @@ def _build(group: Optional["ProcessGroup"], pg: Any) -> Group:
         get_rank(), get_world_size()  # the env must agree with the world group too
     for hook in _FIRST_USE:
         hook()
-    return Group(pg, rank, size, backends.comm_device(str(dist.get_backend(group)), pg))
+    device = backends.comm_device(str(dist.get_backend(group)), pg)
+    if device.type == "cpu" and _standin():
+        return Group(pg, rank, size, STANDIN_DEVICE, accelerator=True)
+    return Group(pg, rank, size, device)
+
+
+def _standin() -> bool:
+    """Whether gloo groups stand in for accelerator groups (``AXOLOTL_DIST_STANDIN_DEVICE``)."""
+    return kit_switch(STANDIN_ENV_VAR)
+
+
+def channel_of(g: Group) -> Group:
+    """The CPU group that carries ``g``'s metadata (``g`` itself on CPU): for an accelerator
+    group, made at its first use by its ranks alone (every rank of ``g`` is in the same kit
+    call then): the same process group where its backend serves CPU tensors too
+    (``"cuda:nccl,cpu:gloo"``, what ``init_distributed`` makes), else a gloo group of the
+    same ranks. Nothing of the metadata ever crosses the device: no host synchronisation."""
+    if g.channel is None:
+        return g
+    if g.channel is NOT_MADE:
+        pg = g.pg_ref()
+        if backends.supports(str(dist.get_backend(pg)), "cpu") and not _standin():
+            cpu_pg = pg
+        else:
+            cpu_pg = dist.new_group(g.ranks, backend="gloo", use_local_synchronization=True)
+        g.channel = Group(cpu_pg, g.rank, g.size, torch.device("cpu"))
+    return g.channel
 
 
 def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> Optional[Group]:

@@ -27,8 +27,9 @@ anything else in exactly two (header, then payload).
 **The header exchange.** On CPU (gloo) with at most :data:`~.groups.A2A_MAX_RANKS` ranks it is
 one all-to-all (each rank sends its header to every other rank directly: one message per pair
 and direction, where gloo's ring all-gather spends several notifications per rank); beyond
-that many ranks the all-gather's ``O(ranks)`` messages win, and on accelerators the header goes
-through the backend's all-gather. Not point-to-point ``send``/``recv``: a gloo receive whose
+that many ranks the all-gather's ``O(ranks)`` messages win. An accelerator group's values,
+headers and payloads alike, travel on its CPU channel (:func:`~..base.groups.channel_of`):
+nothing the host reads crosses the device. Not point-to-point ``send``/``recv``: a gloo receive whose
 wait times out closes every connection of the group ("Application timeout caused pair
 closure"), so the kit's sliced, interruptible wait would kill the group whenever a rank
 arrives more than a slice late; a collective's timed-out wait leaves it running. The buffers
@@ -54,7 +55,7 @@ import torch.distributed as dist
 
 from ..base import backends
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group, remember_failure
+from ..base.groups import HEADER_LEN, Group, channel_of, remember_failure
 from .protocols_state import BLOCKS, TIMELINE
 from ..base.tracebacks import safe_str
 from ..liveness import waits
@@ -371,23 +372,15 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     code = CODES[where]
     own: Optional[BaseException] = None
     encoded: Optional[Encoded] = None
-    if g.cpu:
-        header = g.headers.hdr
-        if g.rank == src:
-            mine, encoded, own = _encode_result(fn, g.rank, where)
-            a = g.headers.hdr_arr
-            a[0], a[1], a[2] = mine[0], mine[1], mine[2]
-            a[3] = code
-    elif g.rank == src:
+    g = channel_of(g)  # values travel on the host: an accelerator group's CPU channel
+    header = g.headers.hdr
+    if g.rank == src:
         mine, encoded, own = _encode_result(fn, g.rank, where)
-        header = torch.tensor([mine[0], mine[1], mine[2], code], dtype=_I64, device=g.device)
-    else:
-        header = torch.empty(HEADER_LEN, dtype=_I64, device=g.device)
-    if g.cpu:  # the group's own broadcast (see _broadcast), inline: the hot path
-        g.headers.bcast_opts.rootRank = src
-        run(g, where, g.headers.bcast, g.pg_ref(), [header], g.headers.bcast_opts)
-    else:
-        _broadcast(g, header, src, where)
+        a = g.headers.hdr_arr
+        a[0], a[1], a[2] = mine[0], mine[1], mine[2]
+        a[3] = code
+    g.headers.bcast_opts.rootRank = src  # the group's own broadcast (see _broadcast), inline
+    run(g, where, g.headers.bcast, g.pg_ref(), [header], g.headers.bcast_opts)
     values = header.tolist()
     if values[3] != code:  # src ran another helper
         del header  # the cached buffer: the traceback keeps this frame
@@ -434,21 +427,16 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     """
     if g is None:
         return [fn()]
+    g = channel_of(g)  # values travel on the host: an accelerator group's CPU channel
     code = CODES[where] | ((decode_on or 0) << 8 if where in GATHERS else 0)  # helper_code
     header, encoded, own = _encode_result(fn, g.rank, where)
     if TIMELINE.recorder is not None:
         timeline.add_bytes(HEADER_LEN * 8 + (
             encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
-    if g.cpu:
-        a = g.headers.hdr_arr
-        a[0], a[1], a[2] = header[0], header[1], header[2]
-        a[3] = code
-        flat = exchange(g, where)
-    else:
-        headers_t = torch.empty(g.size * HEADER_LEN, dtype=_I64, device=g.device)
-        mine = torch.tensor([header[0], header[1], header[2], code], dtype=_I64, device=g.device)
-        run(g, where, all_gather_into, headers_t, mine, group=g.pg_ref(), async_op=True)
-        flat = headers_t.tolist()
+    a = g.headers.hdr_arr
+    a[0], a[1], a[2] = header[0], header[1], header[2]
+    a[3] = code
+    flat = exchange(g, where)
     if flat[3::HEADER_LEN].count(code) != g.size:  # another helper met this one
         raise mismatch_error(dict(enumerate(flat[3::HEADER_LEN])), g.rank, lambda: str(call_site()))
     kinds = flat[0::HEADER_LEN]

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group
+from ..base.groups import HEADER_LEN, Group, channel_of
 from .protocols_state import TIMELINE
 from . import timeline
 from .codes import helper_code, mismatch_error
@@ -150,11 +150,13 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
     """Every rank's packet (a row of ranks x slot bytes) and its first int64 words: one
     all-gather of the helper's slot, or two. ``data=False``: the description alone (its slot
     is kept apart from the helper's data packets)."""
+    if not g.cpu:
+        return _exchange_on_device(g, leaves, paths, what, data)
     key = what if data else what + " (shapes)"
     slot = max(g.gather_slots.get(key, 0), _ALIGN)
     buf, total = _pack(leaves, paths, g.device, slot, what, data)
     while True:
-        out = torch.empty(g.size * slot, dtype=torch.uint8, device=g.device)
+        out = torch.empty(g.size * slot, dtype=torch.uint8)  # the host's: g is a CPU group
         if TIMELINE.recorder is not None:
             timeline.add_bytes(slot)
         run(g, what, all_gather_into, out, buf[:slot], group=g.arg, async_op=True)
@@ -171,6 +173,38 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
             buf = grown
 
 
+def _exchange_on_device(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bool
+                        ) -> Tuple[torch.Tensor, List[List[int]]]:
+    """:func:`exchange` on an accelerator group: every rank's description over the CPU channel
+    (its packet's words, whole, known on the host), then, with ``data``, one all-gather of the
+    leaves' bytes on the device, each rank's packet laid out as its description says (the
+    words themselves are not sent: nothing is read back from the device)."""
+    rows, heads = exchange(channel_of(g), leaves, paths, what, data=False)
+    heads = [_whole(rows[r], h) for r, h in enumerate(heads)]
+    if not data:
+        return rows, heads
+    for head in heads:
+        head[0] = _data_bytes(head)
+    slot = max(max(h[0] for h in heads), _ALIGN)
+    buf = torch.zeros(slot, dtype=torch.uint8, device=g.device)
+    for leaf, (_, _, at, n) in zip(leaves, layout(heads[g.rank])):
+        if n:
+            buf[at:at + n].copy_(leaf.detach().reshape(-1).view(torch.uint8))
+    out = torch.empty(g.size * slot, dtype=torch.uint8, device=g.device)
+    if TIMELINE.recorder is not None:
+        timeline.add_bytes(slot)
+    run(g, what, all_gather_into, out, buf, group=g.arg, async_op=True)
+    return out.view(g.size, slot), heads
+
+
+def _data_bytes(head: List[int]) -> int:
+    """The bytes of the packet a description (``head``, whole) lays out, its data included."""
+    end = _padded(8 * (2 + head[1]))
+    for _, _, at, n in layout(head):
+        end = at + _padded(n)
+    return end
+
+
 def specs_of(rows: torch.Tensor, heads: List[List[int]]) -> List[List[Spec]]:
     """Every rank's ``(dtype, shape)`` of each leaf, from :func:`exchange`'s result."""
     return [specs(_whole(rows[r], h)) for r, h in enumerate(heads)]
@@ -179,8 +213,8 @@ def specs_of(rows: torch.Tensor, heads: List[List[int]]) -> List[List[Spec]]:
 def describe_all(g: Group, leaves: Leaves, paths: Sequence[str], what: str
                  ) -> List[List[Spec]]:
     """Every rank's ``(dtype, shape)`` of each leaf, in group-rank order: one small
-    all-gather."""
-    return specs_of(*exchange(g, leaves, paths, what, data=False))
+    all-gather, on the group's CPU channel."""
+    return specs_of(*exchange(channel_of(g), leaves, paths, what, data=False))
 
 
 # --------------------------------------------------------------------------- nested data
@@ -279,7 +313,8 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
     every rank passed the same structure, dtypes and shapes.
 
     One exchange of 4-word headers (the description's length and hash, and the helper's code,
-    through the value engine's cheapest collective: :func:`.exchange.exchange` on CPU): equal
+    through the value engine's cheapest collective, :func:`.exchange.exchange`, on the group's
+    CPU channel: :func:`~..base.groups.channel_of`): equal
     everywhere, done. Else every rank gathers every description (:func:`describe_all`) and
     :func:`check_same` names the difference; a hash that differed over equal descriptions
     (Pythons hashing differently) passes there. ``what`` must be a registered helper
@@ -288,21 +323,15 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
     if g.size <= 1:
         return
     desc, _ = _describe(leaves, paths, what)
-    mine = [len(desc), hash(tuple(desc)), 0, helper_code(what)]
-    if g.cpu:
-        a = g.headers.hdr_arr
-        a[0], a[1], a[2], a[3] = mine
-        flat = exchange_headers(g, what)
-    else:
-        out = torch.empty(g.size * HEADER_LEN, dtype=torch.int64, device=g.device)
-        run(g, what, all_gather_into, out, torch.tensor(mine, dtype=torch.int64,
-                                                        device=g.device),
-            group=g.arg, async_op=True)
-        flat = out.tolist()
+    ch = channel_of(g)  # g itself on CPU; an accelerator group's metadata never crosses the device
+    a = ch.headers.hdr_arr
+    a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), 0, helper_code(what)
+    mine = list(a)
+    flat = exchange_headers(ch, what)
     codes = flat[3::HEADER_LEN]
     if codes.count(mine[3]) != g.size:  # another helper met this one
         raise mismatch_error(dict(enumerate(codes)), g.rank, lambda: str(call_site()))
     if (flat[0::HEADER_LEN].count(mine[0]) == g.size
             and flat[1::HEADER_LEN].count(mine[1]) == g.size):
         return
-    check_same(describe_all(g, leaves, paths, what), paths, what, fix)
+    check_same(describe_all(ch, leaves, paths, what), paths, what, fix)
