@@ -96,6 +96,16 @@ def broadcast_into(g: Group, tensor: torch.Tensor, src: int, what: str) -> None:
         tensor.copy_(work)
 
 
+def all_gather_into_result(g: Group, result: torch.Tensor, tensor: torch.Tensor,
+                           what: str) -> None:
+    """All-gather ``tensor`` (the same shape on every rank, the caller checked) into
+    ``result`` (on ``g``'s device, ranks' parts one after another on dim 0)."""
+    work = _to_comm(tensor, g.device).contiguous()
+    if TIMELINE.recorder is not None:
+        _timeline.add_bytes(tensor.nbytes)
+    run(g, what, all_gather_into, result, work, group=g.arg, async_op=True)
+
+
 def check_ranks_alike(g: Group, leaves: List[torch.Tensor], paths: List[str], what: str
                       ) -> None:
     """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless

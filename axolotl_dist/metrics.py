@@ -158,11 +158,21 @@ def gather_for_metrics(g: Optional[Group], input_data: Any, data_source: Any = N
                                                      all_gather_object(input_data, group)]
         keep = _rows_kept(key, n, share, [len(p) for p in parts])
         return [x for part, k in zip(parts, keep) for x in part[:k]]
-    per_rank, mine, paths, rebuild = gather_parts(g, input_data, "gather_for_metrics", group)
-    keep = _rows_kept(key, n, share, [_rows(leaves, paths, r) for r, leaves in
-                                      enumerate(per_rank)])
+    return _tensors_kept(g, input_data, key, n, share, group)
+
+
+def _tensors_kept(g: Optional[Group], input_data: Any, key: Tuple[Hashable, int], n: int,
+                  share: int, group: Optional["ProcessGroup"]) -> Any:
+    """:func:`gather_for_metrics` of tensors: every rank's rows gathered, those the sampler
+    repeated dropped, on the input's devices (as :func:`~axolotl_dist.gather`'s result)."""
+    per_rank, mine, paths, rebuild, joined = gather_parts(g, input_data, "gather_for_metrics",
+                                                          group)
+    rows = [_rows(leaves, paths, r) for r, leaves in enumerate(per_rank)]
+    keep = _rows_kept(key, n, share, rows)
+    if joined is not None and keep == rows:  # big, and every row kept: the joined result
+        return rebuild(join_ranks([joined], mine))
     kept = [[t[:k] for t in leaves] for leaves, k in zip(per_rank, keep)]
-    return rebuild(join_ranks(kept, mine))  # on the input's devices, as gather's result
+    return rebuild(join_ranks(kept, mine))
 
 
 def reset_metrics_count(data_source: Any = None) -> None:

@@ -16,7 +16,7 @@ from standin import DEVICE, ENV, HostReads
 #: The helpers that must make no host read of a device tensor (the issue's list); ``pad`` may
 #: make as many as accelerate's (one: its sizes gathered on the device and moved to the host).
 NO_READS = ("reduce", "all_reduce", "all_reduce AVG", "broadcast", "gather",
-            "gather_for_metrics", "all_gather")
+            "gather_for_metrics", "all_gather", "gather (big, equal)", "gather (big, uneven)")
 
 
 def _calls(rank: int, ws: int) -> List[Tuple[str, Any]]:
@@ -35,6 +35,10 @@ def _calls(rank: int, ws: int) -> List[Tuple[str, Any]]:
         ("gather", lambda: ad.gather({"ids": dev(rank + 1, 2, dtype=torch.int64),
                                       "x": dev(rank + 1)})),
         ("gather_for_metrics", lambda: ad.gather_for_metrics(dev(2, 3), 2 * ws)),
+        # more than a MiB a rank: each rank's rows go straight into the result (one
+        # all-gather where the shapes agree, else a broadcast per rank)
+        ("gather (big, equal)", lambda: ad.gather(dev(2048, 160))),
+        ("gather (big, uneven)", lambda: ad.gather(dev(2048 * (rank + 1), 160))),
         ("all_gather", lambda: ad.all_gather(dev(rank + 1))),
         ("pad_across_processes", lambda: ad.pad_across_processes(dev(rank + 1, 2), dim=0)),
         ("compute_and_broadcast", lambda: ad.compute_and_broadcast(lambda: dev(2))),

@@ -145,13 +145,16 @@ def unpack(packet: torch.Tensor, head: List[int]) -> Leaves:
             for dtype, shape, at, n in layout(head)]
 
 
-def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bool = True
-             ) -> Tuple[torch.Tensor, List[List[int]]]:
+def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bool = True,
+             direct_above: Optional[int] = None) -> Tuple[Optional[torch.Tensor], List[List[int]]]:
     """Every rank's packet (a row of ranks x slot bytes) and its first int64 words: one
     all-gather of the helper's slot, or two. ``data=False``: the description alone (its slot
-    is kept apart from the helper's data packets)."""
+    is kept apart from the helper's data packets). ``direct_above``: where some rank's packet
+    holds at least that many bytes, no data is sent: ``(None, every rank's description,
+    whole)``, for the caller to move the data straight into its result (a packet would hold
+    the whole result twice more)."""
     if not g.cpu:
-        return _exchange_on_device(g, leaves, paths, what, data)
+        return _exchange_on_device(g, leaves, paths, what, data, direct_above)
     key = what if data else what + " (shapes)"
     slot = max(g.gather_slots.get(key, 0), _ALIGN)
     buf, total = _pack(leaves, paths, g.device, slot, what, data)
@@ -166,6 +169,8 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
         if need <= slot:
             g.gather_slots[key] = need
             return rows, heads
+        if data and direct_above is not None and need >= direct_above:
+            return None, _descriptions(g, rows, heads, leaves, paths, what, key)
         slot = need  # a packet was cut: every rank saw its length, every rank sends again
         if buf.numel() < slot:
             grown = torch.empty(slot, dtype=torch.uint8, device=g.device)
@@ -173,8 +178,21 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
             buf = grown
 
 
-def _exchange_on_device(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bool
-                        ) -> Tuple[torch.Tensor, List[List[int]]]:
+def _descriptions(g: Group, rows: torch.Tensor, heads: List[List[int]], leaves: Leaves,
+                  paths: Sequence[str], what: str, key: str) -> List[List[int]]:
+    """Every rank's description, whole, after a round whose packets were cut: from that round
+    where its slot held them (the next call's first round will: its slot is set to the
+    descriptions' size), else from a round of descriptions alone."""
+    size = max(_padded(8 * (2 + h[1])) for h in heads)
+    if size > rows.shape[1]:
+        rows, heads = exchange(g, leaves, paths, what, data=False)
+    g.gather_slots[key] = size
+    return [_whole(rows[r], h) for r, h in enumerate(heads)]
+
+
+def _exchange_on_device(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bool,
+                        direct_above: Optional[int] = None
+                        ) -> Tuple[Optional[torch.Tensor], List[List[int]]]:
     """:func:`exchange` on an accelerator group: every rank's description over the CPU channel
     (its packet's words, whole, known on the host), then, with ``data``, one all-gather of the
     leaves' bytes on the device, each rank's packet laid out as its description says (the
@@ -186,6 +204,8 @@ def _exchange_on_device(g: Group, leaves: Leaves, paths: Sequence[str], what: st
     for head in heads:
         head[0] = _data_bytes(head)
     slot = max(max(h[0] for h in heads), _ALIGN)
+    if direct_above is not None and slot >= direct_above:
+        return None, heads
     buf = torch.zeros(slot, dtype=torch.uint8, device=g.device)
     for leaf, (_, _, at, n) in zip(leaves, layout(heads[g.rank])):
         if n:
