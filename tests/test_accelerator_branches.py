@@ -113,3 +113,21 @@ def _old_shape_check() -> int:
 
 def test_the_detector_catches_a_header_read_back_from_the_device():
     assert run_distributed(_old_shape_check, 2, timeout=60) == [1, 1]
+
+
+def _no_interface_for_the_channel():
+    import os
+
+    import axolotl_dist as ad
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "axd-no-such-if0"  # after init: the channel's gloo only
+    with pytest.raises(ad.DistributedEnvError) as info:
+        ad.all_reduce(torch.ones(2, device=DEVICE))
+    return str(info.value)
+
+
+def test_a_channel_gloo_cannot_make_is_one_error_saying_what_to_set():
+    for text in run_distributed(_no_interface_for_the_channel, 2, env=ENV, timeout=60):
+        assert text.startswith("could not make the CPU channel of a gloo process group (a gloo "
+                               "group of its ranks [0, 1]"), text
+        assert "Set GLOO_SOCKET_IFNAME to the network interface" in text, text

@@ -260,9 +260,23 @@ def channel_of(g: Group) -> Group:
         if backends.supports(str(dist.get_backend(pg)), "cpu") and not _standin():
             cpu_pg = pg
         else:
-            cpu_pg = dist.new_group(g.ranks, backend="gloo", use_local_synchronization=True)
+            cpu_pg = _gloo_group(g)
         g.channel = Group(cpu_pg, g.rank, g.size, torch.device("cpu"))
     return g.channel
+
+
+def _gloo_group(g: Group) -> Any:
+    """A gloo group of ``g``'s ranks, made by them alone; a failure (gloo finds no interface
+    the ranks reach each other on) is one error saying what to set."""
+    try:
+        return dist.new_group(g.ranks, backend="gloo", use_local_synchronization=True)
+    except RuntimeError as exc:
+        raise DistributedEnvError(
+            f"could not make the CPU channel of a {dist.get_backend(g.pg_ref())} process group "
+            f"(a gloo group of its ranks {g.ranks}, which carries the kit's headers and shape "
+            f"checks so that they never stall the GPU): {str(exc).splitlines()[0]}. Set "
+            "GLOO_SOCKET_IFNAME to the network interface the nodes reach each other on, or "
+            "create the group with backend='cuda:nccl,cpu:gloo'") from exc
 
 
 def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> Optional[Group]:
