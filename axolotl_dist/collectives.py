@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from ._runtime.protocols import timeline as _timeline
 from ._runtime.protocols.helpers import collective
-from ._runtime.protocols.exchange import all_gather_into, resolved, run
+from ._runtime.protocols.encoding import resolved
+from ._runtime.protocols.exchange import all_gather_into, run
 from ._runtime.protocols.packets import DTYPES, check_alike, describe_ranks, flatten
 from ._runtime.base.groups import Group, channel_of, group_of
 from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
@@ -106,15 +107,16 @@ def all_gather_into_result(g: Group, result: torch.Tensor, tensor: torch.Tensor,
     run(g, what, all_gather_into, result, work, group=g.arg, async_op=True)
 
 
-def check_ranks_alike(g: Group, leaves: List[torch.Tensor], paths: List[str], what: str
-                      ) -> None:
+def check_ranks_alike(g: Group, leaves: List[torch.Tensor], paths: List[str], what: str,
+                      root: int = 0) -> None:
     """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless
     every rank passed the same structure, dtypes and shapes (one exchange of small headers;
-    ``what`` is a helper decorated with ``exchanges=True``)."""
-    check_alike(g, leaves, paths, what, SAME_FIX)
+    ``what`` is a helper decorated with ``exchanges=True``; ``root``: its source rank, where
+    it has one)."""
+    check_alike(g, leaves, paths, what, SAME_FIX, root)
 
 
-@collective("broadcast", lambda a: {"src": a["src"]}, src="src", exchanges=True)
+@collective("broadcast", lambda a: {"src": a["src"]}, src="src", exchanges=True, root="src")
 def broadcast(g: Optional[Group], tensor: T, src: int = 0,
               group: Optional["ProcessGroup"] = None) -> T:
     """Broadcast ``tensor`` in place from group rank ``src``; returns it.
@@ -126,7 +128,7 @@ def broadcast(g: Optional[Group], tensor: T, src: int = 0,
     leaves, paths, _ = flatten(tensor, "broadcast", objects="broadcast_object")
     if g is None:
         return tensor
-    check_ranks_alike(g, leaves, paths, "broadcast")
+    check_ranks_alike(g, leaves, paths, "broadcast", src)
     if len(leaves) == 1:
         broadcast_into(g, leaves[0], src, "broadcast")
     elif leaves:

@@ -24,7 +24,8 @@ import torch
 from ._runtime.base.args import (as_reduce_op, check_src, check_world_size, not_callable,
                                  reduce_name)
 from ._runtime.base.groups import Group
-from ._runtime.protocols.exchange import all_gather_values, broadcast_value, encode
+from ._runtime.protocols.encoding import encode
+from ._runtime.protocols.exchange import all_gather_values, broadcast_value
 from ._runtime.protocols.helpers import collective, tensor_signature
 from .collectives import all_reduce
 
@@ -64,7 +65,8 @@ def _size(g: Optional[Group]) -> int:
 
 # --- broadcasts -----------------------------------------------------------------------------
 
-@collective("synchronize_value", lambda a: {"src": a["src"]}, exchanges=True, src="src")
+@collective("synchronize_value", lambda a: {"src": a["src"]}, exchanges=True, src="src",
+            root="src")
 def synchronize_value(
     g: Optional[Group], value: T, device: Optional[Union[str, torch.device]] = None,
     src: int = 0, group: Optional["ProcessGroup"] = None,
@@ -90,7 +92,7 @@ def synchronize_flag(g: Optional[Group], flag: bool,
 
 
 @collective("compute_and_broadcast", lambda a: {"src": _alias(a, "src")}, exchanges=True,
-            src="src")
+            src="src", root="src")
 def compute_and_broadcast(g: Optional[Group], fn: Callable[[], T], src: int = 0,
                           group: Optional["ProcessGroup"] = None, *,
                           rank: Optional[int] = None) -> T:
@@ -108,7 +110,8 @@ def compute_and_broadcast(g: Optional[Group], fn: Callable[[], T], src: int = 0,
     return broadcast_value(g, fn, src, "compute_and_broadcast")  # type: ignore[no-any-return]
 
 
-@collective("broadcast_object", lambda a: {"src": a["src"]}, exchanges=True, src="src")
+@collective("broadcast_object", lambda a: {"src": a["src"]}, exchanges=True, src="src",
+            root="src")
 def broadcast_object(g: Optional[Group], obj: T, src: int = 0,
                      group: Optional["ProcessGroup"] = None) -> T:
     """Return group rank ``src``'s ``obj`` on every rank."""
@@ -194,7 +197,7 @@ def _gather(g: Optional[Group], name: str, fn: Callable[[], Any], world_size: Op
 
 
 @collective("gather_from_all_ranks", lambda a: {"dst": _alias(a, "dst")}, exchanges=True,
-            gather=True)
+            root="dst")
 def gather_from_all_ranks(
     g: Optional[Group], fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,
@@ -209,7 +212,7 @@ def gather_from_all_ranks(
 
 
 @collective("gather_scalar_from_all_ranks", lambda a: {"dst": _alias(a, "dst")},
-            exchanges=True, gather=True)
+            exchanges=True, root="dst")
 def gather_scalar_from_all_ranks(
     g: Optional[Group], fn: Callable[[], T], world_size: Optional[int] = None, dst: int = 0,
     group: Optional["ProcessGroup"] = None, *, rank: Optional[int] = None,

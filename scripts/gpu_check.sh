@@ -14,7 +14,11 @@
 #      flight recorder (tests/runtime/liveness/test_flight.py);
 #   4. benchmarks/collectives.py --device cuda: the helpers next to the raw torch collectives
 #      on CUDA tensors, in the same run;
-#   5. a summary: the GPU, torch, the test counts, each example, the benchmark's table.
+#   5. benchmarks/gpu_host.py: per helper, the host syncs and how long a call holds the host
+#      with 40 ms of kernels queued, the kit's and accelerate's; a launch-bound step proxy;
+#      a big gather's peak memory; flight-recorder NCCL entries; NCCL at 1 rank and the kit's
+#      accelerator branches at 2 and 3 ranks (cpu:gloo,cuda:gloo);
+#   6. a summary: the GPU, torch, the test counts, each example, both benchmarks' tables.
 #
 # usage: scripts/gpu_check.sh [--wheels DIR] [-- PYTEST_ARGS...]
 #   GPU_CHECK_DIR=dir keeps the logs (default $TMPDIR/axolotl_dist_gpu_check);
@@ -125,12 +129,17 @@ t0=$(date +%s)
 timeout 240 "$PY" benchmarks/collectives.py --device cuda --iters 200 >"$WORK/bench.log" 2>&1
 bench_rc=$?
 bench_s=$(( $(date +%s) - t0 ))
+echo "gpu_check: running benchmarks/gpu_host.py (log: $WORK/host.log)"
+t0=$(date +%s)
+timeout 240 "$PY" benchmarks/gpu_host.py >"$WORK/host.log" 2>&1
+host_rc=$?
+host_s=$(( $(date +%s) - t0 ))
 
-"$PY" - "$WORK" "$pytest_rc" "$pytest_s" "$bench_rc" "$bench_s" "$FLOOR" <<'EOF'
+"$PY" - "$WORK" "$pytest_rc" "$pytest_s" "$bench_rc" "$bench_s" "$FLOOR" "$host_rc" "$host_s" <<'EOF'
 import sys, xml.etree.ElementTree as ET
 from pathlib import Path
 
-work, pytest_rc, pytest_s, bench_rc, bench_s, floor = sys.argv[1:]
+work, pytest_rc, pytest_s, bench_rc, bench_s, floor, host_rc, host_s = sys.argv[1:]
 work = Path(work)
 print("\n== axolotl_dist GPU check ==")
 about = (work / "about.txt").read_text().strip()
@@ -173,8 +182,13 @@ print(f"benchmark (benchmarks/collectives.py --device cuda, {bench_s} s, exit {b
 bench = (work / "bench.log").read_text(errors="replace").splitlines()
 table = [line for line in bench if line.startswith(("|", "## "))]
 print("\n".join("  " + line for line in (table or bench[-15:])))
+print(f"host cost (benchmarks/gpu_host.py, {host_s} s, exit {host_rc}):")
+host = (work / "host.log").read_text(errors="replace").splitlines()
+table = [line for line in host if line.startswith("|")]
+print("\n".join("  " + line for line in (table or host[-15:])))
 # nothing failed, and tests ran (a run where everything skipped proves nothing)
-ok = pytest_rc == "0" and bench_rc == "0" and cases["passed"] and not cases["failed"]
+ok = pytest_rc == "0" and bench_rc == "0" and host_rc == "0" and cases["passed"] \
+    and not cases["failed"]
 print(f"result: {'PASS' if ok else 'FAIL'} (logs in {work})")
 if not ok and pytest_rc != "0":
     log = (work / "pytest.log").read_text(errors="replace").splitlines()

@@ -16,7 +16,10 @@ from standin import DEVICE, ENV, HostReads
 #: The helpers that must make no host read of a device tensor (the issue's list); ``pad`` may
 #: make as many as accelerate's (one: its sizes gathered on the device and moved to the host).
 NO_READS = ("reduce", "all_reduce", "all_reduce AVG", "broadcast", "gather",
-            "gather_for_metrics", "all_gather", "gather (big, equal)", "gather (big, uneven)")
+            "gather_for_metrics", "all_gather", "gather (big, equal)", "gather (big, uneven)",
+            "compute_and_broadcast (tensor)", "synchronize_value (tensor)",
+            "gather_from_all_ranks (tensors)", "reduce_and_broadcast (tensors)",
+            "gather_from_all_ranks (mixed)")
 
 
 def _calls(rank: int, ws: int) -> List[Tuple[str, Any]]:
@@ -43,6 +46,16 @@ def _calls(rank: int, ws: int) -> List[Tuple[str, Any]]:
         ("pad_across_processes", lambda: ad.pad_across_processes(dev(rank + 1, 2), dim=0)),
         ("compute_and_broadcast", lambda: ad.compute_and_broadcast(lambda: dev(2))),
         ("gather_from_all_ranks", lambda: ad.gather_from_all_ranks(lambda: rank + 0.5)),
+        # value helpers given a device tensor: its bytes cross on the device
+        ("compute_and_broadcast (tensor)",
+         lambda: ad.compute_and_broadcast(lambda: dev(2, 3, dtype=torch.float64), src=ws - 1)),
+        ("synchronize_value (tensor)", lambda: ad.synchronize_value(dev(rank + 1), src=1)),
+        ("gather_from_all_ranks (tensors)",
+         lambda: ad.gather_from_all_ranks(lambda: dev(rank + 1, dtype=torch.int16), dst=1)),
+        ("reduce_and_broadcast (tensors)",
+         lambda: ad.reduce_and_broadcast(lambda: dev(3), lambda xs: sum(xs))),
+        ("gather_from_all_ranks (mixed)", lambda: ad.gather_from_all_ranks(
+            lambda: dev(2) if rank % 2 else {"rank": rank})),
     ]
 
 
@@ -131,3 +144,23 @@ def test_a_channel_gloo_cannot_make_is_one_error_saying_what_to_set():
         assert text.startswith("could not make the CPU channel of a gloo process group (a gloo "
                                "group of its ranks [0, 1]"), text
         assert "Set GLOO_SOCKET_IFNAME to the network interface" in text, text
+
+
+def test_the_gpu_host_benchmark_runs_its_whole_table_on_the_standin():
+    """benchmarks/gpu_host.py (scripts/gpu_check.sh's host-cost table) on the CPU stand-in: a
+    check of the script where there is no GPU (its figures mean nothing here)."""
+    import subprocess
+    import sys
+
+    from fixtures import ROOT, subprocess_env
+
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_host.py", "--dry-run-on-cpu",
+                           "--big-mib", "1"], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| stand-in")]
+    helpers = ("reduce (a loss)", "all_reduce", "broadcast", "gather", "gather_for_metrics",
+               "pad_across_processes", "compute_and_broadcast (tensor)",
+               "gather_from_all_ranks (tensor)")
+    assert [row.split(" | ")[1] for row in rows[:-1]] == [f"`{h}`" for h in helpers], rows
+    assert rows[-1].count("|") == 8 and "x |" in rows[-1], rows[-1]

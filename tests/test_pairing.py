@@ -330,15 +330,25 @@ def test_different_value_helpers_in_one_collective_raise_naming_both(ws, store):
         assert f"{HERE}:" in message and "AXOLOTL_DIST_DEBUG=1" in message, message
 
 
-def test_a_broadcast_of_another_helper_is_named_by_the_receiver():
+@pytest.mark.parametrize("ws", [2, 3])
+def test_a_broadcast_meeting_another_helper_or_source_is_named_by_every_rank(ws):
+    """Every helper's header round is the same collective (every rank's header to every rank),
+    so the source of a broadcast learns of the mismatch too, and ranks that disagree on the
+    source meet an error naming each rank's, not a hang."""
     def body():
-        try:
-            if ad.get_rank() == 0:
-                return ad.compute_and_broadcast(lambda: 7)
-            return ad.broadcast_object(None)
-        except ad.CollectiveMismatchError as exc:
-            return str(exc)
+        rank = ad.get_rank()
+        out = []
+        for call in (lambda: ad.compute_and_broadcast(lambda: 7) if rank == 0
+                     else ad.broadcast_object(None),
+                     lambda: ad.synchronize_value(torch.ones(2), src=min(rank, 1))):
+            try:
+                out.append(call())
+            except ad.CollectiveMismatchError as exc:
+                out.append(str(exc))
+        return out
 
-    out = run_distributed(body, 2, timeout=60)
-    assert out[0] == 7
-    assert "rank 0: compute_and_broadcast" in out[1] and "rank 1: broadcast_object" in out[1], out
+    for helpers, sources in run_distributed(body, ws, timeout=60):
+        assert "rank 0: compute_and_broadcast(src=0), rank 1: broadcast_object(src=0)" \
+            in helpers, helpers
+        assert "rank 0: synchronize_value(src=0), rank 1: synchronize_value(src=1)" \
+            in sources, sources

@@ -687,7 +687,7 @@ def test_the_design_docs_key_table_is_the_keys_module():
 #: one module, and the others write files or carry values the user handed over.
 SERIALIZERS = {
     f"{RUNTIME}.store.records": "every record the kit keeps in the c10d store",
-    f"{RUNTIME}.protocols.exchange": "the value helpers' values, across collectives",
+    f"{RUNTIME}.protocols.encoding": "the value helpers' values, across collectives",
     f"{RUNTIME}.protocols.timeline": "the timeline's rank files",
     f"{RUNTIME}.liveness.runs": "this host's run directory",
     f"{PACKAGE}.tracing._merge": "the merged trace",

@@ -118,7 +118,7 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.liveness.where_report._WRAPPERS": "a table",
     "axolotl_dist._runtime.protocols.codes.HELPERS": "a registry: the helpers' header codes",
     "axolotl_dist._runtime.protocols.codes.CODES": "a registry: the helpers' header codes",
-    "axolotl_dist._runtime.protocols.codes.GATHERS": "a registry: the gathers among them",
+    "axolotl_dist._runtime.protocols.codes.ROOTED": "a registry: the helpers with a root rank",
     "axolotl_dist._runtime.protocols.exchange._NO_SPLITS": "a constant (equal splits)",
     "axolotl_dist._runtime.store.records._DTYPES_BY_NAME": "a table",
     "axolotl_dist._runtime.store.records._NAME_OF_DTYPE": "a table",

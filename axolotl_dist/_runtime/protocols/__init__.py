@@ -1,8 +1,10 @@
 """The protocols room: how the helpers meet across ranks.
 
 * :mod:`.helpers`: the wrapper every communicating helper wears.
-* :mod:`.exchange`: the value helpers' engine: values encoded, headers exchanged, collectives
-  run and waited for.
+* :mod:`.exchange`: the value helpers' engine: headers exchanged, collectives run and waited
+  for.
+* :mod:`.encoding`: how a value crosses: a header and a payload, a device tensor's bytes on
+  its device.
 * :mod:`.packets`: the tensor operations' structures in one all-gather (with their data, or
   their dtypes and shapes alone) and the shape check that makes a mismatch an error on every
   rank.

@@ -1,35 +1,14 @@
 """How the kit's collectives run: values encoded, headers exchanged, works waited for.
 
-**Encoding** (docs/design.md, "Value encoding"). Every value becomes a 4-slot int64 *header*
-and, for non-scalars, a uint8 *payload*:
-
-========  ==================================  =======================================
-kind      header slots                        payload
-========  ==================================  =======================================
-NONE      ``[0, 0, 0, 0]``                    none
-BOOL      ``[1, value, 0, 0]``                none
-INT       ``[2, value, 0, 0]`` (int64 range)  none
-FLOAT     ``[3, float64 bits, 0, 0]``         none (exact: nan payloads, -0.0, inf)
-PICKLE    ``[4, nbytes, 0, 0]``               pickled object (only what the user passed as one)
-TENSOR    ``[5, meta bytes, data bytes, 0]``  packed (dtype, device type, shape,
-                                              requires_grad) + raw bytes
-ERROR     ``[6, nbytes, 0, 0]``               the sending rank's failure report (JSON)
-BIGINT    ``[7, nbytes, 0, 0]``               an int beyond int64, in decimal
-========  ==================================  =======================================
-
-Slot 3 says which helper sent the header (:mod:`.codes`: the helper, registered where it is
-decorated, and for the gathers the destination rank), so ``reduce_and_broadcast`` on one rank
-and ``gather_from_all_ranks`` on another raise
-:class:`~axolotl_dist.errors.CollectiveMismatchError` on every rank, naming both, without
-debug mode and without another collective. A scalar crosses in one small collective,
-anything else in exactly two (header, then payload).
+**Encoding**: :mod:`.encoding` (every value a 4-slot header and, for non-scalars, a
+payload; a device tensor's bytes stay on its device).
 
 **The header exchange.** On CPU (gloo) with at most :data:`~.groups.A2A_MAX_RANKS` ranks it is
 one all-to-all (each rank sends its header to every other rank directly: one message per pair
 and direction, where gloo's ring all-gather spends several notifications per rank); beyond
-that many ranks the all-gather's ``O(ranks)`` messages win. An accelerator group's values,
-headers and payloads alike, travel on its CPU channel (:func:`~..base.groups.channel_of`):
-nothing the host reads crosses the device. Not point-to-point ``send``/``recv``: a gloo receive whose
+that many ranks the all-gather's ``O(ranks)`` messages win. An accelerator group's headers
+and payloads travel on its CPU channel (:func:`~..base.groups.channel_of`), its tensors'
+bytes on its device: nothing the host reads crosses the device. Not point-to-point ``send``/``recv``: a gloo receive whose
 wait times out closes every connection of the group ("Application timeout caused pair
 closure"), so the kit's sliced, interruptible wait would kill the group whenever a rank
 arrives more than a slice late; a collective's timed-out wait leaves it running. The buffers
@@ -43,215 +22,25 @@ that translation happens.
 
 from __future__ import annotations
 
-import ctypes
-import pickle
-import reprlib
-import struct
 from datetime import timedelta
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from ..base import backends
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group, channel_of, remember_failure
+from ..base.groups import HEADER_LEN, Group, channel_of
 from .protocols_state import BLOCKS, TIMELINE
-from ..base.tracebacks import safe_str
 from ..liveness import waits
-from ..store import records
-from ..liveness.failures import diagnose_lost_peer, failure_report
+from ..liveness.failures import diagnose_lost_peer
 from . import timeline
-from .codes import CODES, GATHERS, mismatch_error
+from .codes import CODES, ROOTED, mismatch_error
+from .encoding import (DEVICE, ERROR, NONE, PICKLE, Encoded, decode, decode_scalar, encode,
+                       encode_error, payload_len, scalar_header)
 from .zero_first import confirm_all
-from ...errors import RankFailedError
 
-__all__ = ["HEADER_LEN", "Encoded", "encode", "encode_error", "decode", "scalar_header",
-           "decode_scalar", "tensor_bytes", "resolved", "run", "broadcast_value",
-           "all_gather_values", "all_gather_into", "SLICE"]
-
-NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR, BIGINT = range(8)
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_PACK_D, _UNPACK_Q = struct.Struct("<d").pack, struct.Struct("<q").unpack
-_PACK_Q, _UNPACK_D = struct.Struct("<q").pack, struct.Struct("<d").unpack
-
-
-class Encoded(NamedTuple):
-    """A value ready to send: its header and optional payload bytes (1-D uint8, CPU)."""
-
-    header: List[int]
-    payload: Optional[torch.Tensor] = None
-
-
-def _bytes_tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def tensor_bytes(payload: torch.Tensor) -> bytes:
-    """The bytes of a 1-D uint8 tensor, without NumPy (the core needs torch alone).
-
-    ``Tensor.numpy()`` raises where NumPy is not installed (a plain ``pip install
-    axolotl-dist``); a copy of the CPU memory is the same bytes.
-    """
-    data = payload.detach().cpu().contiguous()
-    if data.numel() == 0:
-        return b""
-    return ctypes.string_at(data.data_ptr(), data.numel() * data.element_size())
-
-
-_REPR = reprlib.Repr()
-_REPR.maxother = _REPR.maxstring = 80
-
-
-def _pickle(value: Any, what: str) -> bytes:
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # noqa: BLE001 - pickle raises many types
-        try:
-            shown = _REPR.repr(value)
-        except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
-            shown = f"<{type(value).__name__} object>"
-        raise TypeError(
-            f"{what} ({shown}, of type {type(value).__name__}) cannot be pickled "
-            f"({type(exc).__name__}: {safe_str(exc)}): return or pass plain data (numbers, "
-            "strings, lists, dicts, tensors) or make the object picklable") from exc
-
-
-_NONE_HEADER = (NONE, 0, 0, 0)
-_TRUE_HEADER, _FALSE_HEADER = (BOOL, 1, 0, 0), (BOOL, 0, 0, 0)
-
-
-def scalar_header(value: Any) -> Optional[Tuple[int, int, int, int]]:
-    """The header of a payload-free value (None, bool, int64-range int, float), else None.
-
-    The hot path of every helper: no allocation beyond the tuple, never raises.
-    """
-    kind = type(value)
-    if kind is float:
-        return (FLOAT, _UNPACK_Q(_PACK_D(value))[0], 0, 0)
-    if kind is int:
-        return (INT, value, 0, 0) if _INT64_MIN <= value <= _INT64_MAX else None
-    if kind is bool:
-        return _TRUE_HEADER if value else _FALSE_HEADER
-    if value is None:
-        return _NONE_HEADER
-    return None
-
-
-def decode_scalar(kind: int, value: int) -> Any:
-    """Rebuild a payload-free value from its header's first two slots (``kind < PICKLE``)."""
-    if kind == FLOAT:
-        return _UNPACK_D(_PACK_Q(value))[0]
-    if kind == INT:
-        return value
-    if kind == BOOL:
-        return value != 0
-    return None
-
-
-def resolved(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` with lazy conjugation and negation applied (a conjugate or negative view
-    cannot be viewed as bytes or sent); the same tensor when there is nothing to resolve."""
-    if tensor.is_conj():
-        tensor = tensor.resolve_conj()
-    if tensor.is_neg():
-        tensor = tensor.resolve_neg()
-    return tensor
-
-
-def encode(value: Any, what: str = "value") -> Encoded:
-    """Encode ``value``; raises ``TypeError`` naming ``what`` if it cannot be sent."""
-    header = scalar_header(value)
-    if header is not None:
-        return Encoded(list(header))
-    if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.layout == torch.strided:
-        flat = resolved(value.detach())
-        meta = records.tensor_description(flat, value.requires_grad)
-        if flat.device.type == "meta":
-            return Encoded([TENSOR, len(meta), 0, 0], _bytes_tensor(meta))
-        flat = flat.reshape(-1)
-        if flat.device.type != "cpu":
-            flat = flat.cpu()
-        if flat.numel() and flat.element_size() > 0:
-            data = flat.contiguous().view(torch.uint8)
-        else:
-            data = torch.empty(0, dtype=torch.uint8)
-        payload = torch.cat([_bytes_tensor(meta), data])
-        return Encoded([TENSOR, len(meta), int(data.numel()), 0], payload)
-    if type(value) is int:  # beyond int64: decimal text, not a pickle
-        data = records.bigint(value)
-        return Encoded([BIGINT, len(data), 0, 0], _bytes_tensor(data))
-    data = _pickle(value, what)
-    return Encoded([PICKLE, len(data), 0, 0], _bytes_tensor(data))
-
-
-def encode_error(rank: int, exc: BaseException, where: str) -> Encoded:
-    """Encode a failure report of ``rank`` (never raises)."""
-    data = failure_report(rank, exc, where)
-    return Encoded([ERROR, len(data), 0, 0], _bytes_tensor(data))
-
-
-def payload_len(header: List[int]) -> int:
-    """Bytes of payload that follow ``header`` (0 for scalars)."""
-    kind = header[0]
-    if kind == TENSOR:
-        return header[1] + header[2]
-    if kind in (PICKLE, ERROR, BIGINT):
-        return header[1]
-    return 0
-
-
-def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[torch.device] = None) -> Any:
-    """Rebuild a value; an ERROR header raises :class:`RankFailedError`."""
-    kind = header[0]
-    if kind == NONE:
-        return None
-    if kind == BOOL:
-        return bool(header[1])
-    if kind == INT:
-        return int(header[1])
-    if kind == FLOAT:
-        return _UNPACK_D(_PACK_Q(header[1]))[0]
-    assert payload is not None
-    raw = tensor_bytes(payload) if kind != TENSOR else None
-    if kind == PICKLE:
-        return pickle.loads(raw)  # the user's object, as torch's object collectives do
-    if kind == ERROR:
-        raise remember_failure(RankFailedError.from_report(raw))
-    if kind == BIGINT:
-        return records.read_bigint(raw)
-    if kind == TENSOR:
-        meta_len, data_len = header[1], header[2]
-        dtype, shape, device_type, requires_grad = records.read_tensor_description(
-            tensor_bytes(payload[:meta_len]), data_len)
-        target = _target_device(device_type, device)
-        if device_type == "meta":
-            return torch.empty(shape, dtype=dtype, device="meta")
-        data = payload[meta_len:meta_len + data_len].cpu()
-        if data_len:
-            out = data.clone().view(dtype).reshape(shape)
-        else:
-            out = torch.empty(shape, dtype=dtype)
-        if target.type != "cpu":
-            out = out.to(target)
-        if requires_grad:
-            out.requires_grad_(True)
-        return out
-    raise ValueError(f"corrupt header {header}: ranks are running different helpers")
-
-
-def _target_device(device_type: str, device: Optional[torch.device]) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    if device_type == "cuda" and backends.cuda_usable():
-        return torch.device("cuda", torch.cuda.current_device())
-    if device_type in ("cpu", "meta"):
-        return torch.device(device_type)
-    try:
-        return torch.device(device_type)
-    except RuntimeError:  # pragma: no cover
-        return torch.device("cpu")
-
+__all__ = ["HEADER_LEN", "run", "exchange", "broadcast_value", "all_gather_values",
+           "all_gather_into", "SLICE"]
 
 # --- running a collective --------------------------------------------------------------------
 
@@ -269,15 +58,18 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     On CPU the wait is a first blocking slice, then, if the collective is not done, the
     watching wait of :mod:`..liveness.waits` (interruptible, naming lost peers, saying where the others
     are); before the slice the ``zero_first`` blocks left unconfirmed are confirmed, so the
-    store read overlaps the collective. A failure caused by a lost peer raises
+    store read overlaps the collective. On an accelerator group the collective is issued in
+    torch's synchronous form (``async_op=False``): queued on the device's stream, nothing
+    waited for on the host, no work object kept. A failure caused by a lost peer raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it (``what``: the helper)."""
     work = None
     g.calls += 1  # the group's kit collectives, as every rank counts them (.deadlock)
     try:
-        work = issue(*args, **kwargs)
         if not g.cpu:
-            work.wait()
+            kwargs["async_op"] = False
+            issue(*args, **kwargs)
             return
+        work = issue(*args, **kwargs)
         if BLOCKS.unconfirmed:  # see Kind.confirm_in_wait in .helpers
             confirm_all()
         try:
@@ -338,24 +130,31 @@ def _broadcast(g: Group, buffer: torch.Tensor, src: int, what: str) -> None:
 _I64, _U8 = torch.int64, torch.uint8
 
 
-def _encode_result(fn: Callable[[], Any], rank: int, where: str
+def _encode_result(fn: Callable[[], Any], rank: int, where: str, device: Optional[torch.device]
                    ) -> Tuple[Sequence[int], Optional[Encoded], Optional[BaseException]]:
     """Run ``fn`` and encode its result: ``(header, encoded, exception)``.
 
     ``encoded`` is None for a scalar (its header says everything; no object is built on this
     hot path); otherwise it carries the payload, or the failure report if ``fn`` raised
-    ``exception`` (shipped to the other ranks, then re-raised here).
+    ``exception`` (shipped to the other ranks, then re-raised here). ``device``: an
+    accelerator group's (its tensors' bytes stay there), else None.
     """
     try:
         value = fn()
         header = scalar_header(value)
         if header is not None:
             return header, None, None
-        encoded = encode(value, f"the value returned by {where}'s fn on rank {rank}")
+        encoded = encode(value, f"the value returned by {where}'s fn on rank {rank}", device)
         return encoded.header, encoded, None
     except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
         encoded = encode_error(rank, exc, where)
         return encoded.header, encoded, exc
+
+
+def _device_of(g: Group) -> Optional[torch.device]:
+    """Where ``g``'s tensor values keep their bytes: an accelerator group's device, else None
+    (a CPU group's values are all on the host)."""
+    return None if g.cpu else g.device
 
 
 def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: str,
@@ -363,46 +162,54 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     """Run ``fn`` on group rank ``src`` only and return its result on every rank (one process,
     ``g`` None: ``fn()``, a tensor moved to ``device``).
 
-    ``where`` is the public helper's name: its code travels in the header's slot 3, and a rank
-    that receives another helper's header raises :class:`CollectiveMismatchError`."""
+    ``where`` is the public helper's name: its code and ``src`` travel in the header's slot 3,
+    and every rank of a round where another helper (or another ``src``) met this one raises
+    :class:`CollectiveMismatchError`. The headers' round is :func:`exchange` (every rank's
+    header, as every helper's), the rest a broadcast from ``src``."""
     if g is None:
         value = fn()
         return value.to(device) if device is not None and isinstance(value, torch.Tensor) \
             else value
-    code = CODES[where]
+    code = CODES[where] | (src << 8 if where in ROOTED else 0)  # helper_code, inline
     own: Optional[BaseException] = None
     encoded: Optional[Encoded] = None
-    g = channel_of(g)  # values travel on the host: an accelerator group's CPU channel
-    header = g.headers.hdr
+    on = _device_of(g)
+    g_data, g = g, channel_of(g)  # headers and payloads on the host: the CPU channel
+    a = g.headers.hdr_arr
     if g.rank == src:
-        mine, encoded, own = _encode_result(fn, g.rank, where)
-        a = g.headers.hdr_arr
+        mine, encoded, own = _encode_result(fn, g.rank, where, on)
         a[0], a[1], a[2] = mine[0], mine[1], mine[2]
-        a[3] = code
-    g.headers.bcast_opts.rootRank = src  # the group's own broadcast (see _broadcast), inline
-    run(g, where, g.headers.bcast, g.pg_ref(), [header], g.headers.bcast_opts)
-    values = header.tolist()
-    if values[3] != code:  # src ran another helper
-        del header  # the cached buffer: the traceback keeps this frame
-        raise mismatch_error({src: values[3], g.rank: code}, g.rank, lambda: str(call_site()))
+    else:
+        a[0] = a[1] = a[2] = NONE
+    a[3] = code
+    flat = exchange(g, where)
+    if flat[3::HEADER_LEN].count(code) != g.size:  # another helper, or another src
+        raise mismatch_error(dict(enumerate(flat[3::HEADER_LEN])), g.rank, lambda: str(call_site()))
+    values = flat[src * HEADER_LEN:(src + 1) * HEADER_LEN]
     payload = _broadcast_payload(g, values, encoded, own, src, where) \
         if values[0] >= PICKLE else None
     if own is not None:
-        del header  # the cached buffer: the traceback keeps this frame (see await_released)
         raise own
+    data = None
+    if values[0] == DEVICE:
+        data = encoded.data if encoded is not None else \
+            torch.empty(values[2], dtype=_U8, device=g_data.device)
+        _broadcast(g_data, data, src, where)
     if TIMELINE.recorder is not None and g.rank == src:
-        timeline.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
-    return decode(values, payload, device)
+        timeline.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0)
+                           + values[2] * (values[0] == DEVICE))
+    return decode(values, payload, device, data)
 
 
 def _broadcast_payload(g: Group, values: List[int], encoded: Optional[Encoded],
                        own: Optional[BaseException], src: int, where: str) -> torch.Tensor:
     """The second round of :func:`broadcast_value`, where ``src`` sent more than its header
-    holds (a pickle, a tensor, an error report): its bytes, on every rank."""
+    holds (a pickle, a tensor, an error report, a device tensor's description): its bytes,
+    on every rank, on the host."""
     if encoded is not None:
-        payload = encoded.payload.to(g.device)
+        payload = encoded.payload
     else:
-        payload = torch.empty(payload_len(values), dtype=_U8, device=g.device)
+        payload = torch.empty(payload_len(values), dtype=_U8)
     try:
         _broadcast(g, payload, src, where)
     except Exception:
@@ -427,9 +234,10 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     """
     if g is None:
         return [fn()]
-    g = channel_of(g)  # values travel on the host: an accelerator group's CPU channel
-    code = CODES[where] | ((decode_on or 0) << 8 if where in GATHERS else 0)  # helper_code
-    header, encoded, own = _encode_result(fn, g.rank, where)
+    on = _device_of(g)
+    g_data, g = g, channel_of(g)  # headers and payloads on the host: the CPU channel
+    code = CODES[where] | ((decode_on or 0) << 8 if where in ROOTED else 0)  # helper_code
+    header, encoded, own = _encode_result(fn, g.rank, where, on)
     if TIMELINE.recorder is not None:
         timeline.add_bytes(HEADER_LEN * 8 + (
             encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
@@ -444,7 +252,7 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
         if decode_on is not None and g.rank != decode_on:
             return None
         return [decode_scalar(k, v) for k, v in zip(kinds, flat[1::HEADER_LEN])]
-    return _gather_payloads(g, flat, encoded, own, device, decode_on, where)
+    return _gather_payloads(g, flat, encoded, own, device, decode_on, where, g_data)
 
 
 def _raise_a_failure(headers: List[List[int]], payloads: List[Optional[torch.Tensor]],
@@ -461,8 +269,11 @@ def _raise_a_failure(headers: List[List[int]], payloads: List[Optional[torch.Ten
 
 def _gather_payloads(g: Group, flat: List[int], encoded: Optional[Encoded],
                      own: Optional[BaseException], device: Optional[torch.device],
-                     decode_on: Optional[int], where: str) -> Optional[List[Any]]:
-    """Second round of :func:`all_gather_values`: some rank sent a payload or an error report."""
+                     decode_on: Optional[int], where: str, g_data: Group
+                     ) -> Optional[List[Any]]:
+    """Second round of :func:`all_gather_values` (``g``: the CPU channel of ``g_data``): some
+    rank sent a payload or an error report; where some rank sent a DEVICE value, a third
+    round, on ``g_data``'s device."""
     n, ws, cdev = HEADER_LEN, g.size, g.device
     headers = [flat[i:i + n] for i in range(0, ws * n, n)]
     stride = max(payload_len(h) for h in headers)
@@ -482,6 +293,24 @@ def _gather_payloads(g: Group, flat: List[int], encoded: Optional[Encoded],
     payloads = [flat_payload[i * stride:i * stride + n] if (n := payload_len(h)) else None
                 for i, h in enumerate(headers)]
     _raise_a_failure(headers, payloads, own)
+    datas = _gather_device_data(g_data, headers, encoded, where)
     if decode_on is not None and g.rank != decode_on:
         return None
-    return [decode(h, p, device) for h, p in zip(headers, payloads)]
+    return [decode(h, p, device, d) for h, p, d in zip(headers, payloads, datas)]
+
+
+def _gather_device_data(g: Group, headers: List[List[int]], encoded: Optional[Encoded],
+                        where: str) -> List[Optional[torch.Tensor]]:
+    """Each rank's DEVICE value's bytes (None for the others): one all-gather on ``g``'s
+    device of a slot as long as the longest (16-byte aligned, so each rank's view as any dtype
+    starts aligned); no round where no rank sent one."""
+    sizes = [h[2] if h[0] == DEVICE else -1 for h in headers]
+    if max(sizes) < 0:
+        return [None] * len(headers)
+    stride = max(-(-max(sizes) // 16) * 16, 16)
+    mine = torch.empty(stride, dtype=_U8, device=g.device)
+    if encoded is not None and encoded.data is not None and encoded.data.numel():
+        mine[:encoded.data.numel()].copy_(encoded.data)
+    out = torch.empty(g.size * stride, dtype=_U8, device=g.device)
+    run(g, where, all_gather_into, out, mine, group=g.pg_ref(), async_op=True)
+    return [out[r * stride:r * stride + n] if n >= 0 else None for r, n in enumerate(sizes)]

@@ -201,7 +201,7 @@ def _named(wrapper: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
     return wrapper
 
 
-def collective(name: str, agree: Agree = None, *, gather: bool = False,
+def collective(name: str, agree: Agree = None, *, root: Optional[str] = None,
                exchanges: bool = False, src: Union[str, int, None] = None
                ) -> Callable[[Callable[Concatenate[Optional[Group], P], R]], Callable[P, R]]:
     """Decorate a helper whose body runs on the call's group (see the module docstring).
@@ -210,14 +210,15 @@ def collective(name: str, agree: Agree = None, *, gather: bool = False,
         across ranks, e.g. ``{"src": 0, "tensor": "float32[4, 2]"}`` (debug mode); it must not
         raise.
     :param exchanges: the body runs the value engine (:mod:`.exchange`): a header code is
-        registered for ``name`` (``gather``: the code carries the destination rank).
+        registered for ``name`` (``root``: the argument, ``"src"`` or ``"dst"``, whose rank
+        the code carries, so ranks that disagree on it meet a mismatch error).
     :param src: the ranks wait for one rank: the name of its argument, or the rank itself
         (for the timeline; default: every rank waits for every other).
     """
     def decorate(fn: Callable[Concatenate[Optional[Group], P], R]) -> Callable[P, R]:
         spec = _Spec(fn, name, agree, COLLECTIVE, True)
         if exchanges:
-            codes.register_helper(name, gather)
+            codes.register_helper(name, root)
         timeline.register_sync(name, spec.signature, src=src)
         gname = "group"
         position = list(spec.signature.parameters).index(gname)

@@ -328,7 +328,8 @@ def check_same(everyone: List[List[Spec]], paths: Sequence[str], what: str, fix:
                 f"{describe_ranks([shown(s) for s in column])}: {fix} (called at {call_site()})")
 
 
-def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: str) -> None:
+def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: str,
+                root: int = 0) -> None:
     """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless
     every rank passed the same structure, dtypes and shapes.
 
@@ -338,14 +339,15 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
     everywhere, done. Else every rank gathers every description (:func:`describe_all`) and
     :func:`check_same` names the difference; a hash that differed over equal descriptions
     (Pythons hashing differently) passes there. ``what`` must be a registered helper
-    (``collective(..., exchanges=True)``); a rank in another helper is
-    :class:`~axolotl_dist.errors.CollectiveMismatchError`, as in the value helpers."""
+    (``collective(..., exchanges=True)``); a rank in another helper, or with another ``root``
+    (a broadcast's source), is :class:`~axolotl_dist.errors.CollectiveMismatchError`, as in
+    the value helpers."""
     if g.size <= 1:
         return
     desc, _ = _describe(leaves, paths, what)
     ch = channel_of(g)  # g itself on CPU; an accelerator group's metadata never crosses the device
     a = ch.headers.hdr_arr
-    a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), 0, helper_code(what)
+    a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), 0, helper_code(what, root)
     mine = list(a)
     flat = exchange_headers(ch, what)
     codes = flat[3::HEADER_LEN]
