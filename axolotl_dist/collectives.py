@@ -108,12 +108,30 @@ def all_gather_into_result(g: Group, result: torch.Tensor, tensor: torch.Tensor,
 
 
 def check_ranks_alike(g: Group, leaves: List[torch.Tensor], paths: List[str], what: str,
-                      root: int = 0) -> None:
+                      root: int = 0, carry: bool = False) -> Optional[List[List[torch.Tensor]]]:
     """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless
     every rank passed the same structure, dtypes and shapes (one exchange of small headers;
     ``what`` is a helper decorated with ``exchanges=True``; ``root``: its source rank, where
-    it has one)."""
-    check_alike(g, leaves, paths, what, SAME_FIX, root)
+    it has one). ``carry``: small tensors on a CPU group ride in that exchange: every rank's
+    tensors (views, read them before the group's next collective), else None."""
+    return check_alike(g, leaves, paths, what, SAME_FIX, root, carry)
+
+
+def sum_in_rank_order(parts: List[List[torch.Tensor]], name: str,
+                      into: Optional[List[torch.Tensor]] = None) -> List[torch.Tensor]:
+    """Each tensor summed over every rank's ``parts`` in rank order (``"AVG"``: then divided
+    by the number of ranks, as :func:`all_reduce_into` divides), the same bits on every rank:
+    into the tensors ``into`` where given, else new ones."""
+    out = []
+    for i, first in enumerate(parts[0]):
+        total = torch.add(first, parts[1][i], out=into[i]) if into is not None else \
+            torch.add(first, parts[1][i])
+        for mine in parts[2:]:
+            total.add_(mine[i])
+        if name == "AVG":
+            total.div_(len(parts))
+        out.append(total)
+    return out
 
 
 @collective("broadcast", lambda a: {"src": a["src"]}, src="src", exchanges=True, root="src")
@@ -128,8 +146,13 @@ def broadcast(g: Optional[Group], tensor: T, src: int = 0,
     leaves, paths, _ = flatten(tensor, "broadcast", objects="broadcast_object")
     if g is None:
         return tensor
-    check_ranks_alike(g, leaves, paths, "broadcast", src)
-    if len(leaves) == 1:
+    parts = check_ranks_alike(g, leaves, paths, "broadcast", src, carry=True)
+    if parts is not None:  # src's tensors came with the headers
+        if g.rank != src:
+            with torch.no_grad():
+                for t, theirs in zip(leaves, parts[src]):
+                    t.copy_(theirs)
+    elif len(leaves) == 1:
         broadcast_into(g, leaves[0], src, "broadcast")
     elif leaves:
         _broadcast_joined(g, leaves, src)
@@ -191,7 +214,9 @@ def all_reduce(
     """Reduce ``tensor`` in place across ``group`` (``"SUM"``, ``"MAX"``, ``"AVG"``...); returns it.
 
     Every rank must pass the same dtype and shape, else
-    :class:`~axolotl_dist.errors.TensorMismatchError` on every rank."""
+    :class:`~axolotl_dist.errors.TensorMismatchError` on every rank. On a CPU group a SUM or
+    AVG of up to 2 KiB rides with that check's headers and is added up in rank order (one
+    collective; see :func:`~axolotl_dist.operations.reduce`)."""
     name = as_reduce_op(reduce_operation)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"all_reduce(tensor=...) takes a tensor, got {type(tensor).__name__}: "
@@ -199,9 +224,17 @@ def all_reduce(
     if g is None:
         _check_avg(name, tensor)  # checked as on several ranks: one rank fails like N do
         return tensor
-    check_ranks_alike(g, [tensor], ["tensor"], "all_reduce")
+    parts = check_ranks_alike(g, [tensor], ["tensor"], "all_reduce",
+                              carry=name in ("SUM", "AVG"))
     _check_avg(name, tensor)
-    all_reduce_into(g, tensor, name, "all_reduce")
+    if parts is None:
+        all_reduce_into(g, tensor, name, "all_reduce")
+        return tensor
+    with torch.no_grad():  # the tensors came with the headers: summed here, in rank order
+        if tensor.is_contiguous() and tensor.device.type == "cpu":
+            sum_in_rank_order(parts, name, [tensor])
+        else:
+            tensor.copy_(sum_in_rank_order(parts, name)[0])
     return tensor
 
 

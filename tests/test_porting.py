@@ -29,9 +29,27 @@ def _same(a, b):
     return a == b
 
 
+def _inputs(rank):
+    """Rank ``rank``'s random inputs of :func:`_side_by_side`: its floats and float64 extras."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(4, 3, generator=gen), torch.randn(2, generator=gen, dtype=torch.float64)
+
+
+def _in_rank_order(ws, reduction, pick):
+    """``pick`` of every rank's inputs summed in rank order (a mean: then divided by ``ws``):
+    what the kit's sum of small tensors gives (they come with the shape check's headers and
+    are added up on each rank; gloo's ring adds 3 or more ranks' floats in another order)."""
+    parts = [pick(*_inputs(r)) for r in range(ws)]
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    return total / ws if reduction == "mean" else total
+
+
 def _side_by_side():
     """Every rank: the kit's helpers and accelerate's on the same rank-dependent inputs;
-    returns {case: (same?, kit's result as a list)}."""
+    returns {case: (same?, kit's result as a list)}. A float sum at 3 ranks or more is
+    compared with the sum in rank order (:func:`_in_rank_order`), not with gloo's."""
     from accelerate import PartialState
     from accelerate.utils import gather as a_gather
     from accelerate.utils import gather_object as a_gather_object
@@ -42,12 +60,10 @@ def _side_by_side():
     from accelerate import Accelerator
 
     Accelerator(cpu=True)  # accelerate's state over the kit's group (set_seed needs it)
-    rank = ad.get_rank()
-    gen = torch.Generator().manual_seed(100 + rank)
-    floats = torch.randn(4, 3, generator=gen)  # arbitrary bits: a sum's rounding shows
+    rank, ws = ad.get_rank(), ad.get_world_size()
+    floats, extra = _inputs(rank)  # arbitrary bits: a sum's rounding shows
     nested = {"pair": Pair(floats, torch.arange(4) + 10 * rank),
-              "extra": [torch.randn(2, generator=gen, dtype=torch.float64),
-                        torch.tensor(rank)]}
+              "extra": [extra, torch.tensor(rank)]}
     ragged = torch.full((rank + 1, 2 + rank), float(rank))
     out = {}
 
@@ -61,8 +77,12 @@ def _side_by_side():
          a_gather_object([{"r": rank}, f"s{rank}"]))
     for reduction in ("sum", "mean", "max"):
         pair = Pair(floats, nested["extra"][0])
-        case(f"reduce {reduction}", ad.reduce(pair, reduction), a_reduce(pair, reduction))
-    case("reduce default", ad.reduce(floats), a_reduce(floats))
+        expected = a_reduce(pair, reduction) if ws < 3 or reduction == "max" else Pair(
+            _in_rank_order(ws, reduction, lambda f, e: f),
+            _in_rank_order(ws, reduction, lambda f, e: e))
+        case(f"reduce {reduction}", ad.reduce(pair, reduction), expected)
+    case("reduce default", ad.reduce(floats), a_reduce(floats) if ws < 3 else
+         _in_rank_order(ws, "mean", lambda f, e: f))
     for kw in ({}, {"dim": 1}, {"dim": -1, "pad_index": -7, "pad_first": True},
                {"dim": 1, "pad_first": True}):
         case(f"pad {kw}", ad.pad_across_processes({"x": ragged, "l": torch.arange(rank + 1)}, **kw),

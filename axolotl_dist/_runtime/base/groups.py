@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["world", "Group", "HeaderBuffers", "GroupConnections", "NOT_ASKED", "NOT_MADE",
            "STANDIN_ENV_VAR", "STANDIN_DEVICE", "channel_of", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
            "forget_last_group", "failure_record", "restore_failure_record",
-           "HEADER_LEN", "A2A_MAX_RANKS"]
+           "HEADER_LEN", "A2A_MAX_RANKS", "CARRY_BYTES", "CARRY_MAX_RANKS"]
 
 #: torch's holder of the default group; reading it has no side effects.
 world: Any = dist.distributed_c10d._world if dist.is_available() else None
@@ -54,6 +54,12 @@ HEADER_LEN = 4
 #: Up to this many ranks, the CPU header exchange is an all-to-all, beyond it gloo's ring
 #: all-gather (:mod:`..protocols.exchange`; docs/design.md, "Value encoding").
 A2A_MAX_RANKS = 64
+#: Bytes of small tensors a CPU group's header frame carries (groups of up to
+#: :data:`CARRY_MAX_RANKS` ranks): an all-to-all this long costs gloo no more than one of the
+#: bare header (docs/performance.md, "Shape checks").
+CARRY_BYTES = 2048
+#: The largest group whose frames carry tensors (each exchange moves ranks x frame bytes).
+CARRY_MAX_RANKS = 16
 _I64 = torch.int64
 _RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
 
@@ -113,28 +119,37 @@ class HeaderBuffers:
     into it costs nanoseconds, a fresh tensor microseconds), and through the group's own
     collectives with options built once (what torch's functions call after their checks). The
     class's methods, not bound ones (those would keep the group alive); torch before 2.13 names
-    the all-gather ``_allgather_base``."""
+    the all-gather ``_allgather_base``.
+
+    Each rank's part of an exchange is a *frame* of ``frame`` int64 words: the header, then,
+    on a CPU group of 2 to :data:`CARRY_MAX_RANKS` ranks, :data:`CARRY_BYTES` of room for
+    small tensors a checked helper sends with its header (:mod:`..protocols.packets`). Every
+    exchange on the group sends frames of that one size, whichever helper runs it (gloo aborts
+    the process when two ranks' sizes differ), so two helpers that meet still read each
+    other's header."""
 
     __slots__ = ("opts", "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "a2a", "a2a_opts",
-                 "a2a_arr", "a2a_in", "bcast", "bcast_opts")
+                 "a2a_arr", "a2a_in", "bcast", "bcast_opts", "frame")
 
     def __init__(self, pg: Any, size: int, cpu: bool) -> None:
         cls = type(pg)
         c10d = dist.distributed_c10d
         self.opts = _options(c10d.AllgatherOptions, False)
         self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base", None)
-        self.hdr_arr = array.array("q", bytes(8 * HEADER_LEN))
-        self.all_arr = array.array("q", bytes(8 * HEADER_LEN * size))
-        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if cpu else None
-        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if cpu else None
         self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
                     if cpu and 1 < size <= A2A_MAX_RANKS else None)
         self.a2a_opts = _options(c10d.AllToAllOptions, True)
-        self.a2a_arr = array.array("q", bytes(8 * HEADER_LEN * size))
-        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
         self.bcast = cls.broadcast if cpu else None
         self.bcast_opts = _options(c10d.BroadcastOptions, True)
         self.bcast_opts.rootTensor = 0
+        carries = self.a2a is not None and size <= CARRY_MAX_RANKS
+        self.frame = words = HEADER_LEN + (CARRY_BYTES // 8 if carries else 0)
+        self.hdr_arr = array.array("q", bytes(8 * words))
+        self.all_arr = array.array("q", bytes(8 * words * size))
+        self.a2a_arr = array.array("q", bytes(8 * words * size))
+        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if cpu else None
+        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if cpu else None
+        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
 
 
 class GroupConnections:

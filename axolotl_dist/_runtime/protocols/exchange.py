@@ -99,15 +99,21 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
 
 
 def exchange(g: Group, what: str) -> List[int]:
-    """Every rank's header (this rank's is in ``g.headers.hdr_arr``), flat, in group-rank order. CPU
-    only."""
-    if g.headers.a2a is not None:
-        g.headers.a2a_arr[:] = g.headers.hdr_arr * g.size  # this rank's header for every rank
-        run(g, what, g.headers.a2a, g.pg_ref(), g.headers.hdr_all, g.headers.a2a_in, _NO_SPLITS, _NO_SPLITS, g.headers.a2a_opts)
+    """Every rank's header (this rank's is in ``g.headers.hdr_arr``), flat, in group-rank order;
+    every rank's whole frame is in ``g.headers.all_arr``. CPU only."""
+    h = g.headers
+    if h.a2a is not None:
+        h.a2a_arr[:] = h.hdr_arr * g.size  # this rank's frame for every rank
+        run(g, what, h.a2a, g.pg_ref(), h.hdr_all, h.a2a_in, _NO_SPLITS, _NO_SPLITS, h.a2a_opts)
     else:
         # the group's own all_gather_single: what dist.all_gather_single runs after its checks
-        run(g, what, g.headers.allgather, g.pg_ref(), g.headers.hdr_all, g.headers.hdr, g.headers.opts)
-    return g.headers.all_arr.tolist()
+        run(g, what, h.allgather, g.pg_ref(), h.hdr_all, h.hdr, h.opts)
+    if h.frame == HEADER_LEN:
+        return h.all_arr.tolist()
+    frame, flat = h.frame, []
+    for at in range(0, frame * g.size, frame):
+        flat += h.all_arr[at:at + HEADER_LEN]
+    return flat
 
 
 _NO_SPLITS: List[int] = []  # equal splits

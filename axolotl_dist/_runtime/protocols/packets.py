@@ -36,7 +36,8 @@ from .exchange import all_gather_into, exchange as exchange_headers, run
 from ...errors import tensor_mismatch
 
 __all__ = ["DTYPES", "Leaves", "Spec", "Rebuild", "flatten", "exchange", "unpack", "layout", "words", "specs",
-           "specs_of", "describe_all", "check_same", "check_alike", "describe_ranks", "spec_text"]
+           "specs_of", "describe_all", "check_same", "check_alike", "describe_ranks", "spec_text",
+           "CARRIED", "carried_parts"]
 
 #: The dtypes the kit's gathers send (their index is the code on the wire).
 DTYPES: List[torch.dtype] = [
@@ -328,32 +329,97 @@ def check_same(everyone: List[List[Spec]], paths: Sequence[str], what: str, fix:
                 f"{describe_ranks([shown(s) for s in column])}: {fix} (called at {call_site()})")
 
 
+#: The dtypes whose bytes may ride with a checked helper's header (a sum's operands).
+CARRIED = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8)
+#: Slot 2 of a checked helper's header: whether its tensors ride in this frame.
+_APART, _CARRIED = 0, 1
+
+
+def _carry_bytes(leaves: Leaves, room: int) -> Optional[int]:
+    """The bytes ``leaves`` take in a frame (each padded to 16), or None if they cannot ride
+    (another dtype, more than ``room`` bytes)."""
+    total = 0
+    for leaf in leaves:
+        if leaf.dtype not in CARRIED or leaf.layout != torch.strided:
+            return None
+        total += _padded(leaf.numel() * leaf.element_size())
+    return total if total <= room else None
+
+
+def _write_frame(g: Group, leaves: Leaves) -> None:
+    """This rank's tensors' bytes into its frame, after its header (a contiguous CPU tensor's
+    by one ``memmove``: torch's calls cost microseconds each, and this is a scalar's path)."""
+    base = g.headers.hdr_arr.buffer_info()[0]
+    at = 8 * HEADER_LEN
+    for leaf in leaves:
+        n = leaf.numel() * leaf.element_size()
+        if n and leaf.device.type == "cpu" and leaf.is_contiguous() and not leaf.is_neg():
+            ctypes.memmove(base + at, leaf.data_ptr(), n)
+        elif n:
+            frame = torch.frombuffer(g.headers.hdr_arr, dtype=torch.uint8)
+            frame[at:at + n].copy_(leaf.detach().reshape(-1).view(torch.uint8))
+        at += _padded(n)
+
+
+def carried_parts(g: Group, leaves: Leaves) -> List[Leaves]:
+    """Every rank's tensors (views of ``g``'s frames, valid until its next exchange) after
+    :func:`check_alike` said they rode, laid out as this rank's ``leaves`` (the same dtypes
+    and shapes on every rank: checked)."""
+    frame = 8 * g.headers.frame
+    out: List[Leaves] = [[] for _ in range(g.size)]
+    at = 8 * HEADER_LEN
+    for leaf in leaves:
+        numel = leaf.numel()
+        for r in range(g.size):
+            part = torch.frombuffer(g.headers.all_arr, dtype=leaf.dtype, count=numel,
+                                    offset=r * frame + at) if numel else \
+                torch.empty(leaf.shape, dtype=leaf.dtype)
+            out[r].append(part if part.shape == leaf.shape else part.view(leaf.shape))
+        at += _padded(numel * leaf.element_size())
+    return out
+
+
 def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: str,
-                root: int = 0) -> None:
+                root: int = 0, carry: bool = False) -> Optional[List[Leaves]]:
     """Raise :class:`~axolotl_dist.errors.TensorMismatchError` on every rank of ``g`` unless
     every rank passed the same structure, dtypes and shapes.
 
-    One exchange of 4-word headers (the description's length and hash, and the helper's code,
-    through the value engine's cheapest collective, :func:`.exchange.exchange`, on the group's
-    CPU channel: :func:`~..base.groups.channel_of`): equal
-    everywhere, done. Else every rank gathers every description (:func:`describe_all`) and
-    :func:`check_same` names the difference; a hash that differed over equal descriptions
+    One exchange of headers (the description's length and hash, whether the tensors ride,
+    and the helper's code, through the value engine's cheapest collective,
+    :func:`.exchange.exchange`, on the group's CPU channel: :func:`~..base.groups.channel_of`):
+    equal everywhere, done. Else every rank gathers every description (:func:`describe_all`)
+    and :func:`check_same` names the difference; a hash that differed over equal descriptions
     (Pythons hashing differently) passes there. ``what`` must be a registered helper
     (``collective(..., exchanges=True)``); a rank in another helper, or with another ``root``
     (a broadcast's source), is :class:`~axolotl_dist.errors.CollectiveMismatchError`, as in
-    the value helpers."""
+    the value helpers.
+
+    ``carry``: on a CPU group of at most :data:`~..base.groups.CARRY_MAX_RANKS` ranks, small
+    tensors (:data:`CARRIED` dtypes, at most :data:`~..base.groups.CARRY_BYTES`) ride in the
+    same exchange: the result is then every rank's tensors (:func:`carried_parts`: read them
+    before the group's next exchange) and the caller needs no other collective; None where
+    some rank's did not ride."""
     if g.size <= 1:
-        return
+        return None
     desc, _ = _describe(leaves, paths, what)
     ch = channel_of(g)  # g itself on CPU; an accelerator group's metadata never crosses the device
+    room = 8 * (ch.headers.frame - HEADER_LEN)
+    # an accelerator group's tensors stay on its device (its channel may be itself)
+    nbytes = _carry_bytes(leaves, room) if carry and room and g.cpu else None
+    state = _APART if nbytes is None else _CARRIED
+    if state == _CARRIED:
+        _write_frame(ch, leaves)
     a = ch.headers.hdr_arr
-    a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), 0, helper_code(what, root)
-    mine = list(a)
+    a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), state, helper_code(what, root)
+    mine = list(a[:HEADER_LEN])
     flat = exchange_headers(ch, what)
     codes = flat[3::HEADER_LEN]
     if codes.count(mine[3]) != g.size:  # another helper met this one
         raise mismatch_error(dict(enumerate(codes)), g.rank, lambda: str(call_site()))
-    if (flat[0::HEADER_LEN].count(mine[0]) == g.size
-            and flat[1::HEADER_LEN].count(mine[1]) == g.size):
-        return
-    check_same(describe_all(ch, leaves, paths, what), paths, what, fix)
+    if (flat[0::HEADER_LEN].count(mine[0]) != g.size
+            or flat[1::HEADER_LEN].count(mine[1]) != g.size):
+        check_same(describe_all(ch, leaves, paths, what), paths, what, fix)
+    if flat[2::HEADER_LEN].count(_CARRIED) == g.size:
+        return carried_parts(ch, leaves)
+    return None
