@@ -148,26 +148,23 @@ def test_a_gone_store_host_is_known_without_a_store_call(placement):
 
 
 def _kept_in_a_cycle():
-    """A script keeps the RankFailedError in a reference cycle (its frames hold the helper's
-    buffer); the exit's wait for the buffers collects the cycle instead of waiting it out."""
+    """A script keeps the RankFailedError in a reference cycle, and the error's frames hold
+    the group's header buffers (rank 0 leaves while rank 1's header exchange runs: the error
+    is raised inside it); the exit's wait for the buffers collects the cycle instead of
+    waiting it out."""
+    import os
     import weakref
 
     import axolotl_dist as ad
     class Keeper:
         pass
 
-    def fn():
-        raise ValueError("boom")
-
+    ad.barrier()
     if ad.get_rank() == 0:
-        try:
-            ad.compute_and_broadcast(fn)
-        except ValueError:
-            pass
-        return None
+        os._exit(3)
     keeper = Keeper()
     try:
-        ad.compute_and_broadcast(fn)
+        ad.gather_from_all_ranks(lambda: 1)
     except ad.RankFailedError as exc:
         keeper.error, keeper.me = exc, keeper  # a cycle: only the gc frees it
     ref = weakref.ref(keeper)
