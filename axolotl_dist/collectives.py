@@ -231,7 +231,7 @@ def all_reduce(
         all_reduce_into(g, tensor, name, "all_reduce")
         return tensor
     with torch.no_grad():  # the tensors came with the headers: summed here, in rank order
-        if tensor.is_contiguous() and tensor.device.type == "cpu":
+        if tensor.device.type == "cpu":  # straight into it (any strides); else a copy
             sum_in_rank_order(parts, name, [tensor])
         else:
             tensor.copy_(sum_in_rank_order(parts, name)[0])

@@ -182,9 +182,8 @@ def _device_value(flat: torch.Tensor, meta: bytes, device: torch.device) -> Enco
     (the result is the copy's view, never the user's tensor)."""
     nbytes = flat.numel() * flat.element_size()
     data = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    if nbytes:
-        data.copy_(flat.reshape(-1).view(torch.uint8) if flat.is_contiguous()
-                   else flat.contiguous().reshape(-1).view(torch.uint8))
+    if nbytes:  # reshape copies a non-contiguous tensor, so the bytes view always exists
+        data.copy_(flat.reshape(-1).view(torch.uint8))
     return Encoded([DEVICE, len(meta), nbytes, 0], _bytes_tensor(meta), data)
 
 

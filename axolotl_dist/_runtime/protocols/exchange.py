@@ -8,8 +8,8 @@ one all-to-all (each rank sends its header to every other rank directly: one mes
 and direction, where gloo's ring all-gather spends several notifications per rank); beyond
 that many ranks the all-gather's ``O(ranks)`` messages win. An accelerator group's headers
 and payloads travel on its CPU channel (:func:`~..base.groups.channel_of`), its tensors'
-bytes on its device: nothing the host reads crosses the device. Not point-to-point ``send``/``recv``: a gloo receive whose
-wait times out closes every connection of the group ("Application timeout caused pair
+bytes on its device: nothing the host reads crosses the device. Not point-to-point
+``send``/``recv``: a gloo receive whose wait times out closes every connection of the group ("Application timeout caused pair
 closure"), so the kit's sliced, interruptible wait would kill the group whenever a rank
 arrives more than a slice late; a collective's timed-out wait leaves it running. The buffers
 and the group's own collectives live on the :class:`~..base.groups.Group`.

@@ -336,24 +336,22 @@ CARRIED = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 _APART, _CARRIED = 0, 1
 
 
-def _carry_bytes(leaves: Leaves, room: int) -> Optional[int]:
-    """The bytes ``leaves`` take in a frame (each padded to 16), or None if they cannot ride
-    (another dtype, more than ``room`` bytes)."""
-    total = 0
-    for leaf in leaves:
-        if leaf.dtype not in CARRIED or leaf.layout != torch.strided:
-            return None
-        total += _padded(leaf.numel() * leaf.element_size())
+def _carry_bytes(leaves: Leaves, sizes: List[int], room: int) -> Optional[int]:
+    """The bytes ``leaves`` (of ``sizes`` bytes each) take in a frame (each padded to 16), or
+    None if they cannot ride (another dtype, more than ``room`` bytes)."""
+    if any(leaf.dtype not in CARRIED or leaf.layout != torch.strided for leaf in leaves):
+        return None
+    total = sum(_padded(n) for n in sizes)
     return total if total <= room else None
 
 
-def _write_frame(g: Group, leaves: Leaves) -> None:
-    """This rank's tensors' bytes into its frame, after its header (a contiguous CPU tensor's
-    by one ``memmove``: torch's calls cost microseconds each, and this is a scalar's path)."""
+def _write_frame(g: Group, leaves: Leaves, sizes: List[int]) -> None:
+    """This rank's tensors' bytes (``sizes`` each) into its frame, after its header (a
+    contiguous CPU tensor's by one ``memmove``: torch's calls cost microseconds each, and this
+    is a scalar's path)."""
     base = g.headers.hdr_arr.buffer_info()[0]
     at = 8 * HEADER_LEN
-    for leaf in leaves:
-        n = leaf.numel() * leaf.element_size()
+    for leaf, n in zip(leaves, sizes):
         if n and leaf.device.type == "cpu" and leaf.is_contiguous() and not leaf.is_neg():
             ctypes.memmove(base + at, leaf.data_ptr(), n)
         elif n:
@@ -402,14 +400,14 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
     some rank's did not ride."""
     if g.size <= 1:
         return None
-    desc, _ = _describe(leaves, paths, what)
+    desc, sizes = _describe(leaves, paths, what)
     ch = channel_of(g)  # g itself on CPU; an accelerator group's metadata never crosses the device
     room = 8 * (ch.headers.frame - HEADER_LEN)
     # an accelerator group's tensors stay on its device (its channel may be itself)
-    nbytes = _carry_bytes(leaves, room) if carry and room and g.cpu else None
+    nbytes = _carry_bytes(leaves, sizes, room) if carry and room and g.cpu else None
     state = _APART if nbytes is None else _CARRIED
     if state == _CARRIED:
-        _write_frame(ch, leaves)
+        _write_frame(ch, leaves, sizes)
     a = ch.headers.hdr_arr
     a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), state, helper_code(what, root)
     mine = list(a[:HEADER_LEN])

@@ -58,7 +58,9 @@ def _results():
     mean = ad.reduce({"x": x, "y": y})
     avg = ad.all_reduce(y.clone(), "AVG")
     sent = ad.broadcast([x.clone(), y.clone()], src=ad.get_world_size() - 1)
-    return [t.tolist() for t in (summed, mean["x"], mean["y"], avg, *sent)]
+    strided = x.clone().t()  # summed into it in place, whatever its strides
+    ad.all_reduce(strided)
+    return [t.tolist() for t in (summed, mean["x"], mean["y"], avg, *sent, strided)]
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])
@@ -72,6 +74,7 @@ def test_every_rank_gets_the_sum_in_rank_order_to_the_bit(ws):
         return total / ws if mean else total
 
     expected = [in_order(0).tolist(), in_order(0, True).tolist(), in_order(1, True).tolist(),
-                in_order(1, True).tolist(), parts[-1][0].tolist(), parts[-1][1].tolist()]
+                in_order(1, True).tolist(), parts[-1][0].tolist(), parts[-1][1].tolist(),
+                in_order(0).t().tolist()]
     for got in run_distributed(_results, ws, timeout=60):
         assert got == expected
