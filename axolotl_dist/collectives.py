@@ -149,14 +149,23 @@ def broadcast(g: Optional[Group], tensor: T, src: int = 0,
     parts = check_ranks_alike(g, leaves, paths, "broadcast", src, carry=True)
     if parts is not None:  # src's tensors came with the headers
         if g.rank != src:
-            with torch.no_grad():
-                for t, theirs in zip(leaves, parts[src]):
-                    t.copy_(theirs)
+            _copy_carried(leaves, parts[src])
     elif len(leaves) == 1:
         broadcast_into(g, leaves[0], src, "broadcast")
     elif leaves:
         _broadcast_joined(g, leaves, src)
     return tensor
+
+
+def _copy_carried(leaves: List[torch.Tensor], theirs: List[torch.Tensor]) -> None:
+    """Each of ``leaves`` set to the source's tensor that came with the headers (under
+    ``no_grad`` only where autograd would see it: its mode costs microseconds)."""
+    if any(t.requires_grad for t in leaves):
+        with torch.no_grad():
+            _copy_carried([t.detach() for t in leaves], theirs)
+        return
+    for t, x in zip(leaves, theirs):
+        t.copy_(x)
 
 
 def _broadcast_joined(g: Group, leaves: List[torch.Tensor], src: int) -> None:
@@ -230,12 +239,21 @@ def all_reduce(
     if parts is None:
         all_reduce_into(g, tensor, name, "all_reduce")
         return tensor
-    with torch.no_grad():  # the tensors came with the headers: summed here, in rank order
-        if tensor.device.type == "cpu":  # straight into it (any strides); else a copy
-            sum_in_rank_order(parts, name, [tensor])
-        else:
-            tensor.copy_(sum_in_rank_order(parts, name)[0])
+    if tensor.requires_grad:  # autograd's grad mode costs microseconds: only where it acts
+        with torch.no_grad():
+            _sum_carried(parts, name, tensor)
+    else:
+        _sum_carried(parts, name, tensor)
     return tensor
+
+
+def _sum_carried(parts: List[List[torch.Tensor]], name: str, tensor: torch.Tensor) -> None:
+    """``tensor`` set to the rank-order sum of the ``parts`` that came with the headers:
+    straight into it on CPU (any strides), else through a copy."""
+    if tensor.device.type == "cpu":
+        sum_in_rank_order(parts, name, [tensor])
+    else:
+        tensor.copy_(sum_in_rank_order(parts, name)[0])
 
 
 _MAX_NDIM = 12

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import array
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -129,7 +129,7 @@ class HeaderBuffers:
     other's header."""
 
     __slots__ = ("opts", "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "a2a", "a2a_opts",
-                 "a2a_arr", "a2a_in", "bcast", "bcast_opts", "frame")
+                 "a2a_arr", "a2a_in", "bcast", "bcast_opts", "frame", "views")
 
     def __init__(self, pg: Any, size: int, cpu: bool) -> None:
         cls = type(pg)
@@ -150,6 +150,8 @@ class HeaderBuffers:
         self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if cpu else None
         self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if cpu else None
         self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
+        #: carried tensors' views of ``all_arr`` by layout (:func:`..protocols.packets.carried_parts`)
+        self.views: Dict[Tuple[Any, ...], Any] = {}
 
 
 class GroupConnections:

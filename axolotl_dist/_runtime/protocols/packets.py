@@ -363,7 +363,24 @@ def _write_frame(g: Group, leaves: Leaves, sizes: List[int]) -> None:
 def carried_parts(g: Group, leaves: Leaves) -> List[Leaves]:
     """Every rank's tensors (views of ``g``'s frames, valid until its next exchange) after
     :func:`check_alike` said they rode, laid out as this rank's ``leaves`` (the same dtypes
-    and shapes on every rank: checked)."""
+    and shapes on every rank: checked). The views of one layout are made once per group and
+    kept (the frames never move): a step's scalar takes the same views every call."""
+    key = tuple((leaf.dtype, leaf.shape) for leaf in leaves)
+    views = g.headers.views
+    parts = views.get(key)
+    if parts is None:
+        if len(views) >= _VIEW_LAYOUTS:
+            views.clear()
+        parts = views[key] = _frame_views(g, leaves)
+    return parts
+
+
+#: Layouts whose frame views a group keeps (a training loop reduces a few).
+_VIEW_LAYOUTS = 32
+
+
+def _frame_views(g: Group, leaves: Leaves) -> List[Leaves]:
+    """:func:`carried_parts`' views, made."""
     frame = 8 * g.headers.frame
     out: List[Leaves] = [[] for _ in range(g.size)]
     at = 8 * HEADER_LEN

@@ -60,7 +60,14 @@ def _results():
     sent = ad.broadcast([x.clone(), y.clone()], src=ad.get_world_size() - 1)
     strided = x.clone().t()  # summed into it in place, whatever its strides
     ad.all_reduce(strided)
-    return [t.tolist() for t in (summed, mean["x"], mean["y"], avg, *sent, strided)]
+    # parameters (autograd's leaves) take what rode, in place, as a model sync does
+    param = torch.nn.Parameter(x.clone())
+    ad.broadcast(param, src=ad.get_world_size() - 1)
+    grad_sum = torch.nn.Parameter(x.clone())
+    ad.all_reduce(grad_sum)
+    assert param.requires_grad and grad_sum.requires_grad
+    return [t.tolist() for t in (summed, mean["x"], mean["y"], avg, *sent, strided, param,
+                                 grad_sum)]
 
 
 @pytest.mark.parametrize("ws", [2, 3, 4])
@@ -75,6 +82,6 @@ def test_every_rank_gets_the_sum_in_rank_order_to_the_bit(ws):
 
     expected = [in_order(0).tolist(), in_order(0, True).tolist(), in_order(1, True).tolist(),
                 in_order(1, True).tolist(), parts[-1][0].tolist(), parts[-1][1].tolist(),
-                in_order(0).t().tolist()]
+                in_order(0).t().tolist(), parts[-1][0].tolist(), in_order(0).tolist()]
     for got in run_distributed(_results, ws, timeout=60):
         assert got == expected
