@@ -17,28 +17,36 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import env as _env
 from ._runtime.base.callsite import call_site
 from ._runtime.base.groups import Group, group_of
 from ._runtime.liveness.liveness_state import HEARTBEAT
+from ._runtime.base.kitlog import kit as _log
 from ._runtime.protocols import checkpointing as _checkpointing
+from ._runtime.protocols import leases as _leases
+from ._runtime.protocols.codes import register_helper
+from ._runtime.protocols.exchange import all_gather_values
 from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols.checkpointing import CheckpointBlock
 from ._runtime.protocols.helpers import call
 from ._runtime.protocols.threads import enter_block, leave_block
 from .errors import DistributedConfigError
 from .ranks import get_local_rank, get_rank
-from .values import all_gather_object
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["checkpoint_dir", "latest_checkpoint", "CheckpointPath"]
+__all__ = ["checkpoint_dir", "latest_checkpoint", "CheckpointPath", "Checkpoint"]
 
 PathArg = Union[str, "os.PathLike[str]"]
+
+# Their exchanges of what each rank sees under root are named after them (a rank elsewhere
+# meets "checkpoint_dir", not an all-gather it never called).
+register_helper("checkpoint_dir")
+register_helper("latest_checkpoint")
 
 
 class CheckpointPath(str):
@@ -74,6 +82,25 @@ class CheckpointPath(str):
         is committed. The block's ``timeout`` bounds the wait for them too (at the exit as
         well: a future not done by then is a ``TimeoutError``)."""
         self._futures.append(_checkpointing.future_wait(future))
+
+
+class Checkpoint(str):
+    """A committed checkpoint, as :func:`latest_checkpoint` finds it: a ``str`` (its directory,
+    ``<root>/step-<step>``), so ``os.path.join``, ``torch.load`` and DCP's ``checkpoint_id``
+    take it as it is, and ``step``, the step to resume after.
+
+    :ivar step: the checkpoint's step (the ``step`` its ``checkpoint_dir`` was given).
+    """
+
+    step: int
+
+    def __new__(cls, path: str, step: int) -> "Checkpoint":
+        self = super().__new__(cls, path)
+        self.step = step
+        return self
+
+    def __reduce__(self) -> Tuple[Any, Tuple[str, int]]:  # pickled with its step
+        return (Checkpoint, (str(self), self.step))
 
 
 def _root_arg(call: str, root: Any) -> str:
@@ -138,12 +165,17 @@ class _CheckpointDir:
         _checkpointing.settle()  # the saves handed to futures before: committed, or raised
         g = group_of(self.group, "checkpoint_dir")
         final = _checkpointing.final_dir(self.root, self.step)
-        job = _checkpointing.job_id()
+        job, self.run = _checkpointing.job_id(), _run_of(g)
+        live = _take_root(self.root, g, job, self.run)
+        if live:
+            _leases.release(self.root, self.run, 0 if g is None else g.rank)
+            raise _held_by(self.root, live)
         if g is None or g.size == 1:
-            self.run = uuid.uuid4().hex[:12]
-            staging = _checkpointing.staging_dir(self.root, self.step, job, self.run, 1)
+            staging = _checkpointing.staging_dir(self.root, self.step, job, self.run,
+                                                 time.monotonic_ns())  # unique in this process
             os.makedirs(staging)
             self.path = CheckpointPath(staging, self.step, final, True)
+            _checkpointing.note_saving(self.root, self.step)
             return self.path
         writes = _writes(g, self.root, self.per_node)
         site = call_site()
@@ -151,7 +183,6 @@ class _CheckpointDir:
         try:
             self.written = CheckpointBlock(g, g.next_seq("checkpoint_dir"), site, None,
                                            timeout=self.timeout)
-            self.run = HEARTBEAT.run or "local"
             staging = _checkpointing.staging_dir(self.root, self.step, job, self.run,
                                                  self.written.seq)
             os.makedirs(staging, exist_ok=True)
@@ -159,6 +190,7 @@ class _CheckpointDir:
             leave_block(self.opened)
             raise
         self.path = CheckpointPath(staging, self.step, final, writes)
+        _checkpointing.note_saving(self.root, self.step)
         return self.path
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
@@ -229,29 +261,85 @@ def _seen(root: str) -> Tuple[List[int], str]:
 
 
 @call("latest_checkpoint", lambda a: {"root": os.fspath(a["root"])})
-def latest_checkpoint(root: PathArg, *, group: Optional["ProcessGroup"] = None) -> Optional[str]:
-    """The newest committed checkpoint under ``root`` (``<root>/step-<step>``), or None when
-    there is none: the same answer on every rank, so call it on every rank.
+def latest_checkpoint(root: PathArg, *, group: Optional["ProcessGroup"] = None
+                      ) -> Optional[Checkpoint]:
+    """The newest committed checkpoint under ``root``, or None when there is none: the same
+    answer on every rank, so call it on every rank. It is a :class:`Checkpoint`: the directory
+    ``<root>/step-<step>`` as a ``str``, with its ``step``.
 
     Only what :func:`checkpoint_dir` committed counts (a staging directory, a checkpoint cut
     short by a crash or a directory the kit did not write never does), and only a checkpoint
     every rank can see: on node-local disks, the newest step every node has. If some ranks see
     checkpoints and others none (a checkpoint saved on one node's disk), every rank raises
     :class:`~axolotl_dist.errors.DistributedConfigError` naming the ranks and their hosts.
+    The partial saves that runs which ended left under ``root`` are removed here, as at the
+    next :func:`checkpoint_dir` (docs/checkpoints.md, "What it guarantees").
     """
     root = _root_arg("latest_checkpoint", root)
     _checkpointing.settle()  # a save handed to futures counts once committed
     g = group_of(group, "latest_checkpoint")
+    run = _run_of(g)
+    _leases.hold(root, _checkpointing.job_id(), run, 0 if g is None else g.rank)
+    view = _leases.survey(root, run)
     if g is None or g.size == 1:
+        _clear_over(root, 0, [view])
         steps = _checkpointing.committed_steps(root)
-        return _checkpointing.final_dir(root, steps[-1]) if steps else None
-    seen = all_gather_object(_seen(root), group=group)
-    common = set(seen[0][0]).intersection(*(set(s) for s, _ in seen[1:]))
+        return Checkpoint(_checkpointing.final_dir(root, steps[-1]), steps[-1]) if steps else None
+    seen = all_gather_values(g, lambda: _seen(root) + (view,), "latest_checkpoint")
+    _clear_over(root, g.rank, [s[2] for s in seen])
+    common = set(seen[0][0]).intersection(*(set(s[0]) for s in seen[1:]))
     if common:
-        return _checkpointing.final_dir(root, max(common))
-    if not any(steps for steps, _ in seen):
+        return Checkpoint(_checkpointing.final_dir(root, max(common)), max(common))
+    if not any(s[0] for s in seen):
         return None
-    raise _unseen(root, seen)
+    raise _unseen(root, [(s[0], s[1]) for s in seen])
+
+
+def _run_of(g: Optional[Group]) -> str:
+    """The run a call's files belong to: the ranks' run id (the same on every rank), or in one
+    process this process (its pid and start time: unique on its machine)."""
+    if g is not None and g.size > 1:
+        return HEARTBEAT.run or "local"
+    pid = os.getpid()
+    return f"p{pid:x}t{_leases.process_start(pid) or 0:x}"
+
+
+def _take_root(root: str, g: Optional[Group], job: str, run: str) -> Dict[str, _leases.Holder]:
+    """Hold this rank's lease on ``root``, pool every rank's view of the other runs there and
+    remove what the runs that are over left; returns the other runs still live there."""
+    rank = 0 if g is None else g.rank
+    _leases.hold(root, job, run, rank)
+    view = _leases.survey(root, run)
+    views = [view] if g is None or g.size == 1 else \
+        all_gather_values(g, lambda: view, "checkpoint_dir")
+    return _clear_over(root, rank, views)
+
+
+def _clear_over(root: str, rank: int, views: List[Dict[str, _leases.View]]
+                ) -> Dict[str, _leases.Holder]:
+    """Remove, on the ranks chosen for it, what the runs that every rank's ``views`` show over
+    left under ``root``, said once per run; returns the live ones."""
+    over, live = _leases.pool(views)
+    for run, removers in over.items():
+        if rank in removers:
+            removed = _leases.remove_run(root, run)
+            if removed:
+                _log.warning("removed %d partial save(s) under %s left by run %s, which ended "
+                             "before committing them: %s", len(removed), root, run,
+                             ", ".join(os.path.basename(p) for p in removed))
+    return live
+
+
+def _held_by(root: str, live: Dict[str, _leases.Holder]) -> DistributedConfigError:
+    """The error for a save on a ``root`` that other live runs hold (``live``)."""
+    run, (job, holders, _) = next(iter(sorted(live.items())))
+    who = ", ".join(f"rank {r} pid {pid} on {host}" for r, host, pid in holders[:4])
+    more = f" and {len(holders) - 4} more" if len(holders) > 4 else ""
+    return DistributedConfigError(
+        f"checkpoint_dir(root={root!r}): another run still uses this directory: run {run} "
+        f"(job {job or 'none'}: {who}{more}). Two runs saving into one root would remove each "
+        "other's checkpoints: give this run a root of its own, or stop the other run first "
+        f"(its lease: {os.path.join(root, _leases.LEASES_DIR, run)}).")
 
 
 def _unseen(root: str, seen: List[Tuple[List[int], str]]) -> DistributedConfigError:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -23,6 +25,12 @@ from axolotl_dist.testing import run_distributed, run_distributed_outcomes
 from fixtures import alive, finish, start, subprocess_env
 
 MARKER = ".axolotl_dist_checkpoint.json"
+LEASES = ".axolotl_dist_leases"
+
+
+def _names(root):
+    """What ``root`` holds but the runs' leases."""
+    return sorted(name for name in os.listdir(root) if name != LEASES)
 
 
 def _save(root, step, keep=None, fault=None, faulty=1, timeout=None):
@@ -71,7 +79,7 @@ def test_a_checkpoint_is_committed_once_every_rank_wrote_it(world, tmp_path):
         assert got["should_save"] == (rank == 0), got
         assert got["files"] == sorted([MARKER, "model.pt"] + [f"shard-{r}.bin" for r in range(world)])
         assert not got["staging_left"], got
-    assert sorted(os.listdir(root)) == ["step-7"]
+    assert _names(root) == ["step-7"]
     record = json.loads((tmp_path / "ckpt" / "step-7" / MARKER).read_text())
     assert record["step"] == 7 and record["world_size"] == world
     assert all(os.path.getsize(os.path.join(final, f"shard-{r}.bin")) == 8192 for r in range(world))
@@ -86,7 +94,7 @@ def _rotate(root):
     with ad.checkpoint_dir(root, 20) as path:  # a step saved again replaces it, rotation or not
         with open(os.path.join(path, f"again{ad.get_rank()}"), "w") as fh:
             fh.write("again")
-    return sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, "step-20")))
+    return _names(root), sorted(os.listdir(os.path.join(root, "step-20")))
 
 
 def test_keep_2_over_5_saves_leaves_the_newest_2_and_a_step_saved_again_is_replaced(tmp_path):
@@ -165,8 +173,9 @@ def test_a_block_under_a_main_process_guard_is_an_error_on_every_rank(tmp_path):
     for outcome in outcomes:
         assert not outcome.ok and outcome.error.startswith("CollectiveMismatchError"), \
             outcome.describe()
-        assert "checkpoint_dir block #1" in outcome.error and "barrier" in outcome.error
-        assert "Some ranks are in a checkpoint_dir call the others never entered" in outcome.error
+        assert "rank 0: checkpoint_dir at tests/test_checkpoints.py:" in outcome.error
+        assert "rank 1: barrier at tests/test_checkpoints.py:" in outcome.error
+        assert "called on some ranks only" in outcome.error
     assert not (tmp_path / "ckpt" / "step-1").exists()
 
 
@@ -314,7 +323,7 @@ def test_a_restarted_run_resumes_from_the_last_commit(tmp_path):
     assert "[ranks 0, 1] attempt 1 resumes after step 1" in out, out
     assert "[ranks 0, 1] attempt 1 done, latest step-3" in out, out
     assert "OSError: no space left on device" in err, err
-    assert sorted(os.listdir(root)) == ["step-1", "step-2", "step-3"]  # attempt 0's staging gone
+    assert _names(root) == ["step-1", "step-2", "step-3"]  # attempt 0's staging gone
 
 
 # ---- writes handed over to futures ---------------------------------------------------------
@@ -434,3 +443,139 @@ def test_the_blocks_timeout_bounds_the_wait_for_its_futures(tmp_path):
     assert kind0 in ("RankFailedError", "RankTimeoutError") and "1" in message0, message0
     assert time.monotonic() - start < 9  # not the future's 10 s
     assert not os.path.exists(os.path.join(root, "step-1"))
+
+
+# ---- resumes across launches (#79) ----------------------------------------------------------
+
+# One training script launched again and again on one root: resume after the latest committed
+# step (``.step``), save five more; the last rank is SIGKILLed inside the save of ``kill_at``.
+_RESUMED = r"""
+import os, signal, sys
+import axolotl_dist as ad
+root, kill_at = sys.argv[1], int(sys.argv[2])
+ad.init_distributed()
+rank, last = ad.get_rank(), ad.get_world_size() - 1
+latest = ad.latest_checkpoint(root)
+first = 1 if latest is None else latest.step + 1
+if rank == 0:
+    print(f"resumes after {None if latest is None else latest.step}", flush=True)
+for step in range(first, first + 5):
+    with ad.checkpoint_dir(root, step) as path:
+        with open(os.path.join(path, f"r{rank}"), "w") as fh:
+            fh.write(str(step))
+        if step == kill_at and rank == last:
+            os.kill(os.getpid(), signal.SIGKILL)
+    if step == first and rank == 0:
+        left = [n for n in os.listdir(root) if ".staging-" in n]
+        print(f"saved {path.final}; partial saves left: {len(left)}", flush=True)
+"""
+
+_LAUNCH = {"axolotl-dist": ["-m", "axolotl_dist.launch", "-n"],
+           "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]}
+
+
+@pytest.mark.parametrize("launcher,ranks", [("axolotl-dist", 2), ("axolotl-dist", 3),
+                                            ("torchrun", 2), ("torchrun", 3)])
+def test_three_launches_with_kills_mid_save_resume_from_the_last_commit(launcher, ranks,
+                                                                        tmp_path):
+    script, root = tmp_path / "train.py", tmp_path / "ckpt"
+    script.write_text(_RESUMED)
+
+    def launch(kill_at):
+        return finish(start([sys.executable, *_LAUNCH[launcher], str(ranks), str(script),
+                             str(root), str(kill_at)], subprocess_env(tmp_path),
+                            cwd=tmp_path), 120)
+
+    for kill_at, resumed, latest in ((3, None, 2), (5, 2, 4)):
+        code, out, err = launch(kill_at)
+        assert code != 0, (out, err)
+        assert f"resumes after {resumed}" in out, (out, err)
+        said = f"the checkpoint of step {kill_at} under {root} was not committed; the latest "
+        assert f"{said}committed is {root / f'step-{latest}'} (resume from it)" in err, err
+        assert f".step-{kill_at}.staging-" in " ".join(os.listdir(root))  # left behind
+    code, out, err = launch(0)
+    assert code == 0, err
+    assert "resumes after 4" in out and "partial saves left: 0" in out, (out, err)
+    assert "removed 1 partial save(s)" in err and err.count("partial save(s)") == 1, err
+    assert _names(root) == [f"step-{s}" for s in range(1, 10)]
+    assert (root / "step-9" / f"r{ranks - 1}").read_text() == "9"
+
+
+def _hold_open(root, flag):
+    """One process: enter a save and stay inside it until ``flag`` exists."""
+    with ad.checkpoint_dir(root, 1) as path:
+        open(os.path.join(path, "w"), "w").write("first")
+        open(flag + ".inside", "w").close()
+        while not os.path.exists(flag):
+            time.sleep(0.02)
+    return os.getpid()
+
+
+def _second_run(root):
+    latest = ad.latest_checkpoint(root)  # a resume reads; it removes nothing of a live run
+    try:
+        with ad.checkpoint_dir(root, 2):
+            pass
+    except ad.DistributedConfigError as exc:
+        return latest, str(exc)
+    return latest, None
+
+
+def test_a_second_live_run_on_one_root_is_told_and_the_first_is_untouched(tmp_path):
+    root, flag = str(tmp_path / "ckpt"), str(tmp_path / "done")
+    first = subprocess.Popen(
+        [sys.executable, "-c", "import sys, test_checkpoints as t; "
+         "print(t._hold_open(sys.argv[1], sys.argv[2]))",
+         root, flag], cwd=os.path.dirname(__file__), env=subprocess_env(tmp_path),
+        stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag + ".inside"):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (staging,) = [n for n in os.listdir(root) if ".staging-" in n]
+        for latest, error in run_distributed(_second_run, 2, args=(root,), timeout=60):
+            assert latest is None and error is not None, error
+            assert f"checkpoint_dir(root={root!r}): another run still uses this directory" \
+                in error and f"pid {first.pid} on" in error, error
+            assert "give this run a root of its own, or stop the other run first" in error
+        assert staging in os.listdir(root)  # the live run's save is untouched
+        open(flag, "w").close()
+        assert first.wait(60) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.stdout.read().strip() == str(first.pid)
+    assert _names(root) == ["step-1"]
+
+
+def _save_beside(root):
+    latest = ad.latest_checkpoint(root)
+    with ad.checkpoint_dir(root, 2) as path:
+        open(os.path.join(path, f"r{ad.get_rank()}"), "w").write("beside")
+    return latest, sorted(n for n in os.listdir(root) if ".staging-" in n)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="needs root and unshare (a PID namespace: another machine's processes)")
+def test_a_live_save_on_a_machine_this_run_cannot_see_is_never_removed(tmp_path):
+    # the first run in a PID namespace of its own: to this run, another machine sharing root
+    root, flag = str(tmp_path / "ckpt"), str(tmp_path / "done")
+    first = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+         "import sys, test_checkpoints as t; t._hold_open(sys.argv[1], sys.argv[2])", root, flag],
+        cwd=os.path.dirname(__file__), env=subprocess_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag + ".inside"):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (staging,) = [n for n in os.listdir(root) if ".staging-" in n]
+        for latest, stagings in run_distributed(_save_beside, 2, args=(root,), timeout=60):
+            assert latest is None and stagings == [staging]  # its save goes on, untouched
+        open(flag, "w").close()
+        assert first.wait(60) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert _names(root) == ["step-1", "step-2"]

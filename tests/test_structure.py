@@ -689,6 +689,8 @@ SERIALIZERS = {
     f"{RUNTIME}.store.records": "every record the kit keeps in the c10d store",
     f"{RUNTIME}.protocols.encoding": "the value helpers' values, across collectives",
     f"{RUNTIME}.protocols.timeline": "the timeline's rank files",
+    f"{RUNTIME}.protocols.leases": "the leases on checkpoint roots",
+    f"{RUNTIME}.protocols.checkpointing": "the ranks' notes of the save they are in, for the launcher",
     f"{RUNTIME}.liveness.runs": "this host's run directory",
     f"{PACKAGE}.tracing._merge": "the merged trace",
     f"{PACKAGE}.hf_data._parts": "shared_map's part files",

@@ -73,6 +73,7 @@ from ._watch import Watcher
 from ._where import plain as _plain, where_main
 from .. import tracing as _tracing
 from .._runtime.base.pickling import by_name as _by_name
+from .._runtime.protocols.checkpointing import unsaved
 from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
 
 __all__ = ["main"]
@@ -221,11 +222,11 @@ def run(opts: _options.Options, tmp_dir: str) -> int:
                 output.close()  # every rank's output is out before the launcher's account
         return 0
     except ChildFailedError as exc:
-        ends = read_ends(attempt_dir(end_dir, restarts.attempt))
-        return report_failures(exc.failures, opts.nnodes, opts.node_rank, ends,
+        attempt = attempt_dir(end_dir, restarts.attempt)
+        return report_failures(exc.failures, opts.nnodes, opts.node_rank, read_ends(attempt),
                                opts.nproc * opts.nnodes, range(first, first + opts.nproc),
                                output=_output_note(output), attempt=restarts.label(),
-                               shown=opts.shown)
+                               shown=opts.shown, unsaved=unsaved(attempt))
     except SignalException as exc:
         if watcher.claim():  # else the watcher is saying why it stops the launcher
             print(f"{PROG}: got {signal.Signals(exc.sigval).name}, stopped every rank",

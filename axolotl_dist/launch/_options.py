@@ -304,7 +304,10 @@ def _rendezvous(args: argparse.Namespace, opts: Options) -> argparse.Namespace:
         # port the OS picks (no race); the ranks' MASTER_ADDR is 127.0.0.1.
         _loopback.register()
         args.rdzv_backend, args.rdzv_endpoint = _loopback.BACKEND, f"{LOOPBACK}:0"
-        args.rdzv_id = uuid.uuid4().hex
+        # torchrun draws a new id here whatever --rdzv-id says; the kit keeps the user's (or
+        # the SLURM job's): the run's checkpoints are that job's across launches
+        if args.rdzv_id in (None, "", "none"):
+            args.rdzv_id = os.environ.get("SLURM_JOB_ID") or uuid.uuid4().hex
         args.local_addr = LOOPBACK
         return args
     if single and args.local_addr is None and args.rdzv_backend == "static":

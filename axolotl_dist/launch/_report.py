@@ -254,7 +254,7 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
                     ends: Optional[Dict[int, dict]] = None, world_size: Optional[int] = None,
                     local: Optional[Sequence[int]] = None,
                     output: Optional[Callable[[int], str]] = None, attempt: str = "",
-                    shown: Optional[Set[int]] = None) -> int:
+                    shown: Optional[Set[int]] = None, unsaved: Sequence[str] = ()) -> int:
     """Print the launcher's account of a failed run to stderr and return its exit code:
     the rank that ended first while others ran (``ends``: how each rank's script ended), the
     rank that failed first (its traceback only where its output did not show it), and the
@@ -263,7 +263,8 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     report). ``output``: where a rank's own lines are, when the launcher took them
     (:mod:`._output`). ``attempt``: which attempt failed (``"attempt 2 of 2: "``), with
     ``--max-restarts``. ``shown``: the local ranks whose output is shown
-    (``--local-ranks-filter``; None: all): a filtered rank's traceback is printed here."""
+    (``--local-ranks-filter``; None: all): a filtered rank's traceback is printed here.
+    ``unsaved``: a line per checkpoint the ranks were saving when it failed (not committed)."""
     ends = ends or {}
     early = _early_exit(failures, ends)
     lines = _early_lines(early, failures, ends, nodes, world_size, local, attempt)
@@ -282,6 +283,7 @@ def report_failures(failures: Dict[int, object], nodes: int, node_rank: int,
     else:
         lines.append(f"{PROG}: then rank {rank} ({where}, pid {failure.pid}) failed: it {how}")
     lines += _closing_lines(rank, failures, tb if not above else None, code, ends)
+    lines[-1:-1] = [f"{PROG}: {line}" for line in unsaved]  # before the exit code
     print("\n".join(lines), file=sys.stderr, flush=True)
     return code
 

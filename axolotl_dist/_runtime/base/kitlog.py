@@ -136,6 +136,9 @@ class KitLog:
             FALLBACK.handle(self.logger.makeRecord(self.logger.name, level, "(unknown file)", 0,
                                                    msg, args, None))
 
+    def info(self, msg: str, *args: Any) -> None:
+        self.emit(logging.INFO, msg, *args)
+
     def warning(self, msg: str, *args: Any) -> None:
         self.emit(logging.WARNING, msg, *args)
 

@@ -13,6 +13,8 @@
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
 * :mod:`.checkpointing`: a ``checkpoint_dir`` call's two blocks (written, committed) and its
   files: staging, commit, rotation.
+* :mod:`.leases`: who holds a checkpoint root: each rank's lease, known alive or dead where its
+  process can be seen, so that what runs that ended left is removed and a second live run is told.
 * :mod:`.map_cache`: a ``datasets`` map in a ``zero_first`` block that leaves the other ranks
   no cache file, said once.
 * :mod:`.protocols_state`: this room's per-process state.

@@ -22,7 +22,8 @@ never by the process group's collective timeout.
 On disk, under ``root``: ``step-<step>`` is a committed checkpoint when it holds the marker
 :data:`MARKER` (the rename is atomic: a directory of that name without the marker was not made
 by the kit); ``.step-<step>.staging-<job>.<run>-<seq>`` is being written (or was, by a call
-that failed or an attempt that died: never read, and removed by the job's next commit);
+that failed or a run that died: never read; removed by the run's next commit, or once the run
+ended by the next ``checkpoint_dir`` or ``latest_checkpoint`` of another: :mod:`.leases`);
 ``.step-<step>.old-<run>-<x>`` is a checkpoint being replaced or rotated away (removed right
 after the rename that hid it).
 """
@@ -30,23 +31,30 @@ after the rename that hid it).
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
+from ..base.constants import END_DIR_ENV_VAR
 from ..base.kitlog import kit as log
 from ..base.tracebacks import safe_str
 from .blocks import Block, arrive, together
+from .leases import staging_run
 from ..store import records
 from .protocols_state import SAVES
+from ...errors import RankFailedError, RankTimeoutError
 
 __all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "MARKER",
            "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps", "commit", "commit_record",
-           "commit_save", "rotate", "remove_staging", "job_id"]
+           "commit_save", "rotate", "remove_staging", "job_id", "not_committed", "note_saving",
+           "unnote_saving", "unsaved", "SAVING_NOTE"]
 
 #: A committed checkpoint is ``<root>/step-<step>``.
 STEP_PREFIX = "step-"
@@ -116,7 +124,20 @@ def future_wait(future: Any) -> Callable[[Optional[float]], Any]:
 def finish(save: Save, error: Optional[BaseException]) -> None:
     """End ``save`` on this rank: ``error`` (its body's, or a future's) is told to the others and
     raised; else every rank's end is awaited and the checkpoint committed on every filesystem
-    (each rank leaves once it is), or the failure of another rank raised."""
+    (each rank leaves once it is), or the failure of another rank raised, saying that the step
+    was not committed and which one was last."""
+    try:
+        _finish(save, error)
+    except (RankFailedError, RankTimeoutError) as exc:
+        exc.args = (f"{exc.args[0] if exc.args else ''}; {not_committed(save.root, save.step)}",
+                    *exc.args[1:])
+        raise
+    finally:
+        unnote_saving()
+
+
+def _finish(save: Save, error: Optional[BaseException]) -> None:
+    """:func:`finish`'s steps."""
     written = save.written
     if written is None:  # one process
         if error is not None:
@@ -132,6 +153,88 @@ def finish(save: Save, error: Optional[BaseException]) -> None:
                                 timeout=save.timeout)
     together(lambda: commit_save(save, g.size) if save.should_save else None, committed,
              save.timeout, lambda: _others(committed))
+
+
+def not_committed(root: str, step: int) -> str:
+    """What a save that did not end says: its step was not committed, and the last that was."""
+    steps = committed_steps(root)
+    last = (f"the latest committed is {final_dir(root, steps[-1])} (resume from it)" if steps
+            else "no checkpoint is committed there yet")
+    return f"the checkpoint of step {step} under {root} was not committed; {last}"
+
+
+# --- what the launcher reads when a rank dies inside a save ----------------------------------
+
+#: A rank's note of the save it is in, in its attempt's end directory (:mod:`axolotl_dist.launch`).
+SAVING_NOTE = "saving-{rank}.note"
+
+
+def _note_path() -> Optional[str]:
+    directory, rank = os.environ.get(END_DIR_ENV_VAR), os.environ.get("RANK", "").strip()
+    if not directory or not rank.isdigit():
+        return None
+    return os.path.join(directory, SAVING_NOTE.format(rank=int(rank)))
+
+
+def note_saving(root: str, step: int) -> None:
+    """Note that this rank is inside the save of ``step`` under ``root`` (until
+    :func:`unnote_saving`), so that if the run fails there it is said that the step was not
+    committed: under ``axolotl-dist`` by the launcher (a note in the attempt's end directory),
+    elsewhere by this rank when its launcher stops it (SIGTERM, where no handler is set: the
+    line, then the signal's own death)."""
+    SAVES.saving = (root, step)
+    path = _note_path()
+    if path is not None:
+        try:
+            with open(path, "w") as fh:
+                json.dump({"root": os.path.abspath(root), "step": step}, fh)
+        except OSError:  # the launcher then says less
+            pass
+    elif (threading.current_thread() is threading.main_thread()
+          and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _stopped_while_saving)
+        SAVES.term_handler = signal.SIG_DFL
+
+
+def unnote_saving() -> None:
+    """The save this rank was inside ended (committed or not)."""
+    SAVES.saving = None
+    if SAVES.term_handler is not None and threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is _stopped_while_saving:
+            signal.signal(signal.SIGTERM, SAVES.term_handler)
+        SAVES.term_handler = None
+    path = _note_path()
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _stopped_while_saving(signum: int, frame: Any) -> None:
+    """SIGTERM inside a save (a launcher stopping the ranks after another failed): say what was
+    not committed, then die of the signal as without the handler."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if SAVES.saving is not None:
+        log.error("stopped by SIGTERM inside checkpoint_dir: %s", not_committed(*SAVES.saving))
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def unsaved(directory: Optional[str]) -> List[str]:
+    """The launcher's lines for the saves its ranks were inside when the run failed (their
+    notes in the attempt's end directory ``directory``), one per checkpoint."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    seen = set()
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("saving-") and name.endswith(".note"):
+            try:
+                with open(os.path.join(directory, name)) as fh:
+                    note = json.load(fh)
+                seen.add((str(note["root"]), int(note["step"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return [not_committed(root, step) for root, step in sorted(seen)]
 
 
 def _await_futures(save: Save) -> Optional[BaseException]:
@@ -195,7 +298,8 @@ def commit_save(save: Save, world_size: int) -> None:
     commit(save.staging, save.final, commit_record(save.step, world_size, save.run))
     if save.keep is not None:
         rotate(save.root, save.keep, save.step, save.run)
-    remove_staging(save.root, job_id(), keep=save.staging)
+    remove_staging(save.root, save.run, keep=save.staging)
+    log.info("committed the checkpoint of step %d: %s", save.step, save.final)
 
 
 # --- the files ----------------------------------------------------------------------------------
@@ -297,20 +401,18 @@ def rotate(root: str, keep: int, just: int, run: str) -> List[int]:
     return removed
 
 
-def remove_staging(root: str, job: str, keep: str) -> None:
-    """Remove what this job left under ``root`` but ``keep``: the staging directories of its
-    calls whose bodies failed and of its earlier attempts (a restarted run's attempts follow
-    one another: every rank of the attempts before is gone), and checkpoints hidden for
-    removal by a commit or a rotation that did not finish."""
-    staging = f".staging-{job}."
+def remove_staging(root: str, run: str, keep: str) -> None:
+    """Remove what run ``run`` left under ``root`` but ``keep``: the staging directories of its
+    calls whose bodies failed, and checkpoints hidden for removal by a commit or a rotation
+    that did not finish. (What other runs left once they ended: :mod:`.leases`.)"""
     try:
         names = os.listdir(root)
     except OSError:
         return
     for name in names:
         path = os.path.join(root, name)
-        if name.startswith(f".{STEP_PREFIX}") and path != keep and (
-                staging in name or ".old-" in name):
+        if path != keep and (staging_run(name) == run or (
+                name.startswith(f".{STEP_PREFIX}") and ".old-" in name)):
             shutil.rmtree(path, ignore_errors=True)
 
 

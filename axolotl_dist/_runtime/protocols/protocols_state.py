@@ -23,7 +23,9 @@ part       fields
            handed their writes over to futures, oldest first: committed once they are done,
            at the next ``checkpoint_dir``, ``latest_checkpoint``, cleanup or exit:
            :mod:`.checkpointing`); ``said`` (the exit's wait for them was said); ``hooked``
-           (the exit's hook that waits for them is registered)
+           (the exit's hook that waits for them is registered); ``saving`` ((root, step) of
+           the save this rank is inside, else None); ``term_handler`` (the SIGTERM handler
+           that save replaced, to restore at its end; None where it replaced none)
 ``notes``  :data:`NOTES`: ``fs_answers`` ((run, directory) -> whether the nodes share it, as
            probed: :mod:`.shared_fs`); ``map_cache_said`` (this process said that a
            ``datasets`` map in a ``zero_first`` block wrote no cache file the other ranks load:
@@ -106,6 +108,8 @@ class SavesState(RoomState):
         self.pending: List["Save"] = []
         self.said = False
         self.hooked = False
+        self.saving: Optional[Tuple[str, int]] = None
+        self.term_handler: Any = None
 
 
 class NotesState(RoomState):

@@ -46,16 +46,16 @@ def test_rotation_keeps_the_newest_and_never_the_one_just_committed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step-1"]  # nothing hidden left behind
 
 
-def test_a_commit_cleans_up_its_jobs_leftovers_only(tmp_path):
+def test_a_commit_cleans_up_its_own_runs_leftovers_only(tmp_path):
     root = str(tmp_path)
-    mine_failed = ck.staging_dir(root, 3, "job", "attempt0", 5)
-    other_job = ck.staging_dir(root, 3, "other", "x", 1)
-    current = ck.staging_dir(root, 3, "job", "attempt1", 1)
-    hidden = os.path.join(root, ".step-1.old-attempt0")
-    for path in (mine_failed, other_job, current, hidden):
+    mine_failed = ck.staging_dir(root, 3, "job", "run1", 5)
+    other_run = ck.staging_dir(root, 3, "job", "run2", 1)  # same job, another run: .leases decides
+    current = ck.staging_dir(root, 3, "job", "run1", 9)
+    hidden = os.path.join(root, ".step-1.old-run0-ab12")
+    for path in (mine_failed, other_run, current, hidden):
         os.makedirs(path)
-    ck.remove_staging(root, "job", keep=current)
-    assert sorted(os.listdir(root)) == sorted(os.path.basename(p) for p in (other_job, current))
+    ck.remove_staging(root, "run1", keep=current)
+    assert sorted(os.listdir(root)) == sorted(os.path.basename(p) for p in (other_run, current))
 
 
 def test_the_job_id_is_the_launchers_and_safe_in_a_name(monkeypatch):
