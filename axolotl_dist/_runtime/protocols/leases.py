@@ -124,23 +124,36 @@ def lease_state(lease: Dict[str, Any]) -> str:
 
 def survey(root: str, own_run: str, now: Optional[float] = None) -> Dict[str, View]:
     """This rank's view of the other runs holding ``root``: run -> (lease rank -> state; the
-    run's :data:`Holder`)."""
+    run's :data:`Holder`). A staging directory of a run without leases (an older kit's) counts
+    as that run's, with no lease: fresh while the directory changed in :data:`STALE_AFTER`."""
     now = time.time() if now is None else now
     try:
-        runs = sorted(os.listdir(os.path.join(root, LEASES_DIR)))
+        runs = set(os.listdir(os.path.join(root, LEASES_DIR)))
     except OSError:
-        return {}
+        runs = set()
+    stagings = stagings_by_run(root)
     seen = {}
-    for run in runs:
+    for run in sorted(runs | set(stagings)):
         leases = sorted(read_run(root, run), key=lambda lease: int(lease.get("rank", 0)))
-        if run == own_run or not leases:
+        if run == own_run or (run in runs and not leases):
             continue
-        fresh = any(now - float(lease.get("time", 0)) < STALE_AFTER for lease in leases)
+        if leases:
+            fresh = any(now - float(lease.get("time", 0)) < STALE_AFTER for lease in leases)
+        else:
+            fresh = any(now - _mtime(path) < STALE_AFTER for path in stagings[run])
         holders = [(int(lease.get("rank", 0)), str(lease.get("host", "?")), lease["pid"])
                    for lease in leases]
         states = {int(lease.get("rank", 0)): lease_state(lease) for lease in leases}
-        seen[run] = (states, (str(leases[0].get("job", "")), holders, fresh))
+        job = str(leases[0].get("job", "")) if leases else ""
+        seen[run] = (states, (job, holders, fresh))
     return seen
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def pool(views: Sequence[Dict[str, View]]) -> Tuple[Dict[str, List[int]], Dict[str, Holder]]:
@@ -160,8 +173,8 @@ def pool(views: Sequence[Dict[str, View]]) -> Tuple[Dict[str, List[int]], Dict[s
             live[run] = seers[0][1][1]
             continue
         fresh = any(holder[2] for _, (_, holder) in seers)
-        if fresh and not all(DEAD in said for said in states.values()):
-            continue  # some lease no rank could see: left alone until it is stale
+        if fresh and not (states and all(DEAD in said for said in states.values())):
+            continue  # some lease no rank could see, or none: left alone until it is stale
         removers: Dict[Tuple[int, ...], int] = {}
         for r, (mine, _) in seers:
             removers.setdefault(tuple(sorted(mine)), r)

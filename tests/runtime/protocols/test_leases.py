@@ -103,3 +103,14 @@ def test_remove_run_takes_its_stagings_and_leases_and_nothing_else(tmp_path):
     assert ls.remove_run(root, "abc123") == [theirs]
     assert sorted(os.listdir(root)) == sorted([os.path.basename(ours), "step-4", ls.LEASES_DIR])
     assert os.listdir(os.path.join(root, ls.LEASES_DIR)) == []
+
+
+def test_an_older_kits_staging_without_leases_is_removed_only_once_stale(tmp_path):
+    root = str(tmp_path)
+    old = ck.staging_dir(root, 3, "none", "a1b2c3", 1)
+    os.makedirs(old)
+    seen = ls.survey(root, "mine")
+    assert seen == {"a1b2c3": ({}, ("", [], True))}
+    assert ls.pool([seen]) == ({}, {})  # fresh: it may be a live run of an older kit
+    os.utime(old, (0, 0))
+    assert ls.pool([ls.survey(root, "mine")]) == ({"a1b2c3": [0]}, {})
