@@ -278,9 +278,7 @@ def latest_checkpoint(root: PathArg, *, group: Optional["ProcessGroup"] = None
     root = _root_arg("latest_checkpoint", root)
     _checkpointing.settle()  # a save handed to futures counts once committed
     g = group_of(group, "latest_checkpoint")
-    run = _run_of(g)
-    _leases.hold(root, _checkpointing.job_id(), run, 0 if g is None else g.rank)
-    view = _leases.survey(root, run)
+    view = _look(root, g, _checkpointing.job_id(), _run_of(g), reading=True)
     if g is None or g.size == 1:
         _clear_over(root, 0, [view])
         steps = _checkpointing.committed_steps(root)
@@ -307,12 +305,24 @@ def _run_of(g: Optional[Group]) -> str:
 def _take_root(root: str, g: Optional[Group], job: str, run: str) -> Dict[str, _leases.Holder]:
     """Hold this rank's lease on ``root``, pool every rank's view of the other runs there and
     remove what the runs that are over left; returns the other runs still live there."""
-    rank = 0 if g is None else g.rank
-    _leases.hold(root, job, run, rank)
-    view = _leases.survey(root, run)
+    view = _look(root, g, job, run)
     views = [view] if g is None or g.size == 1 else \
         all_gather_values(g, lambda: view, "checkpoint_dir")
-    return _clear_over(root, rank, views)
+    return _clear_over(root, 0 if g is None else g.rank, views)
+
+
+def _look(root: str, g: Optional[Group], job: str, run: str, reading: bool = False
+          ) -> Dict[str, _leases.View]:
+    """Hold this rank's lease on ``root`` and return its view of the other runs there.
+    ``reading`` (a resume): a root that does not exist is not made, and one this rank cannot
+    write (a read-only copy) is read without a lease."""
+    if not reading or os.path.isdir(root):
+        try:
+            _leases.hold(root, job, run, 0 if g is None else g.rank)
+        except OSError:
+            if not reading:
+                raise
+    return _leases.survey(root, run)
 
 
 def _clear_over(root: str, rank: int, views: List[Dict[str, _leases.View]]

@@ -579,3 +579,18 @@ def test_a_live_save_on_a_machine_this_run_cannot_see_is_never_removed(tmp_path)
         if first.poll() is None:
             first.kill()
     assert _names(root) == ["step-1", "step-2"]
+
+
+def test_a_resume_makes_no_directory_and_reads_a_root_it_cannot_write(tmp_path):
+    missing = tmp_path / "typo"
+    assert ad.latest_checkpoint(str(missing)) is None and not missing.exists()
+    root = tmp_path / "ckpt"
+    with ad.checkpoint_dir(root, 4) as path:
+        open(os.path.join(path, "w"), "w").write("4")
+    shutil.rmtree(root / LEASES)
+    (root / LEASES).write_text("")  # no lease can be written there (as on a read-only copy)
+    latest = ad.latest_checkpoint(str(root))
+    assert latest == str(root / "step-4") and latest.step == 4
+    with pytest.raises(OSError):  # a save needs its lease
+        with ad.checkpoint_dir(root, 5):
+            pass

@@ -204,9 +204,9 @@ def stagings_by_run(root: str) -> Dict[str, List[str]]:
 
 def remove_run(root: str, run: str) -> List[str]:
     """Remove what ``run`` (over) left under ``root``: its staging directories, then its
-    leases. Returns the staging directories removed."""
-    removed = stagings_by_run(root).get(run, [])
-    for path in removed:
+    leases. Returns the staging directories that are gone."""
+    found = stagings_by_run(root).get(run, [])
+    for path in found:
         shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(_run_dir(root, run), ignore_errors=True)
-    return removed
+    return [path for path in found if not os.path.lexists(path)]  # a read-only root keeps them
