@@ -106,7 +106,9 @@ def read_run(root: str, run: str) -> List[Dict[str, Any]]:
                 lease = json.load(fh)
         except (OSError, ValueError):
             continue
-        if isinstance(lease, dict) and isinstance(lease.get("pid"), int):
+        if isinstance(lease, dict) and all(isinstance(lease.get(key, 0), (int, float))
+                                           for key in ("pid", "rank", "time")) \
+                and isinstance(lease.get("pid"), int):
             leases.append(lease)
     return leases
 

@@ -114,3 +114,14 @@ def test_an_older_kits_staging_without_leases_is_removed_only_once_stale(tmp_pat
     assert ls.pool([seen]) == ({}, {})  # fresh: it may be a live run of an older kit
     os.utime(old, (0, 0))
     assert ls.pool([ls.survey(root, "mine")]) == ({"a1b2c3": [0]}, {})
+
+
+def test_a_torn_or_foreign_lease_file_is_skipped(tmp_path):
+    root = str(tmp_path)
+    _lease(root, "r", 0)
+    _lease(root, "r", 1, time="yesterday")
+    directory = os.path.join(root, ls.LEASES_DIR, "r")
+    with open(os.path.join(directory, "2.json"), "w") as fh:
+        fh.write('{"pid": 1')
+    assert [lease["rank"] for lease in ls.read_run(root, "r")] == [0]
+    assert ls.survey(root, "mine")["r"][0] == {0: A}
