@@ -511,6 +511,25 @@ def _hold_open(root, flag):
     return os.getpid()
 
 
+def _start_holding(tmp_path, root, flag, prefix=(), **popen):
+    """A process (under ``prefix``) inside :func:`_hold_open`'s save; returns it and the name of
+    its staging directory once it is inside. Its stdout is its pid."""
+    first = subprocess.Popen(
+        [*prefix, sys.executable, "-c", "import sys, test_checkpoints as t; "
+         "print(t._hold_open(sys.argv[1], sys.argv[2]))", root, flag],
+        cwd=os.path.dirname(__file__), env=subprocess_env(tmp_path), **popen)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag + ".inside"):
+            assert first.poll() is None and time.monotonic() < deadline, first.poll()
+            time.sleep(0.05)
+        (staging,) = [n for n in os.listdir(root) if ".staging-" in n]
+    except BaseException:
+        first.kill()
+        raise
+    return first, staging
+
+
 def _second_run(root):
     latest = ad.latest_checkpoint(root)  # a resume reads; it removes nothing of a live run
     try:
@@ -523,17 +542,8 @@ def _second_run(root):
 
 def test_a_second_live_run_on_one_root_is_told_and_the_first_is_untouched(tmp_path):
     root, flag = str(tmp_path / "ckpt"), str(tmp_path / "done")
-    first = subprocess.Popen(
-        [sys.executable, "-c", "import sys, test_checkpoints as t; "
-         "print(t._hold_open(sys.argv[1], sys.argv[2]))",
-         root, flag], cwd=os.path.dirname(__file__), env=subprocess_env(tmp_path),
-        stdout=subprocess.PIPE, text=True)
+    first, staging = _start_holding(tmp_path, root, flag, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(flag + ".inside"):
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        (staging,) = [n for n in os.listdir(root) if ".staging-" in n]
         for latest, error in run_distributed(_second_run, 2, args=(root,), timeout=60):
             assert latest is None and error is not None, error
             assert f"checkpoint_dir(root={root!r}): another run still uses this directory" \
@@ -561,16 +571,9 @@ def _save_beside(root):
 def test_a_live_save_on_a_machine_this_run_cannot_see_is_never_removed(tmp_path):
     # the first run in a PID namespace of its own: to this run, another machine sharing root
     root, flag = str(tmp_path / "ckpt"), str(tmp_path / "done")
-    first = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
-         "import sys, test_checkpoints as t; t._hold_open(sys.argv[1], sys.argv[2])", root, flag],
-        cwd=os.path.dirname(__file__), env=subprocess_env(tmp_path))
+    first, staging = _start_holding(tmp_path, root, flag,
+                                    prefix=["unshare", "--pid", "--fork", "--mount-proc"])
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(flag + ".inside"):
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        (staging,) = [n for n in os.listdir(root) if ".staging-" in n]
         for latest, stagings in run_distributed(_save_beside, 2, args=(root,), timeout=60):
             assert latest is None and stagings == [staging]  # its save goes on, untouched
         open(flag, "w").close()

@@ -91,7 +91,8 @@ def release(root: str, run: str, rank: int) -> None:
 
 
 def read_run(root: str, run: str) -> List[Dict[str, Any]]:
-    """The leases of ``run`` on ``root`` that can be read (a torn or foreign file is skipped)."""
+    """The leases of ``run`` on ``root`` that can be read, by rank (a torn or foreign file is
+    skipped), their ``rank`` an int and ``time`` a float."""
     directory = _run_dir(root, run)
     try:
         names = os.listdir(directory)
@@ -106,11 +107,11 @@ def read_run(root: str, run: str) -> List[Dict[str, Any]]:
                 lease = json.load(fh)
         except (OSError, ValueError):
             continue
-        if isinstance(lease, dict) and all(isinstance(lease.get(key, 0), (int, float))
-                                           for key in ("pid", "rank", "time")) \
-                and isinstance(lease.get("pid"), int):
+        if isinstance(lease, dict) and isinstance(lease.get("pid"), int) and \
+                all(isinstance(lease.get(key, 0), (int, float)) for key in ("rank", "time")):
+            lease["rank"], lease["time"] = int(lease.get("rank", 0)), float(lease.get("time", 0))
             leases.append(lease)
-    return leases
+    return sorted(leases, key=lambda lease: lease["rank"])
 
 
 def lease_state(lease: Dict[str, Any]) -> str:
@@ -136,16 +137,15 @@ def survey(root: str, own_run: str, now: Optional[float] = None) -> Dict[str, Vi
     stagings = stagings_by_run(root)
     seen = {}
     for run in sorted(runs | set(stagings)):
-        leases = sorted(read_run(root, run), key=lambda lease: int(lease.get("rank", 0)))
+        leases = read_run(root, run)
         if run == own_run or (run in runs and not leases):
             continue
         if leases:
-            fresh = any(now - float(lease.get("time", 0)) < STALE_AFTER for lease in leases)
+            fresh = any(now - lease["time"] < STALE_AFTER for lease in leases)
         else:
             fresh = any(now - _mtime(path) < STALE_AFTER for path in stagings[run])
-        holders = [(int(lease.get("rank", 0)), str(lease.get("host", "?")), lease["pid"])
-                   for lease in leases]
-        states = {int(lease.get("rank", 0)): lease_state(lease) for lease in leases}
+        holders = [(lease["rank"], str(lease.get("host", "?")), lease["pid"]) for lease in leases]
+        states = {lease["rank"]: lease_state(lease) for lease in leases}
         job = str(leases[0].get("job", "")) if leases else ""
         seen[run] = (states, (job, holders, fresh))
     return seen
