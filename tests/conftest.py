@@ -65,10 +65,48 @@ def world_size(request):
 _SLOW_FIRST = ("test_hf.py", "test_examples.py", "test_launch.py")
 
 
+def _is_quick(nodeid: str) -> bool:
+    """Whether a test is in the quick set (``tests/quick.py``)."""
+    from quick import INTEGRATION, STATIC, UNIT_TREES
+
+    if nodeid.startswith(tuple(tree + "/" for tree in UNIT_TREES)):
+        return True
+    return any(nodeid == entry or nodeid.split("[")[0] == entry
+               or nodeid.startswith(entry + "::") for entry in (*INTEGRATION, *STATIC))
+
+
 def pytest_collection_modifyitems(items):
     def slow_rank(item):
         name = item.path.name
         return _SLOW_FIRST.index(name) if name in _SLOW_FIRST else len(_SLOW_FIRST)
 
     items.sort(key=slow_rank)  # stable: the order within each group stays as written
+    for item in items:
+        if _is_quick(item.nodeid):
+            item.add_marker(pytest.mark.quick)
 
+
+
+#: ``AXOLOTL_DIST_TEST_CPU=<file>``: each test's CPU-seconds (its own process and every child
+#: it waited for: the harness's forked ranks, launchers and their ranks) appended to the file
+#: as ``<seconds> <test id>``, for the suite's profile (docs/performance.md, "The test suite").
+_CPU_FILE = os.environ.get("AXOLOTL_DIST_TEST_CPU")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_FILE:
+        yield
+        return
+    before = _cpu_seconds()
+    yield
+    with open(_CPU_FILE, "a") as fh:
+        fh.write(f"{_cpu_seconds() - before:.2f} {item.nodeid}\n")

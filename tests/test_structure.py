@@ -524,6 +524,35 @@ def test_unit_trees_mirror_the_sources():
     assert wrong == []
 
 
+def test_every_module_has_a_quick_test_going_through_it():
+    # the quick set (`pytest -m quick`, tests/quick.py) goes through every module of the
+    # package; scripts/quick_cover.py measures which modules each of its integration tests goes
+    # through (coverage.py, forked ranks and launched processes included) into tests/quick_map.py
+    from quick import INTEGRATION
+    from quick_map import GOES_THROUGH
+
+    fix = ("add an integration test that goes through it to INTEGRATION in tests/quick.py, then "
+           "run `python scripts/quick_cover.py` (it measures each quick test and rewrites "
+           "tests/quick_map.py)")
+    modules = {path.relative_to(ROOT).as_posix() for path in MODULES.values()}
+    modules.add("pytest_axolotl_dist.py")
+    missing = sorted(modules - set(GOES_THROUGH))
+    assert missing == [], f"no quick test goes through {', '.join(missing)}: {fix}"
+    gone = sorted(set(GOES_THROUGH) - modules)
+    assert gone == [], f"tests/quick_map.py names modules that are gone ({gone}): {fix}"
+    listed = {test for tests in GOES_THROUGH.values() for test in tests}
+    stale = sorted(listed - set(INTEGRATION))
+    assert stale == [], f"tests/quick_map.py names tests not in tests/quick.py ({stale}): {fix}"
+    from quick import STATIC
+
+    for entry in (*INTEGRATION, *STATIC):
+        path, _, name = entry.partition("::")
+        assert (ROOT / path).is_file(), f"tests/quick.py: {entry}: no file {path}"
+        function = name.split("[")[0]
+        assert not function or re.search(rf"^\s*def {function}\(", (ROOT / path).read_text(),
+                                         re.M), f"tests/quick.py: {entry}: no test {function}"
+
+
 def test_the_projects_probes_come_through_one_file():
     # axolotl_dist.testing._probes is the testing feature's private module: the project's tests
     # and benchmarks take it through tests/probes.py, and the public testing module does not
