@@ -2,13 +2,19 @@
 the env-var table lists exactly the variables the code reads, and every ``pip install`` line
 is one CI's own command proves.
 
-A block runs as a script with ``python``, or under the launcher when the line before it is
-``<!-- run: axolotl-dist -n N -->``; a block that is deliberately an excerpt says so with
-``<!-- fragment: why -->`` (it must still compile)."""
+A block runs as a script with ``python``, or on N ranks when the line before it is
+``<!-- run: axolotl-dist -n N -->``: the README's first such block under the launcher itself
+(the launcher's path, checked once here; its own tests check the rest), the others as
+``__main__`` in the harness's forked ranks, which get the env the launcher gives (what a block
+shows does not depend on how its ranks started); a block that needs an extra (accelerate, the
+Hugging Face libraries, which read their env once imported) is launched too. A block that is deliberately an excerpt says
+so with ``<!-- fragment: why -->`` (it must still compile)."""
 
 from __future__ import annotations
 
+import os
 import re
+import runpy
 import sys
 from pathlib import Path
 from typing import List, NamedTuple, Optional
@@ -16,6 +22,7 @@ from typing import List, NamedTuple, Optional
 import pytest
 
 from axolotl_dist.env import KIT_ENV_VARS as KIT_VARS
+from axolotl_dist.testing import run_distributed
 from fixtures import ROOT, run, subprocess_env
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -54,6 +61,20 @@ def _blocks() -> List[Block]:
 
 
 BLOCKS = _blocks()
+#: The block run under the launcher itself: the README's first that names it.
+LAUNCHED = next(b for b in BLOCKS if b.page == "README.md" and b.marker
+                and b.marker.startswith("axolotl-dist"))
+
+
+#: What a launched block's ranks get beyond the launcher's env (as ``subprocess_env`` gives).
+_RANK_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _run_as_main(script: str) -> None:
+    """One rank of a block: the script as ``__main__``, in its directory, as a launch runs it."""
+    os.chdir(os.path.dirname(script))
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
 
 
 def test_the_blocks_are_found_and_each_is_run_or_marked_as_a_fragment():
@@ -73,7 +94,12 @@ def test_every_python_block_runs(block, tmp_path):
         pytest.importorskip(module, reason=f"{block.page}:{block.line} needs {module} (an extra)")
     script = tmp_path / "snippet.py"
     script.write_text(block.code)
-    if block.marker and block.marker.startswith("axolotl-dist"):
+    launched = block.marker and block.marker.startswith("axolotl-dist")
+    if launched and block != LAUNCHED and not _extras_needed(block.code):
+        run_distributed(_run_as_main, int(block.marker.split()[-1]), args=(str(script),),
+                        env=_RANK_ENV, init=False, timeout=150)
+        return
+    if launched:
         ranks = block.marker.split()[-1]
         cmd = [sys.executable, "-m", "axolotl_dist.launch", "-n", ranks, str(script)]
     else:
