@@ -1,7 +1,5 @@
 """``python -m axolotl_dist.launch``: the ``axolotl-dist`` command."""
 
-import sys
+from . import cli
 
-from . import main
-
-sys.exit(main())
+cli()
