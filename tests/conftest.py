@@ -86,7 +86,6 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.quick)
 
 
-
 #: ``AXOLOTL_DIST_TEST_CPU=<file>``: each test's CPU-seconds (its own process and every child
 #: it waited for: the harness's forked ranks, launchers and their ranks) appended to the file
 #: as ``<seconds> <test id>``, for the suite's profile (docs/performance.md, "The test suite").
