@@ -8,8 +8,8 @@ each of those integration tests alone under coverage.py, following the harness's
 vars), and counts a module as gone through when a line inside one of its functions ran:
 importing a module runs its definitions, which is not going through it (a module without
 functions counts once imported). It writes the result to ``tests/quick_map.py``
-(``GOES_THROUGH``: module -> the first quick tests that go through it) and prints the modules no quick
-test goes through. ``tests/test_structure.py`` fails while a module of the package is missing
+(``GOES_THROUGH``: module -> the first quick tests that go through it) and prints the modules
+no quick test goes through. ``tests/test_structure.py`` fails while a module of the package is missing
 from that map, so a new module needs a quick test (add one to ``INTEGRATION``, run this script).
 
 usage: python scripts/quick_cover.py [-j JOBS] [TEST_ID ...]
@@ -34,7 +34,6 @@ from typing import Dict, List, Sequence, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 MAP_FILE = ROOT / "tests" / "quick_map.py"
-SOURCES = ("axolotl_dist", "pytest_axolotl_dist")
 TIMEOUT_S = 600
 #: Tests kept per module in the map: the first of INTEGRATION's order (the cheapest first).
 KEPT = 3
@@ -66,8 +65,9 @@ def function_lines(path: Path) -> Set[int]:
     return lines
 
 
-def _measure(test_id: str, workdir: Path) -> Set[str]:
-    """Run one test under coverage; the modules it went through."""
+def _measure(test_id: str, workdir: Path, inside: Dict[str, Set[int]]) -> Set[str]:
+    """Run one test under coverage; the modules it went through (``inside``: each module's
+    :func:`function_lines`, by its path)."""
     workdir.mkdir(parents=True)
     rc_file = workdir / ".coveragerc"
     rc_file.write_text(_CONFIG.format(data=workdir / ".coverage"))
@@ -85,16 +85,14 @@ def _measure(test_id: str, workdir: Path) -> Set[str]:
 
     data = CoverageData(str(workdir / ".coverage"))
     data.read()
-    modules = package_modules()
-    by_path = {str(path.resolve()): name for name, path in modules.items()}
+    by_path = {str((ROOT / name).resolve()): name for name in inside}
     seen: Set[str] = set()
     for measured in data.measured_files():
         name = by_path.get(str(Path(measured).resolve()))
         if name is None:
             continue
         ran = set(data.lines(measured) or ())
-        inside = function_lines(modules[name])
-        if ran & inside or (ran and not inside):
+        if ran & inside[name] or (ran and not inside[name]):
             seen.add(name)
     return seen
 
@@ -124,16 +122,17 @@ def main(argv: List[str]) -> int:
     unknown = [test for test in chosen if test not in INTEGRATION]
     if unknown:
         parser.error(f"not in tests/quick.py's INTEGRATION: {unknown}")
+    inside = {name: function_lines(path) for name, path in package_modules().items()}
     with tempfile.TemporaryDirectory(prefix="quick_cover_") as tmp:
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            futures = {test: pool.submit(_measure, test, Path(tmp) / str(i))
+            futures = {test: pool.submit(_measure, test, Path(tmp) / str(i), inside)
                        for i, test in enumerate(chosen)}
             seen = {test: future.result() for test, future in futures.items()}
     for test, modules in seen.items():
         print(f"{len(modules):3d} modules  {test}")
     seen = {**_measured_before(INTEGRATION), **seen}
     goes_through = {module: [t for t in INTEGRATION if module in seen.get(t, ())][:KEPT]
-                    for module in package_modules()}
+                    for module in inside}
     _write_map({m: t for m, t in goes_through.items() if t})
     print(f"wrote {MAP_FILE.relative_to(ROOT)}")
     missing = [module for module, tests in goes_through.items() if not tests]

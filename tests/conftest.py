@@ -65,24 +65,25 @@ def world_size(request):
 _SLOW_FIRST = ("test_hf.py", "test_examples.py", "test_launch.py")
 
 
-def _is_quick(nodeid: str) -> bool:
-    """Whether a test is in the quick set (``tests/quick.py``)."""
-    from quick import INTEGRATION, STATIC, UNIT_TREES
-
-    if nodeid.startswith(tuple(tree + "/" for tree in UNIT_TREES)):
-        return True
-    return any(nodeid == entry or nodeid.split("[")[0] == entry
-               or nodeid.startswith(entry + "::") for entry in (*INTEGRATION, *STATIC))
+def _is_quick(nodeid: str, trees: tuple, entries: tuple) -> bool:
+    """Whether a test is in the quick set (``tests/quick.py``): in one of its unit ``trees``,
+    or named by one of its ``entries`` (a file, a test, or one parametrization of it)."""
+    return nodeid.startswith(trees) or any(
+        nodeid == entry or nodeid.split("[")[0] == entry or nodeid.startswith(entry + "::")
+        for entry in entries)
 
 
 def pytest_collection_modifyitems(items):
+    from quick import INTEGRATION, STATIC, UNIT_TREES
+
     def slow_rank(item):
         name = item.path.name
         return _SLOW_FIRST.index(name) if name in _SLOW_FIRST else len(_SLOW_FIRST)
 
     items.sort(key=slow_rank)  # stable: the order within each group stays as written
+    trees = tuple(tree + "/" for tree in UNIT_TREES)
     for item in items:
-        if _is_quick(item.nodeid):
+        if _is_quick(item.nodeid, trees, (*INTEGRATION, *STATIC)):
             item.add_marker(pytest.mark.quick)
 
 

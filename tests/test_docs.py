@@ -7,8 +7,8 @@ A block runs as a script with ``python``, or on N ranks when the line before it 
 (the launcher's path, checked once here; its own tests check the rest), the others as
 ``__main__`` in the harness's forked ranks, which get the env the launcher gives (what a block
 shows does not depend on how its ranks started); a block that needs an extra (accelerate, the
-Hugging Face libraries, which read their env once imported) is launched too. A block that is deliberately an excerpt says
-so with ``<!-- fragment: why -->`` (it must still compile)."""
+Hugging Face libraries, which read their env once imported) is launched too. A block that is
+deliberately an excerpt says so with ``<!-- fragment: why -->`` (it must still compile)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ LAUNCHED = next(b for b in BLOCKS if b.page == "README.md" and b.marker
                 and b.marker.startswith("axolotl-dist"))
 
 
-#: What a launched block's ranks get beyond the launcher's env (as ``subprocess_env`` gives).
+#: What a forked block's ranks get beyond the launcher's env (the thread count a launched
+#: block gets from ``subprocess_env``).
 _RANK_ENV = {"OMP_NUM_THREADS": "1"}
 
 
@@ -90,12 +91,13 @@ def test_every_python_block_runs(block, tmp_path):
     if block.marker and block.marker.startswith("fragment: "):
         compile(block.code, f"{block.page}:{block.line}", "exec")  # an excerpt still parses
         return
-    for module in _extras_needed(block.code):  # a core install (scripts/compat.sh) has none
+    extras = _extras_needed(block.code)
+    for module in extras:  # a core install (scripts/compat.sh) has none
         pytest.importorskip(module, reason=f"{block.page}:{block.line} needs {module} (an extra)")
     script = tmp_path / "snippet.py"
     script.write_text(block.code)
     launched = block.marker and block.marker.startswith("axolotl-dist")
-    if launched and block != LAUNCHED and not _extras_needed(block.code):
+    if launched and block != LAUNCHED and not extras:
         run_distributed(_run_as_main, int(block.marker.split()[-1]), args=(str(script),),
                         env=_RANK_ENV, init=False, timeout=150)
         return

@@ -528,7 +528,7 @@ def test_every_module_has_a_quick_test_going_through_it():
     # the quick set (`pytest -m quick`, tests/quick.py) goes through every module of the
     # package; scripts/quick_cover.py measures which modules each of its integration tests goes
     # through (coverage.py, forked ranks and launched processes included) into tests/quick_map.py
-    from quick import INTEGRATION
+    from quick import INTEGRATION, STATIC
     from quick_map import GOES_THROUGH
 
     fix = ("add an integration test that goes through it to INTEGRATION in tests/quick.py, then "
@@ -543,8 +543,6 @@ def test_every_module_has_a_quick_test_going_through_it():
     listed = {test for tests in GOES_THROUGH.values() for test in tests}
     stale = sorted(listed - set(INTEGRATION))
     assert stale == [], f"tests/quick_map.py names tests not in tests/quick.py ({stale}): {fix}"
-    from quick import STATIC
-
     for entry in (*INTEGRATION, *STATIC):
         path, _, name = entry.partition("::")
         assert (ROOT / path).is_file(), f"tests/quick.py: {entry}: no file {path}"
