@@ -20,6 +20,8 @@
 #   PYTHON=path picks the interpreter otherwise (default python3.11, else python3);
 #   COMPAT_DIR=dir keeps the venvs (default $TMPDIR/axolotl_dist_compat); a venv whose torch
 #   is already VERSION is reused, the package is always reinstalled.
+#   COMPAT_WORKERS=n: pytest-xdist workers for step 4 (default 4: at 2 a leg's tests left a
+#   third of two cores idle, waiting on launches).
 # Prints one summary line per version; exits non-zero at the first failing step, with its log.
 set -euo pipefail
 
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --python) want_python=${2:?compat.sh: --python needs a version, e.g. 3.12.1}; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) versions+=("$1") ;;
   esac
@@ -153,7 +155,7 @@ for version in "${versions[@]}"; do
     || fail "installing pytest" "$logs/pytest-install.log"
   if [ "$quick" -eq 1 ]; then tests=("${QUICK_TESTS[@]}"); else tests=(tests); fi
   start=$(date +%s)
-  (cd "$REPO" && "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "${tests[@]}") \
+  (cd "$REPO" && "$venv/bin/python" -m pytest -n "${COMPAT_WORKERS:-4}" -q -p no:cacheprovider "${tests[@]}") \
     >"$logs/pytest.log" 2>&1 || fail "pytest ${tests[*]} on torch $after" "$logs/pytest.log"
   counts=$(tail -n 1 "$logs/pytest.log" | sed 's/=//g; s/^ *//; s/ in [0-9.]*s.*//')
   summary+=("torch $after, python $pyver, $numpy numpy: install line kept torch; core_check 2 ranks \

@@ -474,8 +474,9 @@ _LAUNCH = {"axolotl-dist": ["-m", "axolotl_dist.launch", "-n"],
            "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]}
 
 
-@pytest.mark.parametrize("launcher,ranks", [("axolotl-dist", 2), ("axolotl-dist", 3),
-                                            ("torchrun", 2), ("torchrun", 3)])
+# each launcher once, on 2 and on 3 ranks (an uneven split): the resume does not change with
+# the launcher, the kill and the report of the partial save do with how ranks are started
+@pytest.mark.parametrize("launcher,ranks", [("axolotl-dist", 3), ("torchrun", 2)])
 def test_three_launches_with_kills_mid_save_resume_from_the_last_commit(launcher, ranks,
                                                                         tmp_path):
     script, root = tmp_path / "train.py", tmp_path / "ckpt"

@@ -5,13 +5,16 @@ store, as under srun or mpirun) or by a launcher per node (``axolotl-dist --nnod
 with a private ``/tmp``."""
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
@@ -253,12 +256,18 @@ def _launched_script(tmp_path, body: str) -> str:
     return str(path)
 
 
+def _two_nodes() -> List[hosts.Node]:
+    """node-a (10.213.0.1) and node-b (10.213.0.2), each with its own /tmp (and, inside
+    :func:`hosts.private_network`, its own network)."""
+    return [hosts.Node(hostname="node-a", private=["/tmp"]),
+            hosts.Node(hostname="node-b", private=["/tmp"])]
+
+
 @pytest.fixture
 def two_nodes(tmp_path):
-    """Two nodes, node-a (10.213.0.1) and node-b (10.213.0.2), each on its own network and
-    with its own /tmp; killed and torn down after the test, however it ends."""
-    nodes = [hosts.Node(hostname="node-a", private=["/tmp"]),
-             hosts.Node(hostname="node-b", private=["/tmp"])]
+    """Two nodes (:func:`_two_nodes`) on their own networks; killed and torn down after the
+    test, however it ends."""
+    nodes = _two_nodes()
     with hosts.private_network(nodes, str(tmp_path)):
         yield nodes
 
@@ -399,41 +408,6 @@ def test_a_private_directory_is_a_nodes_own_and_the_test_directory_stays_shared(
 
 
 @needs_network
-@pytest.mark.parametrize("launcher", ["axolotl-dist", "torchrun"])
-def test_two_launched_nodes_run_clean_and_each_launcher_exits_promptly(tmp_path, two_nodes,
-                                                                       launcher):
-    # 2 nodes x 2 ranks, a launcher per node: the kit's waits and value helpers across the
-    # private network, every rank and launcher exits 0, each launcher within _EXIT_LAG s of
-    # the run's last rank line
-    script = _launched_script(tmp_path, """
-        ad.barrier()
-        with ad.zero_first():
-            if rank == 0:
-                time.sleep(1.0)
-                open(os.path.join(DIR, "first"), "w").write(str(time.time()))
-            assert os.path.exists(os.path.join(DIR, "first")), rank
-        total = ad.reduce_and_broadcast(lambda: rank + 1, sum)
-        gathered = ad.gather_from_all_ranks(lambda: (rank, os.uname().nodename))
-        assert total == 10, total
-        if rank == 0:  # ranks 0, 1 on one node, 2, 3 on the other (torchrun: either node)
-            assert [r for r, _ in gathered] == [0, 1, 2, 3], gathered
-            assert {gathered[0][1], gathered[2][1]} == {"node-a", "node-b"}, gathered
-            assert gathered[0][1] == gathered[1][1] and gathered[2][1] == gathered[3][1], gathered
-        print(f"ok {rank} {total}", flush=True)
-        mark("end")
-    """)
-    _, launched = _launch(tmp_path, two_nodes, launcher, script)
-    _finish(two_nodes, launched)
-    for node in launched:
-        assert node.code == 0, node.describe()
-    ends = _marks(tmp_path, "end")
-    assert sorted(ends) == [0, 1, 2, 3], "\n".join(l.describe() for l in launched)
-    lags = [round(node.ended_at - max(ends.values()), 2) for node in launched]
-    print(f"{launcher}: launchers exited {lags} s after the last rank's last line "
-          f"({_lags(tmp_path, launched)})")
-    _assert_prompt_exit(tmp_path, launched, max(ends.values()))
-
-
 @needs_network
 def test_a_node_whose_ranks_ended_says_why_it_waits_and_exits_with_the_last_rank(tmp_path,
                                                                                   two_nodes):
@@ -461,74 +435,143 @@ def test_a_node_whose_ranks_ended_says_why_it_waits_and_exits_with_the_last_rank
 
 #: Rank 0 holds a zero_first block (until the file "go", at most 60 s); the others wait at its
 #: start: the kit's wait, where "where" and SIGUSR1 find them.
+#: Rank 0 holds a zero_first block until the test's "go" (the others wait at its start), then
+#: the kit's value helpers across the private network, each rank's line, an end mark.
 _HELD = """
     mark("at")
     with ad.zero_first():
         mark("in")
         if rank == 0:
             until_go(60)
+            open(os.path.join(DIR, "first"), "w").write(str(time.time()))
+    assert os.path.exists(os.path.join(DIR, "first")), rank
+    total = ad.reduce_and_broadcast(lambda: rank + 1, sum)
+    gathered = ad.gather_from_all_ranks(lambda: (rank, os.uname().nodename))
+    assert total == 10, total
+    if rank == 0:  # ranks 0, 1 on one node, 2, 3 on the other (torchrun: either node)
+        assert [r for r, _ in gathered] == [0, 1, 2, 3], gathered
+        assert {gathered[0][1], gathered[2][1]} == {"node-a", "node-b"}, gathered
+        assert gathered[0][1] == gathered[1][1] and gathered[2][1] == gathered[3][1], gathered
+    print(f"ok {rank} {total}", flush=True)
     mark("end")
 """
 
 
-def _held_run(tmp_path, nodes, launcher: str):
-    """Start :data:`_HELD` under ``launcher``; return ``(port, launched)`` once every rank is
-    in place (rank 0 in the block, the others waiting at its start)."""
-    port, launched = _launch(tmp_path, nodes, launcher, _launched_script(tmp_path, _HELD))
-    _wait_marks(tmp_path, "at", range(4), launched)
-    _wait_marks(tmp_path, "in", [0], launched)
-    time.sleep(1.0)  # the others are in the kit's wait at the block's start
-    return port, launched
+@dataclasses.dataclass
+class _Held:
+    """What one held run left: its directory, master port, launchers, the where report asked
+    from node 1, and (axolotl-dist) each launcher's SIGUSR1 report by node index."""
+
+    directory: Path
+    port: int
+    launched: list
+    where: subprocess.CompletedProcess
+    reports: Dict[int, str]
+
+
+def _sigusr1_reports(nodes, launched) -> Dict[int, str]:
+    """SIGUSR1 to node 1's launcher, then node 0's: each one's report of every rank."""
+    reports = {}
+    for index in (1, 0):
+        hosts.signal_command(nodes[index], launched[index], signal.SIGUSR1)
+        deadline = time.monotonic() + 60
+        while True:
+            err = launched[index].stderr
+            start = err.find("where every rank is (SIGUSR1")
+            if start >= 0 and len(_rank_lines(err[start:])) == 4:
+                break
+            assert time.monotonic() < deadline, launched[index].describe()
+            time.sleep(0.2)
+        reports[index] = err[start:]
+    return reports
+
+
+def _held_run(directory: Path, launcher: str) -> _Held:
+    """:data:`_HELD` under ``launcher`` on two nodes: once every rank is in place (rank 0 in
+    the block, the others in the kit's wait at its start), ``axolotl-dist where`` from node 1's
+    namespaces at node 0's address (the master port, or torchrun's --rdzv-endpoint, whose
+    store names the ranks' store) and, under axolotl-dist, SIGUSR1 to either launcher; then
+    "go", and the run to its end."""
+    nodes = _two_nodes()
+    with hosts.private_network(nodes, str(directory)):
+        port, launched = _launch(directory, nodes, launcher, _launched_script(directory, _HELD))
+        try:
+            _wait_marks(directory, "at", range(4), launched)
+            _wait_marks(directory, "in", [0], launched)
+            time.sleep(1.0)  # the others are in the kit's wait at the block's start
+            where = hosts.node_run(nodes[1], [
+                sys.executable, "-m", "axolotl_dist.launch", "where", "--master-addr",
+                str(nodes[0].address), "--master-port", str(port), "--timeout", "60"],
+                subprocess_env(), timeout=120, cwd=str(directory))
+            reports = _sigusr1_reports(nodes, launched) if launcher == "axolotl-dist" else {}
+        finally:
+            (directory / "go").write_text("")
+        _finish(nodes, launched)
+    return _Held(directory, port, launched, where, reports)
+
+
+@pytest.fixture(scope="module")
+def held_runs(tmp_path_factory):
+    """``held_runs(launcher)``: :func:`_held_run` under ``launcher``, run once for the module's
+    checks of it (``xdist_group``: on one worker under ``--dist loadgroup``); a run that
+    failed fails each check with its error."""
+    done: Dict[str, object] = {}
+
+    def held(launcher: str) -> _Held:
+        if launcher not in done:
+            try:
+                done[launcher] = _held_run(tmp_path_factory.mktemp(f"held-{launcher}"), launcher)
+            except Exception as exc:  # every check of this run fails with it, none runs it again
+                done[launcher] = exc
+        if isinstance(done[launcher], Exception):
+            raise done[launcher]
+        return done[launcher]
+
+    return held
 
 
 @needs_network
+@pytest.mark.xdist_group("hosts_held_runs")
 @pytest.mark.parametrize("launcher", ["axolotl-dist", "torchrun"])
-def test_where_from_inside_node_1_lists_every_rank(tmp_path, two_nodes, launcher):
-    # asked from node 1's namespaces at node 0's address: the master port (axolotl-dist), or
-    # torchrun's --rdzv-endpoint, whose store names the ranks' store
-    port, launched = _held_run(tmp_path, two_nodes, launcher)
-    try:
-        done = hosts.node_run(two_nodes[1], [
-            sys.executable, "-m", "axolotl_dist.launch", "where", "--master-addr",
-            str(two_nodes[0].address), "--master-port", str(port), "--timeout", "60"],
-            subprocess_env(), timeout=120, cwd=str(tmp_path))
-    finally:
-        (tmp_path / "go").write_text("")
-    _finish(two_nodes, launched)
+def test_where_from_inside_node_1_lists_every_rank(held_runs, launcher):
+    run = held_runs(launcher)
+    done = run.where
     assert done.returncode == 0, (done.stdout, done.stderr)
     lines = _rank_lines(done.stdout)
     assert sorted(lines) == [0, 1, 2, 3], done.stdout
     assert re.search(r"rank 0: .*until_go at rank\.py:\d+", done.stdout), done.stdout
     if launcher == "torchrun":
-        assert re.search(rf"10\.213\.0\.1:{port} is torchrun's rendezvous; the ranks' store is "
-                         r"at \S+:\d+", done.stdout), done.stdout
-    assert [node.code for node in launched] == [0, 0], [l.describe() for l in launched]
+        assert re.search(rf"10\.213\.0\.1:{run.port} is torchrun's rendezvous; the ranks' "
+                         r"store is at \S+:\d+", done.stdout), done.stdout
 
 
 @needs_network
-def test_sigusr1_to_either_nodes_launcher_reports_every_rank(tmp_path, two_nodes):
-    port, launched = _held_run(tmp_path, two_nodes, "axolotl-dist")
-    reports = {}
-    try:
-        for index in (1, 0):
-            hosts.signal_command(two_nodes[index], launched[index], signal.SIGUSR1)
-            deadline = time.monotonic() + 60
-            while True:
-                err = launched[index].stderr
-                start = err.find("where every rank is (SIGUSR1")
-                if start >= 0 and len(_rank_lines(err[start:])) == 4:
-                    break
-                assert time.monotonic() < deadline, launched[index].describe()
-                time.sleep(0.2)
-            reports[index] = err[start:]
-    finally:
-        (tmp_path / "go").write_text("")
-    _finish(two_nodes, launched)
-    for index, report in reports.items():
+@pytest.mark.xdist_group("hosts_held_runs")
+def test_sigusr1_to_either_nodes_launcher_reports_every_rank(held_runs):
+    run = held_runs("axolotl-dist")
+    assert sorted(run.reports) == [0, 1], run.reports
+    for index, report in run.reports.items():
         assert "the run goes on" in report, report
         assert sorted(_rank_lines(report)) == [0, 1, 2, 3], report
         assert re.search(r"rank 0: .*until_go at rank\.py:\d+", report), report
-    assert [node.code for node in launched] == [0, 0], [l.describe() for l in launched]
+
+
+@needs_network
+@pytest.mark.xdist_group("hosts_held_runs")
+@pytest.mark.parametrize("launcher", ["axolotl-dist", "torchrun"])
+def test_two_launched_nodes_run_clean_and_each_launcher_exits_promptly(held_runs, launcher):
+    # 2 nodes x 2 ranks, a launcher per node: the kit's waits and value helpers across the
+    # private network (the held run, asked where it is on the way), every rank and launcher
+    # exits 0, each launcher within _EXIT_LAG s of the run's last rank line
+    run = held_runs(launcher)
+    for node in run.launched:
+        assert node.code == 0, node.describe()
+    ends = _marks(run.directory, "end")
+    assert sorted(ends) == [0, 1, 2, 3], "\n".join(l.describe() for l in run.launched)
+    lags = [round(node.ended_at - max(ends.values()), 2) for node in run.launched]
+    print(f"{launcher}: launchers exited {lags} s after the last rank's last line "
+          f"({_lags(run.directory, run.launched)})")
+    _assert_prompt_exit(run.directory, run.launched, max(ends.values()))
 
 
 @needs_network

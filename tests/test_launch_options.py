@@ -78,9 +78,10 @@ CASES = [
     ("no-python", ["--nproc-per-node", "2", "--no-python"], "sh", "ok"),
     ("run-path", ["--nproc-per-node", "2", "--run-path"], "abs", "ok"),
     ("max-restarts", ["--nproc-per-node", "2", "--max-restarts", "1"], "py", "fail-first"),
-    ("start-method", ["--nproc-per-node", "2", "--start-method", "spawn"], "py", "ok"),
-    ("role", ["--nproc-per-node", "2", "--role", "trainer"], "py", "ok"),
-    ("shutdown-timeout", ["--nproc-per-node", "2", "--shutdown-timeout", "5"], "py", "ok"),
+    # options whose effects do not meet, in one command line
+    ("start-method-role-shutdown-timeout", ["--nproc-per-node", "2", "--start-method", "spawn",
+                                            "--role", "trainer", "--shutdown-timeout", "5"],
+     "py", "ok"),
     ("nproc-cpu", ["--nproc-per-node", "cpu"], "py", "ok"),
     ("master-port", ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
                      "{port}"], "py", "ok"),
@@ -160,7 +161,7 @@ def test_a_torchrun_command_line_comes_out_the_same(name, options, kind, mode, t
     if name in ("tee", "redirects"):
         assert kit["files"]["attempt_0/1/stdout.log"] == "out from local rank 1\n", kit["files"]
         assert kit["files"]["attempt_0/0/stderr.log"] == "err from local rank 0\n", kit["files"]
-    if name == "role":
+    if "--role" in options:
         assert {s["ROLE_NAME"] for s in kit["seen"].values()} == {"trainer"}
     if mode == "fail-first":
         assert {s["TORCHELASTIC_MAX_RESTARTS"] for s in kit["seen"].values()} == {"1"}

@@ -130,12 +130,11 @@ def test_a_traceback_comes_out_whole_and_the_report_points_to_it(tmp_path):
 
 def test_no_fold_prints_every_rank_as_it_comes(tmp_path):
     script = "import axolotl_dist as ad\nad.init_distributed()\nprint('hello')\nad.barrier()\n"
+    # the same script folded (the launcher's default): test_alike_lines_once_with_their_ranks...
     for options, env in ((("--no-fold",), {}), ((), {"AXOLOTL_DIST_FOLD": "0"})):
         code, out, err = _launch(tmp_path, script, 3, *options, **env)
         assert code == 0, err
         assert out.split("\n").count("hello") == 3, (options, env, out)
-    code, out, err = _launch(tmp_path, script, 3)
-    assert code == 0 and out == "[ranks 0-2] hello\n", (out, err)
 
 
 def test_a_log_file_that_cannot_be_written_is_said_once_and_the_rest_kept(tmp_path):

@@ -117,7 +117,7 @@ ad.barrier()
 
 def test_the_restart_line_names_the_rank_that_was_killed_or_left_by_os_exit(tmp_path):
     (tmp_path / "train.py").write_text(KILLED)
-    code, _, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "4",
+    code, _, err = run([sys.executable, "-m", "axolotl_dist.launch", "-n", "3",
                         "--max-restarts", "2", "train.py"], subprocess_env(tmp_path),
                        timeout=150, cwd=tmp_path)
     assert code == 0, err

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import List
 
+import pytest
+
 from fixtures import run, run_bare_env, subprocess_env
 
 TIMEOUT = 120
@@ -52,50 +54,50 @@ def _folded(output: str, ranks: str, msg: str, source: str) -> None:
     assert len(_lines(output, source)) == 1, output
 
 
-def test_a_warning_every_rank_raises_is_one_line_under_torchrun(tmp_path):
-    output = _torchrun(tmp_path, EVERY_RANK, 4)
-    _folded(output, "ranks 0-3", "same everywhere", 'warnings.warn("same everywhere")')
-
-
-def test_a_warning_of_one_rank_names_that_rank(tmp_path):
-    script = """
-import warnings
-import axolotl_dist as ad
-ad.init_distributed()
-if ad.get_rank() == 2:
-    warnings.warn("only here")
-ad.barrier()
-"""
-    output = _torchrun(tmp_path, script, 4)
-    _folded(output, "rank 2", "only here", 'warnings.warn("only here")')
-
-
-def test_different_warnings_are_each_printed_once_with_their_rank(tmp_path):
-    script = """
-import warnings
-import axolotl_dist as ad
-ad.init_distributed()
-warnings.warn(f"w{ad.get_rank()}")
-ad.barrier()
-"""
-    output = _torchrun(tmp_path, script, 4)
-    for r in range(4):
-        lines = _lines(output, f"UserWarning: w{r}")
-        assert len(lines) == 1, output
-        assert re.match(LINE.format(ranks=f"rank {r}", name=r"w\.py", msg=f"w{r}"), lines[0])
-    assert len(_lines(output, 'warnings.warn(f"w{ad.get_rank()}")')) == 4, output
-
-
-def test_a_warning_raised_before_init_is_folded_too(tmp_path):
-    script = """
+#: One launch for the checks of the same path (torchrun, 4 ranks, folding on): a warning every
+#: rank raises, one only rank 2 raises, one per rank that differs, one raised before init.
+ALIKE_AND_NOT = """
 import warnings
 import axolotl_dist as ad
 warnings.warn("before init")
 ad.init_distributed()
+warnings.warn("same everywhere")
+if ad.get_rank() == 2:
+    warnings.warn("only here")
+warnings.warn(f"w{ad.get_rank()}")
 ad.barrier()
 """
-    output = _torchrun(tmp_path, script, 4)
-    _folded(output, "ranks 0-3", "before init", 'warnings.warn("before init")')
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> str:
+    """The output of :data:`ALIKE_AND_NOT` under torchrun on 4 ranks, launched once for the
+    module's checks of it (``xdist_group``: on one worker under ``--dist loadgroup``)."""
+    return _torchrun(tmp_path_factory.mktemp("four_ranks"), ALIKE_AND_NOT, 4)
+
+
+@pytest.mark.xdist_group("warnings_fold_four_ranks")
+def test_a_warning_every_rank_raises_is_one_line_under_torchrun(four_ranks):
+    _folded(four_ranks, "ranks 0-3", "same everywhere", 'warnings.warn("same everywhere")')
+
+
+@pytest.mark.xdist_group("warnings_fold_four_ranks")
+def test_a_warning_of_one_rank_names_that_rank(four_ranks):
+    _folded(four_ranks, "rank 2", "only here", 'warnings.warn("only here")')
+
+
+@pytest.mark.xdist_group("warnings_fold_four_ranks")
+def test_different_warnings_are_each_printed_once_with_their_rank(four_ranks):
+    for r in range(4):
+        lines = _lines(four_ranks, f"UserWarning: w{r}")
+        assert len(lines) == 1, four_ranks
+        assert re.match(LINE.format(ranks=f"rank {r}", name=r"w\.py", msg=f"w{r}"), lines[0])
+    assert len(_lines(four_ranks, 'warnings.warn(f"w{ad.get_rank()}")')) == 4, four_ranks
+
+
+@pytest.mark.xdist_group("warnings_fold_four_ranks")
+def test_a_warning_raised_before_init_is_folded_too(four_ranks):
+    _folded(four_ranks, "ranks 0-3", "before init", 'warnings.warn("before init")')
 
 
 def test_fold_off_prints_every_ranks_copy_as_python_does(tmp_path):
