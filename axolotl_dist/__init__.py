@@ -13,15 +13,28 @@ they share, one concern per module; its docstring is the map, and docs/design.md
 
 from __future__ import annotations
 
+import gc as _gc
 import warnings as _warnings
 
 # The kit needs torch alone: NumPy is optional, and torch's import-time notice that it is
 # missing ("Failed to initialize NumPy") says nothing a user of the kit must act on.
 _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-from .distributed import *  # noqa: F401,F403
-from .distributed import __all__ as _functional
-from .distributed import print  # noqa: F401,A004 - ad.print, kept out of __all__ (see distributed)
+# Importing torch and the kit makes ~260,000 objects that live as long as the process; the
+# cyclic collector would walk them again and again during the import and at every full
+# collection after it (89 ms each). So: paused for the import, what exists then frozen (moved
+# to the permanent generation, which collections skip; reference counting still frees it), the
+# collector left on or off as it was (docs/performance.md, "Import").
+_collecting = _gc.isenabled()
+_gc.disable()
+try:
+    from .distributed import *  # noqa: F401,F403
+    from .distributed import __all__ as _functional
+    from .distributed import print  # noqa: F401,A004 - ad.print, kept out of __all__
+finally:
+    _gc.freeze()
+    if _collecting:
+        _gc.enable()
 from .errors import (
     AxolotlDistError,
     CollectiveMismatchError,

@@ -76,6 +76,41 @@ def test_the_checkout_under_test_is_outside_site_packages():
     assert "site-packages" not in ad.__file__ and Path(ad.__file__).is_relative_to(ROOT)
 
 
+#: Run in a fresh interpreter: the collector's state around ``import axolotl_dist``, then
+#: whether a reference cycle made after the import is still collected.
+GC_SCRIPT = textwrap.dedent('''
+    import gc, sys, weakref
+    if sys.argv[1] == "off":
+        gc.disable()
+    import axolotl_dist
+    print("enabled", gc.isenabled(), "frozen", gc.get_freeze_count())
+    class Node:
+        pass
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    del a, b
+    gc.collect()
+    print("cycle collected", gone() is None)
+''')
+
+
+@pytest.mark.parametrize("collector", ["on", "off"])
+def test_the_import_leaves_the_collector_as_it_was_with_its_objects_frozen(collector):
+    """``import axolotl_dist`` pauses the cyclic collector while it imports torch and the kit
+    and moves what the import made to the permanent generation (``gc.freeze``): later
+    collections skip torch's million objects. Enabled or not, the collector is left as the
+    script had it, and what the script makes afterwards is collected as before."""
+    proc = subprocess.run([sys.executable, "-c", GC_SCRIPT, collector], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    state, collected = proc.stdout.splitlines()
+    enabled, frozen = re.fullmatch(r"enabled (True|False) frozen (\d+)", state).groups()
+    assert enabled == str(collector == "on"), state
+    assert int(frozen) > 100_000, state  # torch's and the kit's objects
+    assert collected == "cycle collected True"
+
+
 def test_a_map_function_that_mentions_the_kit_hashes_the_same_in_two_processes(tmp_path):
     pytest.importorskip("datasets")
     script = _script(tmp_path, HASH_SCRIPT)
