@@ -117,7 +117,8 @@ class RankFailedError(AxolotlDistError, RuntimeError):
 
     @classmethod
     def from_report(cls, data: bytes) -> "RankFailedError":
-        """The error described by bytes from :meth:`to_report` or :func:`failure_report`."""
+        """The error described by bytes from :meth:`to_report` or
+        :func:`~axolotl_dist._runtime.liveness.failures.failure_report`."""
         return _rebuild_rank_failed(*_records.read_failure(data))
 
 

@@ -19,7 +19,8 @@ Read from the source (module- and function-level imports alike):
 * no module of the package is longer than 500 lines;
 * every ``docs/...`` reference in the code, the tests and the benchmarks names a file that
   exists, and the heading (``docs/design.md, "Heading"``) or decision
-  (``docs/design.md, decision 4``) it cites exists in it;
+  (``docs/design.md, decision 4``) it cites exists in it; every docstring cross-reference
+  (``:func:`...```) in the package names something that exists;
 * no test reaches into the runtime: tests use the public modules, and the project's own test
   plumbing (``reset_process_state``, ``store_of``...) through ``tests/probes.py`` alone.
 """
@@ -27,7 +28,10 @@ Read from the source (module- and function-level imports alike):
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 import re
+import types
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -472,6 +476,95 @@ def test_every_docs_reference_in_the_code_resolves():
         if decision and not any(t.startswith(f"{decision}. ") for t in titles):
             broken.append(f"{where}: docs/{page} has no decision {decision}")
     assert broken == []
+
+
+#: A docstring's cross-reference (``:func:`name```, ``:class:``, ``:mod:``, ``:data:``, ...).
+XREF = re.compile(r":(?:func|class|mod|data|meth|attr|exc|obj):`([^`]+)`")
+
+
+def _walk(obj: object, parts: List[str]) -> bool:
+    """Whether ``obj.a.b...`` exists; a class's annotated or slotted field counts."""
+    for part in parts:
+        if not hasattr(obj, part):
+            fields = set(getattr(obj, "__annotations__", {})) | set(getattr(obj, "__slots__", ()))
+            return isinstance(obj, type) and part in fields and part == parts[-1]
+        obj = getattr(obj, part)
+    return True
+
+
+def _importable(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or a name inside the longest module prefix of it."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return _walk(module, parts[i:])
+    return False
+
+
+def _xref_resolves(module: types.ModuleType, target: str) -> bool:
+    """Resolve a cross-reference written in ``module``, the way its readers follow it: leading
+    dots are relative to the module's package as in an import (``..store.keys.WAITERS``); a
+    name without them is the module's own or imported name, a member of one of its classes
+    (``Heartbeat.own``, or ``own`` inside it), a public name of the package, a builtin, or an
+    absolute dotted path (``torch.distributed.barrier``). ``~`` and a trailing ``()`` are
+    presentation only."""
+    name = target.strip().lstrip("~!").removesuffix("()")
+    if name.startswith("."):
+        dots = len(name) - len(name.lstrip("."))
+        package = module.__name__ if hasattr(module, "__path__") else \
+            module.__name__.rpartition(".")[0]
+        base = package.split(".")[: package.count(".") + 2 - dots]
+        return _importable(".".join(base + [name[dots:]]))
+    parts = name.split(".")
+    if parts[0] in vars(module):
+        return _walk(module, parts)
+    classes = [c for c in vars(module).values()
+               if isinstance(c, type) and c.__module__ == module.__name__]
+    if any(_walk(c, parts) for c in classes):
+        return True
+    assigned = re.compile(rf"\bself\.{re.escape(name)}\s*[:=]")
+    if len(parts) == 1 and assigned.search(MODULES[module.__name__].read_text()):
+        return True  # an attribute its instances set
+    return _walk(importlib.import_module(PACKAGE), parts) or _walk(builtins, parts) \
+        or _importable(name)
+
+
+def _broken_xrefs() -> List[str]:
+    broken = []
+    for name, path in sorted(MODULES.items()):
+        if name.endswith("__main__"):
+            continue  # importing it runs the CLI; it has no cross-reference
+        module = importlib.import_module(name)
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            broken += [f"{path.relative_to(ROOT)}:{n}: {m[0]}" for m in XREF.finditer(line)
+                       if not _xref_resolves(module, m[1])]
+    return broken
+
+
+def test_every_docstring_cross_reference_resolves():
+    """Every ``:func:`` / ``:class:`` / ``:mod:`` / ``:data:`` / ... target in the package
+    names something that exists (rules: :func:`_xref_resolves`). Fix a failure by naming
+    what the text means as it is now (a renamed key, a module that moved), e.g.
+    ``:data:`..store.keys.WAITERS``` from a module of ``_runtime/liveness``."""
+    broken = _broken_xrefs()
+    assert broken == [], (
+        "docstring cross-references that name nothing: name what the text means as it is now "
+        "(leading dots are relative to the module's package, as in an import):\n"
+        + "\n".join(broken))
+
+
+def test_the_cross_reference_check_sees_a_wrong_name():
+    heartbeat = importlib.import_module(f"{RUNTIME}.liveness.heartbeat")
+    assert _xref_resolves(heartbeat, "..store.keys.WAITERS")
+    assert _xref_resolves(heartbeat, "~.peers.store_lost_error()")
+    assert _xref_resolves(heartbeat, "torch.distributed.barrier")
+    assert _xref_resolves(heartbeat, "axolotl_dist.zero_first")
+    for wrong in ("WAITERS_KEY", ".store.keys.WAITERS", "..store.keys.NO_SUCH_KEY",
+                  "torch.distributed.no_such_function", ".stall detector.waiting_key"):
+        assert not _xref_resolves(heartbeat, wrong), wrong
 
 
 def test_no_reference_to_files_outside_the_repository():

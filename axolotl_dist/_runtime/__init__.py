@@ -4,7 +4,7 @@ Each room imports itself and the rooms before it, never one after it
 (``tests/test_structure.py`` checks it); its own docstring maps its modules:
 
 1. :mod:`.base`: process state, groups, backends, settings, call sites, text, logs.
-2. :mod:`..store.access`: the c10d store the ranks signal through.
+2. :mod:`.store.access`: the c10d store the ranks signal through.
 3. :mod:`.liveness`: who is alive, who waits for whom, where everyone is.
 4. :mod:`.protocols`: how the helpers meet across ranks (the wrapper, the value engine, the
    blocks, debug mode's check).

@@ -5,8 +5,9 @@ torch's ``TCPStore`` server binds every interface when it opens its own socket, 
 from the machine's other addresses. A ``TCPStore`` also takes a listening socket its caller
 bound (``master_listen_fd``): this backend binds both of the launcher's stores that way, the
 rendezvous' own and the one torch shares with the ranks (``MASTER_ADDR:MASTER_PORT``). It is
-torch's c10d rendezvous otherwise (:class:`C10dRendezvousBackend`, torch's handler), registered
-under :data:`BACKEND` and chosen by :mod:`._options` for a one-node run without a port.
+torch's c10d rendezvous otherwise (torch's handler,
+:class:`~torch.distributed.elastic.rendezvous.c10d_rendezvous_backend.C10dRendezvousBackend`),
+registered under :data:`BACKEND` and chosen by :mod:`._options` for a one-node run without a port.
 """
 
 from __future__ import annotations

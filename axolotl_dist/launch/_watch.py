@@ -11,11 +11,13 @@ to a wakeup file descriptor (:func:`signal.set_wakeup_fd`); this thread reads it
   second. A signal that finds ranks running is the main thread's: it is back in Python, stops
   them and says so; the watcher then says nothing (it used to, once the stopped ranks were
   gone: a second, false account). :meth:`Watcher.claim` makes the two accounts exclusive;
-* the run's entry in this host's run directory (:mod:`.runs`), for ``axolotl-dist where``:
-  recorded once the first local rank has logged the store's address, removed at the end;
-* ``SIGUSR1``: a report of where every rank is (:mod:`.where_report`), printed to the launcher's
-  stderr; the run goes on. Not where the user lists SIGUSR1 in ``--signals-to-handle``: it is
-  then theirs, forwarded to the ranks as torchrun does (``axolotl-dist where`` still reports);
+* the run's entry in this host's run directory (:mod:`~axolotl_dist._runtime.liveness.runs`), for
+  ``axolotl-dist where``: recorded once the first local rank has logged the store's address, removed
+  at the end;
+* ``SIGUSR1``: a report of where every rank is
+  (:mod:`~axolotl_dist._runtime.liveness.where_report`), printed to the launcher's stderr; the run
+  goes on. Not where the user lists SIGUSR1 in ``--signals-to-handle``: it is then theirs, forwarded
+  to the ranks as torchrun does (``axolotl-dist where`` still reports);
 * while no rank has started on a multi-node run, a note every ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
   seconds (default 30) says what the launcher waits for.
 """

@@ -1,13 +1,13 @@
 """``axolotl-dist where``: where every rank of a running job is, from any shell on its host.
 
 Told an address (``--master-port`` / ``MASTER_PORT``, ``--master-addr`` / ``MASTER_ADDR``), it
-asks the c10d store there (any launcher's; torchrun's ``--rdzv-endpoint`` too). Told none, it
-reads this host's run directory (:mod:`.runs`), where every run of this user records its
-store: one run is reported, several are listed and each reported, none is one line saying how
-to point it at a run (as is a run directory that is not this user's alone: nothing in it is
-read). Where nothing listens at the address (connection refused), it says so
-in one line and exits 1 at once; an address that does not answer at all is waited for until
-``--timeout``. The run is left untouched.
+asks the c10d store there (any launcher's; torchrun's ``--rdzv-endpoint`` too). Told none, it reads
+this host's run directory (:mod:`~axolotl_dist._runtime.liveness.runs`), where every run of this
+user records its store: one run is reported, several are listed and each reported, none is one line
+saying how to point it at a run (as is a run directory that is not this user's alone: nothing in it
+is read). Where nothing listens at the address (connection refused), it says so in one line and
+exits 1 at once; an address that does not answer at all is waited for until ``--timeout``. The run
+is left untouched.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class MarkedResult(NamedTuple):
 def run(item: Any, fn: Callable[..., Any], kwargs: Mapping[str, Any], *, world_size: int,
         store: str, backend: str, init: bool, timeout: float, timeout_source: str) -> None:
     """Run ``fn(**kwargs)`` (the test ``item``'s function) on ``world_size`` ranks; return if
-    every rank passed, else skip, xfail or fail the test with :func:`account`'s message."""
+    every rank passed, else skip, xfail or fail the test with :func:`summarize`'s message."""
     import pytest
 
     notes = tempfile.mkdtemp(prefix="axolotl-dist-pytest-")

@@ -9,7 +9,7 @@ __all__ = ["DistributedTestError", "RankOutcome", "STORE_PLACEMENTS"]
 
 
 class DistributedTestError(AssertionError):
-    """A rank raised, died or did not finish in time under :func:`run_distributed`."""
+    """A rank raised, died or did not finish in time under :func:`._harness.run_distributed`."""
 
 
 @dataclasses.dataclass
@@ -49,7 +49,8 @@ class RankOutcome:
         return f"rank {self.rank}: ok"
 
 
-#: Where :func:`run_distributed` puts the c10d store: the test process, or rank 0's process.
+#: Where :func:`._harness.run_distributed` puts the c10d store: the test process, or rank 0's
+#: process.
 STORE_PLACEMENTS = ("parent", "rank0")
 
 

@@ -1,5 +1,5 @@
 """The forked rank's side of the harness: its env, the gate, a store hosted in rank 0, and
-the body that runs ``fn`` and sends its outcome back. Used by :mod:`.harness`."""
+the body that runs ``fn`` and sends its outcome back. Used by :mod:`._harness`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Merging the ranks' trace files (:mod:`.trace`) into one timeline: ``trace.json`` in the
-Chrome Trace Event format (opens in ui.perfetto.dev and chrome://tracing), ``summary.txt``
-(per call site: wall time, and for each rank the time it waited and for whom) and, with
-matplotlib installed, ``timeline.png``.
+"""Merging the ranks' trace files (:mod:`axolotl_dist._runtime.protocols.timeline`) into one
+timeline: ``trace.json`` in the Chrome Trace Event format (opens in ui.perfetto.dev and
+chrome://tracing), ``summary.txt`` (per call site: wall time, and for each rank the time it waited
+and for whom) and, with matplotlib installed, ``timeline.png``.
 
 Times move to rank 0's clock by each file's measured offset. Waits come from two places:
 

@@ -1,7 +1,7 @@
 """What the signalling modules share: timing constants, this host's name, the names and
 defaults of every ``AXOLOTL_DIST_*`` variable the kit reads (their table, with how each is
 parsed, is :data:`.envvars.KIT_VARS`), and the store counter of long waits and published
-warnings (:data:`WAITERS_KEY`).
+warnings (:data:`..store.keys.WAITERS`).
 
 A leaf: it imports nothing from the package, so :mod:`..store.access`, :mod:`..liveness.peers`, :mod:`..liveness.stalls`
 and :mod:`..liveness.waits` can all read it without importing each other.

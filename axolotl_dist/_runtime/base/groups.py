@@ -2,7 +2,7 @@
 
 Every helper, block, debug check and the timeline's recorder take a :class:`Group`: what the
 kit knows of one process group, computed once and kept for the group's lifetime (in
-:data:`.state.STATE`, keyed by the group **weakly**: a group kept alive by a cache past
+:data:`.state.GROUPS`, keyed by the group **weakly**: a group kept alive by a cache past
 ``destroy_process_group()`` would be destroyed during interpreter shutdown, where gloo's
 threads abort the process). ``group=None`` means the default group, everywhere. It holds:
 

@@ -28,8 +28,8 @@ does not touch either).
 
 :func:`reset` forgets all of it (or the named parts). The test harness calls it in every
 forked rank, so a rank starts as a fresh process would; tests call it through
-:func:`axolotl_dist.testing.reset_process_state`. It stops no thread: ``cleanup_distributed()``
-does that.
+:func:`axolotl_dist.testing._probes.reset_process_state`. It stops no thread:
+``cleanup_distributed()`` does that.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class FailuresState(RoomState):
 GROUPS = register("groups", GroupsState())
 FAILURES = register("failures", FailuresState())
 
-#: Module-level values outside :data:`STATE` (``module: name``), and why :func:`reset` leaves
+#: Module-level values outside :data:`PARTS` (``module: name``), and why :func:`reset` leaves
 #: them (see the module docstring).
 SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist.errors._WITH_ACCELERATES": "a cache: accelerate's exception class -> the "
@@ -143,8 +143,9 @@ SURVIVES_RESET: Dict[str, str] = {
 def reset(*parts: str) -> None:
     """Forget what this process has received: everything, or only the named :data:`PARTS`.
 
-    Debug mode goes back to off and undecided; :func:`axolotl_dist.testing.reset_process_state`
-    then reads ``AXOLOTL_DIST_DEBUG`` again.
+    Debug mode goes back to off and undecided;
+    :func:`axolotl_dist.testing._probes.reset_process_state` then reads ``AXOLOTL_DIST_DEBUG``
+    again.
     """
     unknown = [p for p in parts if p not in PARTS]
     if unknown:

@@ -14,8 +14,8 @@ every warning this module does not fold. What is folded is ``warnings.formatwarn
   them (:func:`started`). A process that ends, or holds one for :data:`HOLD_FOR` seconds,
   without a heartbeat prints them itself, as Python would.
 * With a heartbeat, a rank above 0 publishes each warning on the heartbeat's store
-  connection and prints nothing: two calls, ``append`` to :data:`WARN_LOG_KEY` and ``add``
-  :data:`WARNED` to :data:`~..base.constants.WAITERS_KEY`, whose answer says whether rank 0 still
+  connection and prints nothing: two calls, ``append`` to :data:`..store.keys.WARN_LOG` and ``add``
+  :data:`WARNED` to :data:`~..store.keys.WAITERS`, whose answer says whether rank 0 still
   reads them (:data:`UNREAD`: it ended; the rank then prints the warning itself).
 * Rank 0 puts its own warnings in the pending table; its heartbeat, which reads
   ``WAITERS_KEY`` every beat anyway, reads the log when the count of published warnings

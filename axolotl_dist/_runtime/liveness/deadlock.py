@@ -1,8 +1,8 @@
 """Waits that can never end: the wait-for graph of every rank's kit wait.
 
 A kit wait that runs past its first liveness look publishes what it is (:func:`describe`,
-on the root store key :func:`wait_key`, one ``set``; cleared when it ends): its **point**
-(the group, the kind of meeting and its number on that group: the group's ``n``-th kit
+on the root store key :func:`..store.keys.long_wait`, one ``set``; cleared when it ends): its
+**point** (the group, the kind of meeting and its number on that group: the group's ``n``-th kit
 collective, ``zero_first`` block ``#n``...), its label (the helper, or the block's pairing
 tag), whether the ranks it awaits must *arrive* at the point or *finish* it (a ``zero_first``
 waiter needs its first rank to end the body), and this rank's progress on every group it

@@ -238,7 +238,7 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     """For a rank that does not host the store, ending on a failure, before its last store call
     (:func:`mark_exited`): wait until no other rank is in a kit wait any more (each one there
     reads this rank's record within a look interval, raises naming it, and keeps its wait
-    counted until its own exit: :func:`.stall detector.waiting_key`) or it is gone, at most
+    counted until its own exit: :func:`..store.keys.waiting`) or it is gone, at most
     :func:`failed_exit_grace` seconds, and at least :data:`_UNMARKED_COVER` (a wait just begun
     is not marked yet). A rank busy elsewhere is not waited for: it could not
     name this rank before a launcher stopped it anyway. ``relayed``: this rank ends on another

@@ -55,7 +55,7 @@ class HeartbeatTask(Protocol):
     """Work that runs on global rank 0's heartbeat thread beside the stall detector, registered by a
     room above this one (:func:`add_task`): the Python warnings folded across ranks
     (``lifecycle/warnfold``). It hears of its work from the counter the heartbeat reads
-    anyway (:data:`WAITERS_KEY`), so a task costs no store call of its own."""
+    anyway (:data:`..store.keys.WAITERS`), so a task costs no store call of its own."""
 
     #: seconds between two reads of the counter while :meth:`pending`
     look: float
@@ -200,7 +200,7 @@ class Heartbeat:
         """Copy the store host's exit record once it left one, and acknowledge it: where the
         host exits on a failure, every rank then knows the root cause before the store goes
         (the host waits until they acknowledged), even one that was not in a kit call
-        (:func:`store_lost_error`). One store call while there is none."""
+        (:func:`.peers.store_lost_error`). One store call while there is none."""
         key = keys.exit_record(self.host)
         if self.host in PEERS.exits or not self.store.check([key]):
             return

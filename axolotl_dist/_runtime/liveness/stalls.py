@@ -66,7 +66,7 @@ class StallDetector:
         """One round, for every waiting rank at once: read every rank's heartbeat and long-wait
         description (one ``multi_get`` on the root store ``raw``), note the ranks silent for
         ``SILENT_AFTER`` seconds or more and the waits that can never end, and publish them
-        (:data:`~.peers.STALL_REPORT` in the group's ``store``) while there are silent ranks,
+        (:data:`~..store.keys.STALL_REPORT` in the group's ``store``) while there are silent ranks,
         and whenever the deadlocks change; count the round (:data:`~.peers.STALL_ROUND`)
         (docs/design.md, "Heartbeat and peer records")."""
         world = self.world_size

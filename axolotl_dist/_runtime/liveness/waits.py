@@ -1,7 +1,7 @@
 """Every kit wait, one watching wait (the top floor of the signalling stack: on :mod:`.stalls`).
 
 A kit wait is a :class:`Waiting`: registered for :mod:`.where_report` (what, since when, for whom),
-counted on this rank's waiting key once it runs long (:func:`.stall detector.waiting_key`: a failing
+counted on this rank's waiting key once it runs long (:func:`..store.keys.waiting`: a failing
 peer's exit grace reads it), checking the awaited ranks (:class:`~.stalls.PeerChecker`: exit records,
 pids, heartbeats) every ``LIVENESS_INTERVAL``, and after ``AXOLOTL_DIST_WAIT_LOG_INTERVAL``
 seconds (default 30), then at doubling intervals, logging whom it waits for (the first time,
@@ -184,7 +184,7 @@ class Waiting:
     def end(self, normal: bool, unmark: Callable[[Callable[[], Any]], Any]) -> None:
         """The wait is over; ``normal``: it ended without an exception, so its count on the
         waiting key is taken back (by ``unmark(call)``: at once, or on the store worker). An
-        exception keeps the count until the process exits (see :func:`.stall detector.waiting_key`).
+        exception keeps the count until the process exits (see :func:`..store.keys.waiting`).
         Either way its description goes (only if still this wait's: compare-and-set), on an
         exception within a second at most (the store may be going)."""
         WAITS.waits.pop(self.thread, None)

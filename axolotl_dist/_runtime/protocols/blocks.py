@@ -425,6 +425,6 @@ def arrive(block: Block, timeout: Optional[float], waited: Callable[[], List[int
 
 def spy_on_stores(spy: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
     """Wrap the store of every block entered from now on in ``spy(store)`` (None: stop);
-    returns the spy it replaces (:func:`axolotl_dist.testing.count_store_calls`)."""
+    returns the spy it replaces (:func:`axolotl_dist.testing._probes.count_store_calls`)."""
     previous, BLOCKS.store_spy = BLOCKS.store_spy, spy
     return previous

@@ -3,7 +3,7 @@
 **Encoding**: :mod:`.encoding` (every value a 4-slot header and, for non-scalars, a
 payload; a device tensor's bytes stay on its device).
 
-**The header exchange.** On CPU (gloo) with at most :data:`~.groups.A2A_MAX_RANKS` ranks it is
+**The header exchange.** On CPU (gloo) with at most :data:`~..base.groups.A2A_MAX_RANKS` ranks it is
 one all-to-all (each rank sends its header to every other rank directly: one message per pair
 and direction, where gloo's ring all-gather spends several notifications per rank); beyond
 that many ranks the all-gather's ``O(ranks)`` messages win. An accelerator group's headers

@@ -13,7 +13,7 @@
 Around the body, every kind does what its :class:`Kind` says (cheap unless something is on):
 
 * refuses a call the other ranks cannot join (inside a ``zero_first`` body this rank runs
-  first, inside ``zero_only`` code: :mod:`.scopes`);
+  first, inside ``zero_only`` code: :mod:`..liveness.scopes`);
 * confirms the ``zero_first`` blocks this rank left unconfirmed (:func:`.zero_first.confirm_all`),
   or leaves that to the helper's first collective's wait on gloo (``confirm_in_wait``);
 * records the call in flight on this thread and raises
@@ -71,7 +71,7 @@ class Kind(NamedTuple):
     #: (:func:`.exchange.run`: the store read overlaps the collective; a rank stuck in a block
     #: that does not pair keeps the collective from completing, so the mismatch is still found)
     confirm_in_wait: bool = False
-    #: raise at once where the other ranks cannot join (:mod:`.scopes`)
+    #: raise at once where the other ranks cannot join (:mod:`..liveness.scopes`)
     refuse_in_scopes: bool = True
     #: raise :class:`ThreadConflictError` when another thread is in a helper on the group
     one_thread: bool = True
@@ -308,7 +308,7 @@ def _general(name: str, agree: Agree, kind: Kind, group_arg: GroupArg,
 
 def _confirmed_in_wait(g: Optional[Group], group: Any, name: str) -> bool:
     """Whether a ``confirm_in_wait`` helper on ``g`` (or, not resolved yet, ``group``) leaves
-    the unconfirmed blocks to its first collective's wait (see :func:`checked`): gloo groups,
+    the unconfirmed blocks to its first collective's wait (see :func:`call_checked`): gloo groups,
     debug mode off."""
     if DEBUG.on:
         return False  # the debug check would wait for a rank stuck in the block first
@@ -364,7 +364,7 @@ def _call_group(name: str, call: tuple) -> Optional[Group]:
 
 
 def _refuse(name: str, call: tuple, check: Callable[[Optional[Group]], None]) -> None:
-    """Run ``check`` (:func:`.scopes.check` or :func:`.threads.check`) on the group of the
+    """Run ``check`` (:func:`..liveness.scopes.check` or :func:`.threads.check`) on the group of the
     call ``(signature, group_arg, args, kwargs)``; its error shows the user's frames."""
     group = _group_of_call(*call)
     if group is _NO_GROUP:

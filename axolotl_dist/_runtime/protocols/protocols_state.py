@@ -16,7 +16,7 @@ part       fields
            ``unconfirmed`` (blocks this rank ran first as the sole first rank whose other
            ranks' arrival it has not confirmed yet); ``store_spy`` (a test's
            wrapper around the store a block uses, see
-           :func:`axolotl_dist.testing.count_store_calls`)
+           :func:`axolotl_dist.testing._probes.count_store_calls`)
 ``trace``  :data:`TIMELINE`: ``recorder`` (the recorder of this rank's kit calls while tracing
            is on, else None: :mod:`.timeline`)
 ``saves``  :data:`SAVES`: ``pending`` (this rank's ``checkpoint_dir`` calls whose bodies

@@ -347,7 +347,7 @@ _get_ident = threading.get_ident
 
 def helper_span(recorder: Recorder, name: str, group: Any, site: Any, call: Any,
                 args: tuple, kwargs: dict) -> Any:
-    """Run ``call()`` (kit helper ``name`` on the :class:`~.groups.Group` ``group``, None for
+    """Run ``call()`` (kit helper ``name`` on the :class:`~..base.groups.Group` ``group``, None for
     one process; ``site()`` gives the call site) as one span, unless this thread is already
     inside a traced kit call. Calls are numbered by the group's ``"traced"`` counter (every
     rank counts the same calls). The hot path of tracing: a few dict operations and one
@@ -399,7 +399,7 @@ def add_bytes(nbytes: int) -> None:
 
 
 def _group_name(recorder: Recorder, group: Any) -> str:
-    """The name of the :class:`~.groups.Group` ``group`` on every rank ("" for None)."""
+    """The name of the :class:`~..base.groups.Group` ``group`` on every rank ("" for None)."""
     if group is None:
         return recorder.default_name
     if group.default and recorder.default_name:

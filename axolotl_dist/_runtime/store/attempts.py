@@ -28,7 +28,7 @@ No blocking call times out (one that does makes torch print C++ warnings): a ran
 blocks in its ``get`` with a timer that, at its deadline, writes the answer key itself from a
 fresh connection (:data:`_GAVE_UP`, a value rank 0 never writes), so the ``get`` returns and
 the rank raises its own error. Rank 0 polls: ``check`` at 1 ms growing by half to 50 ms, and
-names the ranks it still waits for after :func:`late_after` seconds (doubling): ``rank 5
+names the ranks it still waits for after ``late_after`` seconds (doubling): ``rank 5
 has not reached the store for 30 s; the other 63 wait``. Cost: a rank above 0 makes three
 calls (``set``, ``get``, ``set``); rank 0 one ``add``, then one ``check`` of the ``W - 1``
 tokens per look until all exist, one ``multi_get`` of them, a ``multi_set`` of the answers
