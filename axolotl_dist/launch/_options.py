@@ -33,6 +33,7 @@ from .._runtime.base.constants import FOLD_ENV_VAR, LOG_DIR_ENV_VAR, RETRY_SAME_
 from ._report import PROG
 from . import _loopback
 from ._where import LOOPBACK
+from .._runtime.base.text import is_decimal
 
 #: ``--master-addr`` values that mean this machine (torchrun's default is 127.0.0.1).
 _LOCAL_NAMES = (LOOPBACK, "localhost")
@@ -174,7 +175,7 @@ def _nproc(value: Optional[str]) -> int:
             return int(determine_local_world_size(text))
         except ValueError as exc:
             raise ValueError(f"-n/--nproc-per-node {text}: {exc} Pass a number, or cpu") from None
-    if not text.lstrip("-").isdigit():
+    if not is_decimal(text.lstrip("-")):
         raise ValueError(f"-n/--nproc-per-node must be an integer >= 1 or one of "
                          f"{', '.join(_NPROC_WORDS)}, got {text!r}")
     return _int(text, "-n/--nproc-per-node")

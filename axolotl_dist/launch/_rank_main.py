@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Tuple
 from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
 from .._runtime.base.private import DIR_MODE, create_private, write_private
 from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
+from .._runtime.base.text import is_decimal
 from .._runtime.base.tracebacks import format_exception, install, safe_str
 from ..errors import RankFailedError
 from ._output import connect as _connect_output
@@ -98,7 +99,7 @@ def _start_guard() -> None:
     heap at exit) would be copied, and the guard would keep the old copy: at 32 ranks on 2
     cores that made the ranks' exit 5 s slower than under torchrun."""
     launcher = os.environ.get(LAUNCHER_PID_ENV_VAR, "")
-    if not sys.platform.startswith("linux") or not launcher.isdigit():
+    if not sys.platform.startswith("linux") or not is_decimal(launcher):
         return
     quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
     try:

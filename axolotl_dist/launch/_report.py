@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from .._runtime.base.text import ranks_text
+from .._runtime.base.text import is_decimal, ranks_text
 
 __all__ = ["PROG", "GUARDS_DIR", "RESTART_COUNT_ENV_VAR", "exit_code_of", "first_failure",
            "traceback_of", "read_ends", "report_failures", "attempt_dir", "attempts", "latest_attempt"]
@@ -115,7 +115,7 @@ def attempts(base: Optional[str]) -> List[int]:
     """The attempts whose ranks have recorded anything under ``base``, in order."""
     if not base or not os.path.isdir(base):
         return []
-    return sorted(int(name) for name in os.listdir(base) if name.isdigit())
+    return sorted(int(name) for name in os.listdir(base) if is_decimal(name))
 
 
 def latest_attempt(base: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .._runtime.liveness import runs, where_report
 from .._runtime.store import clients
 from ._report import PROG
+from .._runtime.base.text import is_decimal
 
 __all__ = ["where_main", "plain", "LOOPBACK"]
 
@@ -121,7 +122,7 @@ def where_main(argv: Sequence[str]) -> int:
     port = args.port if args.port is not None else os.environ.get("MASTER_PORT")
     if port is None:
         return _recorded(args.addr, args.timeout)
-    if not str(port).isdigit():
+    if not is_decimal(str(port)):
         parser.error(f"MASTER_PORT={port!r} is not a port number")
     addr = args.addr or os.environ.get("MASTER_ADDR") or LOOPBACK
     _recorded_secret(int(port))

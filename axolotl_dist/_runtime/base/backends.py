@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from ...errors import DistributedEnvError
+from .text import is_decimal
 
 __all__ = ["served", "supports", "usable", "cuda_usable", "usable_accelerator", "device_type",
            "comm_device", "cuda_index", "only", "matches"]
@@ -135,7 +136,7 @@ def cuda_index(count: int, current: int, local_rank: Optional[int],
 
 def _local_rank() -> Optional[int]:
     value = os.environ.get("LOCAL_RANK", "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if is_decimal(value) else None
 
 
 def comm_device(backend: str, pg: Any = None) -> torch.device:

@@ -29,6 +29,7 @@ from .constants import CHECK_LAUNCH_ENV_VAR
 from .envvars import KIT_VARS, parse_flag
 from ...env import SLURM_NODELIST_ENV_VARS, SLURM_STEP_ID_ENV_VARS, SLURM_TASKS_PER_NODE_ENV_VARS
 from ...errors import DistributedEnvError
+from .text import is_decimal
 
 __all__ = ["check_geometry", "check_launcher", "bound_per_task", "is_loopback"]
 
@@ -43,7 +44,7 @@ def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
         value = env.get(name)
         if value is not None:
             value = value.strip()
-            return int(value) if value.isdigit() else None
+            return int(value) if is_decimal(value) else None
     return None
 
 

@@ -12,6 +12,8 @@ import socket
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from .text import is_decimal
+
 __all__ = [
     "LAUNCHER_PID_ENV_VAR",
     "flush_standard_streams",
@@ -186,7 +188,7 @@ def beside_store() -> bool:
     loopback, or something in this network namespace listens on ``MASTER_PORT``."""
     port = os.environ.get("MASTER_PORT", "")
     return is_loopback(os.environ.get("MASTER_ADDR")) or (
-        port.isdigit() and bool(listening(int(port))))
+        is_decimal(port) and bool(listening(int(port))))
 
 
 def listening(port: int) -> Optional[bool]:

@@ -15,6 +15,7 @@ import re
 from typing import List, Optional
 
 from ...errors import DistributedEnvError
+from .text import is_decimal
 
 __all__ = [
     "SLURM_BASE_PORT",
@@ -123,7 +124,7 @@ def expand_tasks_per_node(text: str, name: str = "SLURM_TASKS_PER_NODE") -> List
 
 def default_master_port(job_id: Optional[str], step_id: Optional[str]) -> Optional[int]:
     """A port all tasks of one job step agree on, or None without a numeric job id."""
-    if job_id is None or not job_id.strip().isdigit():
+    if job_id is None or not is_decimal(job_id.strip()):
         return None
-    step = int(step_id) if step_id is not None and step_id.strip().isdigit() else 0
+    step = int(step_id) if step_id is not None and is_decimal(step_id.strip()) else 0
     return SLURM_BASE_PORT + (int(job_id) + step) % SLURM_PORT_SPAN

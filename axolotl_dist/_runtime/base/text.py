@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-__all__ = ["ranks_text", "ranks_in_text"]
+__all__ = ["ranks_text", "ranks_in_text", "is_decimal"]
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: a number the kit wrote, or one ``int()``
+    reads back from an environment variable, a store record or a file name. Not
+    ``str.isdigit``, which also takes ``'²'`` (``int()`` then raises)."""
+    return text.isascii() and text.isdigit()
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -25,6 +32,6 @@ def ranks_in_text(body: str) -> List[int]:
     found: List[int] = []
     for part in body.split(","):
         first, _, last = part.strip().partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
+        if is_decimal(first) and (not last or is_decimal(last)):
             found.extend(range(int(first), int(last or first) + 1))
     return found

@@ -37,6 +37,7 @@ from ..base.groups import default_pg
 from ..base.kitlog import kit as log
 from ..liveness.peers import launcher_name
 from .lifecycle_state import LIFECYCLE
+from ..base.text import is_decimal
 
 __all__ = ["begin", "stamp", "wanted", "report", "PHASES", "initialized", "starting_up"]
 
@@ -80,7 +81,7 @@ def _launcher_pid() -> Optional[int]:
     if name == "env vars":
         return None
     given = os.environ.get(LAUNCHER_PID_ENV_VAR, "")
-    return int(given) if name == "axolotl-dist" and given.isdigit() else os.getppid()
+    return int(given) if name == "axolotl-dist" and is_decimal(given) else os.getppid()
 
 
 def _boot_time() -> Optional[int]:

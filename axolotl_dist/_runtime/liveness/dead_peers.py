@@ -54,6 +54,7 @@ from .liveness_state import PEERS
 from .peers import fetch_peers, same_machine, store_host_gone
 from .stalls import Lost, PeerChecker, lost_error
 from ...errors import RankFailedError
+from ..base.text import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -257,7 +258,7 @@ class _Announced:
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else default
+    return int(value) if is_decimal(value) else default
 
 
 def _abort_nccl() -> None:

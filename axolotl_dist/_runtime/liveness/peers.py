@@ -23,6 +23,7 @@ from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records
 from ..store.access import StoreHostGoneError, genuine, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
+from ..base.text import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -172,7 +173,7 @@ def _host_gone_how() -> Optional[str]:
         gone = same_machine(record) and procs.proc_state(record.pid) == "gone"
         return f"judged by its pid {record.pid}" if gone else None
     port = os.environ.get("MASTER_PORT", "")
-    if procs.is_loopback(os.environ.get("MASTER_ADDR")) and port.isdigit():
+    if procs.is_loopback(os.environ.get("MASTER_ADDR")) and is_decimal(port):
         if procs.listening(int(port)) is False:
             return f"judged by its port: nothing listens on {store_address()} any more"
     return None
@@ -290,7 +291,7 @@ def store_answers() -> bool:
     connection (asked only where a socket listens on that port: a store that is gone is not
     connected to, which would make torch print its connection errors)."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not addr or not port.isdigit() or not procs.is_loopback(addr) \
+    if not addr or not is_decimal(port) or not procs.is_loopback(addr) \
             or procs.listening(int(port)) is not True:
         return False
     try:

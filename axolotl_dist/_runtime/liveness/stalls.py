@@ -27,7 +27,7 @@ from ..base.constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SIL
 from ..base.envvars import kit_seconds
 from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
-from ..base.text import ranks_in_text
+from ..base.text import is_decimal, ranks_in_text
 from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records, seals
 from ..store.access import checked_or_ignored, genuine, put, store_host, world_store
@@ -98,7 +98,7 @@ class StallDetector:
         """The ranks whose beat has not moved for ``SILENT_AFTER`` seconds, and for how long."""
         silent: Dict[int, float] = {}
         for r, value in enumerate(beats):
-            beat = int(value) & BEATS if value.strip().isdigit() else -1  # -1: not a count
+            beat = int(value) & BEATS if is_decimal(value.strip()) else -1  # -1: not a count
             # (a process outside the job overwrote it): that rank is found by its pid, or
             # when its own heartbeat's next add fails
             last = self.beats.get(r)
@@ -396,7 +396,7 @@ def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
     for item in doc["deadlocks"]:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
                 and isinstance(item[1], dict)
-                and all(r.isdigit() and isinstance(c, str) for r, c in item[1].items())):
+                and all(is_decimal(r) and isinstance(c, str) for r, c in item[1].items())):
             raise records.BadRecord("a deadlock in the stall detector's report is not [text, {rank: call}]")
     return {int(r): float(s) for r, s in silent.items()}, doc["deadlocks"]
 

@@ -35,6 +35,7 @@ from .liveness_state import RUNS, SCOPES, WAITS
 from ..store import keys, records, seals
 from ..store.access import genuine, ignore, put
 from .peers import Peer, decode_peer, same_machine
+from ..base.text import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -397,7 +398,7 @@ def where_command() -> Optional[str]:
     ``MASTER_ADDR`` / ``MASTER_PORT`` (None without them): ``axolotl-dist where --master-port
     P``, with ``--master-addr A`` unless ``A`` is loopback (where's default)."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    if not port.isdigit() or not addr:
+    if not is_decimal(port) or not addr:
         return None
     at = "" if procs.is_loopback(addr) else f"--master-addr {shlex.quote(addr)} "
     return f"axolotl-dist where {at}--master-port {port}"

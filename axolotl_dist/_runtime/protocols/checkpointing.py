@@ -50,6 +50,7 @@ from .leases import staging_run
 from ..store import records
 from .protocols_state import SAVES
 from ...errors import RankFailedError, RankTimeoutError
+from ..base.text import is_decimal
 
 __all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "MARKER",
            "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps", "commit", "commit_record",
@@ -171,7 +172,7 @@ SAVING_NOTE = "saving-{rank}.note"
 
 def _note_path() -> Optional[str]:
     directory, rank = os.environ.get(END_DIR_ENV_VAR), os.environ.get("RANK", "").strip()
-    if not directory or not rank.isdigit():
+    if not directory or not is_decimal(rank):
         return None
     return os.path.join(directory, SAVING_NOTE.format(rank=int(rank)))
 

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from . import keys
+from ..base.text import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -74,7 +75,7 @@ def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
     for key in _rendezvous_port_keys(store):
         prefix = keys.rendezvous_round(key)
         head, _, number = prefix.rpartition(".")
-        if head and number.isdigit():
+        if head and is_decimal(number):
             rounds.append((int(number), prefix))
     if not rounds:
         return None
@@ -82,7 +83,7 @@ def rendezvous_target(store: "Store") -> Optional[Tuple[str, int]]:
     port = store.get(keys.rendezvous_port(prefix)).decode(errors="replace")
     addr_key = keys.rendezvous_addr(prefix)
     addr = store.get(addr_key).decode(errors="replace") if store.check([addr_key]) else ""
-    return (addr, int(port)) if port.isdigit() and addr else None
+    return (addr, int(port)) if is_decimal(port) and addr else None
 
 
 def _rendezvous_port_keys(store: "Store") -> List[str]:

@@ -41,6 +41,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from ..base.text import is_decimal
+
 __all__ = [
     "failure", "read_failure", "exit_record", "read_exit", "peer", "read_peer", "document",
     "read_document", "stuck_mark", "read_stuck_mark", "site", "read_site",
@@ -222,7 +224,7 @@ def read_peer(data: bytes) -> Optional[Tuple[str, int, str, bool, str]]:
     """``(host, pid, machine, by_store, launcher)`` of a :func:`peer` record, or None for a
     record this version cannot read."""
     parts = data.decode(errors="replace").split("|", 4)
-    if len(parts) != 5 or not parts[1].isdigit():
+    if len(parts) != 5 or not is_decimal(parts[1]):
         return None
     return parts[0], int(parts[1]), parts[2], parts[3] == "1", parts[4]
 
@@ -300,7 +302,7 @@ def site(rank: int, tag: str, desc: Optional[str], where: str) -> str:
 def read_site(data: str) -> Tuple[int, str, Optional[str], str]:
     """``(rank, tag, desc or None, site)`` of a :func:`site` record (decoded text)."""
     parts = data.split("|", 3)
-    if len(data) > MAX_RECORD or len(parts) != 4 or not parts[0].isdigit() \
+    if len(data) > MAX_RECORD or len(parts) != 4 or not is_decimal(parts[0]) \
             or len(parts[0]) > 9 or not parts[1].isalnum():
         raise BadRecord("a block's pairing record is not rank|tag|label|site")
     rank, tag, desc, where = parts
@@ -362,7 +364,7 @@ def read_warning_entries(data: bytes) -> List[Tuple[int, str]]:
     found = []
     for entry in data.split(WARNING_END.encode()):
         rank, tab, text = entry.decode("utf-8", "replace").partition("\t")
-        if tab and rank.isdigit():
+        if tab and is_decimal(rank):
             found.append((int(rank), text))
     return found
 

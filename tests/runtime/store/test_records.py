@@ -95,3 +95,13 @@ def test_an_object_must_have_exactly_its_fields_of_their_types():
                      (b'{"a": 1, "b": 2}', "'b' is int"), (b"nope", "not a JSON document")):
         with pytest.raises(BadRecord, match=why):
             records.read_object(bad, fields, "x")
+
+
+def test_a_number_int_cannot_read_makes_a_record_unreadable_not_an_error():
+    # '²' passes str.isdigit(), and int() refuses it: a forged record holding it is one this
+    # version cannot read (None, skipped, BadRecord), as any other, never a ValueError
+    assert records.read_peer("node-1|\u00b2|m|1|l".encode()) is None
+    entries = f"\u00b2\ta warning{records.WARNING_END}1\tanother{records.WARNING_END}".encode()
+    assert records.read_warning_entries(entries) == [(1, "another")]
+    with pytest.raises(BadRecord, match="a block's pairing record is not rank"):
+        records.read_site("\u00b2|t1|x|y")
