@@ -60,6 +60,13 @@ def _modules() -> Dict[str, Path]:
 MODULES = _modules()
 
 
+def _told(found: object, rule: str, fix: str) -> str:
+    """A failing architecture check's message: the rule (with its limit), how to fix it, and
+    what broke it, one item a line."""
+    items = found if isinstance(found, (list, tuple)) else [found]
+    return f"{rule}. Fix: {fix}.\n" + "\n".join(str(item) for item in items)
+
+
 def _is_package(name: str) -> bool:
     return MODULES[name].name == "__init__.py"
 
@@ -167,7 +174,10 @@ def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def test_no_import_cycle():
     graph, _ = _scan()
-    assert _cycles(graph) == []
+    cycles = _cycles(graph)
+    assert cycles == [], _told(cycles, "no import cycle between the package's modules",
+                               "move what both sides need into the lower module, or import "
+                               "the higher one's function where it is called")
 
 
 #: The modules that may read ``sys.modules``, and why: never for a module of the kit.
@@ -184,20 +194,29 @@ READS_SYS_MODULES = {
 def test_no_private_names_or_sys_modules_lookups_across_modules():
     _, problems = _scan()
     allowed = tuple(f"{m}:" for m in READS_SYS_MODULES)
-    assert [p for p in problems if not (p.startswith(allowed) and p.endswith("sys.modules"))] \
-        == []
+    wrong = [p for p in problems if not (p.startswith(allowed) and p.endswith("sys.modules"))]
+    assert wrong == [], _told(wrong, "no module takes another module's underscore names or "
+                              "looks a sibling up in sys.modules",
+                              "make the name public in its module (and its __all__), or "
+                              "import the module; a needed sys.modules read goes in "
+                              "READS_SYS_MODULES with why")
 
 
 def test_the_runtime_never_imports_the_public_layer():
     graph, _ = _scan()
     wrong = sorted(f"{m} imports {t}" for m, targets in graph.items() if _runtime(m)
                    for t in targets if not _runtime(t) and t not in SHARED_LEAVES)
-    assert wrong == []
+    assert wrong == [], _told(wrong, "the runtime imports only the runtime and the "
+                              "vocabulary (errors, env, ranks)",
+                              "move what the runtime needs down into _runtime, or pass it in "
+                              "from the public module that calls")
 
 
 def test_the_top_level_holds_only_public_modules():
     private = sorted(p.name for p in (ROOT / PACKAGE).glob("_*.py") if p.name != "__init__.py")
-    assert private == []
+    assert private == [], _told(private, "the package's top level holds public modules only",
+                                "move a shared private module into _runtime/<room>, a "
+                                "feature's into its package")
     packages = sorted(p.name for p in (ROOT / PACKAGE).iterdir()
                       if p.is_dir() and p.name.startswith("_") and p.name != "__pycache__")
     assert packages == ["_runtime"]
@@ -222,7 +241,8 @@ def test_the_runtime_is_a_few_rooms_that_import_one_way():
                    if _runtime(m) and m != RUNTIME for t in targets
                    if _runtime(t) and t != RUNTIME
                    and ROOMS.index(_room(t)) > ROOMS.index(_room(m)))
-    assert wrong == []
+    assert wrong == [], _told(wrong, f"a room imports itself and the rooms before it in "
+                              f"{ROOMS} only", "move the shared part into the lower room")
 
 
 def test_each_room_docstring_maps_its_modules():
@@ -231,7 +251,9 @@ def test_each_room_docstring_maps_its_modules():
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
         unmapped = [p.stem for p in folder.glob("*.py")
                     if p.stem != "__init__" and f":mod:`.{p.stem}`" not in doc]
-        assert unmapped == [], (room, unmapped)
+        assert unmapped == [], _told(unmapped, f"_runtime/{room}/__init__.py's docstring maps "
+                                     "every module of the room", "add a line "
+                                     "':mod:`.<module>`: what it holds' for each")
 
 
 def test_no_two_modules_share_a_name():
@@ -240,7 +262,9 @@ def test_no_two_modules_share_a_name():
     for path in (ROOT / PACKAGE).rglob("*.py"):
         if path.stem not in ("__init__", "__main__"):
             stems.setdefault(path.stem.lstrip("_"), []).append(str(path.relative_to(ROOT)))
-    assert {s: p for s, p in stems.items() if len(p) > 1} == {}
+    shared = [f"{s}: {p}" for s, p in stems.items() if len(p) > 1]
+    assert shared == [], _told(shared, "no two modules share a name (a leading underscore "
+                               "aside)", "rename one for what it holds")
 
 
 #: Private metaphors a newcomer had to decode, replaced by the field's words (issue #57):
@@ -280,7 +304,10 @@ def test_no_identifier_uses_a_retired_metaphor():
             words = {w.lower() for w in name.strip("_").split("_") if w}
             if name in RETIRED_NAMES or words & RETIRED_WORDS:
                 found.append(f"{path.relative_to(ROOT)}:{line} {name}")
-    assert sorted(set(found)) == []
+    found = sorted(set(found))
+    assert found == [], _told(found, "no identifier uses a retired metaphor (RETIRED_WORDS, "
+                              "RETIRED_NAMES)", "name it with the field's word, as the "
+                              "comment above RETIRED_WORDS lists")
 
 
 def test_no_import_renames_a_module_of_the_package():
@@ -296,7 +323,8 @@ def test_no_import_renames_a_module_of_the_package():
                 if alias.asname and alias.asname.lstrip("_") != alias.name and \
                         f"{base}.{alias.name}" in MODULES:
                     renamed.append(f"{path.relative_to(ROOT)}: {alias.name} as {alias.asname}")
-    assert renamed == []
+    assert renamed == [], _told(renamed, "an import keeps a module's name (a leading "
+                                "underscore the one alias)", "import it under its own name")
 
 
 #: Methods that change the container they are called on.
@@ -361,7 +389,8 @@ def test_each_room_writes_only_its_own_state():
         for line, obj in _state_writes(module, ast.parse(path.read_text()), objects):
             if objects[obj] != mine:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} writes {obj} ({objects[obj]})")
-    assert wrong == []
+    assert wrong == [], _told(wrong, "a module writes only its own room's state objects",
+                              "call a function of the owning room that makes the change")
 
 
 def test_the_state_write_scan_sees_writes():
@@ -388,7 +417,8 @@ def test_no_class_holds_more_than_twenty_fields():
                       and t.value.id == "self"}
             if len(fields) > MAX_FIELDS:
                 big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {len(fields)}")
-    assert big == []
+    assert big == [], _told(big, f"a class sets at most {MAX_FIELDS} fields (self.x = ...)",
+                            "split it by concern into small objects it holds")
 
 
 #: The most fields (``self.x = ...``) a class of the package may set.
@@ -398,7 +428,8 @@ MAX_FIELDS = 20
 def test_no_module_is_longer_than_the_limit():
     long = sorted(f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / PACKAGE).rglob("*.py")
                   if (n := len(p.read_text().splitlines())) > MAX_LINES)
-    assert long == []
+    assert long == [], _told(long, f"a module of the package has at most {MAX_LINES} lines",
+                             "split it by concern, into modules of the same room")
 
 
 #: The most decision points a function of the package may have (radon's cyclomatic
@@ -415,7 +446,9 @@ def test_no_function_is_more_complex_than_the_limit():
                 if item.complexity > MAX_COMPLEXITY:
                     found.append(f"{path.relative_to(ROOT)}:{item.lineno} {item.fullname}: "
                                  f"{item.complexity}")
-    assert found == []
+    assert found == [], _told(found, f"a function's cyclomatic complexity (radon) is at most "
+                              f"{MAX_COMPLEXITY}", "split it: give each decision's branch a "
+                              "function of its own, or a table")
 
 
 def test_the_scan_sees_what_it_should():
@@ -475,7 +508,8 @@ def test_every_docs_reference_in_the_code_resolves():
             broken.append(f"{where}: docs/{page} has no heading {heading!r}")
         if decision and not any(t.startswith(f"{decision}. ") for t in titles):
             broken.append(f"{where}: docs/{page} has no decision {decision}")
-    assert broken == []
+    assert broken == [], _told(broken, "a docs reference names a page, heading and decision "
+                               "that exist", "cite the heading as it reads now")
 
 
 #: A docstring's cross-reference (``:func:`name```, ``:class:``, ``:mod:``, ``:data:``, ...).
@@ -577,7 +611,8 @@ def test_no_reference_to_files_outside_the_repository():
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if re.search(r"\b(DESIGN|REFERENCE)(\.md)?\b", line):
                     stale.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert stale == []
+    assert stale == [], _told(stale, "the code cites only files in this repository",
+                              "cite docs/design.md or the page that took the text over")
 
 
 #: The unit tests of internal modules, in trees that mirror the sources (``tests/runtime/...``
@@ -600,7 +635,10 @@ def test_tests_use_only_public_modules():
                          r"|\b(ad|ad_debug|debug|values|launch|env|ranks|ordering)\._(?!_)", line) \
                     and path.name != "test_structure.py":
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert found == []
+    assert found == [], _told(found, "tests outside tests/runtime and tests/launch use public "
+                              "modules only", "test through the public API, reach the "
+                              "project's plumbing through tests/probes.py, or move a pure "
+                              "algorithm's unit test into the tree that mirrors its module")
 
 
 def test_unit_trees_mirror_the_sources():
@@ -614,7 +652,8 @@ def test_unit_trees_mirror_the_sources():
             module = sources[tree] / rel.parent / (rel.name[len("test_"):])
             if not module.exists() and not module.with_name("_" + module.name).exists():
                 wrong.append(f"{path.relative_to(ROOT)}: no module {module.relative_to(ROOT)}")
-    assert wrong == []
+    assert wrong == [], _told(wrong, "a unit test file mirrors its module's path",
+                              "name it tests/<tree>/<room>/test_<module>.py")
 
 
 def test_every_module_has_a_quick_test_going_through_it():
@@ -705,7 +744,10 @@ def test_public_modules_export_only_documented_names():
         for name in getattr(importlib.import_module(module), "__all__", ()):
             if not name.startswith("__") and name not in documented:
                 undocumented.append(f"{module}.{name}")
-    assert undocumented == []
+    assert undocumented == [], _told(undocumented, "a public module exports only names the "
+                                     "README or a docs page documents",
+                                     "document it in the page's Names section, or keep it "
+                                     "out of __all__")
 
 
 def _construct_every_public_exception():
@@ -745,7 +787,8 @@ def test_one_function_resolves_a_group():
             for what, pattern in patterns.items():
                 if re.search(pattern, line):
                     found.append(f"{path.relative_to(ROOT)}:{n} {what}: {line.strip()}")
-    assert found == []
+    assert found == [], _told(found, "one function turns a group= argument into the kit's "
+                              "Group", "call _runtime.base.groups.group_of")
 
 
 def test_a_features_private_modules_stay_in_its_package():
@@ -761,7 +804,8 @@ def test_a_features_private_modules_stay_in_its_package():
             home = ".".join(parts[:private[0]])
             if module != home and not module.startswith(home + "."):
                 wrong.append(f"{module} imports {target}")
-    assert wrong == []
+    assert wrong == [], _told(wrong, "a feature's underscore modules serve that feature only",
+                              "move what is shared into _runtime/<room>")
 
 
 # ---------------------------------------------------------------- one owner per protocol fact
@@ -786,7 +830,9 @@ def test_one_module_spells_the_store_keys():
              for module, path in MODULES.items() if module != owner
              for node in _code_strings(ast.parse(path.read_text()))
              if "axd/" in node.value or node.value.startswith("axolotl_dist/")]
-    assert found == []
+    assert found == [], _told(found, "every store key is spelled in _runtime/store/keys.py",
+                              "add a builder there (and its row in docs/design.md's key "
+                              "table), and call it")
 
 
 def test_the_design_docs_key_table_is_the_keys_module():
@@ -833,7 +879,8 @@ def test_one_module_encodes_what_crosses_the_store():
             if any(n.split(".")[0] in ("pickle", "json") for n in names) \
                     and module not in SERIALIZERS:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == []
+    assert found == [], _told(found, "only SERIALIZERS import pickle or json",
+                              "encode through _runtime/store/records.py")
 
 
 def _module_level_containers() -> List[str]:
@@ -866,5 +913,8 @@ def test_per_process_state_is_on_STATE_or_said_to_survive_its_reset():
     # a pure function, a registry filled at import, a lock: listed, with why, in SURVIVES_RESET
     from axolotl_dist._runtime.base.state import SURVIVES_RESET
 
-    assert sorted(set(_module_level_containers()) - set(SURVIVES_RESET)) == []
+    loose = sorted(set(_module_level_containers()) - set(SURVIVES_RESET))
+    assert loose == [], _told(loose, "per-process state lives on a room's registered state "
+                              "object, which reset() forgets", "move it onto its room's "
+                              "state object, or list it in SURVIVES_RESET with why it stays")
     assert sorted(set(SURVIVES_RESET) - set(_module_level_containers())) == []  # no stale entry
