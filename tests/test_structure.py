@@ -402,21 +402,25 @@ def test_the_state_write_scan_sees_writes():
     assert sorted(line for line, _ in found) == [2, 3, 4]
 
 
-def test_no_class_holds_more_than_twenty_fields():
-    # a class with more is several concerns in one (issue #57): split it
-    big = []
+def _class_fields() -> Dict[str, int]:
+    """``path::Class`` -> how many fields (``self.x = ...``) the class sets."""
+    counts = {}
     for module, path in sorted(MODULES.items()):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            fields = {t.attr for item in ast.walk(node)
-                      for t in (item.targets if isinstance(item, ast.Assign) else
-                                [item.target] if isinstance(item, ast.AnnAssign) else [])
-                      for t in ast.walk(t)
-                      if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                      and t.value.id == "self"}
-            if len(fields) > MAX_FIELDS:
-                big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {len(fields)}")
+            if isinstance(node, ast.ClassDef):
+                fields = {t.attr for item in ast.walk(node)
+                          for t in (item.targets if isinstance(item, ast.Assign) else
+                                    [item.target] if isinstance(item, ast.AnnAssign) else [])
+                          for t in ast.walk(t)
+                          if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                          and t.value.id == "self"}
+                counts[f"{path.relative_to(ROOT)}::{node.name}"] = len(fields)
+    return counts
+
+
+def test_no_class_holds_more_than_twenty_fields():
+    # a class with more is several concerns in one (issue #57): split it
+    big = [f"{name}: {n}" for name, n in _class_fields().items() if n > MAX_FIELDS]
     assert big == [], _told(big, f"a class sets at most {MAX_FIELDS} fields (self.x = ...)",
                             "split it by concern into small objects it holds")
 
@@ -437,18 +441,58 @@ def test_no_module_is_longer_than_the_limit():
 MAX_COMPLEXITY = 15
 
 
-def test_no_function_is_more_complex_than_the_limit():
+def _complexities() -> Dict[str, int]:
+    """``path::Class.function`` -> its cyclomatic complexity (radon), the package's and the
+    pytest plugin's functions."""
     cc_visit = pytest.importorskip("radon.complexity").cc_visit
-    found = []
+    found: Dict[str, int] = {}
     for path in sorted([*(ROOT / PACKAGE).rglob("*.py"), ROOT / "pytest_axolotl_dist.py"]):
         for block in cc_visit(path.read_text()):
             for item in [block, *getattr(block, "methods", [])]:
-                if item.complexity > MAX_COMPLEXITY:
-                    found.append(f"{path.relative_to(ROOT)}:{item.lineno} {item.fullname}: "
-                                 f"{item.complexity}")
+                name = f"{path.relative_to(ROOT)}::{item.fullname}"
+                found[name] = max(found.get(name, 0), item.complexity)
+    return found
+
+
+def test_no_function_is_more_complex_than_the_limit():
+    found = [f"{name}: {n}" for name, n in _complexities().items() if n > MAX_COMPLEXITY]
     assert found == [], _told(found, f"a function's cyclomatic complexity (radon) is at most "
                               f"{MAX_COMPLEXITY}", "split it: give each decision's branch a "
                               "function of its own, or a table")
+
+
+def _module_lines() -> Dict[str, int]:
+    return {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+            for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+
+
+#: What the ratchet watches: a measure, the floor from which it is recorded, and the file's
+#: table of it (tests/limits_baseline.py).
+RATCHETS = (("function's complexity", 13, "COMPLEXITY", _complexities),
+            ("class's field count", 18, "FIELDS", _class_fields),
+            ("module's line count", 450, "LINES", _module_lines))
+
+
+@pytest.mark.parametrize("measure, floor, table, measured", RATCHETS,
+                         ids=["complexity", "fields", "lines"])
+def test_the_limits_only_go_down(measure, floor, table, measured):
+    """Near a limit, the recorded value is a ceiling that only goes down: a function, class or
+    module at the floor or above is in tests/limits_baseline.py and at most its value there; a
+    new one, or one that grew, fails; one that shrank fails until its entry is lowered (or
+    removed, below the floor), so it cannot grow back."""
+    import limits_baseline
+
+    recorded: Dict[str, int] = getattr(limits_baseline, table)
+    now = {name: n for name, n in measured().items() if n >= floor}
+    grew = [f"{name}: {n} (recorded: {recorded.get(name, 'none')})" for name, n in now.items()
+            if n > recorded.get(name, floor - 1)]
+    assert grew == [], _told(grew, f"a {measure} at {floor} or more never grows nor appears "
+                             "(tests/limits_baseline.py)", "split the code so it is below "
+                             "its recorded value (or below the floor)")
+    shrank = [f"    {name!r}: {now[name]}," if name in now else f"    remove {name!r}"
+              for name, n in recorded.items() if now.get(name, 0) < n]
+    assert shrank == [], _told(shrank, f"the record of each {measure} follows the code down",
+                               f"write these entries into {table} in tests/limits_baseline.py")
 
 
 def test_the_scan_sees_what_it_should():
