@@ -33,11 +33,18 @@ def test_tensor_collectives(world_size):
         out["all_gather 0-d"] = [p.item() for p in ad.all_gather(torch.tensor(rank * 1.5))]
         out["all_gather empty"] = [tuple(p.shape) for p in ad.all_gather(torch.empty(0, 3))]
         out["all_gather bool"] = [p.tolist() for p in ad.all_gather(torch.tensor([rank % 2 == 0]))]
+        lazy = torch.tensor([complex(rank, 1)]).conj()  # a conjugate view: its memory says +1j
+        out["gather conj"] = ad.gather(lazy).tolist()
+        out["all_gather conj"] = [p.tolist() for p in ad.all_gather(lazy)]
+        out["gather neg"] = ad.gather(lazy.imag).tolist()  # a negative view of +1
         return out
 
     got = run_distributed(body, world_size, timeout=60)
     n = world_size
     for rank, out in enumerate(got):
+        assert out["gather conj"] == [complex(r, -1) for r in range(n)]
+        assert out["all_gather conj"] == [[complex(r, -1)] for r in range(n)]
+        assert out["gather neg"] == [-1.0] * n
         assert out["broadcast_returns_input"] is True
         assert out["broadcast"] == [[float(n - 1)] * 3] * 2
         assert out["broadcast_noncontig"] == torch.arange(6.0).view(2, 3).t().tolist()

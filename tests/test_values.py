@@ -23,6 +23,7 @@ MATRIX = {
     "2**63-1": (2**63 - 1, True),  # int64 max
     "-2**63": (-(2**63), True),  # int64 min
     "2**70": (2**70, True),  # beyond int64: the object path
+    "7**20000": (7**20000, True),  # 16,902 digits: past the 4,300 of int <-> decimal text
     "16777217": (16_777_217, True),  # axolotl's float32 anchor
     "0.1": (0.1, True),
     "-0.0": (-0.0, True),

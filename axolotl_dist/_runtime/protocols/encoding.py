@@ -14,7 +14,7 @@ PICKLE    ``[4, nbytes, 0, 0]``               pickled object (only what the user
 TENSOR    ``[5, meta bytes, data bytes, 0]``  packed (dtype, device type, shape,
                                               requires_grad) + raw bytes
 ERROR     ``[6, nbytes, 0, 0]``               the sending rank's failure report (JSON)
-BIGINT    ``[7, nbytes, 0, 0]``               an int beyond int64, in decimal
+BIGINT    ``[7, nbytes, 0, 0]``               an int beyond int64, in hexadecimal
 DEVICE    ``[8, meta bytes, data bytes, 0]``  the description alone; the bytes follow on
                                               the accelerator group's device
 ========  ==================================  =======================================
@@ -170,7 +170,7 @@ def encode(value: Any, what: str = "value", device: Optional[torch.device] = Non
             data = torch.empty(0, dtype=torch.uint8)
         payload = torch.cat([_bytes_tensor(meta), data])
         return Encoded([TENSOR, len(meta), int(data.numel()), 0], payload)
-    if type(value) is int:  # beyond int64: decimal text, not a pickle
+    if type(value) is int:  # beyond int64: hexadecimal text, not a pickle
         data = records.bigint(value)
         return Encoded([BIGINT, len(data), 0, 0], _bytes_tensor(data))
     data = _pickle(value, what)

@@ -32,6 +32,7 @@ from ..base.groups import HEADER_LEN, Group, channel_of
 from .protocols_state import TIMELINE
 from . import timeline
 from .codes import helper_code, mismatch_error
+from .encoding import resolved
 from .exchange import all_gather_into, exchange as exchange_headers, run
 from ...errors import tensor_mismatch
 
@@ -79,6 +80,8 @@ def _pack(leaves: Leaves, paths: Sequence[str], device: torch.device, room: int,
     Python bytes (each torch call costs microseconds, the bytes nanoseconds), elsewhere with
     tensor copies."""
     desc, sizes = _describe(leaves, paths, what)
+    if data:  # a conjugate or negative view's memory holds the values before it
+        leaves = [resolved(leaf) for leaf in leaves]
     at = _padded(8 * (2 + len(desc)))
     total = at + (sum(_padded(n) for n in sizes) if data else 0)
     if device.type == "cpu" and all(leaf.device.type == "cpu" for leaf in leaves):

@@ -193,14 +193,23 @@ def read_tensor_description(meta: bytes, data_len: int) -> Tuple[torch.dtype, Li
     return known[0], shape, device_type, bool(requires_grad)
 
 
+#: The digits of a :func:`bigint`'s text.
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
 def bigint(value: int) -> bytes:
-    """An int beyond int64, as the value helpers send it: decimal text."""
-    return str(value).encode()
+    """An int beyond int64, as the value helpers send it: hexadecimal text, of any length
+    (Python converts an int to or from decimal text of at most 4,300 digits)."""
+    return format(value, "x").encode()
 
 
 def read_bigint(raw: bytes) -> int:
-    """The int of a :func:`bigint`."""
-    return _decimal(raw, 10_000, "an int's decimal text is not one the kit writes")
+    """The int of a :func:`bigint`; :class:`BadRecord` for anything else."""
+    text = bytes(raw).decode("ascii", "replace")
+    digits = text.removeprefix("-")  # one sign
+    if not digits or not _HEX_DIGITS.issuperset(digits):
+        raise BadRecord("an int's hexadecimal text is not one the kit writes")
+    return int(text, 16)
 
 
 def _decimal(data: bytes, digits: int, refusal: str) -> int:

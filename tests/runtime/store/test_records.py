@@ -53,13 +53,16 @@ def test_an_exit_record_with_a_bad_failure_inside_is_refused():
         records.read_exit(data)
 
 
-@pytest.mark.parametrize("value", [0, -1, 2 ** 200, -(3 ** 90)])
-def test_big_ints_go_as_decimal_text(value):
+@pytest.mark.parametrize("value", [0, -1, 2 ** 200, -(3 ** 90),
+                                   pytest.param(10 ** 6000, id="6001-digits")])
+def test_big_ints_go_as_hexadecimal_text(value):
     assert records.read_bigint(records.bigint(value)) == value
+    assert records.bigint(-255) == b"-ff"
 
 
-@pytest.mark.parametrize("raw", [b"", b"12a", b"--1", b"1" * 10_001])
-def test_a_big_int_that_is_not_decimal_text_is_refused(raw):
+@pytest.mark.parametrize("raw", [b"", b"-", b"12g", b"--1", b"0x1f", b"1F", b" 1",
+                                 "\u00b2".encode()])
+def test_a_big_int_that_is_not_hexadecimal_text_is_refused(raw):
     with pytest.raises(BadRecord):
         records.read_bigint(raw)
 
