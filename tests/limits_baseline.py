@@ -22,7 +22,6 @@ COMPLEXITY = {
     'axolotl_dist/_runtime/protocols/exchange.py::run': 13,
     'axolotl_dist/_runtime/protocols/leases.py::pool': 15,
     'axolotl_dist/_runtime/protocols/leases.py::survey': 13,
-    'axolotl_dist/_runtime/protocols/packets.py::_pack': 13,
     'axolotl_dist/_runtime/protocols/shared_fs.py::shares': 14,
     'axolotl_dist/_runtime/protocols/unchecked.py::UncheckedLook.look': 13,
     'axolotl_dist/_runtime/store/attempts.py::_lead': 14,

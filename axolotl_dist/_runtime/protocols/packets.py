@@ -80,8 +80,6 @@ def _pack(leaves: Leaves, paths: Sequence[str], device: torch.device, room: int,
     Python bytes (each torch call costs microseconds, the bytes nanoseconds), elsewhere with
     tensor copies."""
     desc, sizes = _describe(leaves, paths, what)
-    if data:  # a conjugate or negative view's memory holds the values before it
-        leaves = [resolved(leaf) for leaf in leaves]
     at = _padded(8 * (2 + len(desc)))
     total = at + (sum(_padded(n) for n in sizes) if data else 0)
     if device.type == "cpu" and all(leaf.device.type == "cpu" for leaf in leaves):
@@ -89,8 +87,8 @@ def _pack(leaves: Leaves, paths: Sequence[str], device: torch.device, room: int,
         if data:
             for leaf, n in zip(leaves, sizes):
                 buf += bytes(_padded(len(buf)) - len(buf))
-                if n:
-                    src = leaf if leaf.is_contiguous() else leaf.contiguous()
+                if n:  # a conjugate or negative view's memory holds the values before it
+                    src = resolved(leaf).contiguous()
                     buf += ctypes.string_at(src.data_ptr(), n)
         buf += bytes(max(total, room) - len(buf))
         return torch.frombuffer(buf, dtype=torch.uint8), total
@@ -100,7 +98,7 @@ def _pack(leaves: Leaves, paths: Sequence[str], device: torch.device, room: int,
     if data:
         for leaf, n in zip(leaves, sizes):
             if n:
-                out[at:at + n].copy_(leaf.detach().reshape(-1).view(torch.uint8))
+                out[at:at + n].copy_(resolved(leaf.detach()).reshape(-1).view(torch.uint8))
             at += _padded(n)
     return out, total
 
