@@ -590,12 +590,10 @@ def _xref_resolves(module: types.ModuleType, target: str) -> bool:
     absolute dotted path (``torch.distributed.barrier``). ``~`` and a trailing ``()`` are
     presentation only."""
     name = target.strip().lstrip("~!").removesuffix("()")
-    if name.startswith("."):
+    if name.startswith("."):  # as an import from this module would name it
         dots = len(name) - len(name.lstrip("."))
-        package = module.__name__ if hasattr(module, "__path__") else \
-            module.__name__.rpartition(".")[0]
-        base = package.split(".")[: package.count(".") + 2 - dots]
-        return _importable(".".join(base + [name[dots:]]))
+        relative = ast.ImportFrom(module=name[dots:], names=[], level=dots)
+        return _importable(_resolve(module.__name__, relative))
     parts = name.split(".")
     if parts[0] in vars(module):
         return _walk(module, parts)
