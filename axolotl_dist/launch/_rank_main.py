@@ -136,7 +136,7 @@ def _own_attempt_dir() -> None:
     directory under the launcher's (``--max-restarts``: a restarted attempt must not mix with
     the records of the one before): ``AXOLOTL_DIST_END_DIR/<TORCHELASTIC_RESTART_COUNT>``."""
     base, count = os.environ.get(END_DIR_ENV_VAR), os.environ.get(RESTART_COUNT_ENV_VAR, "0")
-    if base and count.strip().isdigit():
+    if base and is_decimal(count.strip()):
         os.environ[END_DIR_ENV_VAR] = attempt_dir(base, int(count))
 
 
@@ -160,7 +160,7 @@ def _die_with_launcher() -> None:
         return
     if not _prctl_pdeathsig(signal.SIGKILL):  # pragma: no cover - exotic libc
         return
-    if expected is not None and expected.isdigit() and os.getppid() != int(expected):
+    if expected is not None and is_decimal(expected) and os.getppid() != int(expected):
         os._exit(128 + int(signal.SIGKILL))  # the launcher died before we got here
 
 

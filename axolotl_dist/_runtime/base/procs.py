@@ -109,7 +109,7 @@ def process_table() -> Dict[int, Tuple[str, int]]:
         return {}
     table = {}
     for entry in entries:
-        if entry.isdigit():
+        if is_decimal(entry):
             stat = _stat(int(entry))
             if stat is not None:
                 table[int(entry)] = stat

@@ -39,6 +39,7 @@ from ..base.constants import (END_DIR_ENV_VAR, RUN_DIR_ENV_VAR, SECRET_ENV_VAR,
 from ..base.envvars import kit_path
 from ..base.kitlog import kit as log
 from ..base.private import NotPrivateError, create_private, my_uid, private_dir, write_private
+from ..base.text import is_decimal
 from .liveness_state import RUNS
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",
@@ -318,7 +319,7 @@ def note_address(run: str, rank: int, world: int = 0, launcher: str = "env vars"
     directory = os.environ.get(END_DIR_ENV_VAR)
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     local = os.environ.get("LOCAL_RANK")
-    if not addr or not port or not port.isdigit() or local not in (None, "0"):
+    if not addr or not port or not is_decimal(port) or local not in (None, "0"):
         return
     if not directory:
         record(run, addr, int(port), world, launcher)

@@ -272,7 +272,7 @@ class PeerChecker:
         name that is no rank of the world, written by a process outside the job, is none)."""
         world = dist.get_world_size() if dist.is_initialized() else 1
         for item in log.decode("ascii", "replace").split(","):
-            if item.isdigit() and int(item) < world and int(item) not in self.exited \
+            if is_decimal(item) and int(item) < world and int(item) not in self.exited \
                     and int(item) != self.me:
                 self._read_exit(int(item))
 
@@ -391,7 +391,7 @@ def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
         return {}, []
     doc = records.read_object(data, {"silent": dict, "deadlocks": list}, "the stall detector's report")
     silent = doc["silent"]
-    if not all(r.isdigit() and type(s) in (int, float) for r, s in silent.items()):
+    if not all(is_decimal(r) and type(s) in (int, float) for r, s in silent.items()):
         raise records.BadRecord("the stall detector's silent ranks are not rank -> seconds")
     for item in doc["deadlocks"]:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)

@@ -217,7 +217,7 @@ def _decimal(data: bytes, digits: int, refusal: str) -> int:
     ``data``; :class:`BadRecord` saying ``refusal`` for anything else (nothing longer is
     decoded)."""
     text = bytes(data[:digits + 1]).decode("ascii", "replace")
-    if not 0 < len(data) <= digits or not text.removeprefix("-").isdigit():  # one sign
+    if not 0 < len(data) <= digits or not is_decimal(text.removeprefix("-")):  # one sign
         raise BadRecord(refusal)
     return int(text)
 
@@ -296,7 +296,7 @@ def stuck_mark(serial: int, index: int) -> str:
 def read_stuck_mark(data: bytes) -> Tuple[str, str]:
     """``(serial, index)`` of a :func:`stuck_mark` as text (both empty for no mark)."""
     serial, _, index = data.decode("ascii", "replace").partition("|")
-    if len(data) > 64 or not (serial == index == "" or serial.isdigit() and index.isdigit()):
+    if len(data) > 64 or not (serial == index == "" or is_decimal(serial) and is_decimal(index)):
         raise BadRecord("a wait's mark is not two numbers")
     return serial, index
 
@@ -331,7 +331,7 @@ def read_mismatch(data: bytes) -> Tuple[int, str, Dict[int, str], Tuple[int, ...
     the ``CollectiveMismatchError`` it describes, and who published it."""
     publisher, message, calls, missing = _check("mismatch", _decode("mismatch", data),
                                                 (int, str, dict, list))
-    if not all(k.lstrip("-").isdigit() and isinstance(v, str) for k, v in calls.items()):
+    if not all(is_decimal(k.removeprefix("-")) and isinstance(v, str) for k, v in calls.items()):
         raise BadRecord("a mismatch record's calls are not rank -> text")
     return (publisher, message, {int(k): v for k, v in calls.items()},
             _ints("mismatch", missing))

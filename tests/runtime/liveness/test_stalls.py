@@ -12,8 +12,10 @@ import math
 
 import pytest
 
+from axolotl_dist._runtime.liveness import stalls
 from axolotl_dist._runtime.liveness.stalls import (Lost, PeerChecker, deadlock_part,
                                                    lost_error, party_error)
+from axolotl_dist._runtime.store import records
 from axolotl_dist.errors import CollectiveMismatchError, RankFailedError
 
 FINDING = ("ranks 0-2 wait for each other in kit calls that can never meet:\n"
@@ -196,3 +198,10 @@ def test_an_exit_record_makes_the_lost_rank_lost_error_orders(report_of, detail)
     assert (lost.report is None) == (report_of is None)
     root = lost_error([_exited(1, when=99.0), lost], "barrier").rank
     assert root == {None: 3, 3: 3, 0: 1}[report_of]  # a relay comes after a normal exit
+
+
+@pytest.mark.parametrize("rank", ["\u00b2", "-1", "1 "])
+def test_a_stall_report_whose_silent_rank_int_cannot_read_is_refused(rank):
+    data = records.document({"silent": {rank: 12.5}, "deadlocks": []}).encode()
+    with pytest.raises(records.BadRecord, match="silent ranks are not rank -> seconds"):
+        stalls._stall_report(data)

@@ -9,6 +9,7 @@ import pytest
 
 from axolotl_dist._runtime.store import records
 from axolotl_dist._runtime.store.records import BadRecord
+from axolotl_dist.errors import CollectiveMismatchError
 
 FAILURE = (1, "ValueError", "boom", "Traceback ...\n", "barrier", (1, 2), None, "train.py:88")
 
@@ -108,3 +109,12 @@ def test_a_number_int_cannot_read_makes_a_record_unreadable_not_an_error():
     assert records.read_warning_entries(entries) == [(1, "another")]
     with pytest.raises(BadRecord, match="a block's pairing record is not rank"):
         records.read_site("\u00b2|t1|x|y")
+
+
+@pytest.mark.parametrize("rank", ["\u00b2", "--1", "-\u00b2"])
+def test_a_mismatch_record_whose_ranks_int_cannot_read_is_refused(rank):
+    data = records.mismatch(CollectiveMismatchError("m", calls={0: "a"}, missing=()))
+    doc = json.loads(data)
+    doc["b"][2] = {rank: "x"}
+    with pytest.raises(BadRecord, match="a mismatch record's calls are not rank -> text"):
+        records.read_mismatch(json.dumps(doc).encode())
