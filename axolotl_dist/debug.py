@@ -31,7 +31,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from ._runtime.base import constants as _constants
+from .env import variables as _variables
 from ._runtime.protocols import debug_checks as _debug_checks
 from ._runtime.protocols import raw_checks as _raw_checks
 from ._runtime.protocols.helpers import debug_timeout
@@ -55,9 +55,9 @@ __all__ = [
 
 #: The switch; seconds a rank waits, after the last rank to arrive, before naming the ranks
 #: still missing (names and defaults of every kit variable: ``_runtime/constants.py``).
-DEBUG_ENV_VAR = _constants.DEBUG_ENV_VAR
-DEBUG_TIMEOUT_ENV_VAR = _constants.DEBUG_TIMEOUT_ENV_VAR
-DEFAULT_DEBUG_TIMEOUT = _constants.DEFAULT_DEBUG_TIMEOUT
+DEBUG_ENV_VAR = _variables.DEBUG_ENV_VAR
+DEBUG_TIMEOUT_ENV_VAR = _variables.DEBUG_TIMEOUT_ENV_VAR
+DEFAULT_DEBUG_TIMEOUT = _variables.DEFAULT_DEBUG_TIMEOUT
 
 # --- switching it on and off ------------------------------------------------------------------
 

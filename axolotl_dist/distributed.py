@@ -33,7 +33,8 @@ from .debug import debug_mode, disable_debug, enable_debug, is_debug_enabled
 from .data import get_sampler, split_between_processes
 from .env import validate_env_vars
 from .hf_data import shared_map
-from .initialize import cleanup_distributed, default_backend, init_distributed, initialize_dist
+from .initialize import (cleanup_distributed, default_backend, get_attempt, init_distributed,
+                         initialize_dist)
 from .log import get_logger
 from .metrics import gather_for_metrics, reset_metrics_count
 from .operations import (copy_tensor_to_devices, gather, gather_object, pad_across_processes,
@@ -58,7 +59,6 @@ from .tracing import is_tracing, merge_trace, trace_span
 from .ranks import (
     backend_supports_cpu,
     backend_supports_cuda,
-    get_attempt,
     get_backend,
     get_fs_local_rank,
     get_global_rank,

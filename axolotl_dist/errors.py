@@ -9,10 +9,10 @@ relays it, in ``axolotl_dist._runtime``).
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
-from typing import Dict, Optional, Sequence, Type
-
-from ._runtime.store import records as _records
+from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 __all__ = [
     "AxolotlDistError",
@@ -25,7 +25,12 @@ __all__ = [
     "ThreadConflictError",
     "TensorMismatchError",
     "DistributedOperationException",
+    "MACHINE",
 ]
+
+
+#: A deadlock the kit found: its account, and ``(ranks, call)`` for each wait in it.
+Deadlock = Tuple[str, List[Tuple[List[int], str]]]
 
 
 class AxolotlDistError(Exception):
@@ -67,6 +72,8 @@ class RankFailedError(AxolotlDistError, RuntimeError):
     :ivar backend_error: where a collective failed because of the lost rank, the first line of
         the backend's own error (``Connection reset by peer``); None otherwise.
     :ivar site: the failing rank's own innermost line (``train.py:88``), where known.
+    :ivar deadlock: where the failing rank ended on a deadlock the kit found, that finding
+        (a :class:`CollectiveMismatchError`'s ``deadlock``); None otherwise.
     """
 
     backend_error: Optional[str] = None
@@ -82,6 +89,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         ranks: Sequence[int] = (),
         machine: Optional[str] = None,
         site: Optional[str] = None,
+        deadlock: Optional[Deadlock] = None,
     ) -> None:
         self.rank = rank
         self.exc_type = exc_type
@@ -91,6 +99,7 @@ class RankFailedError(AxolotlDistError, RuntimeError):
         self.ranks = tuple(dict.fromkeys((rank, *ranks)))
         self.machine = machine
         self.site = site
+        self.deadlock = deadlock
         place = f" in {where}" if where else ""
         # an empty message shows no ": " (KeyboardInterrupt); notes appended to one start
         # with " (" or "; " and follow the type directly
@@ -106,33 +115,40 @@ class RankFailedError(AxolotlDistError, RuntimeError):
 
     def _fields(self) -> tuple:
         return (self.rank, self.exc_type, self.exc_message, self.remote_traceback, self.where,
-                self.ranks, self.machine, self.site)
+                self.ranks, self.machine, self.site, self.deadlock)
 
     def __reduce__(self):  # keep the structured fields across pickling
         return (_rebuild_rank_failed, self._fields())
 
-    def to_report(self) -> bytes:
-        """The bytes another rank turns back into this error with :meth:`from_report`."""
-        return _records.failure(self._fields())
 
-    @classmethod
-    def from_report(cls, data: bytes) -> "RankFailedError":
-        """The error described by bytes from :meth:`to_report` or
-        :func:`~axolotl_dist._runtime.liveness.failures.failure_report`."""
-        return _rebuild_rank_failed(*_records.read_failure(data))
+
+def _machine_id() -> str:
+    """Which pids this process can see: the kernel's boot id and this process's PID namespace
+    (``<boot id>/<namespace inode>``). Two processes with the same id see each other in
+    ``/proc`` under the pids they recorded; a hostname proves nothing (containers and nodes
+    often share one). Without procfs (not Linux: no PID namespaces), the hostname."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # pragma: no cover - no procfs
+        return "host:" + socket.gethostname()
+
+
+#: This process's machine (kernel boot and PID namespace; a pid namespace does not change
+#: under a running process): what a :class:`RankFailedError`'s ``machine`` is compared with.
+MACHINE = _machine_id()
 
 
 def _this_machine(machine: Optional[str]) -> bool:
     """Whether ``machine`` is this process's (kernel boot and PID namespace)."""
-    from ._runtime.base.procs import MACHINE
-
     return machine is not None and machine == MACHINE
 
 
 def _rebuild_rank_failed(rank, exc_type, exc_message, remote_traceback, where, ranks=(),
-                         machine=None, site=None):
+                         machine=None, site=None, deadlock=None):
     return RankFailedError(rank, exc_type, exc_message, remote_traceback, where=where, ranks=ranks,
-                           machine=machine, site=site)
+                           machine=machine, site=site, deadlock=deadlock)
 
 
 class RankTimeoutError(AxolotlDistError, TimeoutError):
@@ -155,16 +171,21 @@ class CollectiveMismatchError(AxolotlDistError, RuntimeError):
 
     :ivar calls: group rank -> ``"helper(args) at file:line ..."`` for every rank that arrived.
     :ivar missing: the group ranks that had not arrived (exited, or stuck elsewhere).
+    :ivar deadlock: where this is a deadlock the kit found while the ranks waited (not debug
+        mode's check): ``(account, parties)``, the account the message ends with and one
+        ``(ranks, call)`` per wait of the deadlock (global ranks, the call as they describe
+        it); None otherwise.
     """
 
     def __init__(self, message: str, calls: Optional[Dict[int, str]] = None,
-                 missing: Sequence[int] = ()) -> None:
+                 missing: Sequence[int] = (), deadlock: Optional[Deadlock] = None) -> None:
         self.calls = dict(calls or {})
         self.missing = tuple(missing)
+        self.deadlock = deadlock
         super().__init__(message)
 
     def __reduce__(self):
-        return (CollectiveMismatchError, (self.args[0], self.calls, self.missing))
+        return (CollectiveMismatchError, (self.args[0], self.calls, self.missing, self.deadlock))
 
 
 class ThreadConflictError(CollectiveMismatchError):
@@ -177,7 +198,7 @@ class ThreadConflictError(CollectiveMismatchError):
     """
 
     def __reduce__(self):
-        return (ThreadConflictError, (self.args[0], self.calls, self.missing))
+        return (ThreadConflictError, (self.args[0], self.calls, self.missing, self.deadlock))
 
 
 class TensorMismatchError(DistributedConfigError):

@@ -21,13 +21,14 @@ from ._runtime.base import backends as _backends, geometry as _geometry, traceba
 from ._runtime.store import access as _access, attempts as _attempts
 from ._runtime.lifecycle import repeat_failure as _repeat_failure, services as _services
 from ._runtime.lifecycle import startup as _startup, teardown as _teardown
-from ._runtime.base.constants import STARTUP_LATE, WAIT_LOG_INTERVAL_ENV_VAR
-from ._runtime.base.envvars import kit_seconds
+from ._runtime.base.constants import STARTUP_LATE
+from .env.variables import WAIT_LOG_INTERVAL_ENV_VAR, kit_seconds
 from ._runtime.protocols import checkpointing as _checkpointing
 from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols import timeline as _timeline
 from . import tracing as _tracing
 from ._runtime.base.kitlog import kit as _kit_log
+from ._runtime.base import torch_messages as _torch_messages
 from ._runtime.protocols.protocols_state import TIMELINE
 from . import debug as _debug
 from ._runtime.liveness.waits import logged_blocking_call as _logged_blocking_call
@@ -42,6 +43,7 @@ __all__ = [
     "initialize_dist",
     "validate_env_vars",
     "cleanup_distributed",
+    "get_attempt",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,21 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 validate_env_vars = _env.validate_env_vars
+
+
+def get_attempt() -> int:
+    """This attempt of a restarted run, from 0 for the first.
+
+    After :func:`~axolotl_dist.init_distributed` under torch elastic's agent (``torchrun``,
+    ``axolotl-dist``, ``accelerate launch``), the number the ranks agreed on through the agent's
+    store: the same on every node, and it counts every start of the ranks, a membership change
+    (a node joining or lost) included. Otherwise the launcher's own count of this node's
+    restarts: ``TORCHELASTIC_RESTART_COUNT``, else ``SLURM_RESTART_COUNT`` (a requeued job),
+    else 0 (docs/launching.md, "Restarts")."""
+    agreed = _attempts.agreed_attempt()
+    if agreed is not None and is_initialized():
+        return agreed - 1
+    return _env.env_attempt()
 
 
 def _as_timedelta(timeout: Union[timedelta, float, int, None], name: str = "timeout") -> timedelta:
@@ -242,7 +259,7 @@ def init_distributed(
                                   rank=rank, world_size=world_size)
                 dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
             except RuntimeError as exc:
-                if "EADDRINUSE" not in str(exc):
+                if not _torch_messages.address_in_use(exc):
                     raise
                 port = os.environ.get(_env.MASTER_PORT_ENV_VAR)
                 raise DistributedEnvError(

@@ -8,12 +8,11 @@ creates a process group or any other state (docs/design.md, decisions 1 and 2).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
+import torch
 import torch.distributed as dist
 
-from ._runtime.base import backends as _backends
-from ._runtime.store.store_state import STORE as _STORE
 from . import env as _env
 from .errors import DistributedEnvError
 
@@ -33,13 +32,14 @@ __all__ = [
     "get_local_world_size",
     "get_node_rank",
     "get_num_nodes",
-    "get_attempt",
     "get_fs_local_rank",
     "is_main_process",
     "is_local_main_process",
     "is_last_process",
     "backend_supports_cuda",
     "backend_supports_cpu",
+    "backend_devices",
+    "cuda_usable",
     "get_backend",
     "get_mesh_coordinates",
 ]
@@ -202,21 +202,6 @@ def get_num_nodes() -> int:
     return _env.env_num_nodes(get_world_size())
 
 
-def get_attempt() -> int:
-    """This attempt of a restarted run, from 0 for the first.
-
-    After :func:`~axolotl_dist.init_distributed` under torch elastic's agent (``torchrun``,
-    ``axolotl-dist``, ``accelerate launch``), the number the ranks agreed on through the agent's
-    store: the same on every node, and it counts every start of the ranks, a membership change
-    (a node joining or lost) included. Otherwise the launcher's own count of this node's
-    restarts: ``TORCHELASTIC_RESTART_COUNT``, else ``SLURM_RESTART_COUNT`` (a requeued job),
-    else 0 (docs/launching.md, "Restarts")."""
-    agreed = _STORE.attempt
-    if agreed is not None and is_initialized():
-        return agreed - 1
-    return _env.env_attempt()
-
-
 def get_fs_local_rank(group: Optional["ProcessGroup"] = None) -> int:
     """This process's rank among the processes that share its filesystem.
 
@@ -256,6 +241,42 @@ def get_backend(group: Optional["ProcessGroup"] = None) -> Optional[str]:
     return str(dist.get_backend(group))
 
 
+#: The device type each single backend name serves (unknown names: the CPU).
+_NAME_DEVICE = {"nccl": "cuda", "xccl": "xpu", "hccl": "hpu", "gloo": "cpu", "mpi": "cpu",
+                "fake": "cpu", "ucc": "cpu"}
+
+
+def backend_devices(backend: str) -> Dict[str, str]:
+    """Device type -> backend name for every device ``backend`` takes tensors on:
+    ``"cuda:nccl,cpu:gloo"`` gives ``{"cuda": "nccl", "cpu": "gloo"}``, ``"nccl"``
+    ``{"cuda": "nccl"}``, a name the kit does not know the CPU."""
+    out: Dict[str, str] = {}
+    for part in backend.lower().replace(" ", "").split(","):
+        if not part:
+            continue
+        if ":" in part:
+            device, name = part.split(":", 1)
+            out[device] = name
+        else:
+            out[_NAME_DEVICE.get(part, "cpu")] = part
+    return out
+
+
+def cuda_usable() -> bool:
+    """Whether a CUDA GPU is usable here, asked without initializing CUDA in this process.
+
+    ``torch.cuda.is_available()`` initializes the CUDA driver (unless
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and a process forked after that cannot use CUDA:
+    the ranks of :func:`axolotl_dist.testing.run_distributed`, forked data loader workers. So
+    this counts devices the way torch does under that variable (NVML first, the CUDA runtime
+    only where NVML cannot answer), unless CUDA is initialized here already.
+    """
+    cuda = torch.cuda
+    if cuda.is_initialized():
+        return bool(cuda.is_available())
+    return cuda.device_count() > 0
+
+
 def backend_supports_cuda(backend: Optional[str] = None) -> bool:
     """Whether ``backend`` (default: the current group's) handles CUDA tensors.
 
@@ -264,8 +285,8 @@ def backend_supports_cuda(backend: Optional[str] = None) -> bool:
     if backend is None:
         backend = get_backend()
         if backend is None:
-            return _backends.cuda_usable()  # asked without initializing CUDA here
-    return _backends.supports(backend, "cuda")
+            return cuda_usable()  # asked without initializing CUDA here
+    return "cuda" in backend_devices(backend)
 
 
 def backend_supports_cpu(backend: Optional[str] = None) -> bool:
@@ -277,7 +298,7 @@ def backend_supports_cpu(backend: Optional[str] = None) -> bool:
         backend = get_backend()
         if backend is None:
             return True
-    return _backends.supports(backend, "cpu")
+    return "cpu" in backend_devices(backend)
 
 
 def get_mesh_coordinates(mesh: "DeviceMesh", rank: Optional[int] = None) -> Optional[List[int]]:

@@ -13,7 +13,7 @@ COMPLEXITY = {
     'axolotl_dist/_runtime/liveness/failures.py::await_peers_told': 14,
     'axolotl_dist/_runtime/liveness/stalls.py::PeerChecker.find_lost': 14,
     'axolotl_dist/_runtime/liveness/stalls.py::StallDetector.round': 13,
-    'axolotl_dist/_runtime/liveness/stalls.py::_stall_report': 14,
+    'axolotl_dist/_runtime/liveness/stalls.py::_stall_report': 13,
     'axolotl_dist/_runtime/liveness/waits.py::collective': 13,
     'axolotl_dist/_runtime/liveness/where_report.py::collect': 14,
     'axolotl_dist/_runtime/liveness/where_report.py::snapshot': 14,
@@ -51,10 +51,10 @@ FIELDS = {
 }
 
 LINES = {
-    'axolotl_dist/_runtime/liveness/stalls.py': 466,
+    'axolotl_dist/_runtime/liveness/stalls.py': 463,
     'axolotl_dist/_runtime/liveness/where_report.py': 472,
     'axolotl_dist/_runtime/protocols/debug_checks.py': 491,
-    'axolotl_dist/env.py': 450,
+    'axolotl_dist/env/__init__.py': 450,
     'axolotl_dist/hf_data/__init__.py': 455,
     'axolotl_dist/launch/_output.py': 480,
     'axolotl_dist/tensors/sharded_flat_tensor.py': 472,

@@ -10,13 +10,15 @@ project's tests and benchmarks take them from (tests/test_structure.py checks it
 from axolotl_dist.testing._probes import (
     StoreCalls,
     count_store_calls,
+    failure_report,
     kill_tree,
     known_peers,
     known_failure,
     process_state,
+    read_failure_report,
     reset_process_state,
     store_of,
 )
 
 __all__ = ["reset_process_state", "store_of", "kill_tree", "process_state", "known_peers",
-           "known_failure", "count_store_calls", "StoreCalls"]
+           "known_failure", "count_store_calls", "StoreCalls", "failure_report", "read_failure_report"]

@@ -209,6 +209,7 @@ def _catch_rank_0s_failure():
 def test_str_leaves_the_traceback_to_a_rank_on_this_machine_and_keeps_it_in_the_attribute():
     from axolotl_dist import RankFailedError
     from axolotl_dist.testing import run_distributed
+    from probes import failure_report, read_failure_report
 
     _, (text, remote, named, exc) = run_distributed(_catch_rank_0s_failure, 2, timeout=60)
     assert text == f"rank 0 failed in compute_and_broadcast: ValueError: {MESSAGE}", text
@@ -219,7 +220,7 @@ def test_str_leaves_the_traceback_to_a_rank_on_this_machine_and_keeps_it_in_the_
         there = RankFailedError(0, "ValueError", MESSAGE, remote, where="compute_and_broadcast",
                                 machine=machine)
         assert str(there) == f"{text}\n--- traceback from rank 0 ---\n{remote.rstrip()}"
-        back = RankFailedError.from_report(there.to_report())
+        back = read_failure_report(failure_report(there))
         assert back.machine == machine and str(back) == str(there)
 
 

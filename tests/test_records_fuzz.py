@@ -1,6 +1,6 @@
 """A failure report read off the store is data, never code (docs/design.md, decision 19):
 random, truncated, oversized, foreign and hostile bytes given to
-``RankFailedError.from_report`` (what every rank runs on a relayed failure and an exit record)
+the kit's failure-report reader (what every rank runs on a relayed failure and an exit record)
 are refused with a ``ValueError`` saying why, quickly, and a pickle that would run code runs
 nothing."""
 
@@ -11,11 +11,12 @@ import time
 
 import axolotl_dist as ad
 from hostile_store import CodeRunningPickle
+from probes import failure_report, read_failure_report
 
 
 def _cases(tmp_path):
-    good = ad.RankFailedError(1, "ValueError", "boom", "Traceback ...\n", where="barrier",
-                              ranks=(1,)).to_report()
+    good = failure_report(ad.RankFailedError(1, "ValueError", "boom", "Traceback ...\n",
+                                             where="barrier", ranks=(1,)))
     rng = random.Random(47)
     cases = {"pickle that runs code": pickle.dumps(CodeRunningPickle(str(tmp_path / "ran"))),
              "pickle of a tuple": pickle.dumps((1, "ValueError", "boom", None, "", (), None)),
@@ -47,12 +48,12 @@ def _cases(tmp_path):
 
 def test_failure_reports_refuse_what_the_kit_did_not_write(tmp_path):
     good, cases = _cases(tmp_path)
-    assert ad.RankFailedError.from_report(good).exc_message == "boom"
+    assert read_failure_report(good).exc_message == "boom"
     outcomes = {}
     start = time.monotonic()
     for name, data in cases.items():
         try:
-            ad.RankFailedError.from_report(data)
+            read_failure_report(data)
             outcomes[name] = "accepted"
         except ValueError as exc:
             assert str(exc), name  # says why

@@ -41,9 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "axolotl_dist"
 RUNTIME = f"{PACKAGE}._runtime"
 #: The vocabulary every floor speaks, the runtime included: the public exceptions, the
-#: launcher's variables, the rank queries. They import nothing of the kit above the runtime's
-#: leaves (checked below).
-SHARED_LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.env", f"{PACKAGE}.ranks"}
+#: launcher's variables (a package: how the kit reads variables, SLURM's lists), the rank
+#: queries. They are the lowest floor: they import one another and nothing else of the kit
+#: (checked below).
+VOCABULARY = (f"{PACKAGE}.errors", f"{PACKAGE}.env", f"{PACKAGE}.ranks")
 MAX_LINES = 500
 
 
@@ -202,10 +203,24 @@ def test_no_private_names_or_sys_modules_lookups_across_modules():
                               "READS_SYS_MODULES with why")
 
 
+def _vocabulary(name: str) -> bool:
+    return any(name == v or name.startswith(v + ".") for v in VOCABULARY)
+
+
+def test_the_vocabulary_imports_nothing_else_of_the_kit():
+    graph, _ = _scan()
+    wrong = sorted(f"{m} imports {t}" for m, targets in graph.items() if _vocabulary(m)
+                   for t in targets if not _vocabulary(t))
+    assert wrong == [], _told(wrong, "errors, env and ranks import one another and nothing "
+                              "else of the kit (the runtime included)",
+                              "move what they need into them, or move the code that needs "
+                              "the runtime up into the runtime or a public module above it")
+
+
 def test_the_runtime_never_imports_the_public_layer():
     graph, _ = _scan()
     wrong = sorted(f"{m} imports {t}" for m, targets in graph.items() if _runtime(m)
-                   for t in targets if not _runtime(t) and t not in SHARED_LEAVES)
+                   for t in targets if not _runtime(t) and not _vocabulary(t))
     assert wrong == [], _told(wrong, "the runtime imports only the runtime and the "
                               "vocabulary (errors, env, ranks)",
                               "move what the runtime needs down into _runtime, or pass it in "
@@ -660,7 +675,7 @@ def test_no_reference_to_files_outside_the_repository():
 #: The unit tests of internal modules, in trees that mirror the sources (``tests/runtime/...``
 #: for ``axolotl_dist/_runtime/...``, ``tests/launch/`` for the launcher's private modules):
 #: the only tests that import them.
-UNIT_TREES = ("runtime", "launch")
+UNIT_TREES = ("runtime", "launch", "env")
 
 
 def test_tests_use_only_public_modules():
@@ -686,7 +701,8 @@ def test_tests_use_only_public_modules():
 def test_unit_trees_mirror_the_sources():
     # tests/runtime/liveness/test_deadlock.py tests axolotl_dist/_runtime/liveness/deadlock.py:
     # a maintainer finds a module's unit tests from its name
-    sources = {"runtime": ROOT / PACKAGE / "_runtime", "launch": ROOT / PACKAGE / "launch"}
+    sources = {"runtime": ROOT / PACKAGE / "_runtime", "launch": ROOT / PACKAGE / "launch",
+               "env": ROOT / PACKAGE / "env"}
     wrong = []
     for tree in UNIT_TREES:
         for path in (ROOT / "tests" / tree).rglob("test_*.py"):
@@ -794,12 +810,12 @@ def test_public_modules_export_only_documented_names():
 
 def _construct_every_public_exception():
     import axolotl_dist as ad
-    from probes import known_failure
+    from probes import failure_report, known_failure, read_failure_report
 
     assert ad.is_distributed()  # under a process group, where a failure could be recorded
     before = known_failure()
     made = [ad.RankFailedError(1, "ValueError", "boom", "tb", where="barrier", ranks=(1, 2)),
-            ad.RankFailedError.from_report(ad.RankFailedError(3, "KeyError", "k").to_report()),
+            read_failure_report(failure_report(ad.RankFailedError(3, "KeyError", "k"))),
             ad.RankTimeoutError("slow", (1,)), ad.CollectiveMismatchError("m", {0: "a"}, (1,)),
             ad.ThreadConflictError("t"), ad.DistributedEnvError("e"),
             ad.DistributedConfigError("c"), ad.errors.MeshUsageError("u"), ad.AxolotlDistError("x"),

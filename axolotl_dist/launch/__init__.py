@@ -63,11 +63,12 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
-from .._runtime.base import envvars as _envvars, procs as _procs
+from .._runtime.base import procs as _procs
+from ..env import variables as _variables
 from .._runtime.base.geometry import check_launcher
-from .._runtime.base.constants import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
-                                       LAUNCHER_TTY_ENV_VAR, SECRET_ENV_VAR, SECRET_FILE_ENV_VAR,
-                                       TRACE_ENV_VAR)
+from ..env.variables import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
+                             LAUNCHER_TTY_ENV_VAR, SECRET_ENV_VAR, SECRET_FILE_ENV_VAR,
+                             TRACE_ENV_VAR, LAUNCHER_PID_ENV_VAR)
 from . import _options
 from ._restarts import Restarts
 from ._report import (GUARDS_DIR, PROG, attempt_dir, attempts, exit_code_of, first_failure,
@@ -79,7 +80,6 @@ from ._where import plain as _plain, where_main
 from .. import tracing as _tracing
 from .._runtime.base.pickling import by_name as _by_name
 from .._runtime.protocols.checkpointing import unsaved
-from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
 
 __all__ = ["main"]
 
@@ -187,7 +187,7 @@ def _set_secret(max_nodes: int) -> None:
     the ranks through their environment, this process's ``where`` and the run's record
     (docs/design.md, "Trust model"). Several nodes need the user's (each node's launcher would
     make another): without it, the run has none."""
-    _envvars.kit_secret()  # a bad one is the user's error, said before any rank starts
+    _variables.kit_secret()  # a bad one is the user's error, said before any rank starts
     if max_nodes == 1 and SECRET_ENV_VAR not in os.environ \
             and SECRET_FILE_ENV_VAR not in os.environ:
         os.environ[SECRET_ENV_VAR] = secrets.token_hex(32)
@@ -276,7 +276,7 @@ def _output_note(output: Optional[Output]) -> Optional[Callable[[int], str]]:
 
 def _merge_trace() -> None:
     """With ``AXOLOTL_DIST_TRACE`` set, merge this node's rank files once every rank ended."""
-    directory = _envvars.kit_path(TRACE_ENV_VAR)
+    directory = _variables.kit_path(TRACE_ENV_VAR)
     _tracing.merge_after_run(directory)
 
 

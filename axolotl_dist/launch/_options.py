@@ -28,12 +28,11 @@ import signal
 import uuid
 from typing import Any, List, Optional, Set, Tuple
 
-from .._runtime.base import envvars as _envvars
-from .._runtime.base.constants import FOLD_ENV_VAR, LOG_DIR_ENV_VAR, RETRY_SAME_FAILURE_ENV_VAR
+from ..env import variables as _variables
+from ..env.variables import FOLD_ENV_VAR, LOG_DIR_ENV_VAR, RETRY_SAME_FAILURE_ENV_VAR, is_decimal
 from ._report import PROG
 from . import _loopback
 from ._where import LOOPBACK
-from .._runtime.base.text import is_decimal
 
 #: ``--master-addr`` values that mean this machine (torchrun's default is 127.0.0.1).
 _LOCAL_NAMES = (LOOPBACK, "localhost")
@@ -85,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         nproc.default = None
     log_dir = next(a for a in p._actions if a.dest == "log_dir")
     log_dir.metavar = "DIR"
-    log_dir.default = log_dir.default or _envvars.kit_path(LOG_DIR_ENV_VAR)
+    log_dir.default = log_dir.default or _variables.kit_path(LOG_DIR_ENV_VAR)
     log_dir.help = ("keep each rank's whole output, unfolded, in DIR/rank<r>.log, each line with "
                     f"its time and stream (env {LOG_DIR_ENV_VAR}); with --tee or --redirects: "
                     "torchrun's directory for their files")
@@ -105,11 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="SECONDS", help="how long nodes wait for each other: the "
                      "rendezvous' timeout / join_timeout (default: torch's, 600)")
     kit.add_argument("--no-fold", dest="fold", action="store_false",
-                     default=_envvars.kit_switch(FOLD_ENV_VAR),
+                     default=_variables.kit_switch(FOLD_ENV_VAR),
                      help="print every rank's lines as they come, instead of once for all the "
                      f"ranks that print them alike (env {FOLD_ENV_VAR}=0)")
     kit.add_argument("--retry-same-failure", dest="retry_same_failure", action="store_true",
-                     default=_envvars.kit_switch(RETRY_SAME_FAILURE_ENV_VAR),
+                     default=_variables.kit_switch(RETRY_SAME_FAILURE_ENV_VAR),
                      help="with --max-restarts: restart also when an attempt fails before its "
                      "first collective the way the attempt before did (default: stop then; "
                      f"env {RETRY_SAME_FAILURE_ENV_VAR}=1)")

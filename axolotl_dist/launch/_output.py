@@ -40,7 +40,7 @@ import time
 import tty
 from typing import Dict, List, Optional, Set, Tuple, Union
 
-from .._runtime.base.constants import LAUNCHER_FOLDS_ENV_VAR, LAUNCHER_TTY_ENV_VAR
+from ..env.variables import LAUNCHER_FOLDS_ENV_VAR, LAUNCHER_TTY_ENV_VAR
 from .._runtime.base.private import FILE_MODE, my_uid, peer_uid, private_dir
 from .._runtime.base.procs import flush_standard_streams
 from ._fold import Folder

@@ -33,10 +33,8 @@ import time
 from types import TracebackType
 from typing import Dict, List, Optional, Tuple
 
-from .._runtime.base.envvars import TORCHRUN_NODE_ALIASES
+from ..env.variables import TORCHRUN_NODE_ALIASES, LAUNCHER_PID_ENV_VAR, is_decimal
 from .._runtime.base.private import DIR_MODE, create_private, write_private
-from .._runtime.base.procs import LAUNCHER_PID_ENV_VAR
-from .._runtime.base.text import is_decimal
 from .._runtime.base.tracebacks import format_exception, install, safe_str
 from ..errors import RankFailedError
 from ._output import connect as _connect_output
@@ -47,7 +45,7 @@ __all__ = ["ERROR_FILE_ENV_VAR", "LAUNCHER_PID_ENV_VAR", "END_DIR_ENV_VAR", "GUA
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 #: The launcher's pid; a rank whose parent is already gone at start exits at once.
 #: Where each rank records how and when its script ended (set by the launcher).
-from .._runtime.base.constants import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
+from ..env.variables import END_DIR_ENV_VAR  # noqa: E402 - re-exported for the launcher
 _PR_SET_PDEATHSIG = 1
 #: ``[device, inode]`` of the launcher's output socket once stderr goes there (:mod:`._output`).
 _TO_LAUNCHER: Optional[List[int]] = None

@@ -13,7 +13,8 @@ import signal
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from .._runtime.base.text import is_decimal, ranks_text
+from .._runtime.base.text import ranks_text
+from ..env.variables import is_decimal
 
 __all__ = ["PROG", "GUARDS_DIR", "RESTART_COUNT_ENV_VAR", "exit_code_of", "first_failure",
            "traceback_of", "read_ends", "report_failures", "attempt_dir", "attempts", "latest_attempt"]

@@ -36,8 +36,7 @@ from typing import Callable, Optional, Tuple
 from .._runtime.base import procs
 from .._runtime.liveness import runs, where_report
 from .._runtime.store import clients
-from .._runtime.base.constants import WAIT_LOG_INTERVAL_ENV_VAR
-from .._runtime.base.envvars import kit_seconds
+from ..env.variables import WAIT_LOG_INTERVAL_ENV_VAR, kit_seconds
 from ._report import GUARDS_DIR, latest_attempt, read_ends
 
 __all__ = ["Watcher", "STOP_SIGNALS"]

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .._runtime.liveness import runs, where_report
 from .._runtime.store import clients
 from ._report import PROG
-from .._runtime.base.text import is_decimal
+from ..env.variables import is_decimal
 
 __all__ = ["where_main", "plain", "LOOPBACK"]
 

@@ -13,13 +13,14 @@ from .._runtime.protocols import blocks as _blocks
 from .._runtime.base.groups import known_failure as _known_failure
 from .._runtime.base.procs import kill_tree, proc_state
 from .._runtime.store.access import group_store
+from .._runtime.store.records import failure as failure_report, read_failure as read_failure_report
 from ..debug import refresh_from_env as _refresh_debug
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
 
 __all__ = ["reset_process_state", "store_of", "known_peers", "known_failure", "process_state",
-           "kill_tree", "count_store_calls", "StoreCalls"]
+           "kill_tree", "count_store_calls", "StoreCalls", "failure_report", "read_failure_report"]
 
 
 def reset_process_state(*parts: str) -> None:
@@ -53,6 +54,10 @@ def known_failure() -> Optional[Any]:
     kit keeps), or None: what this rank relays in its exit record if it ends after it."""
     return _known_failure()
 
+
+#: ``failure_report(error)``: the bytes a rank relays a :class:`~axolotl_dist.errors.RankFailedError`
+#: as (in its exit record, a dead peer's note); ``read_failure_report(data)``: the error every
+#: rank raises from them (``ValueError`` for bytes the kit did not write).
 
 #: ``process_state(pid)``: ``"running"``, ``"stopped"`` or ``"gone"`` (a zombie counts as
 #: gone) for a process on this host, None where ``/proc`` cannot tell.

@@ -17,11 +17,11 @@ import functools
 import os
 from typing import Any, Callable, Optional, TypeVar
 
-from .._runtime.base import envvars as _envvars
+from ..env import variables as _variables
 from .._runtime.protocols import timeline as _timeline
 from . import _merge
 from .._runtime.base.callsite import call_site
-from .._runtime.base.constants import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
+from ..env.variables import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
 from .._runtime.protocols.protocols_state import TIMELINE
 
 __all__ = ["trace_span", "is_tracing", "merge_trace", "TRACE_ENV_VAR", "Merged"]
@@ -88,7 +88,7 @@ def _at_end(recorder: _timeline.Recorder) -> None:
 def _launcher_merges(directory: str) -> bool:
     """Whether the ``axolotl-dist`` launcher will merge the trace in ``directory`` when every
     rank ended: it started this rank with ``AXOLOTL_DIST_TRACE`` naming it."""
-    asked = _envvars.kit_path(TRACE_ENV_VAR)
+    asked = _variables.kit_path(TRACE_ENV_VAR)
     return bool(os.environ.get(LAUNCHER_PID_ENV_VAR)) and asked is not None and \
         os.path.abspath(asked) == directory
 

@@ -174,7 +174,7 @@ def _computed_waits(traces: List[RankTrace]) -> List[_Wait]:
             if released is None:
                 continue
             last_rank, last = released
-            if last_rank == rank or last - start < MIN_WAIT_US * 1000:
+            if last_rank == rank or min(last, end) - start < MIN_WAIT_US * 1000:
                 continue
             other = arrived[last_rank]
             waits.append(_Wait(rank, span["th"], start, min(last, end), (last_rank,),

@@ -3,16 +3,18 @@
 * :mod:`.state`: the registry of every room's per-process state, one ``reset()``; the base room's own.
 * :mod:`.groups`: the kit's object for a process group (``Group``), resolved by ``group_of``.
 * :mod:`.backends`: what a backend string says about devices; the accelerator usable here.
-* :mod:`.constants`: timings and the names of the kit's env vars; :mod:`.envvars`: reading
-  env vars (ints with bounds, seconds, switches) and the table of the kit's own.
+* :mod:`.constants`: timings, this host's name (the kit's env vars and how they are read are
+  the vocabulary's: :mod:`axolotl_dist.env.variables`).
 * :mod:`.callsite`: the user's file and line behind a helper call.
 * :mod:`.text`: words messages share (``ranks 0-3``).
 * :mod:`.kitlog`: log lines with time, level and ``[rank r/n]``.
 * :mod:`.tracebacks`: tracebacks without the kit's frames.
+* :mod:`.torch_messages`: the one reader of torch's error messages (a peer lost, the store
+  gone, a wait timed out, the store's port taken), each checked against the installed torch.
 * :mod:`.procs`: processes (``/proc``, children, killing a tree, loopback, listeners).
 * :mod:`.private`: the kit's own directories, files and sockets on a host, its user's alone.
 * :mod:`.pickling`: the kit's modules pickle by name.
-* :mod:`.slurm`: SLURM's host lists and task counts; :mod:`.geometry`: the launchers' variables
+* :mod:`.geometry`: the launchers' variables
   checked against each other (a launcher per srun task, a loopback address on several hosts).
 * :mod:`.args`: checks of the helpers' arguments, with messages that say what to pass.
 """

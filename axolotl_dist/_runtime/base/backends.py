@@ -1,9 +1,9 @@
 """What a backend string says about devices, in one place.
 
 A backend is a name (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"xccl"``, ``"fake"``) or a
-per-device list (``"cuda:nccl,cpu:gloo"``). :func:`served` maps it to the device types it
-takes tensors on; every other question is answered from that map, so the kit gives one answer
-everywhere. In particular :func:`device_type`, the device a group's collectives, its meshes
+per-device list (``"cuda:nccl,cpu:gloo"``). :func:`~axolotl_dist.ranks.backend_devices` (a rank
+query, re-exported here) maps it to the device types it takes tensors on; every other question
+is answered from that map, so the kit gives one answer everywhere. In particular :func:`device_type`, the device a group's collectives, its meshes
 and the sharded tensors use, is the accelerator the backend serves when this machine has it,
 else the CPU: ``"cuda:nccl,cpu:gloo"`` means ``cuda`` on a GPU machine and ``cpu`` without one.
 """
@@ -11,38 +11,21 @@ else the CPU: ``"cuda:nccl,cpu:gloo"`` means ``cuda`` on a GPU machine and ``cpu
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from ...errors import DistributedEnvError
-from .text import is_decimal
+from ...ranks import backend_devices, cuda_usable
+from ...env.variables import is_decimal
 
-__all__ = ["served", "supports", "usable", "cuda_usable", "usable_accelerator", "device_type",
-           "comm_device", "cuda_index", "only", "matches"]
-
-#: The device type each single backend name serves (unknown names: the CPU).
-_NAME_DEVICE = {"nccl": "cuda", "xccl": "xpu", "hccl": "hpu", "gloo": "cpu", "mpi": "cpu",
-                "fake": "cpu", "ucc": "cpu"}
-
-
-def served(backend: str) -> Dict[str, str]:
-    """Device type -> backend name for every device ``backend`` takes tensors on."""
-    out: Dict[str, str] = {}
-    for part in backend.lower().replace(" ", "").split(","):
-        if not part:
-            continue
-        if ":" in part:
-            device, name = part.split(":", 1)
-            out[device] = name
-        else:
-            out[_NAME_DEVICE.get(part, "cpu")] = part
-    return out
+__all__ = ["backend_devices", "supports", "usable", "cuda_usable", "usable_accelerator",
+           "device_type", "comm_device", "cuda_index", "only", "matches"]
 
 
 def supports(backend: str, device: str) -> bool:
     """Whether ``backend`` takes tensors on ``device`` (``"cpu"``, ``"cuda"``...)."""
-    return device in served(backend)
+    return device in backend_devices(backend)
 
 
 def usable(device: str) -> bool:
@@ -57,21 +40,6 @@ def usable(device: str) -> bool:
     module = getattr(torch, device, None)
     check: Optional[Callable[[], bool]] = getattr(module, "is_available", None)
     return bool(check()) if check is not None else False
-
-
-def cuda_usable() -> bool:
-    """Whether a CUDA GPU is usable here, asked without initializing CUDA in this process.
-
-    ``torch.cuda.is_available()`` initializes the CUDA driver (unless
-    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and a process forked after that cannot use CUDA:
-    the ranks of :func:`axolotl_dist.testing.run_distributed`, forked data loader workers. So
-    the kit counts devices the way torch does under that variable (NVML first, the CUDA
-    runtime only where NVML cannot answer), unless CUDA is initialized here already.
-    """
-    cuda = torch.cuda
-    if cuda.is_initialized():
-        return bool(cuda.is_available())
-    return cuda.device_count() > 0
 
 
 def usable_accelerator() -> Optional[str]:
@@ -99,7 +67,7 @@ def device_type(backend: str, available: Callable[[str], bool] = usable) -> str:
 
     :param available: whether a device type is usable here (a parameter for tests).
     """
-    devices = served(backend)
+    devices = backend_devices(backend)
     for device in devices:
         if device != "cpu" and available(device):
             return device
@@ -153,7 +121,7 @@ def comm_device(backend: str, pg: Any = None) -> torch.device:
 
 def only(backend: str, name: str) -> bool:
     """Whether every device of ``backend`` is served by backend ``name`` (e.g. only NCCL)."""
-    names = set(served(backend).values())
+    names = set(backend_devices(backend).values())
     return names == {name.lower()}
 
 
@@ -162,7 +130,7 @@ def matches(requested: str, existing: str) -> bool:
     requested, existing = requested.lower().replace(" ", ""), existing.lower().replace(" ", "")
     if requested == existing:
         return True
-    have = served(existing)
+    have = backend_devices(existing)
     if ":" in requested or "," in requested:
-        return served(requested).items() <= have.items()
+        return backend_devices(requested).items() <= have.items()
     return requested in have.values()

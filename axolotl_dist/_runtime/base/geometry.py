@@ -24,12 +24,10 @@ from __future__ import annotations
 import ipaddress
 from typing import List, Mapping, NamedTuple, Optional, Tuple
 
-from . import slurm as _slurm
-from .constants import CHECK_LAUNCH_ENV_VAR
-from .envvars import KIT_VARS, parse_flag
+from ...env import slurm
+from ...env.variables import CHECK_LAUNCH_ENV_VAR, KIT_VARS, parse_flag, is_decimal
 from ...env import SLURM_NODELIST_ENV_VARS, SLURM_STEP_ID_ENV_VARS, SLURM_TASKS_PER_NODE_ENV_VARS
 from ...errors import DistributedEnvError
-from .text import is_decimal
 
 __all__ = ["check_geometry", "check_launcher", "bound_per_task", "is_loopback"]
 
@@ -84,7 +82,7 @@ def _slurm_step(env: Mapping[str, str]) -> Optional[_Step]:
     step = _int(env, *SLURM_STEP_ID_ENV_VARS)
     procid = _int(env, "SLURM_PROCID")
     tasks = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
-    if step is None or step >= _slurm.SPECIAL_STEP or procid is None or not tasks:
+    if step is None or step >= slurm.SPECIAL_STEP or procid is None or not tasks:
         return None
     node = _int(env, "SLURM_NODEID") or 0
     nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or 1
@@ -102,7 +100,7 @@ def _tasks_here(env: Mapping[str, str], node: int) -> Optional[Tuple[int, str]]:
     for name in SLURM_TASKS_PER_NODE_ENV_VARS:
         if name in env:
             try:
-                counts = _slurm.expand_tasks_per_node(env[name], name)
+                counts = slurm.expand_tasks_per_node(env[name], name)
             except DistributedEnvError:
                 return None
             return counts[node if node < len(counts) else 0], f"{name}={env[name]}"
@@ -114,7 +112,7 @@ def _hosts(env: Mapping[str, str]) -> List[str]:
     for name in SLURM_NODELIST_ENV_VARS:
         if name in env:
             try:
-                return _slurm.expand_nodelist(env[name], name)
+                return slurm.expand_nodelist(env[name], name)
             except DistributedEnvError:
                 return []
     return []

@@ -32,8 +32,7 @@ import torch
 import torch.distributed as dist
 
 from . import backends
-from .constants import STANDIN_ENV_VAR
-from .envvars import kit_switch
+from ...env.variables import STANDIN_ENV_VAR, kit_switch
 from .state import FAILURES, GROUPS
 from ... import env as _env
 from ...errors import DistributedEnvError, RankFailedError
@@ -341,11 +340,11 @@ def remember_failure(error: RankFailedError) -> RankFailedError:
     the current default group, and return it. A rank that ends after it (even normally)
     relays it in its exit record, so its peers name the rank that really failed. Called by the
     functions that build such an account (a decoded report, a lost peer, a lost store host):
-    the exception itself records nothing. Kept as the report, not the error: a raised error's
+    the exception itself records nothing. Kept as the error's fields, not the error: a raised error's
     traceback keeps every frame it passed through alive, with their tensors."""
     pg = default_pg()
     if pg is not None and error.rank != pg.rank():  # its own failure relayed back: not remembered
-        report, known = error.to_report(), FAILURES.known
+        report, known = error.__reduce__(), FAILURES.known  # its fields, no frames
         FAILURES.known = (weakref.ref(pg), report)
         if known is None or known[1] != report:
             for hook in _ON_PEER_FAILURE:
@@ -359,7 +358,10 @@ def known_failure() -> Optional[RankFailedError]:
     if record is None:
         return None
     pg = record[0]()
-    return RankFailedError.from_report(record[1]) if pg is not None and pg is default_pg() else None
+    if pg is None or pg is not default_pg():
+        return None
+    rebuild, fields = record[1]
+    return rebuild(*fields)
 
 
 def forget_last_group() -> None:

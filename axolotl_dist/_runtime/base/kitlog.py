@@ -16,13 +16,13 @@ import sys
 import weakref
 from typing import Any, Optional, TextIO
 
-from . import envvars
+from ...env import variables
 
 __all__ = ["DEFAULT_LOGGING_ENV_VAR", "FORMAT", "StderrHandler", "FALLBACK", "bars_open",
            "bar_write", "add_bar", "BARS", "fallback_level", "rank_prefix", "KitLog", "kit"]
 
 #: Set to ``0`` to turn off the stderr fallback for unconfigured logging.
-from .constants import DEFAULT_LOGGING_ENV_VAR  # noqa: E402 - re-exported for log.py
+from ...env.variables import DEFAULT_LOGGING_ENV_VAR  # noqa: E402 - re-exported for log.py
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -80,7 +80,7 @@ FALLBACK = StderrHandler()
 
 
 def _fallback_on() -> bool:
-    return envvars.kit_switch(DEFAULT_LOGGING_ENV_VAR)
+    return variables.kit_switch(DEFAULT_LOGGING_ENV_VAR)
 
 
 def fallback_level(logger: logging.Logger) -> Optional[int]:
@@ -111,9 +111,9 @@ def rank_prefix() -> str:
             return f"[rank {dist.get_rank()}/{dist.get_world_size()}]"
     except Exception:  # noqa: BLE001 - a group being torn down
         pass
-    rank, size = envvars.raw("RANK"), envvars.raw("WORLD_SIZE")
-    return f"[rank {envvars.text(rank) if rank is not None else 0}/" \
-           f"{envvars.text(size) if size is not None else 1}]"
+    rank, size = variables.raw("RANK"), variables.raw("WORLD_SIZE")
+    return f"[rank {variables.text(rank) if rank is not None else 0}/" \
+           f"{variables.text(size) if size is not None else 1}]"
 
 
 class KitLog:

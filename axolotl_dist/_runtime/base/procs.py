@@ -1,7 +1,7 @@
 """Process utilities shared by the launcher, the rank bootstrap, the test harness and the
 failure watch: process state from ``/proc``, children, killing a process tree, the loopback
-interface, whether a local TCP port has a listener, the env var naming the ``axolotl-dist``
-launcher's pid, and which machine (kernel boot and PID namespace) this process runs in.
+interface, whether a local TCP port has a listener, and which machine (kernel boot and PID
+namespace) this process runs in.
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ import socket
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from .text import is_decimal
+from ...env.variables import is_decimal
 
 __all__ = [
-    "LAUNCHER_PID_ENV_VAR",
     "flush_standard_streams",
     "MACHINE",
-    "machine_id",
     "proc_state",
     "alive",
     "process_table",
@@ -35,8 +33,6 @@ __all__ = [
 #: TCP state code of a listening socket in ``/proc/net/tcp``.
 _TCP_LISTEN = "0A"
 
-#: Set by ``axolotl-dist`` in every rank: the launcher's pid (ranks die with it).
-from .constants import LAUNCHER_PID_ENV_VAR  # noqa: E402 - re-exported for its readers
 
 
 def flush_standard_streams() -> None:
@@ -49,21 +45,9 @@ def flush_standard_streams() -> None:
             pass
 
 
-def machine_id() -> str:
-    """Which pids this process can stall detector: the kernel's boot id and this process's PID namespace
-    (``<boot id>/<namespace inode>``). Two processes with the same id see each other in
-    ``/proc`` under the pids they recorded; a hostname proves nothing (containers and nodes
-    often share one). Without procfs (not Linux: no PID namespaces), the hostname."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:  # pragma: no cover - no procfs
-        return "host:" + socket.gethostname()
-
-
-#: This process's :func:`machine_id` (a pid namespace does not change under a running process).
-MACHINE = machine_id()
+#: This process's machine (kernel boot and PID namespace), whose pids it can see: defined with
+#: the failure it identifies (:data:`axolotl_dist.errors.MACHINE`).
+from ...errors import MACHINE  # noqa: E402 - re-exported for its readers
 
 
 def _stat(pid: int) -> Optional[Tuple[str, int]]:

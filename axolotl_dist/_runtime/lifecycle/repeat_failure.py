@@ -29,8 +29,7 @@ from types import TracebackType
 from typing import Optional
 
 from ..base.callsite import short_path
-from ..base.constants import LAUNCHER_PID_ENV_VAR, RETRY_SAME_FAILURE_ENV_VAR
-from ..base.envvars import kit_switch, raw
+from ...env.variables import LAUNCHER_PID_ENV_VAR, RETRY_SAME_FAILURE_ENV_VAR, kit_switch, raw
 from ..base.kitlog import kit as log
 from ...errors import DistributedEnvError
 from .startup import starting_up

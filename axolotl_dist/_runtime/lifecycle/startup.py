@@ -31,13 +31,12 @@ import statistics
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..base.constants import HOST, LAUNCHER_PID_ENV_VAR, STARTUP_ENV_VAR
-from ..base.envvars import kit_switch
+from ..base.constants import HOST
+from ...env.variables import LAUNCHER_PID_ENV_VAR, STARTUP_ENV_VAR, kit_switch, is_decimal
 from ..base.groups import default_pg
 from ..base.kitlog import kit as log
 from ..liveness.peers import launcher_name
 from .lifecycle_state import LIFECYCLE
-from ..base.text import is_decimal
 
 __all__ = ["begin", "stamp", "wanted", "report", "PHASES", "initialized", "starting_up"]
 

@@ -46,7 +46,6 @@ import atexit
 import ctypes
 import gc
 import os
-import re
 import signal
 import sys
 import time
@@ -56,7 +55,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..base import backends, groups, procs, tracebacks
+from ..base import backends, groups, procs, torch_messages, tracebacks
+from ...env.variables import LAUNCHER_PID_ENV_VAR
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base.state import GROUPS
@@ -66,7 +66,7 @@ from ..store import access, sweep
 from ..liveness import failures, heartbeat, peers, waits
 from ..protocols import timeline
 from ..protocols import checkpointing, zero_first
-from ...errors import AxolotlDistError, RankFailedError
+from ...errors import RankFailedError
 
 __all__ = ["at_exit", "cleanup", "teardown", "keep_abandoned", "peer_failure"]
 
@@ -193,24 +193,12 @@ def _uncaught() -> Optional[BaseException]:
     return exc if isinstance(exc, BaseException) and not isinstance(exc, SystemExit) else None
 
 
-#: What torch's backends say when a collective fails because a peer's connection went away:
-#: gloo's ``Connection closed by peer``, a reset, a broken pipe, NCCL's remote errors.
-_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited"
-                        r"|NCCL (communicator was aborted|error)", re.I)
-
-
-def _peer_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` is a backend's error for a peer that went away (not the kit's own)."""
-    return (isinstance(exc, RuntimeError) and not isinstance(exc, AxolotlDistError)
-            and _PEER_LOST.search(tracebacks.safe_str(exc)) is not None)
-
-
 def peer_failure(exc: BaseException) -> Optional[RankFailedError]:
     """The failure of another rank an uncaught torch error stands for (a raw collective, DDP's
     all-reduce in ``backward()``, that failed because that rank ended), or None: the kit's hook
     then prints that rank's account instead of the backend's message
     (:func:`..base.tracebacks.on_uncaught`)."""
-    if not _peer_lost(exc) or not dist.is_initialized():
+    if not torch_messages.peer_lost(exc) or not dist.is_initialized():
         return None
     try:
         g = groups.group_of(None, "torch's collective")
@@ -226,8 +214,9 @@ def at_exit() -> None:
     if LIFECYCLE.ending:
         return
     exc = _uncaught()
-    if exc is not None and _peer_lost(exc):  # explained by the kit's hook (peer_failure):
-        exc = groups.known_failure() or exc  # relay the cause it found
+    # a lost peer is explained by the kit's hook (peer_failure): relay the cause it found
+    if exc is not None and torch_messages.peer_lost(exc):
+        exc = groups.known_failure() or exc
     teardown(exc)
     if isinstance(exc, KeyboardInterrupt) and any(ref() is not None for ref in LIFECYCLE.kept):
         _end_now()
@@ -354,7 +343,7 @@ def under_elastic_agent() -> bool:
     it saw first as the root cause. ``axolotl-dist`` sets the agent's variables for its
     ranks but keeps its own account (``launch/_report.py``)."""
     env = os.environ
-    return bool(env.get("TORCHELASTIC_RUN_ID")) and not env.get(procs.LAUNCHER_PID_ENV_VAR)
+    return bool(env.get("TORCHELASTIC_RUN_ID")) and not env.get(LAUNCHER_PID_ENV_VAR)
 
 
 def _agent_stop_bound(world_size: int) -> float:

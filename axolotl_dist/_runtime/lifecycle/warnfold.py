@@ -37,8 +37,8 @@ import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..base import envvars
-from ..base.constants import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR
+from ...env import variables
+from ...env.variables import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR
 from ..base.kitlog import KitLog
 from .lifecycle_state import LIFECYCLE
 from ..liveness.liveness_state import HEARTBEAT
@@ -103,12 +103,12 @@ def install() -> None:
     if LIFECYCLE.warn_hook is not None:
         return
     try:
-        if env.env_world_size() <= 1 or not envvars.kit_switch(FOLD_ENV_VAR):
+        if env.env_world_size() <= 1 or not variables.kit_switch(FOLD_ENV_VAR):
             return
     except DistributedEnvError:
         return
-    launcher = envvars.raw(LAUNCHER_FOLDS_ENV_VAR)
-    if launcher is not None and envvars.text(launcher).strip():
+    launcher = variables.raw(LAUNCHER_FOLDS_ENV_VAR)
+    if launcher is not None and variables.text(launcher).strip():
         return
     LIFECYCLE.warn_hook = warnings.showwarning
     warnings.showwarning = show

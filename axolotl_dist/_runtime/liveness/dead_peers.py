@@ -42,8 +42,8 @@ import torch.distributed as dist
 
 from ..base import procs
 from ..base.callsite import short_path
-from ..base.constants import DEAD_PEER_EXIT_ENV_VAR, HEARTBEAT_TIMEOUT_ENV_VAR
-from ..base.envvars import kit_seconds, kit_switch
+from ...env.variables import (DEAD_PEER_EXIT_ENV_VAR, HEARTBEAT_TIMEOUT_ENV_VAR, kit_seconds,
+                              kit_switch, is_decimal)
 from ..base.groups import failure_record, known_failure, restore_failure_record
 from ..base.kitlog import kit as log
 from ..base.tracebacks import kit_frame
@@ -54,7 +54,6 @@ from .liveness_state import PEERS
 from .peers import fetch_peers, same_machine, store_host_gone
 from .stalls import Lost, PeerChecker, lost_error
 from ...errors import RankFailedError
-from ..base.text import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -131,7 +130,7 @@ class DeadPeers:
         key = keys.dead(self.run)
         try:
             data = genuine(key, raw.get(key)) if raw.check([key]) else None
-            return None if data is None else _Announced(RankFailedError.from_report(data))
+            return None if data is None else _Announced(records.read_failure(data))
         except records.BadRecord:
             return None  # not this run's: a genuine announcement comes with its own notice
 
@@ -193,7 +192,7 @@ class DeadPeers:
         """Tell every rank: the run's first death (the first announcement wins), then a notice
         on each rank's heartbeat counter (one ``add`` each, once)."""
         try:
-            propose(raw, keys.dead(self.run), error.to_report())
+            propose(raw, keys.dead(self.run), records.failure(error))
             for rank in range(self.world_size):
                 if rank != self.rank and rank != error.rank:
                     raw.add(keys.heartbeat(self.run, rank), keys.NOTICE)

@@ -271,9 +271,11 @@ def _advice(part: List[Stuck]) -> str:
 CALLS_PER_RANK = 64
 
 
-def explain(stuck: List[Stuck]) -> List[Tuple[List[int], str, Dict[int, str]]]:
+def explain(stuck: List[Stuck]) -> List[Tuple[List[int], str, Dict[int, str], List[List[Any]]]]:
     """Per deadlock: its ranks, the message every one of them raises (a line per meeting),
-    and ``calls`` (rank -> its call) for :class:`~axolotl_dist.errors.CollectiveMismatchError`."""
+    ``calls`` (rank -> its call) for :class:`~axolotl_dist.errors.CollectiveMismatchError`, and
+    its parties (``[ranks, call]`` per wait: what a rank that learns of the deadlock from a
+    peer's failure looks itself up in)."""
     out = []
     for part in _components(stuck):
         ranks = sorted(r for s in part for r in s.ranks)
@@ -282,7 +284,7 @@ def explain(stuck: List[Stuck]) -> List[Tuple[List[int], str, Dict[int, str]]]:
                 + "\n".join(_line(s) for s in part) + "\n" + _advice(part))
         calls = {r: s.desc["w"] for s in part
                  for r in (s.ranks if len(ranks) <= CALLS_PER_RANK else s.ranks[:1])}
-        out.append((ranks, text, calls))
+        out.append((ranks, text, calls, [[s.ranks, s.desc["w"]] for s in part]))
     return out
 
 
@@ -296,12 +298,12 @@ class DeadlockDetector:
         self.descs: Dict[int, Dict[str, Any]] = {}
         self.last: Dict[int, int] = {}  # rank -> serial, stuck in the last round
         self.marks: Dict[int, str] = {}  # rank -> its finding mark as published
-        self.texts: List[List[Any]] = []  # per deadlock: [message, {rank: call}]
+        self.texts: List[List[Any]] = []  # per deadlock: [message, {rank: call}, parties]
 
     def round(self, values: Sequence[bytes]) -> Optional[Tuple[Dict[int, str], List[List[Any]]]]:
         """One round over every rank's description (``values``, by rank). When the finding
         changed: the marks to write (rank -> ``"serial|deadlock"``, ``""`` to clear) and every
-        deadlock's ``[message, {rank: call}]``; else None."""
+        deadlock's ``[message, {rank: call}, [[ranks, call], ...]]``; else None."""
         self._read(values)
         marks, texts = self._finding()
         if marks == self.marks and texts == self.texts:
@@ -321,8 +323,8 @@ class DeadlockDetector:
         confirmed = find_stuck(steady, self.world) if len(steady) > 1 else []
         marks: Dict[int, str] = {}
         texts: List[List[Any]] = []
-        for i, (ranks, text, calls) in enumerate(explain(confirmed)):
-            texts.append([text, {str(r): c for r, c in calls.items()}])
+        for i, (ranks, text, calls, parties) in enumerate(explain(confirmed)):
+            texts.append([text, {str(r): c for r, c in calls.items()}, parties])
             marks.update({r: records.stuck_mark(steady[r]['s'], i) for r in ranks})
         return marks, texts
 

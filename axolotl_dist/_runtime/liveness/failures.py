@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from ..base.constants import (HEARTBEAT_INTERVAL, SLICE, STORE_LINGER_ENV_VAR, UNMARKED_WAIT,
-                              look_interval)
-from ..base.envvars import kit_seconds
+from ..base.constants import HEARTBEAT_INTERVAL, SLICE, UNMARKED_WAIT, look_interval
+from ...env.variables import STORE_LINGER_ENV_VAR, kit_seconds
 from ..base.groups import Group, default_pg, known_failure, on_peer_failure, remember_failure
 from ..base.procs import MACHINE
 from ..base.state import GROUPS
@@ -27,7 +26,7 @@ from .liveness_state import HEARTBEAT
 from .stalls import ASLEEP_SLOWDOWN, PeerChecker, lost_error
 from .peers import peer_record, store_answers, store_host_gone, store_lost_error
 from .where_report import same_machine
-from ...errors import AxolotlDistError, RankFailedError
+from ...errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -50,18 +49,20 @@ __all__ = [
 
 def failure_report(rank: int, exc: BaseException, where: str) -> bytes:
     """A report of ``exc`` raised on ``rank`` in ``where``, with its traceback, for the other
-    ranks (which raise :meth:`RankFailedError.from_report` of it). Call it in the ``except``
-    block that caught ``exc``; never raises. The traceback shows the user's frames, not the
+    ranks (which raise the error :func:`..store.records.read_failure` reads from it). Call it
+    in the ``except`` block that caught ``exc``; never raises. The traceback shows the user's frames, not the
     kit's; a message that cannot be had (``__str__`` raises) is ``<exception str() failed>``.
     It names this machine: a reader on the same machine leaves the traceback to this rank's
     own output (docs/faults.md, "One account of a failure")."""
     try:
         tb = format_exception(type(exc), exc, exc.__traceback__)
-        return RankFailedError(rank, type(exc).__name__, safe_str(exc), tb, where=where,
-                               machine=MACHINE, site=user_line(exc.__traceback__)).to_report()
+        return records.failure(RankFailedError(
+            rank, type(exc).__name__, safe_str(exc), tb, where=where, machine=MACHINE,
+            site=user_line(exc.__traceback__),
+            deadlock=exc.deadlock if isinstance(exc, CollectiveMismatchError) else None))
     except Exception:  # noqa: BLE001 - a report must never hide the failure itself
-        return RankFailedError(rank, type(exc).__name__, "<exception str() failed>",
-                               where=where).to_report()
+        return records.failure(RankFailedError(rank, type(exc).__name__,
+                                               "<exception str() failed>", where=where))
 
 
 def publish_error(store: "Store", key: str, rank: int, exc: BaseException, where: str) -> None:
@@ -83,7 +84,7 @@ def read_error(store: "Store", key: str, me: Optional[int] = None) -> RankFailed
         if is_store_error(exc):
             raise store_lost_error(exc, "reading another rank's failure") from None
         raise
-    return remember_failure(checked(RankFailedError.from_report, data, key))
+    return remember_failure(checked(records.read_failure, data, key))
 
 
 def host_exit_timeout() -> float:
@@ -170,7 +171,7 @@ def publish_exit(exc: Optional[BaseException]) -> Optional[Tuple["Store", int, b
     if exc is None:
         exc = known_failure()  # it ended normally, but after hearing of a failure
     try:
-        report = None if exc is None else exc.to_report() if isinstance(
+        report = None if exc is None else records.failure(exc) if isinstance(
             exc, RankFailedError) else failure_report(rank, exc, "its script")  # relayed: kept
     except Exception:  # noqa: BLE001 - a report must never stop the exit
         return None
@@ -182,7 +183,7 @@ def publish_exit_on(store: "Store", rank: int,
     """Leave this process's exit record, ending on another rank's failure ``error``, through
     ``store`` (a connection of this thread's own: the heartbeat's, where the main thread's is
     held by a call that never ends); as :func:`publish_exit` returns."""
-    return _written(store, rank, error.to_report(), False)
+    return _written(store, rank, records.failure(error), False)
 
 
 def _written(store: "Store", rank: int, report: Optional[bytes],

@@ -23,7 +23,7 @@ from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records
 from ..store.access import StoreHostGoneError, genuine, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
-from ..base.text import is_decimal
+from ...env.variables import LAUNCHER_PID_ENV_VAR, is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
@@ -42,7 +42,7 @@ class Peer(NamedTuple):
 
     host: str
     pid: int
-    machine: str  # procs.machine_id(): whether this process can stall detector ``pid``
+    machine: str  # procs.MACHINE of the peer: whether this process can see ``pid``
     launcher: str
     by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
 
@@ -70,14 +70,14 @@ def decode_peer(key: str, raw: bytes) -> Optional[Peer]:
 
 def same_machine(record: Optional[Peer]) -> bool:
     """Whether ``record``'s pid names a process this process can see in ``/proc``: same kernel
-    boot and PID namespace (:func:`..base.procs.machine_id`), not merely the same hostname."""
+    boot and PID namespace (:data:`..base.procs.MACHINE`), not merely the same hostname."""
     return record is not None and record.machine == procs.MACHINE
 
 
 def launcher_name() -> str:
     """Which launcher started this process, from its env (for messages)."""
     env = os.environ
-    if env.get(procs.LAUNCHER_PID_ENV_VAR):
+    if env.get(LAUNCHER_PID_ENV_VAR):
         return "axolotl-dist"
     if any(k.startswith("ACCELERATE_") for k in env) and env.get("TORCHELASTIC_RUN_ID"):
         return "accelerate launch"
@@ -237,7 +237,7 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
 def _relayed_by_host(host: int, relayed: bytes, what: str) -> RankFailedError:
     """The failure the store's host exited on (``relayed``), as this rank's error in
     ``what``: the root cause, and that the host's store went with it."""
-    error = RankFailedError.from_report(relayed)
+    error = records.read_failure(relayed)
     if error.rank != host:
         note = (f" (rank {host}, the store host, exited on this failure, then its store at "
                 f"{store_address()} went away)")

@@ -11,7 +11,7 @@ only if it is this user's, not a link and writable by nobody else (else refused:
 A reader (``axolotl-dist where``) makes no directory. Each file, ``<run id>.json`` (mode 0600), holds the store's address
 and port, the run id, the world size, the pid of the process that recorded it (the
 ``axolotl-dist`` launcher, or under other launchers the rank that recorded it at init), that
-process's machine (:func:`..base.procs.machine_id`), the script, the launcher's name and the
+process's machine (:data:`..base.procs.MACHINE`), the script, the launcher's name and the
 start time.
 
 Who records: the ``axolotl-dist`` launcher once its first local rank told it the ranks' store
@@ -34,12 +34,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..base import procs
 from ..base.callsite import short_path
-from ..base.constants import (END_DIR_ENV_VAR, RUN_DIR_ENV_VAR, SECRET_ENV_VAR,
-                              SECRET_FILE_ENV_VAR, SECRET_OFF)
-from ..base.envvars import kit_path
+from ...env.variables import (END_DIR_ENV_VAR, RUN_DIR_ENV_VAR, SECRET_ENV_VAR,
+                              SECRET_FILE_ENV_VAR, SECRET_OFF, kit_path, is_decimal)
 from ..base.kitlog import kit as log
 from ..base.private import NotPrivateError, create_private, my_uid, private_dir, write_private
-from ..base.text import is_decimal
 from .liveness_state import RUNS
 
 __all__ = ["RUN_DIR_ENV_VAR", "run_dir", "record", "forget", "live_runs", "describe",

@@ -15,19 +15,17 @@ stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) count
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch.distributed as dist
 
 from ..base import procs
-from ..base.constants import (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT_ENV_VAR, SILENT_AFTER,
-                              look_interval, WAIT_LOG_INTERVAL_ENV_VAR)
-from ..base.envvars import kit_seconds
+from ..base.constants import HEARTBEAT_INTERVAL, SILENT_AFTER, look_interval
+from ...env.variables import (HEARTBEAT_TIMEOUT_ENV_VAR, WAIT_LOG_INTERVAL_ENV_VAR, kit_seconds,
+                              is_decimal)
 from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
-from ..base.text import is_decimal, ranks_in_text
 from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records, seals
 from ..store.access import checked_or_ignored, genuine, put, store_host, world_store
@@ -305,7 +303,7 @@ class PeerChecker:
         if report is None:
             return Lost(rank, "exited", "its process finished its script and exited (no "
                         "uncaught exception)", None, when)
-        error = RankFailedError.from_report(report)
+        error = records.read_failure(report)
         detail = (f"its process exited after learning that rank {error.rank} failed"
                   if error.rank != rank else f"its process exited after an uncaught "
                   f"{error.exc_type}: {error.exc_message}")
@@ -385,7 +383,7 @@ def _description(key: str, value: bytes) -> bytes:
 
 
 def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
-    """``(silent rank -> seconds, deadlocks as [text, {rank: call}])`` of the stall detector's report
+    """``(silent rank -> seconds, deadlocks as [text, {rank: call}, parties])`` of the stall detector's report
     (``{}`` before its first); :class:`~..store.records.BadRecord` for anything else."""
     if data in (b"", b"{}"):
         return {}, []
@@ -394,10 +392,11 @@ def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
     if not all(is_decimal(r) and type(s) in (int, float) for r, s in silent.items()):
         raise records.BadRecord("the stall detector's silent ranks are not rank -> seconds")
     for item in doc["deadlocks"]:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], dict)
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[1], dict)
                 and all(is_decimal(r) and isinstance(c, str) for r, c in item[1].items())):
-            raise records.BadRecord("a deadlock in the stall detector's report is not [text, {rank: call}]")
+            raise records.BadRecord("a deadlock in the stall detector's report is not "
+                                    "[text, {rank: call}, parties]")
+        item[2] = records.read_deadlock([item[0], item[2]], "stall detector's report")[1]
     return {int(r): float(s) for r, s in silent.items()}, doc["deadlocks"]
 
 
@@ -426,19 +425,16 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
         error = root.report
         return remember_failure(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
                                      error.remote_traceback, where=what, ranks=ranks,
-                                     machine=error.machine, site=error.site))
+                                     machine=error.machine, site=error.site,
+                                     deadlock=error.deadlock))
     if root.report is not None:  # every lost rank only relayed another rank's failure
         error = root.report
         relay = f" (rank {root.rank} exited on this failure)"
         return remember_failure(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
                                      error.remote_traceback, where=what,
                                      ranks=(error.rank,) + ranks, machine=error.machine,
-                                     site=error.site))
+                                     site=error.site, deadlock=error.deadlock))
     return remember_failure(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))
-
-
-#: A party's line in a deadlock's finding: ``  ranks 0, 1: <call> ...``, ``  rank 2: <call> ...``.
-_PARTY = re.compile(r"^ +ranks? ([\d, -]+): (.*)$", re.M)
 
 
 def party_error(lost: Sequence[Lost], me: int, shown: str) -> Optional[CollectiveMismatchError]:
@@ -456,11 +452,12 @@ def party_error(lost: Sequence[Lost], me: int, shown: str) -> Optional[Collectiv
 def deadlock_part(report: Optional[RankFailedError], me: int,
                   shown: str) -> Optional[CollectiveMismatchError]:
     """Rank ``me``'s own :class:`CollectiveMismatchError` where a peer's failure ``report`` is a
-    deadlock in which ``me`` waits in ``shown``; None otherwise (see :func:`party_error`)."""
-    if report is None or report.exc_type != "CollectiveMismatchError":
+    deadlock in which ``me`` waits in ``shown``, as the report's finding says (its parties:
+    the ranks of each wait and their call); None otherwise (see :func:`party_error`)."""
+    if report is None or report.deadlock is None:
         return None
-    text = report.exc_message.partition(" can never complete: ")[2]
-    for ranks, call in _PARTY.findall(text):
-        if me in ranks_in_text(ranks) and call.startswith(shown):
-            return CollectiveMismatchError(f"rank {me}'s {shown} can never complete: {text}")
+    text, parties = report.deadlock
+    if any(me in ranks and call.startswith(shown) for ranks, call in parties):
+        return CollectiveMismatchError(f"rank {me}'s {shown} can never complete: {text}",
+                                       deadlock=report.deadlock)
     return None

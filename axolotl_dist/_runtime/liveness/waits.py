@@ -33,11 +33,11 @@ from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
 from ..base.callsite import call_site
-from ..base.constants import (LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, SLICE, UNMARKED_WAIT,
-                              WAIT_LOG_INTERVAL_ENV_VAR)
-from ..base.envvars import kit_seconds
+from ..base.constants import LIVENESS_INTERVAL, MAX_WAIT_LOG_INTERVAL, SLICE, UNMARKED_WAIT
+from ...env.variables import WAIT_LOG_INTERVAL_ENV_VAR, kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
+from ..base import torch_messages
 from .liveness_state import HEARTBEAT, PEERS, WAITS
 from ..store import keys, seals
 from ..store.access import StoreHostGoneError, bounded, is_store_error, put, world_store
@@ -134,9 +134,10 @@ class Waiting:
         entry = self.watcher.stuck
         if entry is None or entry[0] != self.serial or not self.serial:
             return None
-        text, calls = entry[1]
+        text, calls, parties = entry[1]
         return CollectiveMismatchError(f"rank {self.me}'s {self.shown} can never complete: {text}",
-                                       calls={int(r): c for r, c in calls.items()})
+                                       calls={int(r): c for r, c in calls.items()},
+                                       deadlock=(text, [(r, c) for r, c in parties]))
 
     def failure(self, lost: List[Lost]) -> Exception:
         """The error for the ``lost`` peers: this rank's own finding where a peer failed on the
@@ -217,8 +218,9 @@ def _now(call: Callable[[], Any]) -> None:
 # --- waiting for a collective ----------------------------------------------------------------
 
 def timed_out(exc: BaseException) -> bool:
-    """Whether ``exc`` is a wait slice that timed out (the collective is still running)."""
-    return isinstance(exc, RuntimeError) and "timed out" in str(exc).lower()
+    """Whether ``exc`` is a wait slice that timed out (the collective is still running):
+    :func:`..base.torch_messages.timed_out`."""
+    return torch_messages.timed_out(exc)
 
 
 def collective(work: Any, g: Group, what: str) -> None:

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..base import procs
 from ..base.callsite import PACKAGE_DIR, short_path
-from ..base.constants import HEARTBEAT_INTERVAL, HOST, SECRET_ENV_VAR
+from ..base.constants import HEARTBEAT_INTERVAL, HOST
+from ...env.variables import SECRET_ENV_VAR, is_decimal
 from . import flight
 from .liveness_state import RUNS, SCOPES, WAITS
 from ..store import keys, records, seals
 from ..store.access import genuine, ignore, put
 from .peers import Peer, decode_peer, same_machine
-from ..base.text import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store

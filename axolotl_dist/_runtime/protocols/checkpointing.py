@@ -42,7 +42,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
-from ..base.constants import END_DIR_ENV_VAR
+from ...env.variables import END_DIR_ENV_VAR, is_decimal
 from ..base.kitlog import kit as log
 from ..base.tracebacks import safe_str
 from .blocks import Block, arrive, together
@@ -50,7 +50,6 @@ from .leases import staging_run
 from ..store import records
 from .protocols_state import SAVES
 from ...errors import RankFailedError, RankTimeoutError
-from ..base.text import is_decimal
 
 __all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "MARKER",
            "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps", "commit", "commit_record",

@@ -33,8 +33,8 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..base import envvars
-from ..base.constants import DEBUG_ENV_VAR, HEARTBEAT_INTERVAL, HOST
+from ...env import variables
+from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.groups import Group
 from ..store.access import checked, group_store, put, store_host
 from ..liveness.failures import await_readers
@@ -52,7 +52,7 @@ __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "che
 #: The per-group call counter (see :mod:`axolotl_dist._runtime.base.groups`) debug checks are numbered by.
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
-from ..base.constants import DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported for its readers
+from ...env.variables import DEBUG_ENV_VAR, DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported
 from ..store import keys, records
 
 #: Added to a call's arrival counter when a rank gave up on it.
@@ -486,6 +486,6 @@ def refresh_from_env() -> None:
         return
     DEBUG.env_error = None
     try:
-        DEBUG.on = envvars.kit_switch(DEBUG_ENV_VAR)
+        DEBUG.on = variables.kit_switch(DEBUG_ENV_VAR)
     except DistributedEnvError as exc:
         DEBUG.on, DEBUG.env_error = True, str(exc)

@@ -49,7 +49,6 @@ from ..base.groups import remember_failure
 from ..base.tracebacks import safe_str
 from ..liveness.failures import failure_report
 from ..store import records
-from ...errors import RankFailedError
 
 __all__ = ["NONE", "BOOL", "INT", "FLOAT", "PICKLE", "TENSOR", "ERROR", "BIGINT", "DEVICE",
            "Encoded", "encode", "encode_error", "decode", "scalar_header", "decode_scalar",
@@ -220,7 +219,7 @@ def decode(header: List[int], payload: Optional[torch.Tensor], device: Optional[
     if kind == PICKLE:
         return pickle.loads(raw)  # the user's object, as torch's object collectives do
     if kind == ERROR:
-        raise remember_failure(RankFailedError.from_report(raw))
+        raise remember_failure(records.read_failure(raw))
     if kind == BIGINT:
         return records.read_bigint(raw)
     raise ValueError(f"corrupt header {header}: ranks are running different helpers")

@@ -37,9 +37,9 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, TypeVar, Union
 
-from ..base import envvars
+from ...env import variables
 from ..base.callsite import call_site
-from ..base.constants import DEBUG_TIMEOUT_ENV_VAR
+from ...env.variables import DEBUG_TIMEOUT_ENV_VAR
 from ..base.groups import Group, group_of
 from .protocols_state import BLOCKS, CALLS, DEBUG, TIMELINE
 from ..liveness import scopes
@@ -93,7 +93,7 @@ def debug_timeout() -> float:
     """The debug timeout in effect, in seconds."""
     if DEBUG.timeout is not None:
         return DEBUG.timeout
-    return envvars.kit_seconds(DEBUG_TIMEOUT_ENV_VAR)
+    return variables.kit_seconds(DEBUG_TIMEOUT_ENV_VAR)
 
 
 class _Spec:

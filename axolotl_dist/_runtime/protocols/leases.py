@@ -3,7 +3,7 @@ so that the partial saves of runs that ended are removed and two live runs on on
 apart (docs/checkpoints.md, "What it guarantees"; used by :mod:`axolotl_dist.checkpoints`).
 
 A rank's lease is ``<root>/.axolotl_dist_leases/<run>/<rank>.json``: the run's job, the rank's
-host name, its machine (:func:`~..base.procs.machine_id`: kernel boot and PID namespace), its
+host name, its machine (:data:`~..base.procs.MACHINE`: kernel boot and PID namespace), its
 pid and the start time of that process (a pid the kernel gave again to another process is not
 taken for it). It is written at the rank's first ``checkpoint_dir`` or ``latest_checkpoint`` on
 the root and rewritten at each (its time is the run's last sign of life there).

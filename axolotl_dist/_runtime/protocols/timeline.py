@@ -228,8 +228,8 @@ class Recorder:
 def trace_dir_requested(explicit: Optional[str]) -> Optional[str]:
     """The trace directory asked for: ``explicit`` (``init_distributed(trace_dir=...)``), else
     ``AXOLOTL_DIST_TRACE``; None if neither."""
-    from ..base.envvars import kit_path
-    from ..base.constants import TRACE_ENV_VAR
+    from ...env.variables import kit_path
+    from ...env.variables import TRACE_ENV_VAR
 
     return explicit or kit_path(TRACE_ENV_VAR)
 

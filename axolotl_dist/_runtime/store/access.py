@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import torch.distributed as dist
 
-from ..base.constants import AGENT_STORE_ENV_VAR
+from ...env.variables import AGENT_STORE_ENV_VAR
 from . import records, seals
 from .store_state import STORE
 from ..base.kitlog import kit as log
+from ..base import torch_messages
 from ...errors import DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,9 +115,7 @@ def is_store_error(exc: BaseException) -> bool:
     network = getattr(dist, "DistNetworkError", None)
     if isinstance(exc, StoreHostGoneError) or (network is not None and isinstance(exc, network)):
         return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(s in text for s in (
-        "Broken pipe", "Connection reset", "Connection was likely closed", "Connection refused"))
+    return torch_messages.store_gone(exc)
 
 
 # --- the store worker ------------------------------------------------------------------------

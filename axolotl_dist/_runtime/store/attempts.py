@@ -56,7 +56,7 @@ from .store_state import STORE
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["agree", "attempt_store", "connect", "forget"]
+__all__ = ["agree", "agreed_attempt", "attempt_store", "connect", "forget"]
 
 #: Seconds between rank 0's looks at the tokens: the first, then growing by half to the last.
 _FIRST_LOOK, _LAST_LOOK = 0.001, 0.05
@@ -234,8 +234,14 @@ def attempt_store(root: "Store", rank: int, world_size: int, timeout: timedelta,
     agreed on its number (:func:`agree`): where the kit has
     :func:`torch.distributed.init_process_group` bootstrap the group, and so where the kit's
     group keys live (under the group's own prefix). The number is kept in ``STORE.attempt``
-    (:func:`axolotl_dist.get_attempt`)."""
+    (:func:`agreed_attempt`)."""
     import torch.distributed as dist
 
     attempt = STORE.attempt = agree(root, rank, world_size, timeout, late_after, late_level)
     return dist.PrefixStore(keys.attempt_prefix(attempt), root)
+
+
+def agreed_attempt() -> Optional[int]:
+    """The number of this attempt the ranks agreed on through the agent's store (from 1), or
+    None where no such handshake ran (:func:`axolotl_dist.get_attempt`)."""
+    return STORE.attempt

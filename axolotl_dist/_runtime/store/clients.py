@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from . import keys
-from ..base.text import is_decimal
+from ...env.variables import is_decimal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store

@@ -41,7 +41,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from ..base.text import is_decimal
+from ...env.variables import is_decimal
+from ...errors import RankFailedError
 
 __all__ = [
     "failure", "read_failure", "exit_record", "read_exit", "peer", "read_peer", "document",
@@ -51,6 +52,7 @@ __all__ = [
     "tensor_description", "read_tensor_description", "bigint", "read_bigint",
     "read_warning_entries", "WARNING_END", "clock", "read_clock", "read_number", "read_token",
     "read_object", "read_local", "check_fields", "int_list", "RUN_ID_LENGTH", "read_run_id",
+    "read_deadlock",
 ]
 
 
@@ -122,22 +124,41 @@ def _ints(kind: str, values: Any) -> Tuple[int, ...]:
 # --- failures and exits ----------------------------------------------------------------------
 
 _OPT = (str, type(None))
-_FAILURE = (int, str, str, _OPT, str, list, _OPT, _OPT)
+_FAILURE = (int, str, str, _OPT, str, list, _OPT, _OPT, (list, type(None)))
 
 
-def failure(fields: tuple) -> bytes:
-    """A failure report: the fields of a ``RankFailedError`` (``errors.RankFailedError``'s
-    ``to_report`` calls this): rank, exception type, message, traceback text, where, ranks,
-    machine, the failing rank's own line."""
-    rank, exc_type, message, tb, where, ranks, machine, site = fields
-    return _encode("failure", [rank, exc_type, message, tb, where, list(ranks), machine, site])
+def failure(error: RankFailedError) -> bytes:
+    """A failure report: what another rank needs to raise ``error`` again (rank, exception
+    type, message, traceback text, where, ranks, machine, the failing rank's own line, the
+    deadlock it ended on: ``[account, [[ranks], call], ...]`` or null)."""
+    deadlock = None if error.deadlock is None else [
+        error.deadlock[0], [[list(ranks), call] for ranks, call in error.deadlock[1]]]
+    return _encode("failure", [error.rank, error.exc_type, error.exc_message,
+                               error.remote_traceback, error.where, list(error.ranks),
+                               error.machine, error.site, deadlock])
 
 
-def read_failure(data: bytes) -> tuple:
-    """The fields of a failure report made by :func:`failure` (:class:`BadRecord` if not)."""
-    body = _check("failure", _decode("failure", data), _FAILURE)
-    body[5] = _ints("failure", body[5])
-    return tuple(body)
+def read_failure(data: bytes) -> RankFailedError:
+    """The error a failure report made by :func:`failure` describes (:class:`BadRecord` if
+    ``data`` is not one)."""
+    rank, exc_type, message, tb, where, ranks, machine, site, deadlock = _check(
+        "failure", _decode("failure", data), _FAILURE)
+    return RankFailedError(rank, exc_type, message, tb, where=where,
+                           ranks=_ints("failure", ranks), machine=machine, site=site,
+                           deadlock=None if deadlock is None
+                           else read_deadlock(deadlock, "failure record"))
+
+
+def read_deadlock(value: Any, where: str) -> Tuple[str, List[Tuple[List[int], str]]]:
+    """A deadlock as a record holds it (``[account, [[ranks], call], ...]``) as
+    a :class:`~axolotl_dist.errors.CollectiveMismatchError`'s ``deadlock`` holds it; :class:`BadRecord`
+    naming ``where`` it was read for any other shape."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], list)
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[1], str)
+                    for p in value[1])):
+        raise BadRecord(f"the deadlock in a {where} is not [account, [[ranks], call], ...]")
+    return value[0], [(list(_ints(where, ranks)), call) for ranks, call in value[1]]
 
 
 def exit_record(report: Optional[bytes], when: float) -> bytes:

@@ -15,7 +15,7 @@ bound to its key, and a rank's ``where`` answer is encrypted (docs/design.md, "T
   keyed stream), the tag the first 16 bytes of HMAC-SHA256 under another derived key over the
   store key, the nonce and the ciphertext. A tampered, moved or foreign answer fails its tag.
 
-The secret is :func:`~..base.envvars.kit_secret`'s (``AXOLOTL_DIST_SECRET``, or the file
+The secret is :func:`~axolotl_dist.env.variables.kit_secret`'s (``AXOLOTL_DIST_SECRET``, or the file
 ``AXOLOTL_DIST_SECRET_FILE`` names; ``axolotl-dist`` makes one for a one-node run). Counters
 (``add``) cannot be sealed; the protocols treat what one says as a hint and act on sealed
 records.
@@ -30,8 +30,7 @@ import hmac
 import os
 from typing import Optional, Tuple, Union
 
-from ..base.constants import SECRET_ENV_VAR
-from ..base.envvars import kit_secret
+from ...env.variables import SECRET_ENV_VAR, kit_secret
 from . import records
 
 __all__ = ["MARK", "SEAL_BYTES", "NotThisRun", "run_key", "sealing", "seal", "opened",

@@ -9,6 +9,7 @@ import pytest
 
 from axolotl_dist._runtime.base import tracebacks
 from axolotl_dist._runtime.base.procs import MACHINE
+from axolotl_dist._runtime.store import records
 from axolotl_dist.errors import RankFailedError
 
 LONG = ("debug mode: torch's collective #10 on the default group differs across ranks: ranks "
@@ -51,5 +52,5 @@ def test_a_peer_elsewhere_gets_its_whole_account_and_traceback():
 
 def test_the_site_survives_a_report():
     error = _failure(LONG, MACHINE)
-    back = RankFailedError.from_report(error.to_report())
+    back = records.read_failure(records.failure(error))
     assert back.site == "ddp.py:13" and str(back) == str(error)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from axolotl_dist._runtime.liveness.dead_peers import DeadPeers
-from axolotl_dist._runtime.store import keys
+from axolotl_dist._runtime.store import keys, records
 from axolotl_dist.errors import RankFailedError
 
 RUN = "r" * 12
@@ -51,7 +51,7 @@ def test_a_request_for_a_snapshot_is_no_notice(monkeypatch):
 def test_an_announced_death_is_read_once_from_its_notice(monkeypatch):
     store, watch = dist.HashStore(), _watch(monkeypatch, rank=1)
     error = RankFailedError(3, "died", "process 7 on node-b, exited without reporting an error")
-    store.set(keys.dead(RUN), error.to_report())
+    store.set(keys.dead(RUN), records.failure(error))
     count = store.add(keys.heartbeat(RUN, 1), keys.NOTICE + keys.REQUEST + 1)
     assert keys.requests_of(count) == 1 and keys.notices_of(count) == 1
     found = watch._announced(store, count)

@@ -46,7 +46,7 @@ def test_a_block_on_one_rank_and_a_collective_on_the_other_wait_for_each_other()
              1: desc(1, "collective", 3, "barrier", counts(3, 0))}
     stuck = find_stuck(descs, 2)
     assert [(s.ranks, s.blockers) for s in stuck] == [([0], [1]), ([1], [0])]
-    [(ranks, text, calls)] = explain(stuck)
+    [(ranks, text, calls, _)] = explain(stuck)
     assert ranks == [0, 1] and calls == {0: "zf-tag at prep.py:10", 1: "barrier at prep.py:11"}
     assert text.startswith("ranks 0, 1 wait for each other in kit calls that can never meet:")
     assert "Some ranks are in a zero_first call the others never entered" in text
@@ -55,7 +55,7 @@ def test_a_block_on_one_rank_and_a_collective_on_the_other_wait_for_each_other()
 def test_two_helpers_at_the_same_point_never_meet():
     descs = {0: desc(0, "collective", 5, "barrier", counts(5)),
              1: desc(1, "collective", 5, "all_reduce_value", counts(5))}
-    [(_, text, _)] = explain(find_stuck(descs, 2))
+    [(_, text, _, _)] = explain(find_stuck(descs, 2))
     assert "different collectives at the same point" in text
 
 

@@ -24,16 +24,20 @@ FINDING = ("ranks 0-2 wait for each other in kit calls that can never meet:\n"
            "  rank 2: zero_first block #1 at prog.py:9 in <module> (on the default group), "
            "waiting for rank 0 to finish it\n"
            "Move it out of the `if`.")
+#: The finding's parties, as the stall detector publishes them with it.
+PARTIES = [([0, 1], "reduce_and_broadcast at prog.py:11 in <module>"),
+           ([2], "zero_first block #1 at prog.py:9 in <module>")]
 
 
-def _failed(rank: int, exc_type: str, message: str) -> Lost:
-    return Lost(rank, "failed", message, RankFailedError(rank, exc_type, message, "", where="x"))
+def _failed(rank: int, exc_type: str, message: str, deadlock=None) -> Lost:
+    return Lost(rank, "failed", message,
+                RankFailedError(rank, exc_type, message, "", where="x", deadlock=deadlock))
 
 
 def test_a_peer_that_failed_on_this_waits_deadlock_gives_this_ranks_own_finding():
     peer = _failed(0, "CollectiveMismatchError",
                    "rank 0's reduce_and_broadcast at prog.py:11 in <module> can never complete: "
-                   + FINDING)
+                   + FINDING, (FINDING, PARTIES))
     error = party_error([peer], 2, "zero_first block #1 at prog.py:9 in <module>")
     assert isinstance(error, CollectiveMismatchError)
     assert str(error).startswith("rank 2's zero_first block #1 at prog.py:9 in <module> can "
@@ -43,7 +47,8 @@ def test_a_peer_that_failed_on_this_waits_deadlock_gives_this_ranks_own_finding(
 
 def test_any_other_failure_stays_the_peers_failure():
     other = _failed(0, "CollectiveMismatchError",
-                    "rank 0's barrier at a.py:3 in <module> can never complete: " + FINDING)
+                    "rank 0's barrier at a.py:3 in <module> can never complete: " + FINDING,
+                    (FINDING, PARTIES))
     assert party_error([other], 3, "zero_first block #1 at prog.py:9 in <module>") is None
     assert party_error([other], 2, "barrier at b.py:5 in <module>") is None  # another call
     assert party_error([_failed(1, "ValueError", "boom")], 2, "barrier at b.py:5") is None
@@ -54,11 +59,31 @@ def test_a_collective_failed_by_the_peers_exit_takes_the_same_finding():
     # backend's error, diagnosed as the peer's RankFailedError, is checked alike (deadlock_part)
     peer = RankFailedError(0, "CollectiveMismatchError",
                            "rank 0's reduce_and_broadcast at prog.py:11 in <module> can never "
-                           "complete: " + FINDING, "", where="zero_first block #1")
+                           "complete: " + FINDING, "", where="zero_first block #1",
+                           deadlock=(FINDING, PARTIES))
     error = deadlock_part(peer, 2, "zero_first block #1 at prog.py:9 in <module>")
     assert isinstance(error, CollectiveMismatchError) and str(error).startswith("rank 2's ")
     assert deadlock_part(peer, 3, "zero_first block #1 at prog.py:9 in <module>") is None
     assert deadlock_part(None, 2, "zero_first block #1 at prog.py:9 in <module>") is None
+
+
+def test_the_finding_comes_from_the_report_not_from_its_wording():
+    # a message that reads like a finding decides nothing: the parties travel in the record
+    worded = _failed(0, "CollectiveMismatchError", "rank 0's reduce_and_broadcast at prog.py:11 "
+                     "in <module> can never complete: " + FINDING)
+    assert party_error([worded], 2, "zero_first block #1 at prog.py:9 in <module>") is None
+    reworded = _failed(0, "CollectiveMismatchError", "a message in other words", (FINDING, PARTIES))
+    error = party_error([reworded], 2, "zero_first block #1 at prog.py:9 in <module>")
+    assert error is not None and error.deadlock == (FINDING, PARTIES)
+
+
+def test_a_finding_survives_the_failure_record_and_a_relay():
+    report = records.read_failure(records.failure(RankFailedError(
+        0, "CollectiveMismatchError", "m", where="x", deadlock=(FINDING, PARTIES))))
+    assert report.deadlock == (FINDING, PARTIES)
+    relayed = lost_error([Lost(0, "exited", "d", report, 1.0)], "barrier")
+    assert relayed.deadlock == (FINDING, PARTIES)
+    assert deadlock_part(relayed, 1, "reduce_and_broadcast at prog.py:11") is not None
 
 
 # --------------------------------------------------------------------------- lost_error's order
@@ -191,8 +216,8 @@ def test_a_single_lost_rank_is_named_alone():
     (0, "its process exited after learning that rank 0 failed"),
 ])
 def test_an_exit_record_makes_the_lost_rank_lost_error_orders(report_of, detail):
-    report = None if report_of is None else RankFailedError(
-        report_of, "ValueError", "bad shard 17", where="barrier").to_report()
+    report = None if report_of is None else records.failure(RankFailedError(
+        report_of, "ValueError", "bad shard 17", where="barrier"))
     lost = PeerChecker._from_record(3, report, 12.5)
     assert (lost.rank, lost.how, lost.detail, lost.when) == (3, "exited", detail, 12.5)
     assert (lost.report is None) == (report_of is None)

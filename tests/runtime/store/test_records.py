@@ -9,13 +9,18 @@ import pytest
 
 from axolotl_dist._runtime.store import records
 from axolotl_dist._runtime.store.records import BadRecord
-from axolotl_dist.errors import CollectiveMismatchError
+from axolotl_dist.errors import CollectiveMismatchError, RankFailedError
 
-FAILURE = (1, "ValueError", "boom", "Traceback ...\n", "barrier", (1, 2), None, "train.py:88")
+DEADLOCK = ("ranks 0-2 wait for each other", [([0, 2], "barrier at a.py:3"), ([1], "zf at a.py:5")])
+FIELDS = (1, "ValueError", "boom", "Traceback ...\n", "barrier", (1, 2), None, "train.py:88",
+          DEADLOCK)
+FAILURE = RankFailedError(*FIELDS[:4], where=FIELDS[4], ranks=FIELDS[5], machine=FIELDS[6],
+                          site=FIELDS[7], deadlock=FIELDS[8])
 
 
 def test_a_failure_report_reads_back_field_for_field():
-    assert records.read_failure(records.failure(FAILURE)) == FAILURE
+    back = records.read_failure(records.failure(FAILURE))
+    assert type(back) is RankFailedError and back.__reduce__()[1] == FIELDS
 
 
 def test_an_exit_record_carries_its_failure_and_time():
@@ -38,10 +43,12 @@ def test_what_the_kit_did_not_write_is_refused_with_the_reason(data, why):
         records.read_failure(data)
 
 
-@pytest.mark.parametrize("field, value", [(0, "1"), (0, True), (5, ["1"]), (6, 7), (7, 88)])
+@pytest.mark.parametrize("field, value", [(0, "1"), (0, True), (5, ["1"]), (6, 7), (7, 88),
+                                          (8, "deadlock"), (8, ["a", [[[0], 3]]]),
+                                          (8, ["a", [[["0"], "call"]]]), (8, [1, []])])
 def test_a_field_of_the_wrong_type_is_refused(field, value):
-    body = list(FAILURE)
-    body[5] = list(body[5])
+    body = list(FIELDS)
+    body[5], body[8] = list(body[5]), [DEADLOCK[0], [list(p) for p in DEADLOCK[1]]]
     body[field] = value
     data = json.dumps({"v": records.VERSION, "k": "failure", "b": body}).encode()
     with pytest.raises(BadRecord, match="failure record"):

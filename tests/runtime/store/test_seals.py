@@ -1,5 +1,5 @@
 """Unit tests of the run secret at work on records (``_runtime/store/seals.py``) and of how
-the secret is read (``_runtime/base/envvars.kit_secret``): a sealed record opens only at its
+the secret is read (``axolotl_dist/env/variables.kit_secret``): a sealed record opens only at its
 own key under its own secret, an encrypted answer only under its secret, and a bad secret is
 an error naming the variable and the fix. No store, no process (the secret comes from this
 process's environment, set per test)."""

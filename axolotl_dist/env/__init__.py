@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ._runtime.base import envvars as _envvars, slurm as _slurm
-from ._runtime.base.procs import LAUNCHER_PID_ENV_VAR
-from ._runtime.base.slurm import expand_nodelist, expand_tasks_per_node
-from .errors import DistributedEnvError
+from . import slurm as _slurm, variables as _variables
+from .variables import LAUNCHER_PID_ENV_VAR
+from .slurm import expand_nodelist, expand_tasks_per_node
+from ..errors import DistributedEnvError
 
 __all__ = [
     "validate_env_vars",
@@ -55,14 +55,14 @@ WORLD_SIZE_ENV_VAR = "WORLD_SIZE"
 LOCAL_RANK_ENV_VAR = "LOCAL_RANK"
 LOCAL_WORLD_SIZE_ENV_VAR = "LOCAL_WORLD_SIZE"
 (NODE_RANK_ENV_VAR, GROUP_RANK_ENV_VAR), (NUM_NODES_ENV_VAR, GROUP_WORLD_SIZE_ENV_VAR) = \
-    _envvars.TORCHRUN_NODE_ALIASES  # the kit's names, then torchrun's
+    _variables.TORCHRUN_NODE_ALIASES  # the kit's names, then torchrun's
 MASTER_ADDR_ENV_VAR = "MASTER_ADDR"
 MASTER_PORT_ENV_VAR = "MASTER_PORT"
 FS_LOCAL_RANK_ENV_VAR = "FS_LOCAL_RANK"
-SHARED_FS_ENV_VAR = _envvars.SHARED_FS_ENV_VAR
+SHARED_FS_ENV_VAR = _variables.SHARED_FS_ENV_VAR
 #: The kit's own ``AXOLOTL_DIST_*`` variables: name -> (kind, default, the fix a bad value's
 #: error suggests). docs/env.md describes each; :func:`validate_env_vars` checks them all.
-KIT_ENV_VARS = _envvars.KIT_VARS
+KIT_ENV_VARS = _variables.KIT_VARS
 OLMO_SHARED_FS_ENV_VAR = "OLMO_SHARED_FS"
 
 #: Set by ``srun`` in every task of a job step; absent in ``sbatch`` scripts and ``salloc`` shells.
@@ -124,8 +124,8 @@ LAUNCHER_ENV_VARS: Tuple[str, ...] = tuple(dict.fromkeys((
     SHARED_FS_ENV_VAR, OLMO_SHARED_FS_ENV_VAR, "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_RUN_ID", *RESTART_COUNT_ENV_VARS, LAUNCHER_PID_ENV_VAR)))
 
-_raw = _envvars.raw
-_text = _envvars.text
+_raw = _variables.raw
+_text = _variables.text
 
 
 def _slurm_step() -> bool:
@@ -167,7 +167,7 @@ _MAX_IS = "ranks torch's c10d store takes"
 
 
 def _parse_int(name: str, raw: object, minimum: int, fix: str, maximum: Optional[int] = None) -> int:
-    return _envvars.parse_int(name, raw, minimum, fix, maximum, _MAX_IS)
+    return _variables.parse_int(name, raw, minimum, fix, maximum, _MAX_IS)
 
 
 _RANK_FIX = "set it to this process's global rank in [0, WORLD_SIZE)"
@@ -222,9 +222,9 @@ def _slow_env_rank() -> int:
 
 _RANK_CACHE: Dict[Tuple[object, ...], int] = {}
 #: Zero-argument getters of the raw RANK / WORLD_SIZE values (the objects os.environ stores).
-rank_raw = _envvars.raw_getter(RANK_ENV_VAR)
-world_size_raw = _envvars.raw_getter(WORLD_SIZE_ENV_VAR)
-_OTHER_RAW = tuple(_envvars.raw_getter(n) for n in RANK_SOURCES["rank"][1:] + RANK_SOURCES["world_size"][1:])
+rank_raw = _variables.raw_getter(RANK_ENV_VAR)
+world_size_raw = _variables.raw_getter(WORLD_SIZE_ENV_VAR)
+_OTHER_RAW = tuple(_variables.raw_getter(n) for n in RANK_SOURCES["rank"][1:] + RANK_SOURCES["world_size"][1:])
 
 
 def env_rank() -> int:
@@ -348,11 +348,11 @@ def env_attempt() -> int:
 def env_shared_filesystem() -> bool:
     """Whether all nodes share one filesystem (``AXOLOTL_DIST_SHARED_FS`` or ``OLMO_SHARED_FS``)."""
     if _raw(SHARED_FS_ENV_VAR) is not None:
-        return _envvars.kit_switch(SHARED_FS_ENV_VAR)
+        return _variables.kit_switch(SHARED_FS_ENV_VAR)
     raw = _raw(OLMO_SHARED_FS_ENV_VAR)  # OLMo-core's name, read the same way
     if raw is not None:
-        return _envvars.parse_flag(OLMO_SHARED_FS_ENV_VAR, raw,
-                                   _envvars.KIT_VARS[SHARED_FS_ENV_VAR].fix)
+        return _variables.parse_flag(OLMO_SHARED_FS_ENV_VAR, raw,
+                                   _variables.KIT_VARS[SHARED_FS_ENV_VAR].fix)
     return False
 
 
@@ -445,6 +445,6 @@ def validate_env_vars() -> None:
     env_fs_local_rank()
     env_shared_filesystem()
     env_master_port()
-    _envvars.validate_kit_vars()
+    _variables.validate_kit_vars()
     if env_master_addr() is None:
         default_master_addr()

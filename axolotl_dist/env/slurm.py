@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import List, Optional
 
-from ...errors import DistributedEnvError
-from .text import is_decimal
+from ..errors import DistributedEnvError
+from .variables import is_decimal
 
 __all__ = [
     "SLURM_BASE_PORT",

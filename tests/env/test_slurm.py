@@ -1,4 +1,4 @@
-"""Unit tests of SLURM's compressed host lists and task counts (``_runtime/base/slurm.py``):
+"""Unit tests of SLURM's compressed host lists and task counts (``axolotl_dist/env/slurm.py``):
 what ``SLURM_NODELIST`` and ``SLURM_TASKS_PER_NODE`` expand to, the ``MASTER_PORT`` a job step
 agrees on, and the ``DistributedEnvError`` naming the variable that malformed input raises.
 No ``scontrol``, no process."""
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from axolotl_dist._runtime.base.slurm import (default_master_port, expand_nodelist,
+from axolotl_dist.env.slurm import (default_master_port, expand_nodelist,
                                               expand_tasks_per_node, first_host)
 from axolotl_dist.errors import DistributedEnvError
 

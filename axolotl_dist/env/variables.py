@@ -24,8 +24,7 @@ import math
 import os
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
-from . import constants
-from ...errors import DistributedEnvError
+from ..errors import DistributedEnvError
 
 __all__ = [
     "TRUE_WORDS",
@@ -45,7 +44,35 @@ __all__ = [
     "kit_secret",
     "MIN_SECRET",
     "validate_kit_vars",
+    "is_decimal",
+    "HEARTBEAT_TIMEOUT_ENV_VAR",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "WAIT_LOG_INTERVAL_ENV_VAR",
+    "STARTUP_ENV_VAR",
+    "CHECK_LAUNCH_ENV_VAR",
+    "STANDIN_ENV_VAR",
+    "DEAD_PEER_EXIT_ENV_VAR",
+    "RETRY_SAME_FAILURE_ENV_VAR",
+    "DEFAULT_WAIT_LOG_INTERVAL",
+    "STORE_LINGER_ENV_VAR",
+    "DEFAULT_STORE_LINGER",
+    "DEBUG_ENV_VAR",
+    "DEBUG_TIMEOUT_ENV_VAR",
+    "DEFAULT_DEBUG_TIMEOUT",
+    "DEFAULT_LOGGING_ENV_VAR",
     "SHARED_FS_ENV_VAR",
+    "LAUNCHER_PID_ENV_VAR",
+    "END_DIR_ENV_VAR",
+    "FOLD_ENV_VAR",
+    "LOG_DIR_ENV_VAR",
+    "LAUNCHER_FOLDS_ENV_VAR",
+    "LAUNCHER_TTY_ENV_VAR",
+    "TRACE_ENV_VAR",
+    "RUN_DIR_ENV_VAR",
+    "SECRET_ENV_VAR",
+    "SECRET_FILE_ENV_VAR",
+    "SECRET_OFF",
+    "AGENT_STORE_ENV_VAR",
 ]
 
 #: Values that switch a flag on / off (case-insensitive, surrounding spaces ignored).
@@ -58,6 +85,13 @@ TORCHRUN_NODE_ALIASES = (("NODE_RANK", "GROUP_RANK"), ("NUM_NODES", "GROUP_WORLD
 _DATA = getattr(os.environ, "_data", None)
 _ENCODE: Optional[Callable[[str], object]] = getattr(os.environ, "encodekey", None)
 _KEYS: Dict[str, object] = {}
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: a number the kit wrote, or one ``int()``
+    reads back from an environment variable, a store record or a file name. Not
+    ``str.isdigit``, which also takes ``'²'`` (``int()`` then raises)."""
+    return text.isascii() and text.isdigit()
 
 
 def raw_getter(name: str) -> Callable[[], Optional[object]]:
@@ -139,6 +173,65 @@ def read_seconds(name: str, default: float) -> float:
 
 # --- the kit's own variables -----------------------------------------------------------------
 
+#: Seconds without a heartbeat after which a rank on another host counts as dead.
+HEARTBEAT_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_HEARTBEAT_TIMEOUT"
+DEFAULT_HEARTBEAT_TIMEOUT = 15.0
+#: Seconds a wait runs before its first warning (then at doubling intervals).
+WAIT_LOG_INTERVAL_ENV_VAR = "AXOLOTL_DIST_WAIT_LOG_INTERVAL"
+#: Switch: rank 0 logs where the start-up's time went, one table after init; rank 0 names the
+#: ranks the kit's handshake still waits for after a few seconds.
+STARTUP_ENV_VAR = "AXOLOTL_DIST_STARTUP"
+#: Switch: ``0`` turns off the checks of the launch geometry (``srun`` or ``mpirun`` around a
+#: per-node launcher, a ``RANK`` every task inherited, a loopback ``MASTER_ADDR`` on several
+#: hosts).
+CHECK_LAUNCH_ENV_VAR = "AXOLOTL_DIST_CHECK_LAUNCH"
+#: ``1``: gloo groups are treated as accelerator groups (the kit's own tests: tests/standin.py).
+STANDIN_ENV_VAR = "AXOLOTL_DIST_STANDIN_DEVICE"
+#: ``0``: a rank whose peer died is not ended by the kit (:mod:`axolotl_dist._runtime.liveness.dead_peers`).
+DEAD_PEER_EXIT_ENV_VAR = "AXOLOTL_DIST_DEAD_PEER_EXIT"
+#: Switch: restart also when an attempt fails at start-up the way the attempt before did.
+RETRY_SAME_FAILURE_ENV_VAR = "AXOLOTL_DIST_RETRY_SAME_FAILURE"
+DEFAULT_WAIT_LOG_INTERVAL = 30.0
+#: Seconds the store's host keeps a failure readable for its peers before it exits.
+STORE_LINGER_ENV_VAR = "AXOLOTL_DIST_STORE_LINGER"
+DEFAULT_STORE_LINGER = 5.0
+#: Debug mode's switch, and seconds it waits for a missing rank after the last one arrived.
+DEBUG_ENV_VAR = "AXOLOTL_DIST_DEBUG"
+DEBUG_TIMEOUT_ENV_VAR = "AXOLOTL_DIST_DEBUG_TIMEOUT"
+DEFAULT_DEBUG_TIMEOUT = 5.0
+#: ``0`` turns off ``get_logger``'s stderr output while logging is unconfigured.
+DEFAULT_LOGGING_ENV_VAR = "AXOLOTL_DIST_DEFAULT_LOGGING"
+#: Whether all nodes share one filesystem (``get_fs_local_rank``, ``shared_map``).
+SHARED_FS_ENV_VAR = "AXOLOTL_DIST_SHARED_FS"
+#: Set by ``axolotl-dist`` for its ranks: the launcher's pid, and where a rank records its end.
+LAUNCHER_PID_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_PID"
+END_DIR_ENV_VAR = "AXOLOTL_DIST_END_DIR"
+#: ``0`` turns off folding of what several ranks print alike: ``axolotl-dist``'s (like
+#: ``--no-fold``) and, under other launchers, the kit's folding of Python warnings.
+FOLD_ENV_VAR = "AXOLOTL_DIST_FOLD"
+#: A directory: ``axolotl-dist`` writes each rank's whole, unfolded output there (``--log-dir``).
+LOG_DIR_ENV_VAR = "AXOLOTL_DIST_LOG_DIR"
+#: Set by ``axolotl-dist`` for its ranks while it takes their output (folded, or kept with
+#: ``--log-dir``): the address of its socket; the ranks then leave their warnings to it.
+LAUNCHER_FOLDS_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_FOLDS"
+#: Set by ``axolotl-dist`` with the above where its own stdout or stderr is a terminal: which
+#: (``1``, ``2``, ``1,2``) and its size (``1,2:24x80``); each rank's stream then is a
+#: pseudo-terminal of that size.
+LAUNCHER_TTY_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_TTY"
+#: A directory: every rank records its kit calls there for the timeline (off when unset).
+TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
+#: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default
+#: ``$XDG_RUNTIME_DIR/axolotl_dist/runs``, else ``<tmp>/axolotl_dist-<uid>/runs``).
+RUN_DIR_ENV_VAR = "AXOLOTL_DIST_RUN_DIR"
+#: The run's secret, which seals what the kit writes to the store and encrypts ``where``
+#: answers (``axolotl-dist`` makes one for a one-node run), or a file holding it; the value
+#: :data:`SECRET_OFF` runs without one.
+SECRET_ENV_VAR = "AXOLOTL_DIST_SECRET"
+SECRET_FILE_ENV_VAR = "AXOLOTL_DIST_SECRET_FILE"
+SECRET_OFF = "off"
+#: torch elastic's switch: ``True`` when the launcher's agent hosts the store.
+AGENT_STORE_ENV_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
 class KitVar(NamedTuple):
     """One ``AXOLOTL_DIST_*`` variable: how it is read, its default, and the fix a bad value's
     error suggests."""
@@ -148,73 +241,71 @@ class KitVar(NamedTuple):
     fix: str
 
 
-SHARED_FS_ENV_VAR = constants.SHARED_FS_ENV_VAR
-
 #: Every ``AXOLOTL_DIST_*`` variable the kit reads (``tests/test_docs.py`` checks that the code
 #: names no other and that docs/env.md lists exactly these).
 KIT_VARS: Dict[str, KitVar] = {
-    constants.DEBUG_ENV_VAR: KitVar("switch", False, f"set {constants.DEBUG_ENV_VAR}=1 to turn debug mode on or "
-                            f"{constants.DEBUG_ENV_VAR}=0 (or unset it) to leave it off"),
-    constants.DEBUG_TIMEOUT_ENV_VAR: KitVar("seconds", constants.DEFAULT_DEBUG_TIMEOUT, ""),
-    constants.DEFAULT_LOGGING_ENV_VAR: KitVar(
-        "switch", True, f"set {constants.DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr fallback off or "
-        f"{constants.DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it"),
-    constants.SHARED_FS_ENV_VAR: KitVar("switch", False, "set it to 1 if all nodes share one "
+    DEBUG_ENV_VAR: KitVar("switch", False, f"set {DEBUG_ENV_VAR}=1 to turn debug mode on or "
+                            f"{DEBUG_ENV_VAR}=0 (or unset it) to leave it off"),
+    DEBUG_TIMEOUT_ENV_VAR: KitVar("seconds", DEFAULT_DEBUG_TIMEOUT, ""),
+    DEFAULT_LOGGING_ENV_VAR: KitVar(
+        "switch", True, f"set {DEFAULT_LOGGING_ENV_VAR}=0 to turn the stderr fallback off or "
+        f"{DEFAULT_LOGGING_ENV_VAR}=1 (or unset it) to keep it"),
+    SHARED_FS_ENV_VAR: KitVar("switch", False, "set it to 1 if all nodes share one "
                                 "filesystem, else 0"),
-    constants.HEARTBEAT_TIMEOUT_ENV_VAR: KitVar("seconds", constants.DEFAULT_HEARTBEAT_TIMEOUT, ""),
-    constants.WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", constants.DEFAULT_WAIT_LOG_INTERVAL, ""),
-    constants.STORE_LINGER_ENV_VAR: KitVar("seconds", constants.DEFAULT_STORE_LINGER, ""),
-    constants.STARTUP_ENV_VAR: KitVar("switch", False, f"set {constants.STARTUP_ENV_VAR}=1 on every "
+    HEARTBEAT_TIMEOUT_ENV_VAR: KitVar("seconds", DEFAULT_HEARTBEAT_TIMEOUT, ""),
+    WAIT_LOG_INTERVAL_ENV_VAR: KitVar("seconds", DEFAULT_WAIT_LOG_INTERVAL, ""),
+    STORE_LINGER_ENV_VAR: KitVar("seconds", DEFAULT_STORE_LINGER, ""),
+    STARTUP_ENV_VAR: KitVar("switch", False, f"set {STARTUP_ENV_VAR}=1 on every "
                                "rank for the start-up report, or 0 (or unset it) for none"),
-    constants.CHECK_LAUNCH_ENV_VAR: KitVar("switch", True, f"set {constants.CHECK_LAUNCH_ENV_VAR}=0 to "
+    CHECK_LAUNCH_ENV_VAR: KitVar("switch", True, f"set {CHECK_LAUNCH_ENV_VAR}=0 to "
                                     "skip the launch geometry's checks, or 1 (or unset it) to "
                                     "keep them"),
-    constants.STANDIN_ENV_VAR: KitVar(
-        "switch", False, f"set {constants.STANDIN_ENV_VAR}=1 only in the kit's own tests (gloo "
+    STANDIN_ENV_VAR: KitVar(
+        "switch", False, f"set {STANDIN_ENV_VAR}=1 only in the kit's own tests (gloo "
         "groups run the accelerator branches), else 0 or unset"),
-    constants.DEAD_PEER_EXIT_ENV_VAR: KitVar(
-        "switch", True, f"set {constants.DEAD_PEER_EXIT_ENV_VAR}=0 to keep a rank whose peer "
+    DEAD_PEER_EXIT_ENV_VAR: KitVar(
+        "switch", True, f"set {DEAD_PEER_EXIT_ENV_VAR}=0 to keep a rank whose peer "
         "died running, or 1 (or unset it) to end it"),
-    constants.RETRY_SAME_FAILURE_ENV_VAR: KitVar(
-        "switch", False, f"set {constants.RETRY_SAME_FAILURE_ENV_VAR}=1 to restart a run whose "
+    RETRY_SAME_FAILURE_ENV_VAR: KitVar(
+        "switch", False, f"set {RETRY_SAME_FAILURE_ENV_VAR}=1 to restart a run whose "
         "start-up fails the same way twice, or 0 (or unset it) to stop it"),
-    constants.FOLD_ENV_VAR: KitVar("switch", True, f"set {constants.FOLD_ENV_VAR}=0 to print every rank's "
-                           f"lines as they come or {constants.FOLD_ENV_VAR}=1 (or unset it) to fold "
+    FOLD_ENV_VAR: KitVar("switch", True, f"set {FOLD_ENV_VAR}=0 to print every rank's "
+                           f"lines as they come or {FOLD_ENV_VAR}=1 (or unset it) to fold "
                            "lines that several ranks print alike"),
-    constants.LOG_DIR_ENV_VAR: KitVar("path", None, ""),
-    constants.LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
-    constants.LAUNCHER_TTY_ENV_VAR: KitVar("launcher", None, ""),
-    constants.TRACE_ENV_VAR: KitVar("path", None, ""),
-    constants.RUN_DIR_ENV_VAR: KitVar("path", None, ""),
-    constants.LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
-    constants.END_DIR_ENV_VAR: KitVar("launcher", None, ""),
-    constants.SECRET_ENV_VAR: KitVar("secret", None, ""),
-    constants.SECRET_FILE_ENV_VAR: KitVar("path", None, ""),
+    LOG_DIR_ENV_VAR: KitVar("path", None, ""),
+    LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
+    LAUNCHER_TTY_ENV_VAR: KitVar("launcher", None, ""),
+    TRACE_ENV_VAR: KitVar("path", None, ""),
+    RUN_DIR_ENV_VAR: KitVar("path", None, ""),
+    LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
+    END_DIR_ENV_VAR: KitVar("launcher", None, ""),
+    SECRET_ENV_VAR: KitVar("secret", None, ""),
+    SECRET_FILE_ENV_VAR: KitVar("path", None, ""),
 }
 
 #: The fewest characters a run's secret may have.
 MIN_SECRET = 16
 _SECRET_HOW = ("give every rank the same secret of at least 16 characters (e.g. "
-               f"{constants.SECRET_ENV_VAR}=$(openssl rand -hex 32)), or "
-               f"{constants.SECRET_ENV_VAR}={constants.SECRET_OFF} to run without one")
+               f"{SECRET_ENV_VAR}=$(openssl rand -hex 32)), or "
+               f"{SECRET_ENV_VAR}={SECRET_OFF} to run without one")
 
 
 def kit_secret() -> Optional[bytes]:
-    """The run's secret: :data:`~.constants.SECRET_ENV_VAR`'s value or the content of the file
-    :data:`~.constants.SECRET_FILE_ENV_VAR` names (this user's, readable by no one else); None
+    """The run's secret: :data:`SECRET_ENV_VAR`'s value or the content of the file
+    :data:`SECRET_FILE_ENV_VAR` names (this user's, readable by no one else); None
     where neither is set or the value is ``off``. Raises
     :class:`~axolotl_dist.errors.DistributedEnvError` naming the variable and the fix."""
-    value, path = raw(constants.SECRET_ENV_VAR), kit_path(constants.SECRET_FILE_ENV_VAR)
+    value, path = raw(SECRET_ENV_VAR), kit_path(SECRET_FILE_ENV_VAR)
     if value is not None and path is not None:
-        raise DistributedEnvError(f"both {constants.SECRET_ENV_VAR} and "
-                                  f"{constants.SECRET_FILE_ENV_VAR} are set: keep one")
+        raise DistributedEnvError(f"both {SECRET_ENV_VAR} and "
+                                  f"{SECRET_FILE_ENV_VAR} are set: keep one")
     if path is not None:
         return _secret_file(path)
-    if value is None or text(value).strip().lower() == constants.SECRET_OFF:
+    if value is None or text(value).strip().lower() == SECRET_OFF:
         return None
     secret = text(value).strip()
     if len(secret) < MIN_SECRET:
-        raise DistributedEnvError(f"{constants.SECRET_ENV_VAR} has {len(secret)} characters; "
+        raise DistributedEnvError(f"{SECRET_ENV_VAR} has {len(secret)} characters; "
                                   + _SECRET_HOW)
     return secret.encode()
 
@@ -222,7 +313,7 @@ def kit_secret() -> Optional[bytes]:
 @functools.lru_cache(maxsize=4)
 def _secret_file(path: str) -> bytes:
     """The secret in file ``path``, refused where another user could read or change it."""
-    name = constants.SECRET_FILE_ENV_VAR
+    name = SECRET_FILE_ENV_VAR
     try:
         info = os.stat(path)
         with open(path, "rb") as fh:
