@@ -8,7 +8,7 @@ a multi-process test harness. Importing this package never creates a process gro
 imports ``datasets`` (only calling ``shared_map`` does).
 
 Under the public modules, the private package :mod:`axolotl_dist._runtime` holds the machinery
-they share, one concern per module; its docstring is the map, and docs/design.md the design.
+they share, one concern per module; its docstring is the map, and docs/design/README.md the design.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ for _hidden in _KEPT_IN_SUBPACKAGES:
 
 # --- pickled by name ------------------------------------------------------------------------
 # A map function that mentions the kit hashes the same in every process and install mode, so
-# `datasets` reuses zero_first's cache (docs/design.md, "Installs").
+# `datasets` reuses zero_first's cache (docs/design/machine.md, "Installs").
 from ._runtime.base.pickling import by_name as _by_name  # noqa: E402
 
 _by_name(__name__)

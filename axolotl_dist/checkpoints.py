@@ -20,6 +20,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
+from ._runtime.liveness.progress import advance
 from . import env as _env
 from ._runtime.base.callsite import call_site
 from ._runtime.base.groups import Group, group_of
@@ -181,7 +182,7 @@ class _CheckpointDir:
         site = call_site()
         self.opened = enter_block(g, "checkpoint_dir", site, None)
         try:
-            self.written = CheckpointBlock(g, g.next_seq("checkpoint_dir"), site, None,
+            self.written = CheckpointBlock(g, advance(g, "checkpoint_dir"), site, None,
                                            timeout=self.timeout)
             staging = _checkpointing.staging_dir(self.root, self.step, job, self.run,
                                                  self.written.seq)

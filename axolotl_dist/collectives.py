@@ -1,7 +1,7 @@
 """Tensor collectives with composer's names, safe defaults and clear errors.
 
 With no process group and a world size of 1 every collective is a no-op with the multi-rank
-return shape (docs/design.md, decision 3); with ``WORLD_SIZE > 1`` in the env but no group they raise
+return shape (docs/design/decisions.md, decision 3); with ``WORLD_SIZE > 1`` in the env but no group they raise
 :class:`~axolotl_dist.errors.DistributedEnvError` telling you to call ``init_distributed()``.
 ``src`` arguments are ranks *within* ``group`` (the global rank when ``group`` is None).
 Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved and moved back.
@@ -9,7 +9,7 @@ Tensors on the wrong device for the backend (CPU tensors under NCCL) are moved a
 :func:`all_reduce` and :func:`broadcast` first check, in one exchange of small headers (each
 rank's description length and hash), that the ranks passed tensors the collective can pair: ranks that disagree
 raise :class:`~axolotl_dist.errors.TensorMismatchError` together, naming each rank's dtype and
-shape, where the backend would abort, hang or return a wrong value (docs/design.md, "Shape
+shape, where the backend would abort, hang or return a wrong value (docs/design/helpers.md, "Shape
 checks").
 """
 
@@ -28,7 +28,7 @@ from ._runtime.protocols.packets import DTYPES, check_alike, describe_ranks, fla
 from ._runtime.base.groups import Group, channel_of, group_of
 from ._runtime.base.args import REDUCE_OPS, as_reduce_op, check_src, reduce_name
 from ._runtime.base.callsite import call_site
-from ._runtime.protocols.protocols_state import TIMELINE
+from ._runtime.protocols.timeline import TIMELINE
 from .errors import tensor_mismatch
 
 if TYPE_CHECKING:  # pragma: no cover

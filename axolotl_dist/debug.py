@@ -36,6 +36,7 @@ from ._runtime.protocols import debug_checks as _debug_checks
 from ._runtime.protocols import raw_checks as _raw_checks
 from ._runtime.protocols.helpers import debug_timeout
 from ._runtime.base.groups import group_of as _group_of
+from ._runtime.liveness.progress import count
 from .errors import DistributedConfigError, DistributedEnvError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,7 +109,7 @@ def checked_calls(group: Optional["ProcessGroup"] = None) -> int:
     process so far; 0 without a process group. Every rank checks the same calls, so the counts
     agree across ranks; a helper that calls another helper is checked once."""
     g = _group_of(group, "checked_calls")
-    return 0 if g is None else g.seq.get(_debug_checks.SEQUENCE_KIND, 0)
+    return 0 if g is None else count(g, _debug_checks.SEQUENCE_KIND)
 
 
 @contextmanager

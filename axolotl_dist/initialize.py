@@ -29,7 +29,7 @@ from ._runtime.protocols import timeline as _timeline
 from . import tracing as _tracing
 from ._runtime.base.kitlog import kit as _kit_log
 from ._runtime.base import torch_messages as _torch_messages
-from ._runtime.protocols.protocols_state import TIMELINE
+from ._runtime.protocols.timeline import TIMELINE
 from . import debug as _debug
 from ._runtime.liveness.waits import logged_blocking_call as _logged_blocking_call
 from . import env as _env
@@ -88,7 +88,7 @@ def default_backend(device: Union[str, torch.device, None] = None) -> str:
 
     ``"gloo"`` for CPU, ``"nccl"`` for CUDA, and whatever torch registers for other devices.
     With no ``device``, an accelerator counts only when it is usable here: PyPI's CUDA build of
-    torch on a machine without a GPU gets ``"gloo"`` (docs/design.md, decision 17).
+    torch on a machine without a GPU gets ``"gloo"`` (docs/design/decisions.md, decision 17).
     """
     if device is None:
         device = _backends.usable_accelerator() or "cpu"
@@ -282,7 +282,7 @@ def init_distributed(
 def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> Any:
     """Under torch elastic's agent store (torchrun, ``axolotl-dist``, ``accelerate launch``):
     this attempt's namespace of it, where the group bootstraps, so a restarted run never reads
-    what an earlier attempt wrote (docs/design.md, "Restarts")."""
+    what an earlier attempt wrote (docs/design/launching.md, "Restarts")."""
     addr, port = _env.env_master_addr(), _env.env_master_port()
     if addr is None or port is None:  # the agent sets both; checked by _set_rendezvous
         raise DistributedEnvError("MASTER_ADDR and MASTER_PORT must be set under torchrun")

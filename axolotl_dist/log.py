@@ -2,7 +2,7 @@
 
 ``get_logger(__name__).info("step %d", step)`` logs once (on rank 0) with ``[rank 0/4]`` in
 front; pass ``main_process_only=False`` to log on every rank. Reading the rank never creates a
-process group (docs/design.md, decision 2), so it is safe at import time.
+process group (docs/design/decisions.md, decision 2), so it is safe at import time.
 
 Records show up without any logging setup: while logging is unconfigured (no handler on the
 logger, its parents or the root, and no level set below the root's default), INFO and above

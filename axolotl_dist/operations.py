@@ -16,7 +16,7 @@ What they do differently from accelerate's, on purpose:
   memory grows by the result's size: 1.01x for 256 MiB a rank on 2 ranks, accelerate's 2.01x).
 * With one process, :func:`gather` turns a 0-d tensor into a 1-element tensor, as it does on
   several ranks, and :func:`gather_object` returns a list, as it does on several ranks
-  (docs/design.md, decision 3); accelerate returns the input unchanged there.
+  (docs/design/decisions.md, decision 3); accelerate returns the input unchanged there.
 * :func:`gather_object` flattens lists and tuples one level and keeps any other object whole
   (accelerate iterates it: a dict became its keys, accelerate #2188).
 * The shape checks are always on (accelerate's run in its debug mode only): :func:`reduce`

@@ -9,7 +9,7 @@ collectives: a waiting rank is bounded only by its own ``timeout`` (rank 0 may t
 hours), hears within a fraction of a second that a rank it waits for raised
 (:class:`~axolotl_dist.errors.RankFailedError` naming it), notices within seconds that it died,
 and logs whom it waits for. Every rank of the group must enter the same blocks in the same
-order, as with any collective (docs/design.md, decisions 6 and 14).
+order, as with any collective (docs/design/decisions.md, decisions 6 and 14).
 """
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
                     ParamSpec, TypeVar, Union, overload)
 
 
+from ._runtime.liveness.progress import advance
 from . import env as _env
 from ._runtime.liveness import scopes as _scopes
 from ._runtime.protocols import shared_fs as _shared_fs
 from ._runtime.protocols import timeline as _timeline
 from ._runtime.base.args import check_world_size
-from ._runtime.protocols.blocks import run_in_rounds
+from ._runtime.protocols.rounds import run_in_rounds
 from ._runtime.protocols.zero_first import ZeroFirstBlock, first_run_begin, first_run_end
 from ._runtime.base.callsite import call_site, short_path
 from ._runtime.protocols.helpers import block, first_rank_block, rounds
-from ._runtime.base.groups import NOT_ASKED, group_of
-from ._runtime.protocols.protocols_state import DEBUG, TIMELINE
+from ._runtime.base.groups import group_of
+from ._runtime.base.state import PerGroup, RoomState, register
+from ._runtime.protocols.protocols_state import DEBUG
+from ._runtime.protocols.timeline import TIMELINE
 from ._runtime.protocols.threads import enter_block, leave_block
 from .debug import is_debug_enabled
 from .ranks import get_fs_local_rank, get_local_rank, get_num_nodes, get_rank, is_main_process
@@ -47,6 +50,21 @@ T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 D = TypeVar("D")  # what a skipped @zero_only(default=...) call returns
+
+#: A group's first rank(s) of a default block before the first block asked.
+NOT_ASKED = object()
+
+
+class OrderingState(RoomState):
+    """``node_first``: a default ``zero_first``'s first rank(s) on each group, found at its
+    first block (:func:`_node_first`): None (group rank 0 alone), or whether this rank is its
+    node's first (several nodes, no shared filesystem)."""
+
+    def __init__(self) -> None:
+        self.node_first: PerGroup[Optional[bool]] = PerGroup(lambda g: None)
+
+
+ORDERING = register("ordering", OrderingState())
 
 
 def _goes_first(arguments: dict) -> bool:
@@ -64,8 +82,9 @@ def _node_first(g: Any, path: Optional[str]) -> Optional[bool]:
     that do not share a filesystem: ``AXOLOTL_DIST_SHARED_FS`` (or ``OLMO_SHARED_FS``) as set
     or as ``init_distributed`` probed it, or, for ``path=``, a probe of that path (once per
     run; an explicit setting wins). Cached on the group, but for ``path=``."""
-    if path is None and g.node_first is not NOT_ASKED:
-        return g.node_first
+    known = ORDERING.node_first.get(g, NOT_ASKED)
+    if path is None and known is not NOT_ASKED:
+        return known
     answer: Optional[bool] = None
     if g.default and _env.env_num_nodes(g.size) > 1:
         if path is not None and not _shared_fs.said():  # the init's probe is not the user's word
@@ -75,7 +94,7 @@ def _node_first(g: Any, path: Optional[str]) -> Optional[bool]:
         else:
             answer = None if _env.env_shared_filesystem() else get_fs_local_rank() == 0
     if path is None:
-        g.node_first = answer
+        ORDERING.node_first.put(g, answer)
     return answer
 
 
@@ -107,14 +126,14 @@ class _ZeroFirst:
             return
         is_main = self.is_main
         if is_main is None:  # cached on the group after the first block (but for path=)
-            known = g.node_first
+            known = ORDERING.node_first.get(g, NOT_ASKED)
             is_main = known if self.path is None and known is not NOT_ASKED else \
                 _node_first(g, self.path)
         first = g.rank == 0 if is_main is None else bool(is_main)
         site = call_site()
         opened = self.opened = enter_block(g, "zero_first", site, self.desc)  # one thread
         try:
-            seq = g.seq["zero_first"] = g.seq.get("zero_first", 0) + 1  # g.next_seq, inline
+            seq = advance(g, "zero_first")
             block = self.block = ZeroFirstBlock(g, seq, site, self.desc, is_main is not None,
                                                 first, self.timeout)
             if not first:
@@ -380,6 +399,6 @@ def do_n_at_a_time(
     site = call_site()
     opened = enter_block(g, "do_n_at_a_time", site, desc)  # one thread numbers the blocks
     try:
-        return run_in_rounds(f, g, g.next_seq("do_n_at_a_time"), rounds, timeout, site, desc)
+        return run_in_rounds(f, g, advance(g, "do_n_at_a_time"), rounds, timeout, site, desc)
     finally:
         leave_block(opened)

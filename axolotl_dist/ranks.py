@@ -3,7 +3,7 @@
 Before :func:`~axolotl_dist.init_distributed` they read the launcher's env vars (see
 :mod:`axolotl_dist.env`); after it they report the process group and raise
 :class:`~axolotl_dist.errors.DistributedEnvError` if the env disagrees with it. No query ever
-creates a process group or any other state (docs/design.md, decisions 1 and 2).
+creates a process group or any other state (docs/design/decisions.md, decisions 1 and 2).
 """
 
 from __future__ import annotations

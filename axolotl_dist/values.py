@@ -1,6 +1,6 @@
 """Exact value helpers: agree on numbers and objects across ranks.
 
-Every helper here moves Python values exactly (docs/design.md, decision 4): ints (int64 in one
+Every helper here moves Python values exactly (docs/design/decisions.md, decision 4): ints (int64 in one
 pickle-free collective, larger ones through pickle), float64 bit for bit, bools, None, tensors
 (dtype, shape and device type kept) and any picklable object. Scalars cost one small
 collective; anything else exactly two. If a rank's ``fn`` raises, that rank re-raises its

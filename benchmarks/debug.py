@@ -124,7 +124,7 @@ def _trace_cost_ns(number: int = 20_000, rounds: int = 25) -> Dict[str, float]:
     # the span the wrapper records, timed alone
     from axolotl_dist._runtime.protocols import timeline
     from axolotl_dist._runtime.base.callsite import call_site
-    from axolotl_dist._runtime.protocols.protocols_state import TIMELINE  # toggled here
+    from axolotl_dist._runtime.protocols.timeline import TIMELINE  # toggled here
 
     def nothing() -> None:
         return None

@@ -7,7 +7,7 @@ The hard limits (15, 20, 500) stay where they are."""
 COMPLEXITY = {
     'axolotl_dist/_runtime/base/geometry.py::check_launcher': 13,
     'axolotl_dist/_runtime/base/groups.py::_resolve': 14,
-    'axolotl_dist/_runtime/lifecycle/teardown.py::cleanup': 15,
+    'axolotl_dist/_runtime/lifecycle/teardown.py::cleanup': 14,
     'axolotl_dist/_runtime/lifecycle/teardown.py::teardown': 15,
     'axolotl_dist/_runtime/liveness/deadlock.py::read_desc': 15,
     'axolotl_dist/_runtime/liveness/failures.py::await_peers_told': 14,
@@ -44,16 +44,14 @@ COMPLEXITY = {
 }
 
 FIELDS = {
-    'axolotl_dist/_runtime/base/groups.py::Group': 20,
-    'axolotl_dist/_runtime/liveness/heartbeat.py::Heartbeat': 20,
+    'axolotl_dist/_runtime/liveness/heartbeat.py::Heartbeat': 18,
     'axolotl_dist/hf_data/__init__.py::_SharedMap': 20,
     'axolotl_dist/launch/_fold.py::Folder': 18,
 }
 
 LINES = {
-    'axolotl_dist/_runtime/liveness/stalls.py': 463,
-    'axolotl_dist/_runtime/liveness/where_report.py': 472,
-    'axolotl_dist/_runtime/protocols/debug_checks.py': 491,
+    'axolotl_dist/_runtime/liveness/where_report.py': 463,
+    'axolotl_dist/_runtime/protocols/debug_checks.py': 475,
     'axolotl_dist/env/__init__.py': 450,
     'axolotl_dist/hf_data/__init__.py': 455,
     'axolotl_dist/launch/_output.py': 480,

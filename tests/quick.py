@@ -15,7 +15,7 @@ from typing import Tuple
 __all__ = ["UNIT_TREES", "INTEGRATION", "STATIC"]
 
 #: Test trees of unit tests: every test in them is quick.
-UNIT_TREES: Tuple[str, ...] = ("tests/runtime", "tests/launch")
+UNIT_TREES: Tuple[str, ...] = ("tests/runtime", "tests/launch", "tests/env")
 
 #: Integration tests of the quick set (pytest node ids; one without ``[...]`` takes every
 #: parametrization). Cheap ones first: forked ranks, then one launch per launcher path.
@@ -53,6 +53,7 @@ INTEGRATION: Tuple[str, ...] = (
     "tests/test_faults.py::test_a_caught_failure_keeps_no_frames_alive_and_is_still_relayed[killed]",
     "tests/test_faults.py::test_a_gone_store_host_is_known_without_a_store_call[rank0]",
     "tests/test_where.py::test_a_collective_inside_a_first_run_block_is_an_error_on_every_rank[store-parent-barrier-3]",
+    "tests/test_where.py::test_the_first_wait_warning_says_where_the_awaited_ranks_are[store-parent]",
     "tests/test_cache_note.py::test_in_memory_map_in_the_block_is_noted_once_on_rank_0_with_the_fix[zero_first]",
     "tests/test_shared_map.py::test_same_result_as_one_process_and_each_rank_maps_its_part[batched-with-indices-3]",
     "tests/test_shared_map.py::test_a_killed_rank_is_noticed_and_its_part_recomputed_next_time",

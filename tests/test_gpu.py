@@ -1,4 +1,4 @@
-"""The GPU path (docs/design.md, decision 18): every helper, block, mesh and sharded tensor on
+"""The GPU path (docs/design/decisions.md, decision 18): every helper, block, mesh and sharded tensor on
 CUDA, with real processes.
 
 A machine of this project's has one GPU, and NCCL refuses two ranks on one GPU, so each CUDA

@@ -1,4 +1,4 @@
-"""The kit's local channels are its user's alone (issue #47; docs/design.md, "Local
+"""The kit's local channels are its user's alone (issue #47; docs/design/launching.md, "Local
 channels"): the launcher's output socket, ``axolotl-dist where``'s run records and the
 launcher's own files. Another user is played by a real process running as ``nobody`` (the
 tests need root to start one; they are skipped otherwise): it cannot reach the socket, list

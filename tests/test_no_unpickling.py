@@ -1,5 +1,5 @@
 """Nothing the kit reads off the network is unpickled unless the user's own call asked for an
-object (docs/design.md, decision 19): a run that uses blocks and the value helpers on numbers
+object (docs/design/decisions.md, decision 19): a run that uses blocks and the value helpers on numbers
 and tensors, a stall report and a relayed failure makes no ``pickle.loads`` or
 ``Unpickler.load`` call from the kit's frames, in any rank or the launcher.
 

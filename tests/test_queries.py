@@ -239,7 +239,7 @@ def test_get_fs_local_rank_rejects_a_non_boolean_shared_fs():
 
 def test_queries_never_create_a_group_or_touch_the_network():
     """Under a launcher env whose MASTER_PORT has nobody listening, every query answers at once
-    and no process group, store connection or thread appears (docs/design.md, decision 2)."""
+    and no process group, store connection or thread appears (docs/design/decisions.md, decision 2)."""
 
     def body():
         import socket

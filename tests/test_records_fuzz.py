@@ -1,4 +1,4 @@
-"""A failure report read off the store is data, never code (docs/design.md, decision 19):
+"""A failure report read off the store is data, never code (docs/design/decisions.md, decision 19):
 random, truncated, oversized, foreign and hostile bytes given to
 the kit's failure-report reader (what every rank runs on a relayed failure and an exit record)
 are refused with a ``ValueError`` saying why, quickly, and a pickle that would run code runs

@@ -1,6 +1,6 @@
 """A restarted run starts clean: ``torchrun --max-restarts 1`` stops every rank on a failure
 and starts them again against the same store (its agent's), and the second attempt must read
-nothing the first one wrote (docs/design.md, "Restarts").
+nothing the first one wrote (docs/design/launching.md, "Restarts").
 
 Attempt 0 fails three ways (a raise in ``zero_first``, a SIGKILL in a barrier, a helper
 raising on 3 ranks); attempt 1 then runs every kind of kit call and must finish with exact

@@ -1,4 +1,4 @@
-"""The tensor operations' shape checks (docs/design.md, "Shape checks"): ranks that pass
+"""The tensor operations' shape checks (docs/design/helpers.md, "Shape checks"): ranks that pass
 tensors one collective cannot pair get ``TensorMismatchError`` on every rank, naming each
 rank's dtype and shape and the call's line, within seconds, under both store placements;
 never gloo's abort, a wrong value or a hang. The ranks stay in step after it."""

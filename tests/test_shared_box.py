@@ -1,4 +1,4 @@
-"""On a shared box the run is its user's (issue #60; docs/design.md, "Trust model"): with a
+"""On a shared box the run is its user's (issue #60; docs/design/store.md, "Trust model"): with a
 run secret, a record someone outside the job writes at a kit key before the genuine one is
 ignored and the run ends as it would without it.
 

@@ -1,5 +1,5 @@
 """Every record the kit keeps in the c10d store is data, never code, and a bad one never
-hangs a run (docs/design.md, "Trust model"; issue #47).
+hangs a run (docs/design/store.md, "Trust model"; issue #47).
 
 Ranks run against :class:`hostile_store.HostileStore`: a proxy that replaces the value of
 each write to the attacked keys with an attacker's bytes, so that the reader finds them where
@@ -41,7 +41,7 @@ from hostile_store import CodeRunningPickle, HostileStore, family
 KIT_ERRORS = ("DistributedEnvError", "RankFailedError", "CollectiveMismatchError",
               "RankTimeoutError")
 WORLD = 2
-#: An attacker can stall a run until its timeouts (docs/design.md, "Trust model"): the ranks'
+#: An attacker can stall a run until its timeouts (docs/design/store.md, "Trust model"): the ranks'
 #: init and collectives get STALL seconds; a run may take BOUND.
 STALL, BOUND = 8.0, 25.0
 

@@ -18,8 +18,8 @@ Read from the source (module- and function-level imports alike):
   state;
 * no module of the package is longer than 500 lines;
 * every ``docs/...`` reference in the code, the tests and the benchmarks names a file that
-  exists, and the heading (``docs/design.md, "Heading"``) or decision
-  (``docs/design.md, decision 4``) it cites exists in it; every docstring cross-reference
+  exists, and the heading (``docs/design/<page>.md, "Heading"``) or decision
+  (``docs/design/decisions.md, decision 4``) it cites exists in it; every docstring cross-reference
   (``:func:`...```) in the package names something that exists;
 * no test reaches into the runtime: tests use the public modules, and the project's own test
   plumbing (``reset_process_state``, ``store_of``...) through ``tests/probes.py`` alone.
@@ -33,7 +33,7 @@ import importlib
 import re
 import types
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -90,8 +90,9 @@ def _runtime(name: str) -> bool:
 class _Scan(ast.NodeVisitor):
     """Imports, private-name uses and ``sys.modules`` uses of one module."""
 
-    def __init__(self, module: str) -> None:
+    def __init__(self, module: str, typing: bool = False) -> None:
         self.module = module
+        self.typing = typing  # `if TYPE_CHECKING:` imports are edges too
         self.edges: Set[str] = set()
         self.problems: List[str] = []
         self.aliases: Dict[str, str] = {}  # local name -> package module
@@ -102,7 +103,7 @@ class _Scan(ast.NodeVisitor):
 
     def visit_If(self, node: ast.If) -> None:
         # `if TYPE_CHECKING:` imports exist for annotations only: no edge at run time
-        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" and not self.typing:
             for child in node.orelse:
                 self.visit(child)
             return
@@ -140,10 +141,10 @@ class _Scan(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _scan() -> Tuple[Dict[str, Set[str]], List[str]]:
+def _scan(typing: bool = False) -> Tuple[Dict[str, Set[str]], List[str]]:
     graph, problems = {}, []
     for module, path in MODULES.items():
-        scan = _Scan(module)
+        scan = _Scan(module, typing)
         scan.visit(ast.parse(path.read_text(), str(path)))
         graph[module] = scan.edges
         problems += scan.problems
@@ -174,7 +175,8 @@ def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 
 def test_no_import_cycle():
-    graph, _ = _scan()
+    # annotations' imports count: a state module typed by its users' classes is a cycle too
+    graph, _ = _scan(typing=True)
     cycles = _cycles(graph)
     assert cycles == [], _told(cycles, "no import cycle between the package's modules",
                                "move what both sides need into the lower module, or import "
@@ -376,6 +378,21 @@ def _state_writes(module: str, tree: ast.AST, objects: Dict[str, str]) -> List[T
         return bound.get(node.id, "") if isinstance(node, ast.Name) else ""
 
     found = []
+    aliases = {}  # (function, local name) -> module.NAME: `pending = BLOCKS.unconfirmed`
+    for func in ast.walk(tree):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(func):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) \
+                        and isinstance(node.value.value, ast.Name) and node.value.value.id in bound:
+                    for target in node.targets:
+                        if isinstance(target, ast.Name):
+                            aliases[(func, target.id)] = bound[node.value.value.id]
+    for (func, name), obj in aliases.items():  # a mutating call on the alias
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Name) and \
+                    node.func.value.id == name:
+                found.append((node.lineno, obj))
     for node in ast.walk(tree):
         targets: List[ast.AST] = []
         if isinstance(node, (ast.Assign, ast.Delete)):
@@ -412,9 +429,126 @@ def test_the_state_write_scan_sees_writes():
     objects = _state_objects()
     code = ("from axolotl_dist._runtime.base.state import GROUPS\n"
             "GROUPS.last_group = None\nGROUPS.groups.clear()\ndel GROUPS.groups[1]\n"
-            "x = GROUPS.groups.get(1)\n")
+            "x = GROUPS.groups.get(1)\ndef f():\n    alias = GROUPS.groups\n    alias.clear()\n")
     found = _state_writes(f"{RUNTIME}.store.sweep", ast.parse(code), objects)
-    assert sorted(line for line, _ in found) == [2, 3, 4]
+    assert sorted(line for line, _ in found) == [2, 3, 4, 8]
+
+
+def _home(module: str) -> str:
+    """Who owns what a module defines: its room (runtime), else its top-level public module
+    or feature package."""
+    if _runtime(module) and module != RUNTIME:
+        return f"{RUNTIME}.{_room(module)}"
+    return ".".join(module.split(".")[:2])
+
+
+_CONTAINERS = frozenset({"dict", "list", "set", "deque", "defaultdict", "OrderedDict", "PerGroup",
+                         "WeakSet", "WeakKeyDictionary", "WeakValueDictionary"})
+
+
+def _class_fields_by_home() -> Tuple[Dict[str, Set[str]], Set[str]]:
+    """``field -> the homes of the classes that have it`` for every class of the package (its
+    ``self.x = ...`` and ``__slots__``), and the fields set to a container somewhere."""
+    homes: Dict[str, Set[str]] = {}
+    containers: Set[str] = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:  # a dataclass's fields, class attributes
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    homes.setdefault(item.target.id, set()).add(_home(module))
+            for item in ast.walk(node):
+                if isinstance(item, ast.Assign) and isinstance(item.targets[0], ast.Name) \
+                        and item.targets[0].id == "__slots__":
+                    for name in ast.literal_eval(item.value):
+                        homes.setdefault(name, set()).add(_home(module))
+                targets = item.targets if isinstance(item, ast.Assign) else \
+                    [item.target] if isinstance(item, ast.AnnAssign) else []
+                value = getattr(item, "value", None)
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                            and target.value.id == "self":
+                        homes.setdefault(target.attr, set()).add(_home(module))
+                        maker = value.func if isinstance(value, ast.Call) else None
+                        if isinstance(value, (ast.Dict, ast.List, ast.Set)) or \
+                                getattr(maker, "id", getattr(maker, "attr", None)) in _CONTAINERS:
+                            containers.add(target.attr)
+    return homes, containers
+
+
+#: Writes to fields no class of the writer's home has that are no kit object's: what they
+#: write, and why it is not another room's state.
+FOREIGN_WRITES = {
+    ("axolotl_dist/collectives.py", "device"): "torch's BarrierOptions, built once",
+    ("axolotl_dist/launch/_options.py", "default"): "argparse's actions",
+    ("axolotl_dist/_runtime/protocols/checkpointing.py", "args"): "an exception's args (Python's)",
+    ("axolotl_dist/_runtime/protocols/exchange.py", "backend_error"):
+        "the public error it builds and raises (errors.RankFailedError.backend_error)",
+}
+
+
+def _foreign_writes(module: str, tree: ast.AST, homes: Dict[str, Set[str]],
+                    containers: Set[str]) -> List[Tuple[int, str]]:
+    """``(line, field)`` of each write of ``module`` to a field that only classes of other
+    homes have: an assignment, deletion or augmented assignment of ``x.field`` (``x`` any
+    name or expression but ``self``/``cls`` or an imported module: an alias too), or a
+    mutating call on a container field (``x.field.append(...)``)."""
+    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, ast.Import) for alias in node.names}
+    mine = _home(module)
+    found = []
+
+    def field_of(node: ast.AST) -> Optional[Tuple[str, ast.AST]]:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        return (node.attr, node.value) if isinstance(node, ast.Attribute) else None
+
+    for node in ast.walk(tree):
+        targets: List[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Attribute) \
+                and node.func.value.attr in containers:
+            targets = [node.func.value]
+        for target in targets:
+            found_field = field_of(target)
+            if found_field is None:
+                continue
+            name, base = found_field
+            if isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in modules):
+                continue
+            if name in homes and mine not in homes[name]:
+                found.append((node.lineno, name))
+    return found
+
+
+def test_no_module_writes_an_object_another_room_owns():
+    # a Group, a Heartbeat, a Block, a room's state or per-group object is written by its own
+    # room alone, through any name (an alias included); another room calls the owner
+    homes, containers = _class_fields_by_home()
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        rel = str(path.relative_to(ROOT))
+        for line, name in _foreign_writes(module, ast.parse(path.read_text()), homes, containers):
+            if (rel, name) not in FOREIGN_WRITES:
+                wrong.append(f"{rel}:{line} writes .{name} (a field of "
+                             f"{', '.join(sorted(homes[name]))})")
+    assert wrong == [], _told(wrong, "a module writes only objects its own room (or public "
+                              "module) defines", "call a function of the owning room that makes "
+                              "the change, or keep the state in this room")
+
+
+def test_the_foreign_write_scan_sees_writes_through_any_name():
+    homes, containers = _class_fields_by_home()
+    code = ("import sys\nsys.path[0] = ''\nblock = BLOCKS.unconfirmed[0]\n"
+            "block.timeout = 3\nbeat.warned += 1\nself.timeout = 1\n"
+            "g.channel = None\nx.ranks.append(1)\n")
+    found = _foreign_writes(f"{RUNTIME}.lifecycle.teardown", ast.parse(code), homes, containers)
+    assert found == [(4, "timeout"), (5, "warned"), (7, "channel"), (8, "ranks")], found
 
 
 def _class_fields() -> Dict[str, int]:
@@ -513,7 +647,7 @@ def test_the_limits_only_go_down(measure, floor, table, measured):
 def test_the_scan_sees_what_it_should():
     # guard against a scanner that finds nothing: these edges exist by design
     graph, _ = _scan()
-    assert f"{RUNTIME}.protocols.blocks" in graph[f"{PACKAGE}.ordering"]
+    assert f"{RUNTIME}.protocols.rounds" in graph[f"{PACKAGE}.ordering"]
     assert f"{RUNTIME}.liveness.polls" in graph[f"{RUNTIME}.protocols.blocks"]
     assert f"{PACKAGE}.errors" in graph[f"{RUNTIME}.liveness.peers"]
     assert {f"{RUNTIME}.store.access", f"{RUNTIME}.liveness.peers"} \
@@ -530,8 +664,9 @@ def test_the_signalling_floors_depend_one_way():
         assert not graph[floor] & set(floors[i + 1:]), (floor, graph[floor])
 
 
-#: ``docs/<page>.md`` optionally followed by ``, "Heading"`` or ``, decision N``.
-DOC_REF = re.compile(r'docs/([\w-]+\.md)(?:,\s+"([^"]+)"|,\s+decisions?\s+(\d+))?')
+#: ``docs/<page>.md`` or ``docs/<folder>/<page>.md`` (``docs/design/store.md``) optionally
+#: followed by ``, "Heading"`` or ``, decision N``.
+DOC_REF = re.compile(r'docs/((?:[\w-]+/)*[\w-]+\.md)(?:,\s+"([^"]+)"|,\s+decisions?\s+(\d+))?')
 
 
 def _headings(page: Path) -> List[str]:
@@ -669,7 +804,7 @@ def test_no_reference_to_files_outside_the_repository():
                 if re.search(r"\b(DESIGN|REFERENCE)(\.md)?\b", line):
                     stale.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert stale == [], _told(stale, "the code cites only files in this repository",
-                              "cite docs/design.md or the page that took the text over")
+                              "cite docs/design/README.md or the page that took the text over")
 
 
 #: The unit tests of internal modules, in trees that mirror the sources (``tests/runtime/...``
@@ -882,27 +1017,26 @@ def _code_strings(tree: ast.AST) -> List[ast.Constant]:
 
 def test_one_module_spells_the_store_keys():
     # every key the kit keeps in the c10d store is built in _runtime/store/keys.py: a restarted
-    # attempt's prefix, a new key's place in docs/design.md, all in one file
+    # attempt's prefix, a new key's place in docs/design/store.md, all in one file
     owner = f"{RUNTIME}.store.keys"
     found = [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
              for module, path in MODULES.items() if module != owner
              for node in _code_strings(ast.parse(path.read_text()))
              if "axd/" in node.value or node.value.startswith("axolotl_dist/")]
     assert found == [], _told(found, "every store key is spelled in _runtime/store/keys.py",
-                              "add a builder there (and its row in docs/design.md's key "
-                              "table), and call it")
+                              "add a builder there (and its entry in docs/design/store.md's "
+                              "key list), and call it")
 
 
 def test_the_design_docs_key_table_is_the_keys_module():
     from axolotl_dist._runtime.store import keys
 
-    text = (ROOT / "docs" / "design.md").read_text()
-    table = text.split("## Store keys", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "design" / "store.md").read_text()
+    entries = text.split("## Store keys", 1)[1].split("\n## ", 1)[0]
     documented = set()
-    for line in table.splitlines():
-        if line.startswith("| `"):
-            first = line.split("|")[1]
-            documented |= {k for k in re.findall(r"`([^`]+)`", first)
+    for line in entries.splitlines():
+        if line.startswith("- `"):  # an entry's first line names its keys and nothing else
+            documented |= {k for k in re.findall(r"`([^`]+)`", line)
                            if k.startswith(("axd/", "axolotl_dist/"))}
     assert documented == set(keys.DOCUMENTED)
 

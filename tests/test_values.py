@@ -1,4 +1,4 @@
-"""Value helpers and object collectives: exact round trips (docs/design.md, decision 4), the single-rank
+"""Value helpers and object collectives: exact round trips (docs/design/decisions.md, decision 4), the single-rank
 shape (decision 3), failure propagation (decision 6) and subgroups, with real gloo ranks.
 
 The value matrix batches every (value, helper) check of one world size into one multi-process

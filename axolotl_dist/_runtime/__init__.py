@@ -12,6 +12,6 @@ Each room imports itself and the rooms before it, never one after it
 
 Public modules import from the rooms; of the public ones, the rooms import only the
 vocabulary every floor speaks (:mod:`axolotl_dist.errors`, :mod:`axolotl_dist.env`,
-:mod:`axolotl_dist.ranks`). docs/design.md, "The runtime's rooms", says which room a change
+:mod:`axolotl_dist.ranks`). docs/design/rooms.md, "The runtime's rooms", says which room a change
 goes to.
 """

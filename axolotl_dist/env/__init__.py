@@ -1,7 +1,7 @@
 """The launcher environment contract: which env vars say who this process is.
 
 Before a process group exists, every rank query in :mod:`axolotl_dist` reads these variables
-(docs/design.md, decision 1), so a script started by ``torchrun -n 2`` knows it is rank 1 before it
+(docs/design/decisions.md, decision 1), so a script started by ``torchrun -n 2`` knows it is rank 1 before it
 calls :func:`~axolotl_dist.init_distributed`. With none of them set the process is rank 0 of 1.
 
 One launcher is chosen per process, never a mix of two (a torchrun started by ``srun`` sees

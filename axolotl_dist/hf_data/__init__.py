@@ -42,10 +42,10 @@ from .._runtime.protocols.helpers import call
 from .._runtime.base.groups import Group, group_of
 from .._runtime.base.private import private_dir, user_dir
 from .._runtime.liveness.failures import await_readers, publish_error, read_error
-from .._runtime.protocols.protocols_state import TIMELINE
+from .._runtime.protocols.timeline import TIMELINE
 from .._runtime.store import keys as _keys, records as _records
-from .._runtime.store.access import checked, group_store, put
-from .._runtime.liveness.deadlock import Point
+from .._runtime.store.access import checked, kit_store, put
+from .._runtime.liveness.progress import Point, advance
 from .._runtime.liveness.polls import poll_until
 from ..env import env_shared_filesystem
 from ..errors import DistributedConfigError, DistributedEnvError, RankFailedError
@@ -189,8 +189,8 @@ class _SharedMap:
         self.cache_dir = cache_dir
         self.rank, self.ws = g.rank, g.size
         self.others = [g.global_rank(r) for r in range(self.ws) if r != self.rank]
-        self.store = group_store(g.arg)
-        self.seq = g.next_seq("shared_map")
+        self.store = kit_store(g)
+        self.seq = advance(g, "shared_map")
         self.site = call_site()
         self.what = f"shared_map call #{self.seq}"
         self.temp = call.keep_in_memory or cache_dir is None and (
@@ -442,7 +442,7 @@ def _entry(data: bytes, key: str, rank: int) -> Dict[str, Any]:
 
 
 def _temp_parent() -> str:
-    """Where the temporary parts of a call go: this user's alone (docs/design.md, "Local
+    """Where the temporary parts of a call go: this user's alone (docs/design/launching.md, "Local
     channels"); raises OSError (:class:`~.._runtime.base.private.NotPrivateError`: another
     user's directory is there) with the path and the fix."""
     fix = "or pass shared_map(cache_dir=<a directory of your own>)"

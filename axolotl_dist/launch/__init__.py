@@ -185,7 +185,7 @@ def _set_thread_default(nproc: int) -> None:
 def _set_secret(max_nodes: int) -> None:
     """A one-node run's secret, made here unless the user gave one (or ``off``): it reaches
     the ranks through their environment, this process's ``where`` and the run's record
-    (docs/design.md, "Trust model"). Several nodes need the user's (each node's launcher would
+    (docs/design/store.md, "Trust model"). Several nodes need the user's (each node's launcher would
     make another): without it, the run has none."""
     _variables.kit_secret()  # a bad one is the user's error, said before any rank starts
     if max_nodes == 1 and SECRET_ENV_VAR not in os.environ \
@@ -248,7 +248,7 @@ def _start_output(opts: _options.Options, tmp_dir: str) -> Optional[Output]:
     launcher's is a terminal; None where none of it applies (one rank, ``--no-fold`` without a
     log directory, or ``--tee``/``--redirects``: torch's files take the streams): the ranks
     then write to what torch gives them, as under torchrun. Its socket goes in ``tmp_dir``,
-    the launcher's own directory (docs/design.md, "Local channels")."""
+    the launcher's own directory (docs/design/launching.md, "Local channels")."""
     args = opts.args
     if not args.fold:
         os.environ[FOLD_ENV_VAR] = "0"  # no folding anywhere: the ranks' warnings neither
@@ -353,7 +353,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return code
 
 
-_by_name(__name__)  # pickled by name, as the rest of the kit (docs/design.md, "Installs")
+_by_name(__name__)  # pickled by name, as the rest of the kit (docs/design/machine.md, "Installs")
 
 
 def _status(exc: SystemExit) -> int:

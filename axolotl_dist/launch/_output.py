@@ -2,7 +2,7 @@
 
 The launcher listens on a Unix socket, mode 0600 in its own 0700 directory, whose path it
 gives its ranks in ``AXOLOTL_DIST_LAUNCHER_FOLDS``; a connection of another user (Linux's
-``SO_PEERCRED``) is closed unread (docs/design.md, "Local channels"). Each rank, first
+``SO_PEERCRED``) is closed unread (docs/design/launching.md, "Local channels"). Each rank, first
 thing in its bootstrap (:func:`connect`), opens two connections, says which rank and stream
 each is, and puts them in place of its stdout and stderr (file descriptors 1 and 2, so C
 code, subprocesses and data loader workers write there too). One thread of the launcher

@@ -20,7 +20,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .._runtime.base import backends as _backends
+from .._runtime.base import hooks
 from .._runtime.base.groups import group_of
+from .._runtime.base.state import PerGroup, RoomState, register
 from .._runtime.protocols.helpers import call
 from ..errors import DistributedConfigError, DistributedEnvError, MeshUsageError
 from ..ranks import get_backend, is_initialized
@@ -58,11 +60,23 @@ _DP_DIMS = (MeshDimName.dp, MeshDimName.dp_replicate, MeshDimName.dp_shard)
 _EP_DIMS = (MeshDimName.ep_replicate, MeshDimName.ep_shard)
 
 
+class WorldMeshState(RoomState):
+    """``world``: the mesh :func:`build_world_mesh` made on each default group (forgotten with
+    the group, and at cleanup, before the groups are destroyed: its own groups go with them)."""
+
+    def __init__(self) -> None:
+        self.world: PerGroup[Optional[DeviceMesh]] = PerGroup(lambda g: None)
+
+
+MESHES = register("world_mesh", WorldMeshState())
+hooks.at_cleanup(MESHES.reset)
+
+
 def get_world_mesh() -> Optional[DeviceMesh]:
     """The mesh stored by :func:`build_world_mesh`, or None (also after the group is destroyed:
-    it lives in the default group's state, see :mod:`axolotl_dist._runtime.base.groups`)."""
+    it is kept per default group, see :data:`MESHES`)."""
     g = group_of(None, "get_world_mesh", create=False)
-    return None if g is None else g.world_mesh
+    return None if g is None else MESHES.world.get(g)
 
 
 def reset_world_mesh() -> None:
@@ -73,7 +87,7 @@ def reset_world_mesh() -> None:
     """
     g = group_of(None, "reset_world_mesh", create=False)
     if g is not None:
-        g.world_mesh = None
+        MESHES.world.put(g, None)
 
 
 
@@ -235,7 +249,7 @@ def build_world_mesh(
     log.info("built world mesh: %s", get_device_mesh_info(mesh))
     g = group_of(None, "build_world_mesh")
     assert g is not None  # a mesh needs the default group
-    g.world_mesh = mesh
+    MESHES.world.put(g, mesh)
     return mesh
 
 

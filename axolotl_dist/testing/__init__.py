@@ -90,4 +90,4 @@ def __getattr__(name: str) -> Any:
     return markers[name]
 
 
-_by_name(__name__)  # pickled by name, as the rest of the kit (docs/design.md, "Installs")
+_by_name(__name__)  # pickled by name, as the rest of the kit (docs/design/machine.md, "Installs")

@@ -34,7 +34,7 @@ def _loopback_listener() -> socket.socket:
     IPv6 included, so each connection reaches it from ``::ffff:127.0.0.1``, an address that
     ``/etc/hosts`` does not name, and its server looks the name up in DNS inside its event
     loop; where DNS drops the lookup the store answers nobody for the resolver's timeout (5 s:
-    docs/design.md, "Connections"). Handed a socket of its own, it looks nothing up."""
+    docs/design/liveness.md, "Connections"). Handed a socket of its own, it looks nothing up."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)

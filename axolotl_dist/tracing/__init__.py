@@ -22,7 +22,7 @@ from .._runtime.protocols import timeline as _timeline
 from . import _merge
 from .._runtime.base.callsite import call_site
 from ..env.variables import LAUNCHER_PID_ENV_VAR, TRACE_ENV_VAR
-from .._runtime.protocols.protocols_state import TIMELINE
+from .._runtime.protocols.timeline import TIMELINE
 
 __all__ = ["trace_span", "is_tracing", "merge_trace", "TRACE_ENV_VAR", "Merged"]
 

@@ -14,7 +14,7 @@ Times move to rank 0's clock by each file's measured offset. Waits come from two
 A flow arrow runs from the rank that released a wait (the last to arrive, or the end of the
 first rank's block) to each rank that waited. A rank whose file has no ``end`` line died
 mid-run (SIGKILL, a crash): its row keeps every event up to its death and ends with an
-instant event that says so. See docs/design.md, "Timeline".
+instant event that says so. See docs/design/helpers.md, "Timeline".
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """The base room: what every other room stands on; it imports no other room.
 
-* :mod:`.state`: the registry of every room's per-process state, one ``reset()``; the base room's own.
-* :mod:`.groups`: the kit's object for a process group (``Group``), resolved by ``group_of``.
+* :mod:`.state`: the registry of every room's per-process state, one ``reset()``; the base room's own;
+  ``PerGroup``, the map a room keeps its per-group state in.
+* :mod:`.groups`: the kit's object for a process group (``Group``: which group, nothing a room
+  keeps about it), resolved by ``group_of``.
+* :mod:`.hooks`: every place a lower room runs code of a higher one, typed, in one module.
 * :mod:`.backends`: what a backend string says about devices; the accelerator usable here.
 * :mod:`.constants`: timings, this host's name (the kit's env vars and how they are read are
   the vocabulary's: :mod:`axolotl_dist.env.variables`).

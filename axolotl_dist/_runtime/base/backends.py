@@ -46,7 +46,7 @@ def usable_accelerator() -> Optional[str]:
     """The device type of this machine's accelerator when one is usable here, else None.
 
     ``torch.accelerator.current_accelerator()`` names the accelerator torch was *built* for:
-    ``cuda`` for PyPI's default Linux wheel on any machine (docs/design.md, decision 17), and
+    ``cuda`` for PyPI's default Linux wheel on any machine (docs/design/decisions.md, decision 17), and
     torch 2.6 raises there instead. Only an accelerator that :func:`usable` confirms counts.
     CUDA is asked first, through :func:`cuda_usable`: torch's accelerator query may count the
     devices through the CUDA runtime, which initializes it.

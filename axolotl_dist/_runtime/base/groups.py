@@ -1,37 +1,35 @@
 """The kit's object for a process group, resolved once per call by :func:`group_of`.
 
-Every helper, block, debug check and the timeline's recorder take a :class:`Group`: what the
-kit knows of one process group, computed once and kept for the group's lifetime (in
+Every helper, block, debug check and the timeline's recorder take a :class:`Group`: which
+process group a call is on, computed once and kept for the group's lifetime (in
 :data:`.state.GROUPS`, keyed by the group **weakly**: a group kept alive by a cache past
 ``destroy_process_group()`` would be destroyed during interpreter shutdown, where gloo's
-threads abort the process). ``group=None`` means the default group, everywhere. It holds:
+threads abort the process). ``group=None`` means the default group, everywhere. It holds
+what identifies the group, and nothing a room keeps about it (each room keeps that in its own
+:class:`~.state.PerGroup` map: the call counters in :mod:`..liveness.progress`, the header
+buffers in :mod:`..protocols.headers`, the store connections in :mod:`..store.store_state`):
 
-* ``rank``, ``size``, ``device``, ``cpu``: this rank in the group, its size, the device its
-  collectives use (:mod:`.backends`) and whether that is the CPU (gloo: sliced waits);
-* ``seq``: per-kind call counters (``zero_first`` blocks, debug checks, traced calls...),
-  and ``calls``, the kit's collectives on the group, which line up across ranks as long as
-  every rank calls the same helpers in the same order (:mod:`..liveness.deadlock` compares them);
-* the value helpers' preallocated buffers and the group's own collectives (the header
-  exchange: docs/design.md, "Value encoding");
-* ``store``: the group's c10d store, once a block asked for it; ``debug``: debug mode's log;
-  ``world_mesh`` (default group); ``connections`` (:class:`GroupConnections`: the store
-  connections beside the group's own, and the finished blocks' keys awaiting deletion); ``abandoned`` (a collective left pending: kept at exit);
-  ``open_blocks`` (thread id -> its innermost open block: :mod:`..protocols.threads`).
+* ``rank``, ``size``, ``device``: this rank in the group, its size, the device its
+  collectives use (:mod:`.backends`); ``ranks``: every rank's global rank;
+* ``channel``: where its metadata travels (None: the group itself, a CPU group);
+* ``default``, ``pg_ref``: whether it is the world group, and the group itself (weakly);
+* ``env``: the raw ``RANK`` and ``WORLD_SIZE`` it was checked against.
 
 :func:`group_of` is the one function that turns a ``group=`` argument into a :class:`Group`;
-its fast path (the default group, used last) is an identity test and two env reads.
+its fast path (the default group, used last) is an identity test and two env reads. Nothing
+outside this module writes a :class:`Group` (its ``__setattr__`` refuses).
 """
 
 from __future__ import annotations
 
-import array
+import enum
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from . import backends
+from . import backends, hooks
 from ...env.variables import STANDIN_ENV_VAR, kit_switch
 from .state import FAILURES, GROUPS
 from ... import env as _env
@@ -41,50 +39,13 @@ from ...ranks import get_rank, get_world_size
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup
 
-__all__ = ["world", "Group", "HeaderBuffers", "GroupConnections", "NOT_ASKED", "NOT_MADE",
-           "STANDIN_ENV_VAR", "STANDIN_DEVICE", "channel_of", "group_of", "default_pg", "on_first_use", "remember_failure", "known_failure",
-           "forget_last_group", "failure_record", "restore_failure_record",
-           "HEADER_LEN", "A2A_MAX_RANKS", "CARRY_BYTES", "CARRY_MAX_RANKS"]
+__all__ = ["world", "Group", "NOT_MADE", "STANDIN_ENV_VAR", "STANDIN_DEVICE", "channel_of",
+           "group_of", "default_pg", "remember_failure", "known_failure",
+           "forget_last_group", "failure_record", "restore_failure_record"]
 
 #: torch's holder of the default group; reading it has no side effects.
 world: Any = dist.distributed_c10d._world if dist.is_available() else None
-#: Slots of a value header (docs/design.md, "Value encoding").
-HEADER_LEN = 4
-#: Up to this many ranks, the CPU header exchange is an all-to-all, beyond it gloo's ring
-#: all-gather (:mod:`..protocols.exchange`; docs/design.md, "Value encoding").
-A2A_MAX_RANKS = 64
-#: Bytes of small tensors a CPU group's header frame carries (groups of up to
-#: :data:`CARRY_MAX_RANKS` ranks): an all-to-all this long costs gloo no more than one of the
-#: bare header (docs/performance.md, "Shape checks").
-CARRY_BYTES = 2048
-#: The largest group whose frames carry tensors (each exchange moves ranks x frame bytes).
-CARRY_MAX_RANKS = 16
-_I64 = torch.int64
 _RANK_RAW, _WS_RAW = _env.rank_raw, _env.world_size_raw  # the raw env values (identity-stable)
-
-
-#: What runs when a group is first used (:func:`on_first_use`): the kit's services.
-_FIRST_USE: List[Callable[[], None]] = []
-
-
-def on_first_use(hook: Callable[[], None]) -> None:
-    """Run ``hook`` whenever :func:`group_of` builds a :class:`Group` (the first use of a
-    process group; ``init_distributed`` runs it too). :mod:`..lifecycle.services` registers the kit's
-    services (exit hook, heartbeat) here: the floors below it cannot import it."""
-    if hook not in _FIRST_USE:
-        _FIRST_USE.append(hook)
-
-
-#: What runs when this process learns of another rank's failure it is about to raise
-#: (:func:`on_peer_failure`).
-_ON_PEER_FAILURE: List[Callable[[RankFailedError], None]] = []
-
-
-def on_peer_failure(hook: Callable[[RankFailedError], None]) -> None:
-    """Run ``hook`` with each new failure of another rank that :func:`remember_failure`
-    records: :mod:`..liveness.failures` lets the store's host keep it readable first."""
-    if hook not in _ON_PEER_FAILURE:
-        _ON_PEER_FAILURE.append(hook)
 
 
 def default_pg() -> Any:
@@ -94,116 +55,51 @@ def default_pg() -> Any:
     return world.default_pg if world is not None else None
 
 
-def _options(cls: Any, async_op: bool) -> Any:
-    opts = cls()
-    if hasattr(opts, "asyncOp"):
-        opts.asyncOp = async_op
-    return opts
-
-
-#: :attr:`Group.node_first` before the first block asked.
-NOT_ASKED = object()
-#: :attr:`Group.channel` of an accelerator group before its first use.
-NOT_MADE = object()
 #: The device of a stand-in accelerator group: the CPU, named so that a test can tell the
 #: tensors made on it (``device=`` given) from host ones.
 STANDIN_DEVICE = torch.device("cpu", 0)
 
 
-class HeaderBuffers:
-    """The value helpers' header exchange on one group (:mod:`..protocols.exchange`).
+class _Unmade(enum.Enum):
+    """:attr:`Group.channel` of an accelerator group before its first use."""
 
-    A scalar is a 32-byte header, so per-call Python work shows directly in their latency. On
-    CPU the header goes through preallocated buffers backed by an ``array`` (a Python store
-    into it costs nanoseconds, a fresh tensor microseconds), and through the group's own
-    collectives with options built once (what torch's functions call after their checks). The
-    class's methods, not bound ones (those would keep the group alive); torch before 2.13 names
-    the all-gather ``_allgather_base``.
-
-    Each rank's part of an exchange is a *frame* of ``frame`` int64 words: the header, then,
-    on a CPU group of 2 to :data:`CARRY_MAX_RANKS` ranks, :data:`CARRY_BYTES` of room for
-    small tensors a checked helper sends with its header (:mod:`..protocols.packets`). Every
-    exchange on the group sends frames of that one size, whichever helper runs it (gloo aborts
-    the process when two ranks' sizes differ), so two helpers that meet still read each
-    other's header."""
-
-    __slots__ = ("opts", "allgather", "hdr_arr", "hdr", "all_arr", "hdr_all", "a2a", "a2a_opts",
-                 "a2a_arr", "a2a_in", "bcast", "bcast_opts", "frame", "views")
-
-    def __init__(self, pg: Any, size: int, cpu: bool) -> None:
-        cls = type(pg)
-        c10d = dist.distributed_c10d
-        self.opts = _options(c10d.AllgatherOptions, False)
-        self.allgather = getattr(cls, "all_gather_single", None) or getattr(cls, "_allgather_base", None)
-        self.a2a = (getattr(cls, "all_to_all_single", None) or getattr(cls, "alltoall_base", None)
-                    if cpu and 1 < size <= A2A_MAX_RANKS else None)
-        self.a2a_opts = _options(c10d.AllToAllOptions, True)
-        self.bcast = cls.broadcast if cpu else None
-        self.bcast_opts = _options(c10d.BroadcastOptions, True)
-        self.bcast_opts.rootTensor = 0
-        carries = self.a2a is not None and size <= CARRY_MAX_RANKS
-        self.frame = words = HEADER_LEN + (CARRY_BYTES // 8 if carries else 0)
-        self.hdr_arr = array.array("q", bytes(8 * words))
-        self.all_arr = array.array("q", bytes(8 * words * size))
-        self.a2a_arr = array.array("q", bytes(8 * words * size))
-        self.hdr = torch.frombuffer(self.hdr_arr, dtype=_I64) if cpu else None
-        self.hdr_all = torch.frombuffer(self.all_arr, dtype=_I64) if cpu else None
-        self.a2a_in = torch.frombuffer(self.a2a_arr, dtype=_I64) if self.a2a is not None else None
-        #: carried tensors' views of ``all_arr`` by layout (:func:`..protocols.packets.carried_parts`)
-        self.views: Dict[Tuple[Any, ...], Any] = {}
+    NOT_MADE = "not made"
 
 
-class GroupConnections:
-    """A group's store connections beside its own, and what they serve (:mod:`..store`):
-    ``cleanup`` deletes finished blocks' keys in the background (:mod:`..store.sweep`), whose
-    keys wait in ``finished_keys`` (block kind -> keys); ``idle`` is the clone a key waiter of
-    a group that is not the default one blocks on, kept for its next wait
-    (:mod:`..store.wakeup`)."""
-
-    __slots__ = ("cleanup", "idle", "finished_keys")
-
-    def __init__(self) -> None:
-        self.cleanup: Any = None
-        self.idle: Any = None
-        self.finished_keys: Dict[str, List[Any]] = {}
+NOT_MADE = _Unmade.NOT_MADE
 
 
 class Group:
-    """What the kit knows of one process group (see the module docstring)."""
+    """Which process group a call is on (see the module docstring). Read-only outside this
+    module: :func:`_set` writes it."""
 
-    __slots__ = ("pg_ref", "default", "rank", "size", "device", "channel", "env_rank", "env_ws", "seq",
-                 "store", "debug", "world_mesh", "connections", "abandoned", "node_first", "calls", "open_blocks", "_ranks", "headers",
-                 "gather_slots", "__weakref__")
+    __slots__ = ("pg_ref", "default", "rank", "size", "device", "channel", "env", "_ranks",
+                 "__weakref__")
 
-    def __init__(self, pg: Any, rank: int, size: int, device: torch.device,
+    pg_ref: Callable[[], Optional["ProcessGroup"]]
+    default: bool
+    rank: int
+    size: int
+    device: torch.device
+    #: where the group's metadata (headers, descriptions, shape checks) travels: None for a
+    #: CPU group (itself), else a CPU group of the same ranks, made at its first use
+    #: (:func:`channel_of`)
+    channel: Union["Group", None, _Unmade]
+    env: Tuple[object, object]
+    _ranks: Optional[List[int]]
+
+    def __init__(self, pg: "ProcessGroup", rank: int, size: int, device: torch.device,
                  accelerator: Optional[bool] = None) -> None:
-        self.pg_ref: Callable[[], Any] = weakref.ref(pg)
-        self.default = pg is default_pg()  # the world group: torch's APIs take None for it
-        self.rank, self.size, self.device = rank, size, device
-        #: where the group's metadata (headers, descriptions, shape checks) travels: None for
-        #: a CPU group (itself), else a CPU group of the same ranks, made at its first use
-        #: (:func:`channel_of`); ``accelerator``: treat the group as an accelerator's whatever
-        #: its device (the CPU stand-in of the kit's tests, :data:`STANDIN_ENV_VAR`)
+        # ``accelerator``: treat the group as an accelerator's whatever its device (the CPU
+        # stand-in of the kit's tests, :data:`STANDIN_ENV_VAR`)
         accel = device.type != "cpu" if accelerator is None else accelerator
-        self.channel: Any = NOT_MADE if accel else None
-        self.env_rank, self.env_ws = _RANK_RAW(), _WS_RAW()
-        self.seq: Dict[str, int] = {}
-        self.calls = 0  # the kit's collectives on this group so far (:mod:`..liveness.deadlock`)
-        self.store: Any = None
-        self.debug: Any = None
-        self.world_mesh: Any = None
-        self.connections = GroupConnections()
-        #: a default zero_first's first rank(s) on this group: None (group rank 0 alone), or
-        #: whether this rank is its node's first (several nodes, no shared filesystem); unset
-        #: until the first block asks (:mod:`axolotl_dist.ordering`)
-        self.node_first: Any = NOT_ASKED
-        self.abandoned = False
-        self.open_blocks: Dict[int, Any] = {}
-        self._ranks: Optional[List[int]] = None
-        #: helper -> bytes per rank of its last structure gather (:mod:`axolotl_dist.operations`):
-        #: its next one sends that many in its first all-gather; the same on every rank
-        self.gather_slots: Dict[str, int] = {}
-        self.headers = HeaderBuffers(pg, size, self.cpu)
+        _set(self, pg_ref=weakref.ref(pg), default=pg is default_pg(), rank=rank, size=size,
+             device=device, channel=NOT_MADE if accel else None, env=(_RANK_RAW(), _WS_RAW()),
+             _ranks=None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Group.{name} is written by _runtime/base/groups.py alone: what "
+                             "a room keeps about a group goes in that room's PerGroup map")
 
     @property
     def cpu(self) -> bool:
@@ -211,7 +107,7 @@ class Group:
         return self.channel is None
 
     @property
-    def arg(self) -> Any:
+    def arg(self) -> Optional["ProcessGroup"]:
         """The group as torch's ``group=`` argument: None for the default group (its store
         is the world's, where a group's own store would add a prefix)."""
         return None if self.default else self.pg_ref()
@@ -221,18 +117,19 @@ class Group:
         """The global rank of every group rank, in group-rank order."""
         if self._ranks is None:
             pg = self.pg_ref()
-            self._ranks = (list(range(self.size)) if self.default or pg is None
-                           else list(dist.get_process_group_ranks(pg)))
-        return self._ranks
+            _set(self, _ranks=(list(range(self.size)) if self.default or pg is None
+                               else list(dist.get_process_group_ranks(pg))))
+        return self._ranks  # type: ignore[return-value]
 
     def global_rank(self, group_rank: int) -> int:
         """The global rank of ``group_rank`` in this group."""
         return self.ranks[group_rank]
 
-    def next_seq(self, kind: str) -> int:
-        """The next number of this rank's ``kind`` counter on this group (1, 2, ...)."""
-        seq = self.seq[kind] = self.seq.get(kind, 0) + 1
-        return seq
+
+def _set(g: Group, **fields: object) -> None:
+    """Write ``fields`` of ``g`` (the one writer of a :class:`Group`)."""
+    for name, value in fields.items():
+        object.__setattr__(g, name, value)
 
 
 def _needs_group(op: str, group: Any) -> None:
@@ -250,8 +147,7 @@ def _build(group: Optional["ProcessGroup"], pg: Any) -> Group:
     rank, size = get_rank(group), get_world_size(group)
     if group is not None:
         get_rank(), get_world_size()  # the env must agree with the world group too
-    for hook in _FIRST_USE:
-        hook()
+    hooks.first_use()  # the kit's services start (:mod:`.hooks`)
     device = backends.comm_device(str(dist.get_backend(group)), pg)
     if device.type == "cpu" and _standin():
         return Group(pg, rank, size, STANDIN_DEVICE, accelerator=True)
@@ -277,8 +173,8 @@ def channel_of(g: Group) -> Group:
             cpu_pg = pg
         else:
             cpu_pg = _gloo_group(g)
-        g.channel = Group(cpu_pg, g.rank, g.size, torch.device("cpu"))
-    return g.channel
+        _set(g, channel=Group(cpu_pg, g.rank, g.size, torch.device("cpu")))
+    return g.channel  # type: ignore[return-value]
 
 
 def _gloo_group(g: Group) -> Any:
@@ -306,7 +202,7 @@ def group_of(group: Optional["ProcessGroup"], op: str, create: bool = True) -> O
     """
     last = GROUPS.last_group  # the group used last: most programs use one
     if (group is None and last is not None and last.pg_ref() is world.default_pg is not None
-            and last.env_rank is _RANK_RAW() and last.env_ws is _WS_RAW()):
+            and last.env[0] is _RANK_RAW() and last.env[1] is _WS_RAW()):
         return last
     return _resolve(group, op, create)
 
@@ -327,9 +223,9 @@ def _resolve(group: Optional["ProcessGroup"], op: str, create: bool) -> Optional
         return found
     if found is None:
         found = GROUPS.groups[pg] = _build(group, pg)
-    elif found.env_rank is not _RANK_RAW() or found.env_ws is not _WS_RAW():
+    elif found.env[0] is not _RANK_RAW() or found.env[1] is not _WS_RAW():
         get_rank(group), get_world_size(group), get_rank(), get_world_size()  # still agree?
-        found.env_rank, found.env_ws = _RANK_RAW(), _WS_RAW()
+        _set(found, env=(_RANK_RAW(), _WS_RAW()))
     if group is None or pg is world.default_pg:
         GROUPS.last_group = found
     return found
@@ -347,8 +243,7 @@ def remember_failure(error: RankFailedError) -> RankFailedError:
         report, known = error.__reduce__(), FAILURES.known  # its fields, no frames
         FAILURES.known = (weakref.ref(pg), report)
         if known is None or known[1] != report:
-            for hook in _ON_PEER_FAILURE:
-                hook(error)
+            hooks.peer_failure(error)
     return error
 
 

@@ -5,7 +5,7 @@
 a clone on ``PYTHONPATH``. A map function that calls ``ad.get_rank()`` then drags the kit's
 per-process state (thread-locals, locks, this rank's peers) into the hash: the hash fails or
 differs per process, ``datasets`` falls back to a random fingerprint, and ``zero_first``'s
-cache is never reused (docs/design.md, "Installs").
+cache is never reused (docs/design/machine.md, "Installs").
 
 :func:`by_name` gives the kit's module objects a :class:`types.ModuleType` subclass whose
 ``__reduce__`` is "import this module": pickle, dill and ``datasets`` then write the module's

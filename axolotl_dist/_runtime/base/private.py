@@ -1,4 +1,4 @@
-"""The kit's own files and sockets on this host: this user's alone (docs/design.md, "Local
+"""The kit's own files and sockets on this host: this user's alone (docs/design/launching.md, "Local
 channels").
 
 * :func:`private_dir`: a directory only this user may enter (mode 0700), made without a race

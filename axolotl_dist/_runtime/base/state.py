@@ -5,8 +5,11 @@ Everything the kit remembers between calls lives in small state objects: each is
 room, ``store/store_state.py``, ``liveness/liveness_state.py``, ``protocols/protocols_state.py``,
 ``lifecycle/lifecycle_state.py``), registered under a part name (:func:`register`), and written
 only by the modules of that room (``tests/test_structure.py`` checks it; another room asks
-through a function). What belongs to one process group lives in that group's
-:class:`~.groups.Group`, which :data:`GROUPS` holds (weakly keyed by the group).
+through a function). What a room keeps about one process group lives in that room too, in a
+:class:`PerGroup` map on its state object (the group's call counters in ``liveness``, its
+header buffers in ``protocols``, its store connections in ``store``...); the kit's
+:class:`~.groups.Group`, which :data:`GROUPS` holds (weakly keyed by the group), says only
+which group it is.
 
 The base room's own parts:
 
@@ -35,10 +38,10 @@ forked rank, so a rank starts as a fresh process would; tests call it through
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
 
 __all__ = ["RoomState", "register", "PARTS", "reset", "SURVIVES_RESET", "GROUPS", "FAILURES",
-           "GroupsState", "FailuresState"]
+           "GroupsState", "FailuresState", "PerGroup"]
 
 
 class RoomState:
@@ -54,6 +57,58 @@ class RoomState:
         self.__init__()  # type: ignore[misc]
         for name, value in kept.items():
             setattr(self, name, value)
+
+
+_T = TypeVar("_T")
+_MISSING = object()
+
+
+class PerGroup(Generic[_T]):
+    """What one room keeps about each process group: :meth:`of` gives a group's object (made
+    by ``make(group)`` at the first ask), :meth:`get` the object if made. An object goes with
+    its group (the kit's ``Group``, which goes with the process group); it must not hold the
+    group itself (a reference would keep it). Keyed by the group's id, removed when the group
+    is: a dict lookup, about as fast as an attribute of the group."""
+
+    __slots__ = ("_make", "_items", "_refs")
+
+    def __init__(self, make: Callable[[Any], _T]) -> None:
+        self._make = make
+        self._items: Dict[int, _T] = {}
+        self._refs: Dict[int, "weakref.ref[Any]"] = {}
+
+    def of(self, group: Any) -> _T:
+        """``group``'s object, made now if it was not."""
+        item = self._items.get(id(group), _MISSING)
+        if item is _MISSING:
+            item = self._add(group, self._make(group))
+        return item  # type: ignore[return-value]
+
+    def get(self, group: Any, default: Any = None) -> Any:
+        """``group``'s object if made (or put), else ``default``."""
+        return self._items.get(id(group), default)
+
+    def put(self, group: Any, item: _T) -> None:
+        """Make ``item`` ``group``'s object."""
+        self._add(group, item)
+
+    def _add(self, group: Any, item: _T) -> _T:
+        key = id(group)
+        if key not in self._refs:  # forgotten when the group goes (before its id is reused)
+            self._refs[key] = weakref.ref(group, lambda _, key=key: self._forget(key))
+        self._items[key] = item
+        return item
+
+    def groups(self) -> List[Any]:
+        """Every group with an object here (those still alive)."""
+        return [g for g in (ref() for ref in list(self._refs.values())) if g is not None]
+
+    def __iter__(self) -> Iterator[_T]:
+        return iter(list(self._items.values()))
+
+    def _forget(self, key: int) -> None:
+        self._items.pop(key, None)
+        self._refs.pop(key, None)
 
 
 #: part name -> its state object, registered when its module is imported.
@@ -91,6 +146,11 @@ FAILURES = register("failures", FailuresState())
 #: Module-level values outside :data:`PARTS` (``module: name``), and why :func:`reset` leaves
 #: them (see the module docstring).
 SURVIVES_RESET: Dict[str, str] = {
+    "axolotl_dist._runtime.base.hooks._FIRST_USE": "a registry: hooks registered at import",
+    "axolotl_dist._runtime.base.hooks._PEER_FAILURE": "a registry: hooks registered at import",
+    "axolotl_dist._runtime.base.hooks._UNCAUGHT": "a registry: hooks registered at import",
+    "axolotl_dist._runtime.base.hooks._HEARTBEAT": "a registry: hooks registered at import",
+    "axolotl_dist._runtime.base.hooks._CLEANUP": "a registry: hooks registered at import",
     "axolotl_dist.errors._WITH_ACCELERATES": "a cache: accelerate's exception class -> the "
                                              "kit's error class that also is it",
     "axolotl_dist.partial_state._MULTI": "a table",
@@ -100,19 +160,12 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist.env.variables._KEYS": "a cache: variable name -> its interned key",
     "axolotl_dist.env.variables._INT_CACHE": "a cache: raw value -> parsed int",
     "axolotl_dist.env.variables.KIT_VARS": "a table",
-    "axolotl_dist._runtime.base.groups._FIRST_USE": "a registry: services to start at a "
-                                                    "group's first use",
-    "axolotl_dist._runtime.base.groups._ON_PEER_FAILURE": "a registry: what runs when a peer's "
-                                                          "failure is first known, filled at import",
-    "axolotl_dist._runtime.base.tracebacks._EXPLAIN": "a registry: what explains an uncaught "
-                                                      "exception, filled at the services' start",
     "axolotl_dist._runtime.base.state.PARTS": "a registry: each part's state object, "
                                               "registered at import",
     "axolotl_dist._runtime.base.state.SURVIVES_RESET": "this table",
     "axolotl_dist._runtime.lifecycle.warnfold._MADE": "a lock",
     "axolotl_dist._runtime.lifecycle.warnfold._INSIDE": "a thread-local flag of a call in "
                                                         "progress",
-    "axolotl_dist._runtime.liveness.heartbeat._TASKS": "a registry: what runs_tasks on heartbeats",
     "axolotl_dist._runtime.liveness.heartbeat._LOCK": "a lock",
     "axolotl_dist._runtime.liveness.where_report._WRAPPERS": "a table",
     "axolotl_dist._runtime.protocols.codes.HELPERS": "a registry: the helpers' header codes",

@@ -17,34 +17,21 @@ import os
 import sys
 import traceback
 from types import TracebackType
-from typing import Any, Callable, List, Optional, Type
+from typing import Any, List, Optional, Type
 
+from . import hooks
 from .callsite import PACKAGE_DIR, short_path
 from .procs import MACHINE
 from ...errors import RankFailedError
 
 __all__ = ["kit_frame", "format_exception", "format_failure", "format_uncaught", "safe_str",
-           "install", "on_uncaught", "user_line", "excerpt", "EXCERPT"]
+           "install", "user_line", "excerpt", "EXCERPT"]
 
 _PACKAGE = PACKAGE_DIR
 _TORCH_MARK = os.sep + "torch" + os.sep
 #: The most characters of another rank's message that this rank's one-line account quotes
 #: where that rank printed the whole of it on this machine.
 EXCERPT = 28
-#: Asked first about an uncaught exception (:func:`on_uncaught`): the failure of another rank
-#: it stands for, or None.
-_EXPLAIN: List[Callable[[BaseException], Optional[RankFailedError]]] = []
-
-
-def on_uncaught(explain: Callable[[BaseException], Optional[RankFailedError]]) -> None:
-    """Ask ``explain`` about each uncaught exception the kit's hook prints: where it returns
-    another rank's failure (a torch collective that failed because that rank ended), the hook
-    prints that account instead (:func:`format_failure`). :mod:`..lifecycle.services`
-    registers it here: the floors below cannot import it."""
-    if explain not in _EXPLAIN:
-        _EXPLAIN.append(explain)
-
-
 def kit_frame(filename: str) -> bool:
     """Whether ``filename`` is a module of this package."""
     return os.path.abspath(filename).startswith(_PACKAGE) if filename else False
@@ -172,16 +159,9 @@ class _Hook:
 
     def __call__(self, exc_type: Type[BaseException], exc: BaseException,
                  tb: Optional[TracebackType]) -> None:
-        text = ""
-        for explain in _EXPLAIN:
-            try:
-                failure = explain(exc)
-            except Exception:  # noqa: BLE001 - the exception's own traceback then
-                failure = None
-            if failure is not None:
-                text = format_failure(failure, tb)
-                break
-        text = text or format_uncaught(exc_type, exc, tb)
+        failure = hooks.explain_uncaught(exc)  # another rank's failure it stands for
+        text = format_failure(failure, tb) if failure is not None else \
+            format_uncaught(exc_type, exc, tb)
         if self.prefix:
             text = "".join(f"{self.prefix}: {line}" if line.strip() else line
                            for line in text.splitlines(keepends=True))

@@ -6,16 +6,13 @@ part           fields
 ``lifecycle``  :data:`LIFECYCLE`: ``closed_recorder`` (a recording the exit's teardown closed,
                for its cleanup to end); ``kept`` (groups kept alive at exit because a
                collective was left pending on them); ``ending`` (the exit handlers run again
-               for a Ctrl-C exit: :mod:`.teardown`); ``warning_fold`` (the Python warnings this
-               process holds for folding before its heartbeat starts and, on rank 0, the ones it
-               waits to print: :mod:`.warnfold`, made at the first use); ``startup`` (this
+               for a Ctrl-C exit: :mod:`.teardown`); ``startup`` (this
                process's start-up stamps, by phase: :mod:`.startup`); ``collectives_at_init`` (the
                default group's count of collectives when ``init_distributed`` returned: a
                failure before the next one is a start-up failure); kept by a reset, as
                facts of the process that a fork keeps: ``exit_hook`` (the exit hook is
                registered: :mod:`.services`; the hook is in a forked child's ``atexit`` list
-               too) and ``warn_hook`` (the ``warnings.showwarning`` the folding hook replaced;
-               None: no hook)
+               too). The warnings' folding keeps its own (:data:`.warnfold.FOLD`).
 =============  ==============================================================================
 """
 
@@ -27,7 +24,6 @@ from ..base.state import RoomState, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..protocols.timeline import Recorder
-    from .warnfold import FoldedWarnings
 
 __all__ = ["LifecycleState", "LIFECYCLE"]
 
@@ -35,17 +31,15 @@ __all__ = ["LifecycleState", "LIFECYCLE"]
 class LifecycleState(RoomState):
     """See the module docstring."""
 
-    SURVIVES = ("exit_hook", "warn_hook")
+    SURVIVES = ("exit_hook",)
 
     def __init__(self) -> None:
         self.closed_recorder: Optional["Recorder"] = None
         self.kept: List[Callable[[], Any]] = []
         self.ending = False
-        self.warning_fold: Optional["FoldedWarnings"] = None
         self.startup: Dict[str, float] = {}
         self.collectives_at_init: Optional[int] = None
         self.exit_hook = False
-        self.warn_hook: Optional[Callable[..., Any]] = None
 
 
 LIFECYCLE = register("lifecycle", LifecycleState())

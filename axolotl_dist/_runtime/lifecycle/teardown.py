@@ -37,7 +37,7 @@ hook that, before finalization, lets the key deletions finish and:
    torch's modules is ~0.45 s of CPU on an idle 2-core VM and seconds on a loaded one, and a
    Ctrl-C must stop a rank within 2 s.
 
-:func:`cleanup` is safe to call twice or never. See docs/design.md, "Exit records".
+:func:`cleanup` is safe to call twice or never. See docs/design/failures.md, "Exit records".
 """
 
 from __future__ import annotations
@@ -55,13 +55,14 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..base import backends, groups, procs, torch_messages, tracebacks
+from ..base import backends, groups, hooks, procs, torch_messages, tracebacks
 from ...env.variables import LAUNCHER_PID_ENV_VAR
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base.state import GROUPS
 from .lifecycle_state import LIFECYCLE
-from ..protocols.protocols_state import BLOCKS
+from ..protocols.headers import HEADERS
+from ..protocols.blocks import BLOCKS
 from ..store import access, sweep
 from ..liveness import failures, heartbeat, peers, waits
 from ..protocols import timeline
@@ -91,8 +92,9 @@ def keep_abandoned() -> List[Any]:
     anything will ever release: ``destroy_process_group()`` still unregisters it, its destructor
     never runs, and the process exits with the worker still waiting (the OS ends it)."""
     kept = []
-    for pg, g in list(GROUPS.groups.items()):
-        if g.abandoned:
+    for g in waits.abandoned_groups():
+        pg = g.pg_ref()
+        if pg is not None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
             kept.append(pg)
     for work in waits.take_abandoned():
@@ -121,8 +123,7 @@ def cleanup(failed: bool = False) -> None:
         _confirm_blocks()
         sweep.flush_cleanup(_CLEANUP_FLUSH)  # the last blocks' keys, deleted in the background
     known = list(GROUPS.groups.values())
-    for g in known:
-        g.world_mesh = None  # its groups go with the default group
+    hooks.cleanup()  # what a higher module keeps goes first (the world mesh: its groups)
     groups.forget_last_group()
     _await_released(known)
     if dist.is_available() and dist.is_initialized():
@@ -151,8 +152,10 @@ def _await_released(groups: Sequence[Optional[Group]], limit: float = 1.0) -> No
     references to the groups' buffers: a collective's ``wait()`` returns before the worker
     releases it, and releasing needs the GIL (see :func:`cleanup`)."""
     def busy(g: Group) -> bool:
-        for name in _BUFFERS:  # idle: the group's slot and getrefcount's argument
-            if getattr(g.headers, name) is not None and sys.getrefcount(getattr(g.headers, name)) > 2:
+        buffers = HEADERS.buffers.get(g)
+        for name in _BUFFERS if buffers is not None else ():
+            held = getattr(buffers, name)  # idle: the buffers' slot, this name, the argument
+            if held is not None and sys.getrefcount(held) > 3:
                 return True
         return False
 
@@ -172,19 +175,13 @@ def _confirm_blocks() -> None:
     ``AXOLOTL_DIST_STORE_LINGER`` seconds each, that every rank reached them; a cleanup does
     not raise, so what is wrong is logged (a rank stuck in a block that does not pair is told
     by the mismatch this check publishes)."""
-    pending = BLOCKS.unconfirmed
-    if not pending:
+    if not BLOCKS.unconfirmed:
         return
-    bound = failures.host_exit_timeout()
-    for block in pending:
-        block.timeout = bound if block.timeout is None else min(block.timeout, bound)
     try:
-        zero_first.confirm_all()
+        zero_first.confirm_at_exit(failures.host_exit_timeout())
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the process is ending
         log.warning("rank %d: not every rank reached a zero_first block this rank ran first: "
                     "%s", dist.get_rank() if dist.is_initialized() else 0, tracebacks.safe_str(exc))
-    finally:
-        pending.clear()
 
 
 def _uncaught() -> Optional[BaseException]:
@@ -197,7 +194,7 @@ def peer_failure(exc: BaseException) -> Optional[RankFailedError]:
     """The failure of another rank an uncaught torch error stands for (a raw collective, DDP's
     all-reduce in ``backward()``, that failed because that rank ended), or None: the kit's hook
     then prints that rank's account instead of the backend's message
-    (:func:`..base.tracebacks.on_uncaught`)."""
+    (:func:`..base.hooks.on_uncaught`)."""
     if not torch_messages.peer_lost(exc) or not dist.is_initialized():
         return None
     try:
@@ -242,7 +239,7 @@ def _release_kit_frames(exc: Optional[BaseException]) -> None:
     group's buffers, which :func:`_await_released` would otherwise wait a second for, taking
     them for a gloo worker's. The user's frames are left alone, and every frame where a
     collective was left pending (Ctrl-C in one: its work stays referenced)."""
-    if any(g.abandoned for g in list(GROUPS.groups.values())):
+    if waits.abandoned_groups():
         return
     seen = set()
     while exc is not None and id(exc) not in seen:

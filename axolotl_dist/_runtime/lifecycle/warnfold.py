@@ -23,7 +23,7 @@ every warning this module does not fold. What is folded is ``warnings.formatwarn
   (:func:`tick`) once every rank raised it, or :data:`WINDOW` s after rank 0 received of it,
   naming the ranks so far; at rank 0's exit, after a last read, what is pending (:func:`close`).
 
-The store's side is in docs/design.md, "Warnings folded across ranks".
+The store's side is in docs/design/launching.md, "Warnings folded across ranks".
 """
 
 from __future__ import annotations
@@ -40,16 +40,17 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from ...env import variables
 from ...env.variables import FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR
 from ..base.kitlog import KitLog
-from .lifecycle_state import LIFECYCLE
-from ..liveness.liveness_state import HEARTBEAT
+from ..base.state import RoomState, register
+from ..liveness import heartbeat
 from ..base.text import ranks_text
 from ..store import keys, records, seals
 from ..store.access import bounded, genuine
-from ..liveness import heartbeat
+from ..base import hooks
 from ... import env
 from ...errors import DistributedEnvError
 
-__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARNED", "UNREAD", "FoldedWarnings",
+__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARNED", "UNREAD", "FoldedWarnings", "FOLD",
+"WarnFoldState",
            "install", "installed", "show", "started", "read", "pending", "tick", "close"]
 
 #: Seconds a warning is held, without a heartbeat, before this process prints it itself.
@@ -83,16 +84,33 @@ class FoldedWarnings:
         self.timer: Optional[threading.Timer] = None
         self.pending: Dict[str, Tuple[Set[int], float]] = {}
         self.world = 0  # the size of the world the heartbeat serves
+        self.counted = self.log_read = 0  # rank 0: warnings read, and the log's bytes read
         self.ended = False  # exiting, or a forked child: print every warning as Python does
 
 
+class WarnFoldState(RoomState):
+    """``folding``: the Python warnings this process holds for folding before its heartbeat
+    starts and, on rank 0, the ones it waits to print (:class:`FoldedWarnings`, made at the
+    first use); kept by a reset, as a fact of the process that a fork keeps: ``warn_hook``
+    (the ``warnings.showwarning`` the folding hook replaced; None: no hook)."""
+
+    SURVIVES = ("warn_hook",)
+
+    def __init__(self) -> None:
+        self.folding: Optional[FoldedWarnings] = None
+        self.warn_hook: Optional[Callable[..., Any]] = None
+
+
+FOLD = register("warnfold", WarnFoldState())
+
+
 def _warning_fold() -> FoldedWarnings:
-    found = LIFECYCLE.warning_fold
+    found = FOLD.folding
     if found is None:
         with _MADE:
-            found = LIFECYCLE.warning_fold
+            found = FOLD.folding
             if found is None:
-                found = LIFECYCLE.warning_fold = FoldedWarnings()
+                found = FOLD.folding = FoldedWarnings()
     return found
 
 
@@ -100,7 +118,7 @@ def install() -> None:
     """Replace ``warnings.showwarning`` with :func:`show` if this process is one rank of
     several and nothing else folds its output (once per process). A bad value of a variable
     installs nothing: ``init_distributed()`` raises it (``validate_env_vars``)."""
-    if LIFECYCLE.warn_hook is not None:
+    if FOLD.warn_hook is not None:
         return
     try:
         if env.env_world_size() <= 1 or not variables.kit_switch(FOLD_ENV_VAR):
@@ -110,7 +128,7 @@ def install() -> None:
     launcher = variables.raw(LAUNCHER_FOLDS_ENV_VAR)
     if launcher is not None and variables.text(launcher).strip():
         return
-    LIFECYCLE.warn_hook = warnings.showwarning
+    FOLD.warn_hook = warnings.showwarning
     warnings.showwarning = show
     atexit.register(_at_exit)  # before the kit's exit hook, so it runs after it
     os.register_at_fork(after_in_child=_forked)
@@ -119,18 +137,18 @@ def install() -> None:
 def _forked() -> None:
     """A child forked from a rank (a data loader worker) folds nothing: it may end without
     its exit hooks (``os._exit``), and its warnings are its own."""
-    LIFECYCLE.warning_fold = FoldedWarnings()  # not the parent's: its lock may have been held at the fork
-    LIFECYCLE.warning_fold.ended = True
+    FOLD.folding = FoldedWarnings()  # not the parent's: its lock may have been held at the fork
+    FOLD.folding.ended = True
 
 
 def installed() -> bool:
     """Whether this process folds its warnings."""
-    return LIFECYCLE.warn_hook is not None
+    return FOLD.warn_hook is not None
 
 
 def _local(shown: Shown, file: Any = None) -> None:
     """Print a warning as the replaced ``showwarning`` would."""
-    previous: Callable[..., Any] = LIFECYCLE.warn_hook or warnings.showwarning
+    previous: Callable[..., Any] = FOLD.warn_hook or warnings.showwarning
     previous(*shown[:4], file, shown[4])
 
 
@@ -138,21 +156,21 @@ def show(message: Any, category: Any, filename: str, lineno: int, file: Any = No
          line: Optional[str] = None) -> None:
     """``warnings.showwarning`` while folding is installed."""
     shown: Shown = (message, category, filename, lineno, line)
-    if (file is not None and file is not sys.stderr) or getattr(_INSIDE, "on", False):
+    if (file is not None and file is not sys.stderr) or getattr(_INSIDE, "showing", False):
         _local(shown, file)
         return
-    _INSIDE.on = True
+    _INSIDE.showing = True
     try:
         _fold(shown)
     finally:
-        _INSIDE.on = False
+        _INSIDE.showing = False
 
 
 def _fold(shown: Shown) -> None:
     text = warnings.formatwarning(*shown)
     folding = _warning_fold()
     with folding.lock:
-        beat = HEARTBEAT.thread
+        beat = heartbeat.BEAT.thread
         if beat is None and not folding.ended:  # no heartbeat yet: held for it
             folding.held.append((shown, text))
             if folding.timer is None:
@@ -197,6 +215,7 @@ def started(beat: Any) -> None:
     folding = _warning_fold()
     with folding.lock:
         folding.world = beat.world_size
+        folding.counted = folding.log_read = 0  # this heartbeat reads the log from its start
         held, folding.held = folding.held, []
         if folding.timer is not None:
             folding.timer.cancel()
@@ -225,12 +244,12 @@ def read(beat: Any, value: int) -> None:
     """Rank 0's heartbeat ``beat``, having read ``value`` of ``WAITERS_KEY``: add the warnings
     published since its last read to the pending table, if any (one ``get``)."""
     count = (value & (UNREAD - 1)) >> 32
-    if count <= beat.warned:
-        return
-    beat.warned = count
-    log = beat.store.get(keys.WARN_LOG)
-    data, beat.warn_read = log[beat.warn_read:], len(log)
     folding = _warning_fold()
+    if count <= folding.counted:
+        return
+    folding.counted = count
+    log = beat.store.get(keys.WARN_LOG)
+    data, folding.log_read = log[folding.log_read:], len(log)
     for rank, text in records.read_warning_entries(data):
         try:
             opened = genuine(_entry_key(rank), text.encode())
@@ -247,12 +266,12 @@ def _entry_key(rank: int) -> str:
 
 def pending() -> bool:
     """Whether rank 0 has warnings to print (no lock: a hint for its heartbeat's cadence)."""
-    folding = LIFECYCLE.warning_fold
+    folding = FOLD.folding
     return folding is not None and bool(folding.pending)
 
 
 def _take(due: Callable[[Set[int], float], bool]) -> List[Tuple[str, Set[int]]]:
-    folding = LIFECYCLE.warning_fold
+    folding = FOLD.folding
     if folding is None:
         return []
     with folding.lock:
@@ -271,7 +290,7 @@ def _print(groups: List[Tuple[str, Set[int]]]) -> None:
 def tick() -> None:
     """Rank 0's heartbeat: print the pending warnings every rank raised, or that waited
     :data:`WINDOW` seconds."""
-    folding = LIFECYCLE.warning_fold
+    folding = FOLD.folding
     if folding is None or not folding.pending:
         return
     now, world = time.monotonic(), folding.world
@@ -308,7 +327,7 @@ def _at_exit() -> None:
 
 
 class _OnHeartbeat:
-    """This module's part on rank 0's heartbeat thread (``liveness/heartbeat.HeartbeatTask``)."""
+    """This module's part on rank 0's heartbeat thread (a :class:`..base.hooks.HeartbeatTask`)."""
 
     look = LOOK
     started = staticmethod(started)
@@ -318,4 +337,4 @@ class _OnHeartbeat:
     close = staticmethod(close)
 
 
-heartbeat.add_task(_OnHeartbeat())
+hooks.add_heartbeat_task(_OnHeartbeat())

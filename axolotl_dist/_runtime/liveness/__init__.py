@@ -6,9 +6,12 @@ Floors, one way: :mod:`.peers` <- :mod:`.stalls` <- :mod:`.dead_peers` <- :mod:`
 * :mod:`.peers`: each rank's record, what waiters read about peers, a store host that is gone.
 * :mod:`.stalls`: rank 0's stall detector (silent ranks, deadlocks); a waiter's check of
   the ranks it waits for.
+* :mod:`.lost`: the account of the ranks a wait found gone, the root cause first; this rank's
+  part of a deadlock a lost peer ended on.
 * :mod:`.heartbeat`: each rank's heartbeat thread (and the tasks that run on rank 0's).
 * :mod:`.dead_peers`: a rank whose peer died ends, wherever it waits.
 * :mod:`.deadlock`: the wait-for graph of every rank's long kit wait.
+* :mod:`.progress`: this rank's call counters on each group (the meeting points ranks share).
 * :mod:`.failures`: failure and exit records, the store host's wait for its readers, naming a lost peer.
 * :mod:`.waits`: every kit wait, one watching wait; a collective's wait, in slices.
 * :mod:`.polls`: a wait on a store probe (blocks, debug checks, ``shared_map``).

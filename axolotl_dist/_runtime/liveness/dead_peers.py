@@ -52,7 +52,8 @@ from ..store.access import genuine, hosts_store, propose
 from ..store.clients import raw_store
 from .liveness_state import PEERS
 from .peers import fetch_peers, same_machine, store_host_gone
-from .stalls import Lost, PeerChecker, lost_error
+from .lost import Lost, lost_error
+from .stalls import PeerChecker
 from ...errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover

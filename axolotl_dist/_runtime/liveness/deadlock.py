@@ -19,7 +19,7 @@ edges can be reached (a rank busy outside kit waits, or in a raw ``torch.distrib
 call, has no description: it may still move, so nothing that waits for it is stuck). A stuck
 set seen in two rounds in a row, each rank in the same wait, is the finding: each of those
 ranks raises :class:`~axolotl_dist.errors.CollectiveMismatchError` naming every rank's call
-and what to change (:func:`explain`). docs/design.md, "Waits that can never end", has the
+and what to change (:func:`explain`). docs/design/liveness.md, "Waits that can never end", has the
 rules and what the graph cannot see.
 """
 
@@ -33,27 +33,13 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 from ..base.groups import Group
 from ..base.state import GROUPS
 from .liveness_state import SCOPES
+from .progress import KINDS, Point, counters
 from ..base.text import ranks_text
 from ..store import records
 
 __all__ = ["Point", "Stuck", "describe", "new_serial", "find_stuck",
-           "explain", "DeadlockDetector", "KINDS", "CALLS_PER_RANK", "read_desc"]
-
-#: The kinds of meeting, in the order of a rank's progress counters: the group's kit
-#: collectives (counted by :func:`..protocols.exchange.run`), then the per-kind call counters
-#: (:attr:`..base.groups.Group.seq`).
-KINDS = ("collective", "zero_first", "do_n_at_a_time", "shared_map", "checkpoint_dir")
+           "explain", "DeadlockDetector", "CALLS_PER_RANK", "read_desc"]
 _SERIALS = itertools.count(1)
-
-
-class Point(NamedTuple):
-    """Where a wait is, in terms every rank of ``group`` counts alike."""
-
-    group: Group
-    kind: str  # one of KINDS
-    seq: int  # the group's counter of that kind at this call (1, 2, ...)
-    label: str  # the helper's name; a block's pairing tag
-    finish: bool = False  # the awaited ranks must end the body (a zero_first waiter)
 
 
 def new_serial() -> int:
@@ -84,10 +70,6 @@ def _unpack(text: str) -> List[int]:
     return [int(r) for r in text.split(",") if r]
 
 
-def _counters(g: Group) -> List[int]:
-    return [g.calls] + [g.seq.get(kind, 0) for kind in KINDS[1:]]
-
-
 def describe(point: Point, serial: int, what: str, thread: int,
              awaits: Optional[Sequence[int]]) -> str:
     """The JSON a wait publishes (see the module docstring): ``what`` says it for people
@@ -101,7 +83,7 @@ def describe(point: Point, serial: int, what: str, thread: int,
         "s": serial, "g": _name(g), "m": None if g.default else _pack(g.ranks),
         "r": g.ranks[g.rank], "k": KINDS.index(point.kind), "n": point.seq, "l": point.label,
         "f": int(point.finish), "a": None if awaits is None else list(awaits),
-        "w": what, "c": {_name(h): _counters(h) for h in list(GROUPS.groups.values())},
+        "w": what, "c": {_name(h): counters(h) for h in list(GROUPS.groups.values())},
         "i": inside}, compact=True)
 
 
@@ -121,9 +103,9 @@ def read_desc(data: bytes) -> Dict[str, Any]:
         raise records.BadRecord("a wait's description names no kind or group it could have")
     if d["a"] is not None:
         records.int_list(d["a"], "a wait's awaited ranks")
-    for counters in d["c"].values():
-        records.int_list(counters, "a group's counters")
-        if len(counters) != len(KINDS):
+    for counts in d["c"].values():
+        records.int_list(counts, "a group's counters")
+        if len(counts) != len(KINDS):
             raise records.BadRecord("a group's counters are not one per kind")
     if not all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
                and type(x[1]) is int for x in d["i"]):

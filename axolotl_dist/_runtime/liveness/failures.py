@@ -3,7 +3,7 @@ collective: what a rank that fails (or ends) leaves for the others, and how the 
 keeps it readable for them (bounded by ``AXOLOTL_DIST_STORE_LINGER``) before its process exits.
 
 Built on the signalling floors: :mod:`..store.access`, :mod:`.peers` and :mod:`.stalls`. The protocol
-is in docs/design.md, "Failure relay".
+is in docs/design/failures.md, "Failure relay".
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import torch.distributed as dist
 
 from ..base.constants import HEARTBEAT_INTERVAL, SLICE, UNMARKED_WAIT, look_interval
 from ...env.variables import STORE_LINGER_ENV_VAR, kit_seconds
-from ..base.groups import Group, default_pg, known_failure, on_peer_failure, remember_failure
+from ..base import hooks
+from ..base.groups import Group, default_pg, known_failure, remember_failure
 from ..base.procs import MACHINE
-from ..base.state import GROUPS
 from ..base.tracebacks import format_exception, safe_str, user_line
 from ..store import keys, records
 from ..store.access import checked, hosts_store, is_store_error, put, world_store
-from .liveness_state import HEARTBEAT
-from .stalls import ASLEEP_SLOWDOWN, PeerChecker, lost_error
+from .liveness_state import HEARTBEAT, WAITS
+from .lost import lost_error
+from .stalls import ASLEEP_SLOWDOWN, PeerChecker
 from .peers import peer_record, store_answers, store_host_gone, store_lost_error
 from .where_report import same_machine
 from ...errors import AxolotlDistError, CollectiveMismatchError, RankFailedError
@@ -218,7 +219,7 @@ class _Refused(Exception):
 
 def _write_exit(store: "Store", rank: int, report: Optional[bytes]) -> None:
     """The exit record of ``rank`` (``report``: its failure, if any), and its line in the log."""
-    if any(g.abandoned for g in list(GROUPS.groups.values())):
+    if WAITS.abandoned_in:
         store.set(keys.exit_pending(rank), b"")  # first: a reader of the record sees it
     put(store, keys.exit_record(rank), records.exit_record(report, time.time()))
     store.append(keys.EXIT_LOG, f",{rank},")  # separated on both sides: bytes another
@@ -303,7 +304,7 @@ def _tell_peers_first(error: RankFailedError) -> None:
         return
 
 
-on_peer_failure(_tell_peers_first)
+hooks.on_peer_failure(_tell_peers_first)
 
 
 def await_peers_exit(store: "Store", rank: int, world_size: int, failed: bool = False) -> None:

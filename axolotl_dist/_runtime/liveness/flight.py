@@ -11,7 +11,7 @@ the last collective it issued. Nothing is read while nobody asks.
 From every rank's last entry per group, :func:`findings` says who is behind and who mismatched:
 ranks waiting in collective #N while another rank's last is #N-1 (it never issued #N: its
 place says where it is instead), or ranks whose #N are different ops, shapes or dtypes. See
-docs/design.md, "Where every rank is".
+docs/design/liveness.md, "Where every rank is".
 """
 
 from __future__ import annotations

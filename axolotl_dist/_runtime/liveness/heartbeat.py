@@ -9,7 +9,7 @@ call before (the main thread may hold the group's connection in a C++ wait). It 
 rank can still be named, and the store's host found gone by its pid, after the store is
 gone; it answers requests for a snapshot of this rank (:mod:`.where_report`), copies the store
 host's failure record, and on global rank 0 runs the stall detector (:class:`~.stalls.StallDetector`)
-while some rank waits, and the tasks (:class:`HeartbeatTask`). The sequence is in docs/design.md,
+while some rank waits, and the tasks (:class:`..base.hooks.HeartbeatTask`). The sequence is in docs/design/liveness.md,
 "Heartbeat and peer records".
 """
 
@@ -20,26 +20,27 @@ import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import torch.distributed as dist
 
-from ..base import procs
+from ..base import hooks, procs
+from ..base.state import RoomState, register
 from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
 from ..base.groups import default_pg
-from .liveness_state import HEARTBEAT, PEERS
+from .liveness_state import HEARTBEAT, PEERS, Peer
 from ..store import keys, records, seals, wakeup
 from ..store.access import genuine, parsed, propose, put, store_host, world_store
 from ..store.clients import raw_store
 from . import runs, where_report
 from .dead_peers import DeadPeers
 from .stalls import StallDetector, create_world_keys
-from .peers import (STALL_CHECK_INTERVAL, Peer, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
+from .peers import (STALL_CHECK_INTERVAL, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["HeartbeatTask", "add_task", "start_heartbeat", "stop_heartbeat", "exit_connection"]
+__all__ = ["start_heartbeat", "stop_heartbeat", "exit_connection", "BEAT", "BeatState"]
 
 
 def _run_id(base: "Store") -> str:
@@ -51,44 +52,20 @@ def _run_id(base: "Store") -> str:
 
 # --- what runs on rank 0's heartbeat ---------------------------------------------------------
 
-class HeartbeatTask(Protocol):
-    """Work that runs on global rank 0's heartbeat thread beside the stall detector, registered by a
-    room above this one (:func:`add_task`): the Python warnings folded across ranks
-    (``lifecycle/warnfold``). It hears of its work from the counter the heartbeat reads
-    anyway (:data:`..store.keys.WAITERS`), so a task costs no store call of its own."""
+class BeatState(RoomState):
+    """``thread``: this rank's :class:`Heartbeat`, if running; ``dead_peers``: the watch that
+    ends this process when a peer died (:mod:`.dead_peers`)."""
 
-    #: seconds between two reads of the counter while :meth:`pending`
-    look: float
-
-    def started(self, beat: Any) -> None:
-        """The heartbeat ``beat`` of this process started (any rank)."""
-
-    def read(self, beat: Any, waiters: int) -> None:
-        """Rank 0: the counter's value, read this beat."""
-
-    def pending(self) -> bool:
-        """Rank 0: whether it waits for something (the heartbeat then reads every look)."""
-
-    def tick(self) -> None:
-        """Rank 0: a turn of the heartbeat's loop."""
-
-    def close(self, beat: Any) -> None:
-        """The heartbeat ``beat`` stopped."""
+    def __init__(self) -> None:
+        self.thread: Optional[Heartbeat] = None
+        self.dead_peers: Optional[DeadPeers] = None
 
 
-#: The tasks, registered when their module is imported: a fact of the process, which
-#: ``STATE.reset()`` keeps.
-_TASKS: List[HeartbeatTask] = []
-
-
-def add_task(task: HeartbeatTask) -> None:
-    """Run ``task`` on every heartbeat of this process from now on."""
-    if task not in _TASKS:
-        _TASKS.append(task)
+BEAT = register("beat", BeatState())
 
 
 def _pending() -> bool:
-    return any(r.pending() for r in _TASKS)
+    return any(r.pending() for r in hooks.heartbeat_tasks())
 
 
 # --- the heartbeat ---------------------------------------------------------------------------
@@ -123,8 +100,7 @@ class Heartbeat:
         self.rank = rank
         self.world_size = world_size
         self.stop = threading.Event()
-        self.wake = threading.Event()  # halt(); on rank 0 also a task's work (see HeartbeatTask)
-        self.warned = self.warn_read = 0  # rank 0: warnings read, and the log's bytes read
+        self.wake = threading.Event()  # halt(); rank 0: a task's work (hooks.HeartbeatTask)
         #: the group's connection (the main thread's too), for the group's keys and the root's
         self.base, self.base_raw, self.run = store, raw, run
         #: what this thread's turn uses: its own connection (:attr:`own`) once made and
@@ -169,7 +145,7 @@ class Heartbeat:
     def _beat(self, key: str) -> None:
         count = self.raw.add(key, 1)
         requests = keys.requests_of(count)
-        dead = HEARTBEAT.dead_peers
+        dead = BEAT.dead_peers
         if dead is not None:
             dead.turn(self.store, self.raw, count, time.monotonic())
         if requests > self.answered:  # someone asked where this rank is
@@ -181,10 +157,10 @@ class Heartbeat:
             self._waiters()
 
     def _waiters(self) -> None:
-        """Rank 0: look for stalls while some rank's wait runs long; tell the tasks (see HeartbeatTask)."""
+        """Rank 0: look for stalls while some rank's wait runs long; tell the tasks (see hooks.HeartbeatTask)."""
         value = self.store.add(keys.WAITERS, 0)
         self.when.stall_rounds = value & LONG_WAITS > 0
-        for task in _TASKS:
+        for task in hooks.heartbeat_tasks():
             task.read(self, value)
 
     def store_usable(self) -> bool:
@@ -229,8 +205,8 @@ class Heartbeat:
         # then one beat per interval.
         wait, self.when.copying = min(0.005, self.when.interval), bool(self.first)
         self.when.last_beat = self.when.last_round = self.when.last_look = time.monotonic()
-        runs_tasks = self.rank == 0 and bool(_TASKS)  # runs the tasks (see HeartbeatTask)
-        look = min((r.look for r in _TASKS), default=self.when.interval)
+        runs_tasks = self.rank == 0 and bool(hooks.heartbeat_tasks())  # runs the tasks (see hooks.HeartbeatTask)
+        look = min((r.look for r in hooks.heartbeat_tasks()), default=self.when.interval)
         while True:
             self.wake.wait(wait)
             self.wake.clear()
@@ -250,7 +226,7 @@ class Heartbeat:
     def _after_store_host(self) -> None:
         """The store's host is gone: no store call is left to make; the dead-peer watch ends
         this process unless it learns of it otherwise (:mod:`.dead_peers`)."""
-        dead = HEARTBEAT.dead_peers
+        dead = BEAT.dead_peers
         if dead is None or self.host is None:
             return
         dead.store_gone(self.host, "judged by its pid")
@@ -288,7 +264,7 @@ class Heartbeat:
             wakeup.offer_connection(None, None)
             return
         self.own_raw = raw_store(conn)
-        own.conn = conn
+        own.connected(conn)
 
     def _turn_on(self, key: str, runs_tasks: bool, look: float) -> None:
         """Copy the first records, beat when due (else, on rank 0, read the counter for the
@@ -302,13 +278,13 @@ class Heartbeat:
         elif runs_tasks and _pending() and now - self.when.last_look >= look:
             self.when.last_look = now
             self._waiters()
-        elif HEARTBEAT.dead_peers is not None and HEARTBEAT.dead_peers.known is not None:
-            HEARTBEAT.dead_peers.step(now, self.store)  # between beats: a death's deadlines
+        elif BEAT.dead_peers is not None and BEAT.dead_peers.known is not None:
+            BEAT.dead_peers.step(now, self.store)  # between beats: a death's deadlines
         if self.when.stall_rounds and now - self.when.last_round >= STALL_CHECK_INTERVAL:
             self.when.last_round = now
             self._detect_stalls()
         if runs_tasks:
-            for task in _TASKS:
+            for task in hooks.heartbeat_tasks():
                 task.tick()
 
     def _next_wait(self, wait: float, runs_tasks: bool, look: float) -> float:
@@ -323,7 +299,7 @@ class Heartbeat:
             due = min(due, self.when.last_round + STALL_CHECK_INTERVAL)
         if runs_tasks and _pending():
             due = min(due, self.when.last_look + look)
-        dead = HEARTBEAT.dead_peers
+        dead = BEAT.dead_peers
         step = dead.next_step() if dead is not None else None
         if step is not None:
             due = min(due, time.monotonic() + step)
@@ -333,7 +309,7 @@ class Heartbeat:
 def _connect_delay(rank: int, world_size: int) -> float:
     """Seconds after its start a heartbeat opens its own connection: rank r of W at
     ``r / W`` of a window of 40 ms per rank (at most one interval), so the store's host sees
-    about 25 new connections a second, each costing it a reverse name lookup (docs/design.md,
+    about 25 new connections a second, each costing it a reverse name lookup (docs/design/liveness.md,
     "Connections"); till then the thread makes no store call."""
     window = min(HEARTBEAT_INTERVAL, _CONNECT_SPACING * world_size)
     return window * rank / max(1, world_size)
@@ -357,7 +333,7 @@ def start_heartbeat() -> None:
     if pg is None:
         return
     with _LOCK:
-        beat = HEARTBEAT.thread
+        beat = BEAT.thread
         if beat is not None and beat.pg is pg:
             return  # running, or ended on purpose: its store's host is gone
         if beat is not None:
@@ -372,11 +348,12 @@ def start_heartbeat() -> None:
             put(raw, keys.RUN_NOTE, records.document({"run": run, "world": world,
                                                        "sealed": seals.sealing()}))
         runs.note_address(run, rank, world, launcher_name())
-        HEARTBEAT.dead_peers = DeadPeers(run, rank, world) if world > 1 else None
-        HEARTBEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
+        BEAT.dead_peers = DeadPeers(run, rank, world) if world > 1 else None
+        BEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
+        HEARTBEAT.beating = True
         HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))
-        for task in _TASKS:
-            task.started(HEARTBEAT.thread)  # e.g. the warnings held until now
+        for task in hooks.heartbeat_tasks():
+            task.started(BEAT.thread)  # e.g. the warnings held until now
 
 
 def exit_connection() -> Optional[Tuple["Store", int, Any]]:
@@ -388,7 +365,8 @@ def exit_connection() -> Optional[Tuple["Store", int, Any]]:
 def stop_heartbeat() -> None:
     """Stop the heartbeat thread, if any."""
     with _LOCK:
-        beat, HEARTBEAT.thread = HEARTBEAT.thread, None
+        beat, BEAT.thread = BEAT.thread, None
+        HEARTBEAT.beating = False
     if beat is not None:
         wakeup.offer_connection(None, None)
         beat.halt()
@@ -396,7 +374,7 @@ def stop_heartbeat() -> None:
             # Wait for the thread to let go of its store connection: a TCPStore still in use
             # by a daemon thread when the interpreter exits aborts the process (SIGABRT).
             beat.thread.join(timeout=5.0)
-        for task in _TASKS:
+        for task in hooks.heartbeat_tasks():
             task.close(beat)  # e.g. rank 0: the warnings published before it stopped reading
 
 

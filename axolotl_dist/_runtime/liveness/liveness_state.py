@@ -3,18 +3,18 @@
 =============  ==============================================================================
 part           fields
 =============  ==============================================================================
-``peers``      :data:`PEERS`: ``peers`` (global rank -> its :class:`~.peers.Peer` record: host,
+``peers``      :data:`PEERS`: ``peers`` (global rank -> its :class:`Peer` record: host,
                pid, launcher, copied from the store by the heartbeat); ``exits`` (global rank ->
                ``(failure report or None, time)``: the exit records the heartbeat copied, so a
                root cause outlives the store)
-``heartbeat``  :data:`HEARTBEAT`: ``thread`` (this rank's :class:`~.heartbeat.Heartbeat`, if
-               running); ``run`` (the id the ranks of the current group agreed on);
-               ``exit_store`` (the heartbeat's store connection, its rank and a reference to
-               its group, kept for the exit record); ``dead_peers`` (the watch that ends this
-               process when a peer died: :mod:`.dead_peers`)
+``heartbeat``  :data:`HEARTBEAT`: ``beating`` (this rank's heartbeat runs: its thread is
+               :data:`.heartbeat.BEAT`'s); ``run`` (the id the ranks of the current group
+               agreed on); ``exit_store`` (the heartbeat's store connection, its rank and a
+               reference to its group, kept for the exit record)
 ``waits``      :data:`WAITS`: ``waits`` (thread id -> the kit wait it is in, for the where
                report); ``abandoned`` (collectives whose wait ended on an exception, Ctrl-C,
-               while still pending: kept, never released, with their groups at exit)
+               while still pending: kept, never released, with their groups at exit);
+               ``abandoned_in`` (the groups of those collectives, weakly)
 ``runs``       :data:`RUNS`: ``my_run`` (the run file this process recorded last in this
                host's run directory, :mod:`.runs`); ``refused`` (the refusals of a run
                directory this process said, once each); ``answer_keys`` ((run, rank) whose
@@ -28,21 +28,54 @@ part           fields
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
+from ..base.groups import Group
 from ..base.state import RoomState, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store, Work
 
-    from .dead_peers import DeadPeers
-    from .heartbeat import Heartbeat
-    from .peers import Peer
-    from .scopes import ExclusiveScope
-    from .where_report import Registered
+__all__ = ["Peer", "ExclusiveScope", "Registered", "PeersState", "HeartbeatState", "WaitsState",
+           "RunsState", "ScopesState", "PEERS", "HEARTBEAT", "WAITS", "RUNS", "SCOPES"]
 
-__all__ = ["PeersState", "HeartbeatState", "WaitsState", "RunsState", "ScopesState",
-           "PEERS", "HEARTBEAT", "WAITS", "RUNS", "SCOPES"]
+
+class Peer(NamedTuple):
+    """What a rank recorded about itself at init (``axolotl_dist/<run>/who/<rank>``)."""
+
+    host: str
+    pid: int
+    machine: str  # procs.MACHINE of the peer: whether this process can see ``pid``
+    launcher: str
+    by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
+
+    def describe(self) -> str:
+        return f"process {self.pid} on {self.host}, started by {self.launcher}"
+
+
+class ExclusiveScope(NamedTuple):
+    """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block, number
+    ``seq`` on its group), ``"shared_first_run"`` (recorded only) or ``"zero_only"``;
+    ``describe()`` says where. ``group`` is the block's :class:`~..base.groups.Group`, or the
+    ``group=`` argument of ``zero_only`` (which never communicates, so never resolves it
+    itself). A tuple: made on every block's entry, it costs no Python frame."""
+
+    kind: str
+    group: Any
+    describe: Callable[[], str]
+    seq: int = 0
+
+
+class Registered:
+    """A kit wait in progress on some thread: what it waits for, since when, and for whom
+    (``ranks``: a list the wait keeps up to date)."""
+
+    __slots__ = ("what", "since", "ranks")
+
+    def __init__(self, what: str, ranks: List[int]) -> None:
+        self.what, self.since, self.ranks = what, time.time(), ranks
 
 
 class PeersState(RoomState):
@@ -57,10 +90,9 @@ class HeartbeatState(RoomState):
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self.thread: Optional["Heartbeat"] = None
+        self.beating = False
         self.run: Optional[str] = None
         self.exit_store: Optional[Tuple["Store", int, Callable[[], Any]]] = None
-        self.dead_peers: Optional["DeadPeers"] = None
 
 
 class WaitsState(RoomState):
@@ -69,6 +101,7 @@ class WaitsState(RoomState):
     def __init__(self) -> None:
         self.waits: Dict[int, "Registered"] = {}
         self.abandoned: List["Work"] = []
+        self.abandoned_in: "weakref.WeakSet[Group]" = weakref.WeakSet()
 
 
 class ScopesState(RoomState):

@@ -5,7 +5,7 @@ At init every rank records itself (``axolotl_dist/<run>/who/<rank>``, at the roo
 store, under no group's prefix, so a client of the store can read them); the heartbeat
 (:mod:`.heartbeat`) copies the records a rank may need, so a peer can still be named, and the
 store's host found gone by its pid, after the store is gone. The sequence is in
-docs/design.md, "Heartbeat and peer records".
+docs/design/liveness.md, "Heartbeat and peer records".
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch.distributed as dist
 
 from ..base import procs
 from ..base.groups import remember_failure
-from .liveness_state import HEARTBEAT, PEERS
+from .liveness_state import HEARTBEAT, PEERS, Peer
 from ..store import keys, records
 from ..store.access import StoreHostGoneError, genuine, is_store_error, store_address, store_host
 from ...errors import DistributedEnvError, RankFailedError
@@ -28,26 +28,13 @@ from ...env.variables import LAUNCHER_PID_ENV_VAR, is_decimal
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = [
-    "Peer", "encode_peer", "decode_peer", "same_machine", "launcher_name",
+__all__ = [ "encode_peer", "decode_peer", "same_machine", "launcher_name",
     "peer_record", "peer", "fetch_peers", "EVENTS", "STALL_ROUND", "STALL_CHECK_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
     "store_lost_error", "store_errors", "store_answers",
 ]
 
 
 # --- a rank's record -------------------------------------------------------------------------
-
-class Peer(NamedTuple):
-    """What a rank recorded about itself at init (``axolotl_dist/<run>/who/<rank>``)."""
-
-    host: str
-    pid: int
-    machine: str  # procs.MACHINE of the peer: whether this process can see ``pid``
-    launcher: str
-    by_store: bool = False  # procs.beside_store(): it runs on the machine serving the store
-
-    def describe(self) -> str:
-        return f"process {self.pid} on {self.host}, started by {self.launcher}"
 
 
 def encode_peer(record: Peer) -> str:
@@ -132,7 +119,7 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
 EVENTS = (1 << 32) - 1
 
 
-#: What the stall detector adds to ``axd/exits`` each round: the counter's bits above 32 count stall detector
+#: What the stall detector adds to ``axd/exits`` each round: the counter's bits above 32 count stall
 #: rounds, the bits below count events (exit records, and changes in the stall detector's report).
 STALL_ROUND = 1 << 32
 
@@ -214,7 +201,7 @@ def store_lost_error(exc: BaseException, what: str, key: str = "") -> Exception:
             + (f"store key{held}" if held else f"store key {key!r}," if key else
                "a key") + " where the kit keeps a number (a block's word, a counter)"
             + " holds something else: a process outside the job overwrote it. Only the "
-            'job\'s own processes may write to its store (docs/design.md, "Trust model")'
+            'job\'s own processes may write to its store (docs/design/store.md, "Trust model")'
             f" ({cause})")
         refused.store_refused = True  # type: ignore[attr-defined] # its connection is dead
         return refused

@@ -4,7 +4,7 @@ shared-filesystem probe and ``shared_map`` make (the other kind, a collective's,
 
 The first polls run inline, then from the store worker with a backoff to at most 0.25 s, so a
 store that stops answering (its host is stopped) does not stop the wait's clock
-(docs/design.md, decision 13); a wait that can, blocks on a wake key (:mod:`..store.wakeup`)
+(docs/design/decisions.md, decision 13); a wait that can, blocks on a wake key (:mod:`..store.wakeup`)
 instead of polling.
 """
 
@@ -20,7 +20,7 @@ from ..store.access import (Job, StoreHostGoneError, is_store_error, store_addre
                             store_host, submit)
 from ..store.wakeup import KeyWaiter
 from . import where_report
-from .deadlock import Point
+from .progress import Point
 from .peers import host_leaving, peer_record, store_host_gone, store_lost_error
 from .waits import Waiting
 from ...errors import (CollectiveMismatchError, DistributedEnvError, RankFailedError,

@@ -19,26 +19,13 @@ Shared first runs (several first ranks, explicit ``is_main``) are recorded for
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 from ..base.groups import Group, group_of
-from .liveness_state import SCOPES
+from .liveness_state import SCOPES, ExclusiveScope
 from ...errors import CollectiveMismatchError
 
-__all__ = ["ExclusiveScope", "enter", "leave", "check"]
-
-
-class ExclusiveScope(NamedTuple):
-    """One scope on one thread: ``kind`` is ``"first_run"`` (the sole first rank's block, number
-    ``seq`` on its group), ``"shared_first_run"`` (recorded only) or ``"zero_only"``;
-    ``describe()`` says where. ``group`` is the block's :class:`~..base.groups.Group`, or the
-    ``group=`` argument of ``zero_only`` (which never communicates, so never resolves it
-    itself). A tuple: made on every block's entry, it costs no Python frame."""
-
-    kind: str
-    group: Any
-    describe: Callable[[], str]
-    seq: int = 0
+__all__ = ["enter", "leave", "check"]
 
 
 def enter(kind: str, group: Any, describe: Callable[[], str], seq: int = 0) -> ExclusiveScope:

@@ -9,14 +9,14 @@ one counter per look instead of every peer's heartbeat.
 (:func:`.failures.publish_exit`) or is gone from this host is dead at once; one that is stopped
 (``SIGSTOP``) or silent is reported at WARNING level; a rank on another host whose heartbeat
 stalls longer than ``AXOLOTL_DIST_HEARTBEAT_TIMEOUT`` seconds (default 15) counts as dead.
-:func:`lost_error` turns the lost ranks into one
+:func:`.lost.lost_error` turns the lost ranks into one
 :class:`~axolotl_dist.errors.RankFailedError`, the root cause first.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch.distributed as dist
 
@@ -24,7 +24,6 @@ from ..base import procs
 from ..base.constants import HEARTBEAT_INTERVAL, SILENT_AFTER, look_interval
 from ...env.variables import (HEARTBEAT_TIMEOUT_ENV_VAR, WAIT_LOG_INTERVAL_ENV_VAR, kit_seconds,
                               is_decimal)
-from ..base.groups import remember_failure
 from ..base.kitlog import kit as log
 from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records, seals
@@ -32,13 +31,14 @@ from ..store.access import checked_or_ignored, genuine, put, store_host, world_s
 from . import deadlock
 from .peers import (EVENTS, STALL_CHECK_INTERVAL, STALL_ROUND, check_store_host, fetch_peers, host_leaving, same_machine)
 from ..store.clients import raw_store
+from .lost import Lost, lost_error
 from .where_report import BEATS
-from ...errors import CollectiveMismatchError, RankFailedError
+from ...errors import RankFailedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "create_world_keys", "deadlock_part", "Lost", "PeerChecker", "lost_error", "party_error"]
+__all__ = ["ASLEEP_SLOWDOWN", "StallDetector", "create_world_keys", "PeerChecker"]
 
 #: How many look intervals apart a wait blocked on a wake key looks at the store (see
 #: :meth:`PeerChecker.find_lost`): the exit of a peer on this machine is seen with no store call
@@ -66,7 +66,7 @@ class StallDetector:
         ``SILENT_AFTER`` seconds or more and the waits that can never end, and publish them
         (:data:`~..store.keys.STALL_REPORT` in the group's ``store``) while there are silent ranks,
         and whenever the deadlocks change; count the round (:data:`~.peers.STALL_ROUND`)
-        (docs/design.md, "Heartbeat and peer records")."""
+        (docs/design/liveness.md, "Heartbeat and peer records")."""
         world = self.world_size
         if not self.all_beat:
             self.all_beat = raw.check(self.keys[:world])
@@ -112,17 +112,6 @@ class StallDetector:
         return silent
 
 
-class Lost(NamedTuple):
-    """A rank found gone: how, the failure it reported at exit (if it did), and when it exited
-    (``inf`` if unknown)."""
-
-    rank: int
-    how: str
-    detail: str
-    report: Optional[RankFailedError]
-    when: float = float("inf")
-
-
 def create_world_keys(store: "Store") -> None:
     """Make the world's liveness keys where missing (rank 0's heartbeat does, at its start; a
     waiter that finds an event before it did, itself): the exit count, the exit log and the
@@ -157,7 +146,7 @@ class PeerChecker:
         self.events = 0  # the events part of axd/exits when last read
         self.rounds, self.rounds_at = 0, time.monotonic()  # the stall detector's rounds; when they moved
         self.silent: Dict[int, Tuple[float, float]] = {}  # report: rank -> (seconds, read at)
-        #: the stall detector's finding on this rank's long wait (:mod:`.deadlock`): (its serial, the
+        #: the stall detector's finding on this rank's long wait (:mod:`.deadlock`): (its serial,
         #: deadlock's ``[message, {rank: call}]``), or None
         self.stuck: Optional[Tuple[int, List[Any]]] = None
         #: without a stall detector: rank -> (beat, since when, first read here)
@@ -243,7 +232,7 @@ class PeerChecker:
             if not self.store.check([keys.EXIT_LOG, keys.STALL_REPORT]):
                 create_world_keys(self.store)
             self.have_keys = True
-        run = HEARTBEAT.run if HEARTBEAT.thread is not None else None  # then its keys exist
+        run = HEARTBEAT.run if HEARTBEAT.beating else None  # then its keys exist
         names = [keys.EXIT_LOG, keys.STALL_REPORT]
         if run is not None and self.raw is self.store:  # the finding on this rank's wait too
             names.append(keys.stuck(run, self.me))
@@ -291,8 +280,9 @@ class PeerChecker:
                 return  # not this run's: its genuine record overwrites it
             report, when = records.read_exit(data)
         except records.BadRecord as exc:  # not the kit's: the rank is gone all the same
-            report, when = records.failure((rank, "DistributedEnvError", records.unreadable(
-                key, rank, exc), None, "its exit", (), None, None)), time.time()
+            report, when = records.failure(RankFailedError(
+                rank, "DistributedEnvError", records.unreadable(key, rank, exc),
+                where="its exit")), time.time()
         self.store.set(keys.ack(key, self.me), b"")
         PEERS.exits.setdefault(rank, (report, when))
         self.exited[rank] = self._from_record(rank, report, when)
@@ -398,66 +388,3 @@ def _stall_report(data: bytes) -> Tuple[Dict[int, float], List[List[Any]]]:
                                     "[text, {rank: call}, parties]")
         item[2] = records.read_deadlock([item[0], item[2]], "stall detector's report")[1]
     return {int(r): float(s) for r, s in silent.items()}, doc["deadlocks"]
-
-
-def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
-    """One :class:`RankFailedError` for the lost ranks, naming the root cause first: a rank
-    that failed on its own exception, then one that died without a word, then the earliest
-    normal exit; a rank that exited after hearing of another rank's failure comes last and
-    is explained by that rank."""
-    def secondary(item: Lost) -> bool:  # it exited on a failure it received from another rank
-        return item.report is not None and item.report.rank != item.rank
-
-    def order(item: Lost) -> Tuple[int, float, int]:
-        if secondary(item):
-            category = 3
-        elif item.report is not None:
-            category = 0
-        else:
-            category = 1 if item.how != "exited" else 2
-        return category, item.when, item.rank
-
-    ordered = sorted(lost, key=order)
-    root, others = ordered[0], ordered[1:]
-    also = "".join(f"; also rank {o.rank} {o.how}: {o.detail}" for o in others)
-    ranks = tuple(o.rank for o in ordered)
-    if root.report is not None and not secondary(root):
-        error = root.report
-        return remember_failure(RankFailedError(root.rank, error.exc_type, error.exc_message + also,
-                                     error.remote_traceback, where=what, ranks=ranks,
-                                     machine=error.machine, site=error.site,
-                                     deadlock=error.deadlock))
-    if root.report is not None:  # every lost rank only relayed another rank's failure
-        error = root.report
-        relay = f" (rank {root.rank} exited on this failure)"
-        return remember_failure(RankFailedError(error.rank, error.exc_type, error.exc_message + relay + also,
-                                     error.remote_traceback, where=what,
-                                     ranks=(error.rank,) + ranks, machine=error.machine,
-                                     site=error.site, deadlock=error.deadlock))
-    return remember_failure(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))
-
-
-def party_error(lost: Sequence[Lost], me: int, shown: str) -> Optional[CollectiveMismatchError]:
-    """Rank ``me``'s own :class:`CollectiveMismatchError` where a lost peer failed on a deadlock
-    in which ``me`` waits in ``shown`` (the call as the finding names it): the peer read the
-    stall detector's finding first; on a loaded machine this rank may look again only after the
-    peer is gone, and must still say what it is part of. None otherwise."""
-    for item in lost:
-        found = deadlock_part(item.report, me, shown)
-        if found is not None:
-            return found
-    return None
-
-
-def deadlock_part(report: Optional[RankFailedError], me: int,
-                  shown: str) -> Optional[CollectiveMismatchError]:
-    """Rank ``me``'s own :class:`CollectiveMismatchError` where a peer's failure ``report`` is a
-    deadlock in which ``me`` waits in ``shown``, as the report's finding says (its parties:
-    the ranks of each wait and their call); None otherwise (see :func:`party_error`)."""
-    if report is None or report.deadlock is None:
-        return None
-    text, parties = report.deadlock
-    if any(me in ranks and call.startswith(shown) for ranks, call in parties):
-        return CollectiveMismatchError(f"rank {me}'s {shown} can never complete: {text}",
-                                       deadlock=report.deadlock)
-    return None

@@ -10,7 +10,7 @@ where they are). What it waits on comes in two kinds:
 * :func:`.polls.poll_until`: a cheap, non-blocking store probe (``add(key, 0)``: no C++ timeout
   warnings) for the ordering blocks, debug checks and ``shared_map``; the first polls inline,
   then from the store worker with a backoff to at most 0.25 s, so a store that stops answering
-  (its host is stopped) does not stop the wait's clock (docs/design.md, decision 13); an
+  (its host is stopped) does not stop the wait's clock (docs/design/decisions.md, decision 13); an
   optional ``timeout``.
 * :func:`collective`: a collective's work past its first slice (:func:`..protocols.exchange.run` waits
   the first), unmarked and without a store call for ``UNMARKED_WAIT`` seconds, then in
@@ -38,20 +38,22 @@ from ...env.variables import WAIT_LOG_INTERVAL_ENV_VAR, kit_seconds
 from ..base.groups import Group
 from ..base.kitlog import kit as log
 from ..base import torch_messages
-from .liveness_state import HEARTBEAT, PEERS, WAITS
+from .liveness_state import HEARTBEAT, PEERS, WAITS, Registered
 from ..store import keys, seals
 from ..store.access import StoreHostGoneError, bounded, is_store_error, put, world_store
 from ..store.clients import raw_store
 from . import where_report
-from .deadlock import CALLS_PER_RANK, Point, describe, new_serial
+from . import progress
+from .deadlock import CALLS_PER_RANK, describe, new_serial
+from .progress import Point
 from .failures import await_readers
-from .stalls import Lost, PeerChecker, deadlock_part, lost_error, party_error
+from .lost import Lost, deadlock_part, lost_error, party_error
+from .stalls import PeerChecker
 from .peers import check_store_host, host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError, RankFailedError
 
-__all__ = ["Waiting", "collective", "own_part", "where_they_are", "logged_blocking_call", "left", "take_abandoned",
-           "timed_out", "SLICE",
-           "LOST_GRACE"]
+__all__ = ["Waiting", "collective", "own_part", "where_they_are", "logged_blocking_call", "left",
+           "take_abandoned", "abandoned_groups", "timed_out", "SLICE", "LOST_GRACE"]
 
 _SLICE = timedelta(seconds=SLICE)  # SLICE: one blocking slice (base.constants)
 
@@ -107,7 +109,7 @@ class Waiting:
         self.thread = threading.get_ident()
         self.point, self.serial, self.published = point, 0, ""
         self.shown = shown or what
-        WAITS.waits[self.thread] = where_report.Registered(what, ranks)  # what a snapshot says
+        WAITS.waits[self.thread] = Registered(what, ranks)  # what a snapshot says
 
     def mark(self) -> None:
         """Count this wait on this rank's waiting key (once): it runs long; and say where it
@@ -141,8 +143,8 @@ class Waiting:
 
     def failure(self, lost: List[Lost]) -> Exception:
         """The error for the ``lost`` peers: this rank's own finding where a peer failed on the
-        deadlock this wait is part of (:func:`.stalls.party_error`), else
-        :func:`.stalls.lost_error`."""
+        deadlock this wait is part of (:func:`.lost.party_error`), else
+        :func:`.lost.lost_error`."""
         return party_error(lost, self.me, self.shown) or lost_error(lost, self.what)
 
     def deadlock(self, error: CollectiveMismatchError) -> None:
@@ -229,7 +231,8 @@ def collective(work: Any, g: Group, what: str) -> None:
     me = g.ranks[g.rank]
     peers = [r for r in g.ranks if r != me]
     w = Waiting(what, me, peers, "in {what} for rank(s) {ranks}",
-                Point(g, "collective", g.calls, what), shown=f"{what} at {call_site()}")
+                Point(g, "collective", progress.count(g, "collective"), what),
+                shown=f"{what} at {call_site()}")
     normal = False
     try:
         if _ends_unmarked(work) or not _mark(w, work):  # a short wait makes no store call
@@ -363,7 +366,7 @@ def left(work: Any, g: Group, exc: BaseException) -> None:
     its context."""
     try:
         if not work.is_completed():
-            g.abandoned = True  # publish_exit then sets keys.exit_pending
+            WAITS.abandoned_in.add(g)  # publish_exit then sets keys.exit_pending
             WAITS.abandoned.append(work)
     except Exception:  # noqa: BLE001 - best effort: the exception itself matters
         pass
@@ -405,3 +408,8 @@ def take_abandoned() -> List[Any]:
     handed over once (the exit keeps them alive: ``lifecycle/teardown.keep_abandoned``)."""
     taken, WAITS.abandoned = WAITS.abandoned, []
     return taken
+
+
+def abandoned_groups() -> List[Group]:
+    """The groups a collective was left pending on (see :func:`left`): kept at exit."""
+    return list(WAITS.abandoned_in)

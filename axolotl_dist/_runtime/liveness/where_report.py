@@ -7,7 +7,7 @@ counters of the ranks it wants; at its next beat a rank sees the request and wri
 snapshot of its main thread to ``axolotl_dist/<run>/where/<rank>`` (JSON). The keys sit at
 the root of the c10d store, under no process group's prefix, so a client that only knows
 ``MASTER_ADDR:MASTER_PORT`` (``axolotl-dist where``, the launcher on ``SIGUSR1``) finds them
-through ``axolotl_dist/run``, which names the run and its size. See docs/design.md, "Where every
+through ``axolotl_dist/run``, which names the run and its size. See docs/design/liveness.md, "Where every
 rank is".
 
 A snapshot holds the main thread's stack, the user's frames kept and the kit's folded into the
@@ -32,16 +32,16 @@ from ..base.callsite import PACKAGE_DIR, short_path
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ...env.variables import SECRET_ENV_VAR, is_decimal
 from . import flight
-from .liveness_state import RUNS, SCOPES, WAITS
+from .liveness_state import RUNS, SCOPES, WAITS, Peer
 from ..store import keys, records, seals
 from ..store.access import genuine, ignore, put
-from .peers import Peer, decode_peer, same_machine
+from .peers import decode_peer, same_machine
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
 __all__ = ["REQUEST", "BEATS",
-           "snapshot", "answer", "ask", "collect", "report", "Registered",
+           "snapshot", "answer", "ask", "collect", "report",
            "where_command",
            "where", "where_each", "placed", "place", "collective_findings", "read_answer",
            "asked_by_the_run", "QUESTION_FRESH", "UNSEALED"]
@@ -60,7 +60,7 @@ QUESTION_FRESH = 60.0
 _NO_ANSWER = b"{}"
 #: The report's line on a run without a secret.
 UNSEALED = (f"  note: this run has no secret ({SECRET_ENV_VAR}): anyone who can reach its "
-            'store can read these stacks and write the kit\'s records (docs/design.md, '
+            'store can read these stacks and write the kit\'s records (docs/design/store.md, '
             '"Trust model")')
 
 _PACKAGE = PACKAGE_DIR
@@ -72,15 +72,6 @@ _LIBRARIES = tuple(sorted({os.path.join(p, "") for p in (
 
 
 # --- what a rank says about itself ---------------------------------------------------------
-
-class Registered:
-    """A kit wait in progress on some thread: what it waits for, since when, and for whom
-    (``ranks``: a list the wait keeps up to date)."""
-
-    __slots__ = ("what", "since", "ranks")
-
-    def __init__(self, what: str, ranks: List[int]) -> None:
-        self.what, self.since, self.ranks = what, time.time(), ranks
 
 
 def _kind(filename: str) -> str:

@@ -3,13 +3,15 @@
 * :mod:`.helpers`: the wrapper every communicating helper wears.
 * :mod:`.exchange`: the value helpers' engine: headers exchanged, collectives run and waited
   for.
+* :mod:`.headers`: each group's header buffers, through which the value helpers exchange.
 * :mod:`.encoding`: how a value crosses: a header and a payload, a device tensor's bytes on
   its device.
 * :mod:`.packets`: the tensor operations' structures in one all-gather (with their data, or
   their dtypes and shapes alone) and the shape check that makes a mismatch an error on every
   rank.
 * :mod:`.codes`: which helper sent a value header (registered where each is decorated).
-* :mod:`.blocks`: blocks through the store: bit words, pairing, failures; ``do_n_at_a_time``.
+* :mod:`.blocks`: blocks through the store: bit words, pairing, failures.
+* :mod:`.rounds`: ``do_n_at_a_time``'s rounds, a kind of block.
 * :mod:`.zero_first`: a ``zero_first`` block on each side, and the arrivals confirmed later.
 * :mod:`.checkpointing`: a ``checkpoint_dir`` call's two blocks (written, committed) and its
   files: staging, commit, rotation.

@@ -1,7 +1,7 @@
 """The store protocols behind :func:`~axolotl_dist.zero_first` and
 :func:`~axolotl_dist.do_n_at_a_time` (their behaviour is documented in
-:mod:`axolotl_dist.ordering`; sequence diagrams in docs/design.md, "zero_first blocks" and
-docs/design.md, "do_n_at_a_time rounds").
+:mod:`axolotl_dist.ordering`; sequence diagrams in docs/design/blocks.md, "zero_first blocks" and
+docs/design/blocks.md, "do_n_at_a_time rounds").
 
 A block (``zero_first`` block or ``do_n_at_a_time`` call number ``seq`` on a group, counted
 per rank) lives in **bit words**: store integers that hold one bit per group rank, 31 ranks a
@@ -52,28 +52,57 @@ releases the other), so both reach this check.
 from __future__ import annotations
 
 import hashlib
+import threading
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from ..base.callsite import CallSite
 from ..base.groups import Group
-from .protocols_state import BLOCKS, TIMELINE
 from ..store import sweep, wakeup
 from ..store import keys, records
-from ..store.access import checked, group_store, is_store_error, parsed, propose
-from ..liveness.deadlock import Point
+from ..store.access import checked, is_store_error, kit_store, parsed, propose
+from ..liveness.progress import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
 from ..liveness.polls import poll_until
 from . import timeline
+from .timeline import TIMELINE
 from ..liveness import scopes
 from ...errors import CollectiveMismatchError, DistributedEnvError
+from ..base.state import PerGroup, RoomState, register
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torch.distributed import Store
+__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "together", "arrive",
+           "spy_on_stores", "BLOCKS", "BlocksState", "FirstRuns"]
 
-__all__ = ["Block", "RELEASED", "FAILED_MASK", "pairing_tag", "run_in_rounds", "together", "arrive",
-           "spy_on_stores"]
+
+class FirstRuns(threading.local):
+    """The ``zero_first`` blocks this thread runs first: how deeply nested, the blocks that
+    finished inside the outermost one (their arrivals are awaited when it ends), and how many
+    of them it runs as its group's rank 0 (a ``datasets`` map there is looked at)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: List["Block"] = []
+        self.main = 0  # of the ``depth`` blocks, those run as the group's rank 0
+
+
+class BlocksState(RoomState):
+    """``first_runs`` (per thread: the ``zero_first`` blocks it runs first, nested, those
+    finished inside them, how many as its group's rank 0); ``unconfirmed`` (blocks this rank
+    ran first as the sole first rank whose other ranks' arrival it has not confirmed yet);
+    ``store_spy`` (a test's wrapper around the store a block uses, see
+    :func:`axolotl_dist.testing._probes.count_store_calls`); ``finished`` (group -> block
+    kind -> the finished blocks' keys group rank 0 deletes later)"""
+
+    def __init__(self) -> None:
+        self.first_runs = FirstRuns()
+        self.unconfirmed: List["Block"] = []
+        self.store_spy: Optional[Callable[[Any], Any]] = None
+        #: group -> block kind -> the finished blocks' keys group rank 0 deletes later
+        self.finished: PerGroup[Dict[str, List[Any]]] = PerGroup(lambda g: {})
+
+
+BLOCKS = register("blocks", BlocksState())
 
 T = TypeVar("T")
 
@@ -117,9 +146,7 @@ class Block:
         self.scope: Optional[scopes.ExclusiveScope] = None
         self.site, self.desc = site, desc
         self.tag = pairing_tag(site, desc)
-        if g.store is None:
-            g.store = group_store(g.arg)
-        self.store = g.store
+        self.store = kit_store(g)
         if BLOCKS.store_spy is not None:  # a test counting store calls
             self.store = BLOCKS.store_spy(self.store)
         self.base = keys.block(self.kind, seq)
@@ -193,7 +220,7 @@ class Block:
             raise DistributedEnvError(
                 f"the word of {self.what} at store key {self.keys[w]!r} reads {value}, {why}: a "
                 "process outside the job changed it (only the kit's adds write there; "
-                'docs/design.md, "Trust model")')
+                'docs/design/store.md, "Trust model")')
         return value
 
     def has(self, rank: int) -> bool:
@@ -348,7 +375,7 @@ class Block:
             sweep.delete(self.group, self.store, [f"{self.base}/site"])
         if self.rank != 0 or not complete:
             return
-        done = self.group.connections.finished_keys.setdefault(self.kind, [])
+        done = BLOCKS.finished.of(self.group).setdefault(self.kind, [])
         old: List[str] = []
         keep = []
         for entry in done:  # loops, not comprehensions: each of those is a frame per block
@@ -366,33 +393,6 @@ class Block:
     def extra_keys(self) -> List[str]:
         """Keys of this block beside its words, deleted with them (a kind's own)."""
         return []
-
-
-
-# --- do_n_at_a_time ----------------------------------------------------------------------------
-
-class _Rounds(Block):
-    kind, family, noun = "dn", "do_n_at_a_time", "do_n_at_a_time call"
-    __slots__ = ()
-    sited = False  # "do_n_at_a_time call #3": its messages have always read so
-
-
-def run_in_rounds(f: Callable[[], T], g: Group, seq: int, rounds: int, timeout: Optional[float],
-                  site: CallSite, desc: Optional[str]) -> T:
-    """``do_n_at_a_time``'s protocol: round ``k`` holds the group ranks with
-    ``rank % rounds == k``; every rank waits for the rounds before its own, runs ``f``, then
-    waits for the rest."""
-    block = _Rounds(g, seq, site, desc)
-    rank, ws, group = g.rank, g.size, g
-    before = [r for r in range(ws) if r % rounds < rank % rounds]
-    if before:
-        t0 = timeline.now()
-        block.wait(lambda: block.full(before), (), lambda: block.missing(before), timeout)
-        if TIMELINE.recorder is not None:
-            timeline.wait_span("do_n_at_a_time", t0, [g.global_rank(r) for r in before], site,
-                            group, seq)
-    return together(f, block, timeout, lambda: [g.global_rank(r) for r in range(ws)
-                                                 if r % rounds > rank % rounds])
 
 
 def together(f: Callable[[], T], block: Block, timeout: Optional[float],

@@ -40,21 +40,43 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..liveness.progress import advance
 from ...env.variables import END_DIR_ENV_VAR, is_decimal
 from ..base.kitlog import kit as log
 from ..base.tracebacks import safe_str
 from .blocks import Block, arrive, together
 from .leases import staging_run
 from ..store import records
-from .protocols_state import SAVES
 from ...errors import RankFailedError, RankTimeoutError
 
-__all__ = ["CheckpointBlock", "Save", "finish", "hand_over", "settle", "future_wait", "MARKER",
-           "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps", "commit", "commit_record",
-           "commit_save", "rotate", "remove_staging", "job_id", "not_committed", "note_saving",
-           "unnote_saving", "unsaved", "SAVING_NOTE"]
+from ..base.state import RoomState, register
+
+__all__ = ["CheckpointBlock", "SAVES", "SavesState", "Save", "finish", "hand_over", "settle",
+           "future_wait", "MARKER", "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps",
+           "commit", "commit_record", "commit_save", "rotate", "remove_staging", "job_id",
+           "not_committed", "note_saving", "unnote_saving", "unsaved", "SAVING_NOTE"]
+
+
+class SavesState(RoomState):
+    """``pending`` (this rank's ``checkpoint_dir`` calls whose bodies handed their writes over
+    to futures, oldest first: committed once they are done, at the next ``checkpoint_dir``,
+    ``latest_checkpoint``, cleanup or exit: :mod:`.checkpointing`); ``said`` (the exit's
+    wait for them was said); ``hooked`` (the exit's hook that waits for them is registered);
+    ``saving`` ((root, step) of the save this rank is inside, else None); ``term_handler``
+    (the SIGTERM handler that save replaced, to restore at its end; None where it replaced
+    none)"""
+
+    def __init__(self) -> None:
+        self.pending: List["Save"] = []
+        self.said = False
+        self.hooked = False
+        self.saving: Optional[Tuple[str, int]] = None
+        self.term_handler: Any = None
+
+
+SAVES = register("saves", SavesState())
 
 #: A committed checkpoint is ``<root>/step-<step>``.
 STEP_PREFIX = "step-"
@@ -149,7 +171,7 @@ def _finish(save: Save, error: Optional[BaseException]) -> None:
         raise error
     arrive(written, save.timeout, lambda: _others(written))  # every body (and future) ended well
     g = written.group
-    committed = CheckpointBlock(g, g.next_seq("checkpoint_dir"), written.site, None,
+    committed = CheckpointBlock(g, advance(g, "checkpoint_dir"), written.site, None,
                                 timeout=save.timeout)
     together(lambda: commit_save(save, g.size) if save.should_save else None, committed,
              save.timeout, lambda: _others(committed))

@@ -22,7 +22,7 @@ Ranks that must not wait (the ranks that go first in :func:`~axolotl_dist.zero_f
 others are blocked until they finish, and blocks may nest) only post their record and look at
 the counters; they compare again, without blocking, at their next waiting check or before
 reporting a missing rank, and wait for the others when their outermost block ends. See
-docs/design.md, "Debug-mode checks".
+docs/design/helpers.md, "Debug-mode checks".
 """
 
 from __future__ import annotations
@@ -31,25 +31,23 @@ import hashlib
 import os
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ..liveness.progress import advance
 from ...env import variables
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.groups import Group
 from ..store.access import checked, group_store, put, store_host
 from ..liveness.failures import await_readers
 from ..liveness.stalls import PeerChecker
-from .protocols_state import DEBUG
+from .protocols_state import DEBUG, DebugLog
 from .unchecked import UncheckedLook
 from ...errors import AxolotlDistError, CollectiveMismatchError, DistributedEnvError, RankFailedError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from torch.distributed import ProcessGroup
 
 __all__ = ["ABORT", "KEEP_CALLS", "DEBUG_TIMEOUT_ENV_VAR", "SEQUENCE_KIND", "check", "first_rank_block",
            "Switches", "switches", "set_switches", "refresh_from_env"]
 
-#: The per-group call counter (see :mod:`axolotl_dist._runtime.base.groups`) debug checks are numbered by.
+#: The per-group call counter (:mod:`..liveness.progress`) debug checks are numbered by.
 SEQUENCE_KIND = "debug"
 #: Seconds a rank waits, after the last rank arrived, for the ranks still missing.
 from ...env.variables import DEBUG_ENV_VAR, DEBUG_TIMEOUT_ENV_VAR  # noqa: E402 - re-exported
@@ -105,7 +103,7 @@ class _Ctx:
     __slots__ = ("store", "seq", "me", "digest", "ws", "group", "log", "timeout", "prefix")
 
     def __init__(self, store: Any, seq: int, me: Call, ws: int, group: Group,
-                 log: "_GroupLog", timeout: float) -> None:
+                 log: DebugLog, timeout: float) -> None:
         self.store, self.seq, self.me, self.ws, self.group = store, seq, me, ws, group
         self.log, self.timeout = log, timeout
         self.digest = me.digest()
@@ -118,23 +116,9 @@ class _Ctx:
         return arrived, self.store.add(f"{self.prefix}/d/{self.digest}", 0)
 
 
-class _GroupLog:
-    """This rank's memory of its checks on one group."""
-
-    __slots__ = ("posted", "last_seq", "pending", "first_depth", "__weakref__")
-
-    def __init__(self) -> None:
-        self.posted: Dict[int, str] = {}  # call number -> my digest (to delete the keys later)
-        self.last_seq = 0  # the last call every rank was seen to reach
-        self.pending: Dict[int, _Ctx] = {}  # calls posted without waiting, not yet confirmed
-        self.first_depth = 0  # zero_first blocks this rank is running first, nested
-
-
-def _log_of(g: Group, create: bool) -> Optional[_GroupLog]:
-    """This rank's :class:`_GroupLog` of ``g``."""
-    if g.debug is None and create:
-        g.debug = _GroupLog()
-    return g.debug
+def _log_of(g: Group, create: bool) -> Optional[DebugLog]:
+    """This rank's :class:`~.protocols_state.DebugLog` of ``g``."""
+    return DEBUG.logs.of(g) if create else DEBUG.logs.get(g)
 
 
 def check(name: str, agree: Dict[str, Any], group: Group, site: str, *,
@@ -144,7 +128,7 @@ def check(name: str, agree: Dict[str, Any], group: Group, site: str, *,
     me = Call(rank, group.global_rank(rank), name, agree, site)
     log = _log_of(group, create=True)
     assert log is not None
-    seq = group.next_seq(SEQUENCE_KIND)
+    seq = advance(group, SEQUENCE_KIND)
     try:
         ctx = _Ctx(group_store(group.arg), seq, me, ws, group, log, timeout)
         _post(ctx)
@@ -217,7 +201,7 @@ def first_rank_block(group: Group, timeout: float) -> Iterator[None]:
         del log.pending[seq]
 
 
-def _compare_pending(log: _GroupLog, done: bool) -> None:
+def _compare_pending(log: DebugLog, done: bool) -> None:
     """Look again at the calls posted without waiting (never blocks); ``done``: every rank has
     since reached a later call, so they are settled and forgotten."""
     for seq, ctx in list(log.pending.items()):

@@ -1,6 +1,6 @@
 """How a value crosses between ranks: a 4-slot header and, for non-scalars, a payload.
 
-**Encoding** (docs/design.md, "Value encoding"). Every value becomes a 4-slot int64 *header*
+**Encoding** (docs/design/helpers.md, "Value encoding"). Every value becomes a 4-slot int64 *header*
 and, for non-scalars, a uint8 *payload*:
 
 ========  ==================================  =======================================

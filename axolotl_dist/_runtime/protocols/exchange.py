@@ -3,7 +3,7 @@
 **Encoding**: :mod:`.encoding` (every value a 4-slot header and, for non-scalars, a
 payload; a device tensor's bytes stay on its device).
 
-**The header exchange.** On CPU (gloo) with at most :data:`~..base.groups.A2A_MAX_RANKS` ranks it is
+**The header exchange.** On CPU (gloo) with at most :data:`~.headers.A2A_MAX_RANKS` ranks it is
 one all-to-all (each rank sends its header to every other rank directly: one message per pair
 and direction, where gloo's ring all-gather spends several notifications per rank); beyond
 that many ranks the all-gather's ``O(ranks)`` messages win. An accelerator group's headers
@@ -29,12 +29,15 @@ import torch
 import torch.distributed as dist
 
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group, channel_of
-from .protocols_state import BLOCKS, TIMELINE
+from ..base.groups import Group, channel_of
+from ..liveness.progress import advance
+from .blocks import BLOCKS
+from .timeline import TIMELINE
 from ..liveness import waits
 from ..liveness.failures import diagnose_lost_peer
 from . import timeline
 from .codes import CODES, ROOTED, mismatch_error
+from .headers import HEADER_LEN, headers_of
 from .encoding import (DEVICE, ERROR, NONE, PICKLE, Encoded, decode, decode_scalar, encode,
                        encode_error, payload_len, scalar_header)
 from .zero_first import confirm_all
@@ -63,7 +66,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     waited for on the host, no work object kept. A failure caused by a lost peer raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it (``what``: the helper)."""
     work = None
-    g.calls += 1  # the group's kit collectives, as every rank counts them (.deadlock)
+    advance(g, "collective")  # the group's kit collectives, as every rank counts them
     try:
         if not g.cpu:
             kwargs["async_op"] = False
@@ -99,9 +102,9 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
 
 
 def exchange(g: Group, what: str) -> List[int]:
-    """Every rank's header (this rank's is in ``g.headers.hdr_arr``), flat, in group-rank order;
-    every rank's whole frame is in ``g.headers.all_arr``. CPU only."""
-    h = g.headers
+    """Every rank's header (this rank's is in ``hdr_arr`` of :func:`.headers.headers_of`),
+    flat, in group-rank order; every rank's whole frame is in its ``all_arr``. CPU only."""
+    h = headers_of(g)
     if h.a2a is not None:
         h.a2a_arr[:] = h.hdr_arr * g.size  # this rank's frame for every rank
         run(g, what, h.a2a, g.pg_ref(), h.hdr_all, h.a2a_in, _NO_SPLITS, _NO_SPLITS, h.a2a_opts)
@@ -125,8 +128,9 @@ def _broadcast(g: Group, buffer: torch.Tensor, src: int, what: str) -> None:
     """Broadcast ``buffer`` (int64 or uint8, on ``g.device``) from group rank ``src``: on CPU
     through the group's own broadcast, on accelerators through ``dist.broadcast``."""
     if g.cpu:
-        g.headers.bcast_opts.rootRank = src
-        run(g, what, g.headers.bcast, g.pg_ref(), [buffer], g.headers.bcast_opts)
+        h = headers_of(g)
+        h.bcast_opts.rootRank = src
+        run(g, what, h.bcast, g.pg_ref(), [buffer], h.bcast_opts)
     else:
         run(g, what, dist.broadcast, buffer, group=g.pg_ref(), group_src=src, async_op=True)
 
@@ -181,7 +185,7 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     encoded: Optional[Encoded] = None
     on = _device_of(g)
     g_data, g = g, channel_of(g)  # headers and payloads on the host: the CPU channel
-    a = g.headers.hdr_arr
+    a = headers_of(g).hdr_arr
     if g.rank == src:
         mine, encoded, own = _encode_result(fn, g.rank, where, on)
         a[0], a[1], a[2] = mine[0], mine[1], mine[2]
@@ -247,7 +251,7 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     if TIMELINE.recorder is not None:
         timeline.add_bytes(HEADER_LEN * 8 + (
             encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
-    a = g.headers.hdr_arr
+    a = headers_of(g).hdr_arr
     a[0], a[1], a[2] = header[0], header[1], header[2]
     a[3] = code
     flat = exchange(g, where)

@@ -41,7 +41,9 @@ from ...env import variables
 from ..base.callsite import call_site
 from ...env.variables import DEBUG_TIMEOUT_ENV_VAR
 from ..base.groups import Group, group_of
-from .protocols_state import BLOCKS, CALLS, DEBUG, TIMELINE
+from .blocks import BLOCKS
+from .protocols_state import CALLS, DEBUG
+from .timeline import TIMELINE
 from ..liveness import scopes
 from ..liveness.liveness_state import SCOPES
 from . import codes, debug_checks, threads, timeline

@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..base.callsite import is_ours, short_path
 from ..base.kitlog import kit as log
-from .protocols_state import BLOCKS, NOTES
+from .blocks import BLOCKS
+from .protocols_state import NOTES
 
 __all__ = ["IN_MEMORY", "KEEP_IN_MEMORY", "NOT_HASHED", "NO_CACHING", "watch", "reasons",
            "note_text"]

@@ -10,7 +10,7 @@ kept per helper, so a pad between two gathers does not shrink the gathers' slot)
 one all-gather; a packet that does not fit is cut, every rank sees its length and the ranks
 send again with the new slot (two all-gathers).
 
-:func:`check_same` is the tensor operations' shape check (docs/design.md, "Shape checks"):
+:func:`check_same` is the tensor operations' shape check (docs/design/helpers.md, "Shape checks"):
 every rank hears every rank's description in one small all-gather before a collective whose
 buffers must match (``all_reduce``, ``broadcast``, ``reduce``), so ranks that disagree raise
 :class:`~axolotl_dist.errors.TensorMismatchError` together, naming each rank's dtype and shape,
@@ -28,8 +28,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from ..base.callsite import call_site
-from ..base.groups import HEADER_LEN, Group, channel_of
-from .protocols_state import TIMELINE
+from ..base.groups import Group, channel_of
+from .headers import HEADER_LEN, headers_of
+from .timeline import TIMELINE
 from . import timeline
 from .codes import helper_code, mismatch_error
 from .encoding import resolved
@@ -157,8 +158,8 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
     the whole result twice more)."""
     if not g.cpu:
         return _exchange_on_device(g, leaves, paths, what, data, direct_above)
-    key = what if data else what + " (shapes)"
-    slot = max(g.gather_slots.get(key, 0), _ALIGN)
+    key, slots = what if data else what + " (shapes)", headers_of(g).gather_slots
+    slot = max(slots.get(key, 0), _ALIGN)
     buf, total = _pack(leaves, paths, g.device, slot, what, data)
     while True:
         out = torch.empty(g.size * slot, dtype=torch.uint8)  # the host's: g is a CPU group
@@ -169,7 +170,7 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
         heads = words(rows, min(_PEEK, slot // 8))
         need = max(h[0] for h in heads)
         if need <= slot:
-            g.gather_slots[key] = need
+            slots[key] = need
             return rows, heads
         if data and direct_above is not None and need >= direct_above:
             return None, _descriptions(g, rows, heads, leaves, paths, what, key)
@@ -188,7 +189,7 @@ def _descriptions(g: Group, rows: torch.Tensor, heads: List[List[int]], leaves: 
     size = max(_padded(8 * (2 + h[1])) for h in heads)
     if size > rows.shape[1]:
         rows, heads = exchange(g, leaves, paths, what, data=False)
-    g.gather_slots[key] = size
+    headers_of(g).gather_slots[key] = size
     return [_whole(rows[r], h) for r, h in enumerate(heads)]
 
 
@@ -350,13 +351,14 @@ def _write_frame(g: Group, leaves: Leaves, sizes: List[int]) -> None:
     """This rank's tensors' bytes (``sizes`` each) into its frame, after its header (a
     contiguous CPU tensor's by one ``memmove``: torch's calls cost microseconds each, and this
     is a scalar's path)."""
-    base = g.headers.hdr_arr.buffer_info()[0]
+    arr = headers_of(g).hdr_arr
+    base = arr.buffer_info()[0]
     at = 8 * HEADER_LEN
     for leaf, n in zip(leaves, sizes):
         if n and leaf.device.type == "cpu" and leaf.is_contiguous() and not leaf.is_neg():
             ctypes.memmove(base + at, leaf.data_ptr(), n)
         elif n:
-            frame = torch.frombuffer(g.headers.hdr_arr, dtype=torch.uint8)
+            frame = torch.frombuffer(arr, dtype=torch.uint8)
             frame[at:at + n].copy_(leaf.detach().reshape(-1).view(torch.uint8))
         at += _padded(n)
 
@@ -367,7 +369,7 @@ def carried_parts(g: Group, leaves: Leaves) -> List[Leaves]:
     and shapes on every rank: checked). The views of one layout are made once per group and
     kept (the frames never move): a step's scalar takes the same views every call."""
     key = tuple((leaf.dtype, leaf.shape) for leaf in leaves)
-    views = g.headers.views
+    views = headers_of(g).views
     parts = views.get(key)
     if parts is None:
         if len(views) >= _VIEW_LAYOUTS:
@@ -382,13 +384,14 @@ _VIEW_LAYOUTS = 32
 
 def _frame_views(g: Group, leaves: Leaves) -> List[Leaves]:
     """:func:`carried_parts`' views, made."""
-    frame = 8 * g.headers.frame
+    h = headers_of(g)
+    frame = 8 * h.frame
     out: List[Leaves] = [[] for _ in range(g.size)]
     at = 8 * HEADER_LEN
     for leaf in leaves:
         numel = leaf.numel()
         for r in range(g.size):
-            part = torch.frombuffer(g.headers.all_arr, dtype=leaf.dtype, count=numel,
+            part = torch.frombuffer(h.all_arr, dtype=leaf.dtype, count=numel,
                                     offset=r * frame + at) if numel else \
                 torch.empty(leaf.shape, dtype=leaf.dtype)
             out[r].append(part if part.shape == leaf.shape else part.view(leaf.shape))
@@ -411,8 +414,8 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
     (a broadcast's source), is :class:`~axolotl_dist.errors.CollectiveMismatchError`, as in
     the value helpers.
 
-    ``carry``: on a CPU group of at most :data:`~..base.groups.CARRY_MAX_RANKS` ranks, small
-    tensors (:data:`CARRIED` dtypes, at most :data:`~..base.groups.CARRY_BYTES`) ride in the
+    ``carry``: on a CPU group of at most :data:`~.headers.CARRY_MAX_RANKS` ranks, small
+    tensors (:data:`CARRIED` dtypes, at most :data:`~.headers.CARRY_BYTES`) ride in the
     same exchange: the result is then every rank's tensors (:func:`carried_parts`: read them
     before the group's next exchange) and the caller needs no other collective; None where
     some rank's did not ride."""
@@ -420,13 +423,14 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
         return None
     desc, sizes = _describe(leaves, paths, what)
     ch = channel_of(g)  # g itself on CPU; an accelerator group's metadata never crosses the device
-    room = 8 * (ch.headers.frame - HEADER_LEN)
+    h = headers_of(ch)
+    room = 8 * (h.frame - HEADER_LEN)
     # an accelerator group's tensors stay on its device (its channel may be itself)
     nbytes = _carry_bytes(leaves, sizes, room) if carry and room and g.cpu else None
     state = _APART if nbytes is None else _CARRIED
     if state == _CARRIED:
         _write_frame(ch, leaves, sizes)
-    a = ch.headers.hdr_arr
+    a = h.hdr_arr
     a[0], a[1], a[2], a[3] = len(desc), hash(tuple(desc)), state, helper_code(what, root)
     mine = list(a[:HEADER_LEN])
     flat = exchange_headers(ch, what)

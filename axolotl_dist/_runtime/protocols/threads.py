@@ -21,7 +21,7 @@ an error in the thread that opens the second block, before it is numbered.
 Allowed: calls from any one thread (not only the main one), threads on different groups, and
 threads that take turns. Turns are safe only if every rank takes them in the same order: the
 kit cannot see the order in which another rank's threads took theirs. See
-``docs/design.md, "Threads"``.
+``docs/design/helpers.md, "Threads"``.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def enter_block(state: Group, kind: str, site: Any, desc: Optional[str]) -> Grou
     :class:`~axolotl_dist.errors.ThreadConflictError` if another thread has a block open
     there. Returns the group, for :func:`leave_block`."""
     me = threading.get_ident()
-    opened = state.open_blocks
+    opened = CALLS.open_blocks.of(state)
     mine = (kind, site, desc, opened.get(me))  # the outer block of this thread, if any
     opened[me] = mine  # recorded before the check, as for helper calls
     if len(opened) > 1:
@@ -119,10 +119,11 @@ def enter_block(state: Group, kind: str, site: Any, desc: Optional[str]) -> Grou
 def leave_block(state: Group) -> None:
     """This thread's innermost open block on ``state``'s group ended."""
     me = threading.get_ident()
-    mine = state.open_blocks.get(me)
+    opened = CALLS.open_blocks.of(state)
+    mine = opened.get(me)
     if mine is None:
         return
     if mine[3] is None:
-        del state.open_blocks[me]
+        del opened[me]
     else:
-        state.open_blocks[me] = mine[3]
+        opened[me] = mine[3]

@@ -27,7 +27,7 @@ trace. Line kinds:
   own waits), the error if it raised;
 * ``end``: the process ended (normally, or on an exception named there).
 
-See docs/design.md, "Timeline".
+See docs/design/helpers.md, "Timeline".
 """
 
 from __future__ import annotations
@@ -41,15 +41,29 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from ..liveness.progress import advance
 from ..base import procs
 from ..base.groups import default_pg
 from ..liveness import flight
-from .protocols_state import TIMELINE
 from ..store import keys, records
 from ..store.access import checked, put
 
-__all__ = ["Recorder", "start", "finish", "align", "trace_dir_requested", "helper_span",
-           "add_bytes", "wait_span", "body_span", "now", "FILE_PREFIX", "register_sync"]
+from ..base.state import RoomState, register
+
+__all__ = ["Recorder", "TIMELINE", "TimelineState", "start", "finish", "align",
+           "trace_dir_requested", "helper_span", "add_bytes", "wait_span", "body_span", "now",
+           "FILE_PREFIX", "register_sync"]
+
+
+class TimelineState(RoomState):
+    """``recorder`` (the recorder of this rank's kit calls while tracing is on, else None:
+    :mod:`.timeline`)"""
+
+    def __init__(self) -> None:
+        self.recorder: Optional["Recorder"] = None
+
+
+TIMELINE = register("trace", TimelineState())
 
 #: Per-rank event files are ``rank<k>.jsonl``.
 FILE_PREFIX = "rank"
@@ -360,7 +374,7 @@ def helper_span(recorder: Recorder, name: str, group: Any, site: Any, call: Any,
     moved = recorder.moved
     moved[me] = 0
     gname = _group_name(recorder, group)
-    seq = group.next_seq("traced") if group is not None else 0
+    seq = advance(group, "traced") if group is not None else 0
     error = ""
     t0 = now()
     try:

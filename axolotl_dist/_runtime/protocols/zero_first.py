@@ -1,6 +1,6 @@
 """``zero_first``'s side of the block protocol (:mod:`.blocks`): a block on the rank that runs
 first and on the ranks that wait, the stack of blocks a thread runs first, and the arrivals a
-sole first rank confirms later (docs/design.md, "zero_first blocks").
+sole first rank confirms later (docs/design/blocks.md, "zero_first blocks").
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import List, Sequence
 
 from ..base.groups import failure_record, restore_failure_record
-from .protocols_state import BLOCKS
+from .blocks import BLOCKS
 from ..liveness.peers import store_errors
 from ..liveness import scopes
 from . import map_cache
@@ -17,7 +17,7 @@ from ..store import records, seals
 from ..store.access import put
 from ...errors import CollectiveMismatchError, DistributedEnvError, RankFailedError
 
-__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "AHEAD"]
+__all__ = ["ZeroFirstBlock", "first_run_begin", "first_run_end", "confirm_all", "confirm_at_exit", "AHEAD"]
 
 
 #: What :meth:`ZeroFirstBlock._confirmed`'s read gives for a key that is not there (no record
@@ -75,7 +75,7 @@ class ZeroFirstBlock(Block):
                 f"{self.what}, but its sealed record {key!r} is "
                 f"{'not there' if data is None else 'not this run' + chr(39) + 's'}: a process "
                 "outside the job changed the store (only the job's own ranks hold the run's "
-                'secret; docs/design.md, "Trust model"). This rank does not go on as if the '
+                'secret; docs/design/store.md, "Trust model"). This rank does not go on as if the '
                 "block were done")
 
     def await_firsts(self) -> None:
@@ -220,3 +220,14 @@ def confirm_all() -> None:
     pending = BLOCKS.unconfirmed
     while pending:
         pending.pop(0).await_arrivals()
+
+
+def confirm_at_exit(bound: float) -> None:
+    """:func:`confirm_all` at the exit: each block waits at most ``bound`` seconds more, and
+    none is left unconfirmed afterwards, whatever the wait raised."""
+    for block in BLOCKS.unconfirmed:
+        block.timeout = bound if block.timeout is None else min(block.timeout, bound)
+    try:
+        confirm_all()
+    finally:
+        BLOCKS.unconfirmed.clear()

@@ -3,7 +3,7 @@ thread for store calls that must not block the caller.
 
 The first floor of the signalling stack (store <- :mod:`..liveness.peers` <- :mod:`..liveness.stalls` <-
 :mod:`..liveness.waits`): it knows nothing about peers. The store's host is torch's choice, not ours
-(docs/design.md, decision 11): torchrun's agent, a test parent, or rank 0's own process.
+(docs/design/decisions.md, decision 11): torchrun's agent, a test parent, or rank 0's own process.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ from ...errors import DistributedEnvError
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import ProcessGroup, Store
 
+    from ..base.groups import Group
+
 T = TypeVar("T")
 
 __all__ = [
     "start_worker",
     "group_store",
+    "kit_store",
     "world_store",
     "agent_hosts_store",
     "store_host",
@@ -58,6 +61,14 @@ def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
     if group is None:
         return c10d._get_default_store()
     return c10d._get_process_group_store(group)
+
+
+def kit_store(g: "Group") -> "Store":
+    """The c10d store of the kit's group ``g``, looked up once per group."""
+    connections = STORE.groups.of(g)
+    if connections.store is None:
+        connections.store = group_store(g.arg)
+    return connections.store
 
 
 def world_store() -> "Store":

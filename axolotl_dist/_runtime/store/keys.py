@@ -1,4 +1,4 @@
-"""Every key the kit reads or writes in the c10d store, and nothing else (docs/design.md,
+"""Every key the kit reads or writes in the c10d store, and nothing else (docs/design/store.md,
 "Store keys", lists them; ``tests/test_structure.py`` checks that no other module spells one
 and that the table matches :data:`DOCUMENTED`).
 
@@ -224,7 +224,7 @@ def rendezvous_round(port_key: str) -> str:
     return port_key[: -len(_PORT)]
 
 
-#: Every key as docs/design.md's table spells it (placeholders in angle brackets).
+#: Every key as docs/design/store.md's table spells it (placeholders in angle brackets).
 DOCUMENTED = (
     RUN, RUN_NOTE, who("<run>", "<rank>"), heartbeat("<run>", "<rank>"),  # type: ignore[arg-type]
     dead("<run>"),

@@ -27,7 +27,7 @@ clock              ``axd/clk/.../pong``                         rank 0's clock, 
 It also packs what the value helpers send beside a tensor's bytes (its description) and an
 int beyond int64, which cross collectives (:mod:`..protocols.exchange` frames them).
 
-Nothing here is pickled (docs/design.md, decision 19): a JSON record carries its version and
+Nothing here is pickled (docs/design/decisions.md, decision 19): a JSON record carries its version and
 kind, is refused unread past :data:`MAX_RECORD` bytes, and is checked field by field; anything
 else is a :class:`BadRecord`, which its reader turns into an error naming the key.
 """
@@ -76,7 +76,7 @@ def unreadable(key: str, writer: Optional[int], exc: BadRecord) -> str:
     return (f"the kit's record at store key {key!r}{who} is not one this version of "
             f"axolotl_dist writes ({exc}): every rank must run the same axolotl_dist, and "
             "only the job's own processes may write to its c10d store (MASTER_ADDR:MASTER_PORT "
-            "reachable by others lets them; docs/design.md, \"Trust model\")")
+            "reachable by others lets them; docs/design/store.md, \"Trust model\")")
 
 
 def _encode(kind: str, body: Any) -> bytes:

@@ -1,5 +1,5 @@
 """The run's secret at work on the store: every record the kit writes is sealed with an HMAC
-bound to its key, and a rank's ``where`` answer is encrypted (docs/design.md, "Trust model").
+bound to its key, and a rank's ``where`` answer is encrypted (docs/design/store.md, "Trust model").
 
 * :func:`seal`: ``value`` as written to store ``key``: unchanged without a secret; with one,
   :data:`MARK` + the first 16 bytes of HMAC-SHA256(run key, ``key`` NUL ``value``) (base64,
@@ -10,7 +10,7 @@ bound to its key, and a rank's ``where`` answer is encrypted (docs/design.md, "T
   :class:`~.records.BadRecord` where this process has no secret and the record is sealed.
 * :func:`encrypt` / :func:`decrypt`: a ``where`` answer in the store, readable only by holders
   of the secret, with the standard library alone (no optional package: every install shows
-  stacks, docs/design.md, "Trust model"): encrypt-then-MAC, the keystream SHAKE-256 of a key
+  stacks, docs/design/store.md, "Trust model"): encrypt-then-MAC, the keystream SHAKE-256 of a key
   derived from the secret and a fresh 16-byte nonce (SHA-3's extendable output used as a
   keyed stream), the tag the first 16 bytes of HMAC-SHA256 under another derived key over the
   store key, the nonce and the ciphertext. A tampered, moved or foreign answer fails its tag.

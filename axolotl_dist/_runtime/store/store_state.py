@@ -1,41 +1,52 @@
-"""The store room's per-process state (see :mod:`..base.state`): written only by this room.
+"""The store room's per-process state (see :mod:`..base.state`) that several of its modules
+share: written only by this room. What one module keeps is that module's own (the background
+deletion in :mod:`.sweep`, the key waiters in :mod:`.wakeup`).
 
 ==========  ==========================================================================
 part        fields
 ==========  ==========================================================================
-``store``   :data:`STORE`: ``cleanup`` (the background deletion of finished blocks' keys,
-            :mod:`.sweep`, made at its first use); ``key_waiters`` (the threads blocked in
-            a ``store.wait`` for this process's long waits, :mod:`.wakeup`); ``lendable``
-            (the heartbeat's own connection, offered to the default group's key waiters, with
-            a reference to that group: :func:`.wakeup.offer_connection`); ``ignored`` (the
-            keys whose record without this run's seal was said, :func:`.access.genuine`);
+``store``   :data:`STORE`: ``ignored`` (the keys whose record without this run's seal was
+            said, :func:`.access.genuine`);
             ``attempt`` (the number of this attempt the ranks agreed on through the agent's
-            store, from 1: :func:`.attempts.attempt_store`; None without that handshake)
+            store, from 1: :func:`.attempts.attempt_store`; None without that handshake);
+            ``groups`` (group -> its :class:`GroupConnections`)
 ==========  ==========================================================================
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Optional, Set
 
-from ..base.state import RoomState, register
+from ..base.state import PerGroup, RoomState, register
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .sweep import Cleanup
-    from .wakeup import KeyWaiter, LentConnection
+    from torch.distributed import Store
 
-__all__ = ["StoreState", "STORE"]
+__all__ = ["StoreState", "STORE", "GroupConnections"]
+
+
+class GroupConnections:
+    """A group's c10d store and the connections beside its own: ``store`` (the group's
+    store, once a block asked for it: :func:`.access.kit_store`), ``cleanup`` (deletes
+    finished blocks' keys in the background, :mod:`.sweep`), ``idle`` (the clone a key waiter
+    of a group that is not the default one blocks on, kept for its next wait,
+    :mod:`.wakeup`)."""
+
+    __slots__ = ("store", "cleanup", "idle")
+
+    def __init__(self) -> None:
+        self.store: Optional["Store"] = None
+        self.cleanup: Optional["Store"] = None
+        self.idle: Optional["Store"] = None
 
 
 class StoreState(RoomState):
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self.cleanup: Optional["Cleanup"] = None
-        self.key_waiters: List["KeyWaiter"] = []
-        self.lendable: Optional[Tuple[Callable[[], Any], "LentConnection"]] = None
         self.ignored: Set[str] = set()
         self.attempt: Optional[int] = None
+        self.groups: PerGroup[GroupConnections] = PerGroup(lambda g: GroupConnections())
 
 
 STORE = register("store", StoreState())

@@ -1,9 +1,9 @@
-"""Deleting finished blocks' store keys in the background (see docs/design.md, "zero_first
+"""Deleting finished blocks' store keys in the background (see docs/design/blocks.md, "zero_first
 blocks"): a daemon thread with a connection of its own per group, so the deletions neither
 wait on nor are counted against the caller's; if it falls behind, the caller deletes its
 own, so the backlog stays bounded. On the default group that connection is the heartbeat's,
 borrowed (:class:`.wakeup.LentConnection`; the group's own while a key waiter has it): every new connection
-costs the store's host a name lookup (docs/design.md, "Connections").
+costs the store's host a name lookup (docs/design/liveness.md, "Connections").
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from ..base.groups import Group
+from ..base.state import RoomState, register
 from .store_state import STORE
 from . import wakeup
+from .access import kit_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["delete", "flush_cleanup"]
+__all__ = ["delete", "flush_cleanup", "SWEEP", "SweepState"]
 
 
 class Cleanup:
@@ -102,7 +104,8 @@ class Cleanup:
         lent = wakeup.lent_connection_of(group)
         borrowed = lent.borrow() if lent is not None else None
         try:
-            conn = borrowed or (group.store if lent is not None else _own_connection(group, store))
+            conn = borrowed or (kit_store(group) if lent is not None
+                                else _own_connection(group, store))
             for key in keys:
                 conn.delete_key(key)
         except Exception:  # noqa: BLE001 - the store or group is gone: nothing left to clean
@@ -115,12 +118,13 @@ class Cleanup:
 def _own_connection(group: Group, store: "Store") -> "Store":
     """The cleanup's connection for a group without the heartbeat's to borrow: a clone of
     ``store``, made once (``store`` itself where it has no ``clone``)."""
-    if group.connections.cleanup is None:
+    connections = STORE.groups.of(group)
+    if connections.cleanup is None:
         try:
-            group.connections.cleanup = store.clone()
+            connections.cleanup = store.clone()
         except Exception:  # noqa: BLE001 - stores without clone: the same connection
-            group.connections.cleanup = store
-    return group.connections.cleanup
+            connections.cleanup = store
+    return connections.cleanup
 
 
 #: Seconds between the awake thread's looks for work, and how long it stays awake without any.
@@ -134,14 +138,24 @@ _MAX_POLL = 0.064
 _BACKLOG = 8
 
 
+class SweepState(RoomState):
+    """``cleanup``: this process's :class:`Cleanup`, made at its first use."""
+
+    def __init__(self) -> None:
+        self.cleanup: Optional[Cleanup] = None
+
+
+SWEEP = register("sweep", SweepState())
+
+
 def delete(group: Group, store: "Store", keys: List[str]) -> None:
     """Delete ``keys`` of ``group``'s blocks in the background, on this process's
-    :class:`Cleanup` (``STORE.cleanup``, made at its first use). With :data:`_BACKLOG` keys
+    :class:`Cleanup` (``SWEEP.cleanup``, made at its first use). With :data:`_BACKLOG` keys
     already queued (the thread is short of CPU), delete them here instead, so the backlog stays
     bounded."""
-    cleanup = STORE.cleanup
+    cleanup = SWEEP.cleanup
     if cleanup is None:
-        cleanup = STORE.cleanup = Cleanup()
+        cleanup = SWEEP.cleanup = Cleanup()
     if cleanup._queued >= _BACKLOG:
         for key in keys:
             store.delete_key(key)
@@ -153,4 +167,4 @@ def delete(group: Group, store: "Store", keys: List[str]) -> None:
 
 def flush_cleanup(seconds: float = 1.0) -> bool:
     """Let the background cleanup finish the deletions queued (at most ``seconds``)."""
-    return STORE.cleanup is None or STORE.cleanup.flush(seconds)
+    return SWEEP.cleanup is None or SWEEP.cleanup.flush(seconds)

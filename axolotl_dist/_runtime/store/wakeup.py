@@ -11,7 +11,7 @@ keeps its liveness checks (:mod:`..liveness.waits`).
 The second connection of the default group is the heartbeat's (a :class:`LentConnection`, lent
 while the key waiter blocks: the heartbeat uses the group's own connection meanwhile), so a
 rank opens one extra connection in its life, at a moment staggered by its rank: every
-connection costs the store's host a reverse name lookup in its event loop (docs/design.md,
+connection costs the store's host a reverse name lookup in its event loop (docs/design/liveness.md,
 "Connections"), and W ranks opening one each at the same moment stall the store for seconds at
 W >= 16. Another group's key waiter clones the group's store once and keeps the clone for its
 next wait.
@@ -28,19 +28,21 @@ from __future__ import annotations
 import threading
 import weakref
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..base.groups import Group
+from ..base.state import RoomState, register
 from .store_state import STORE
-from .access import bounded, counter
+from .access import bounded, counter, kit_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
 __all__ = ["WAKE_BIT", "KeyWaiter", "LentConnection", "request_wake", "wake_key", "wake",
-           "start_key_waiter", "offer_connection", "lent_connection_of", "release_key_waiters"]
+           "start_key_waiter", "offer_connection", "lent_connection_of", "release_key_waiters",
+           "WAKEUP", "WakeupState"]
 
-#: A block's word 0, bit 31: a waiter blocks on the block's wake key (see docs/design.md,
+#: A block's word 0, bit 31: a waiter blocks on the block's wake key (see docs/design/blocks.md,
 #: "A long wait sleeps").
 WAKE_BIT = 1 << 31
 
@@ -48,7 +50,7 @@ WAKE_BIT = 1 << 31
 _FOREVER = timedelta(days=3650)
 #: Seconds a release may wait for the store to answer its wake-up.
 _RELEASE_WAIT = 1.0
-#: Guards ``STORE.key_waiters``: the key waiters whose thread may still be blocked in the store.
+#: Guards ``WAKEUP.key_waiters``: the key waiters whose thread may still be blocked in the store.
 _LOCK = threading.Lock()
 
 
@@ -65,6 +67,10 @@ class LentConnection:
         self.lock = threading.Lock()
         self.conn: Optional["Store"] = None  # set by the heartbeat once it connected
         self.lent = False
+
+    def connected(self, conn: "Store") -> None:
+        """The heartbeat's connection is made: ``conn``, lendable from now on."""
+        self.conn = conn
 
     def borrow(self) -> Optional["Store"]:
         """The connection, now lent; None while it is not made yet, lent, or in use."""
@@ -95,7 +101,7 @@ class KeyWaiter:
         self.failed = False  # the wait raised (the store is gone): the caller's next call says why
         self.thread = threading.Thread(target=self._sleep, name="axolotl-dist-key-wait", daemon=True)
         with _LOCK:
-            STORE.key_waiters.append(self)
+            WAKEUP.key_waiters.append(self)
         self.thread.start()
 
     def _sleep(self) -> None:
@@ -104,10 +110,11 @@ class KeyWaiter:
         except Exception:  # noqa: BLE001 - the store is gone; the waiting thread's call says so
             self.failed = True
         with _LOCK:
-            if self in STORE.key_waiters:
-                STORE.key_waiters.remove(self)
-            if self.lent is None and not self.failed and self.group.connections.idle is None:
-                self.group.connections.idle = self.conn  # free for the group's next sleep
+            if self in WAKEUP.key_waiters:
+                WAKEUP.key_waiters.remove(self)
+            connections = STORE.groups.of(self.group)
+            if self.lent is None and not self.failed and connections.idle is None:
+                connections.idle = self.conn  # free for the group's next sleep
         if self.lent is not None:
             self.lent.give_back()
         self.woken.set()
@@ -141,7 +148,7 @@ def request_wake(group: Group, store: "Store", word0: str, seen: int) -> Tuple[O
         if have != seen | WAKE_BIT:
             return None, have
         seen = have
-    return start_key_waiter(group, group.store, wake_key(word0)), seen
+    return start_key_waiter(group, kit_store(group), wake_key(word0)), seen
 
 
 def _word(data: bytes, key: str) -> int:
@@ -158,8 +165,9 @@ def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWait
     if lent is not None:
         conn = lent.borrow()
         return None if conn is None else KeyWaiter(group, store, conn, key, lent)
+    connections = STORE.groups.of(group)
     with _LOCK:
-        conn, group.connections.idle = group.connections.idle, None
+        conn, connections.idle = connections.idle, None
     if conn is None:
         try:
             conn = store.clone()
@@ -169,16 +177,29 @@ def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWait
     return KeyWaiter(group, store, conn, key)
 
 
+class WakeupState(RoomState):
+    """``key_waiters``: the threads blocked in a ``store.wait`` for this process's long waits;
+    ``lendable``: the heartbeat's own connection, offered to the default group's key waiters,
+    with a reference to that group (:func:`offer_connection`)."""
+
+    def __init__(self) -> None:
+        self.key_waiters: List[KeyWaiter] = []
+        self.lendable: Optional[Tuple[Callable[[], Any], LentConnection]] = None
+
+
+WAKEUP = register("wakeup", WakeupState())
+
+
 def offer_connection(pg: Any, conn: Optional[LentConnection]) -> None:
     """The heartbeat of ``pg`` (the default group) lends ``conn`` to that group's key waiters
     from now on; ``conn`` None: it lends nothing (stopped, or its store cannot ``clone``)."""
-    STORE.lendable = None if conn is None or pg is None else (weakref.ref(pg), conn)
+    WAKEUP.lendable = None if conn is None or pg is None else (weakref.ref(pg), conn)
 
 
 def lent_connection_of(group: Group) -> Optional[LentConnection]:
     """The heartbeat's connection if ``group`` is the default group and its heartbeat offers
     one (:func:`offer_connection`), else None."""
-    offer = STORE.lendable
+    offer = WAKEUP.lendable
     if offer is None or not group.default:
         return None
     pg, conn = offer
@@ -188,6 +209,6 @@ def lent_connection_of(group: Group) -> Optional[LentConnection]:
 def release_key_waiters() -> None:
     """Release every key waiter still blocked (the store's host is about to leave)."""
     with _LOCK:
-        active = list(STORE.key_waiters)
+        active = list(WAKEUP.key_waiters)
     for waiter in active:
         waiter.release()

@@ -14,10 +14,10 @@ from typing import Dict, List
 
 import pytest
 
+from axolotl_dist._runtime.base import hooks
 from axolotl_dist._runtime.base.constants import LONG_WAITS
 from axolotl_dist._runtime.lifecycle import warnfold
-from axolotl_dist._runtime.lifecycle.lifecycle_state import LIFECYCLE
-from axolotl_dist._runtime.lifecycle.warnfold import UNREAD, WARNED, FoldedWarnings
+from axolotl_dist._runtime.lifecycle.warnfold import FOLD, UNREAD, WARNED, FoldedWarnings
 from axolotl_dist._runtime.liveness import heartbeat
 from axolotl_dist._runtime.store import keys
 
@@ -52,7 +52,6 @@ class Beat:
 
     def __init__(self, rank: int, store: Store) -> None:
         self.rank, self.store, self.base = rank, store, store
-        self.warned = self.warn_read = 0
         self.world_size = 3
         self.when = SimpleNamespace(stall_rounds=None)
 
@@ -66,7 +65,7 @@ def fold(monkeypatch):
     monkeypatch.delenv("AXOLOTL_DIST_SECRET", raising=False)
     monkeypatch.delenv("AXOLOTL_DIST_SECRET_FILE", raising=False)
     folding = FoldedWarnings()
-    monkeypatch.setattr(LIFECYCLE, "warning_fold", folding)
+    monkeypatch.setattr(FOLD, "folding", folding)
     return folding
 
 
@@ -91,7 +90,7 @@ def test_rank_0_reads_the_count_whatever_the_other_fields_hold(fold, count, wait
     store = Store()
     beat = Beat(0, store)
     warnfold.read(beat, count * WARNED + waits + (UNREAD if unread else 0))
-    assert beat.warned == count
+    assert fold.counted == count
     assert store.gets == [keys.WARN_LOG]  # the count rose: one read of the log
 
 
@@ -102,14 +101,14 @@ def test_rank_0_reads_the_count_whatever_the_other_fields_hold(fold, count, wait
     4 * WARNED + LONG_WAITS + UNREAD,     # a lower count: already read
     0,
 ])
-def test_rank_0_reads_the_log_only_when_the_count_rose(value):
+def test_rank_0_reads_the_log_only_when_the_count_rose(fold, value):
     store = Store()
     beat = Beat(0, store)
-    beat.warned = 5
+    fold.counted = 5
     warnfold.read(beat, value)
-    assert store.gets == [] and beat.warned == 5
+    assert store.gets == [] and fold.counted == 5
     warnfold.read(beat, value % WARNED + 6 * WARNED)  # one more, whatever the waits
-    assert store.gets == [keys.WARN_LOG] and beat.warned == 6
+    assert store.gets == [keys.WARN_LOG] and fold.counted == 6
 
 
 @pytest.mark.parametrize("secret", [None, "0123456789abcdef0123456789abcdef"])
@@ -124,7 +123,7 @@ def test_what_ranks_publish_rank_0_reads_back_once_with_their_ranks(fold, monkey
     assert warnfold._publish(two, ["a.py:1: UserWarning: a\n"])
     assert store.values[keys.WAITERS] == 3 * WARNED + 1
     warnfold.read(zero, store.add(keys.WAITERS, 0))  # the heartbeat's read of the counter
-    assert zero.warned == 3 and zero.warn_read == len(store.values[keys.WARN_LOG])
+    assert fold.counted == 3 and fold.log_read == len(store.values[keys.WARN_LOG])
     assert _pending(fold) == {"a.py:1: UserWarning: a\n": {1, 2}, "b.py:2: UserWarning: b\n": {1}}
 
     fold.pending.clear()
@@ -133,13 +132,13 @@ def test_what_ranks_publish_rank_0_reads_back_once_with_their_ranks(fold, monkey
     assert len(store.gets) == 1 and fold.pending == {}
     assert warnfold._publish(two, ["c.py:3: UserWarning: c\n"])
     warnfold.read(zero, store.add(keys.WAITERS, 0))
-    assert zero.warned == 4
+    assert fold.counted == 4
     assert _pending(fold) == {"c.py:3: UserWarning: c\n": {2}}  # only the log's new part
 
 
 def test_once_rank_0_closed_a_publisher_is_told_to_print_its_warning_itself(fold, monkeypatch):
     printed: list = []
-    monkeypatch.setattr(LIFECYCLE, "warn_hook", lambda *shown: None)  # installed()
+    monkeypatch.setattr(FOLD, "warn_hook", lambda *shown: None)  # installed()
     monkeypatch.setattr(warnfold, "bounded", lambda fn, seconds: fn())  # no store worker
     monkeypatch.setattr(warnfold, "_print", printed.extend)
     store = Store(counter=LONG_WAITS)  # every wait bit set: none of them reads as the flag
@@ -147,7 +146,7 @@ def test_once_rank_0_closed_a_publisher_is_told_to_print_its_warning_itself(fold
     assert warnfold._publish(one, ["a.py:1: UserWarning: a\n"])  # rank 0 still reads
     warnfold.close(zero)
     assert store.values[keys.WAITERS] == LONG_WAITS + WARNED + UNREAD
-    assert zero.warned == 1  # close read what was published before the flag, from its answer
+    assert fold.counted == 1  # close read what was published before the flag, from its answer
     assert printed == [("a.py:1: UserWarning: a\n", {1})]
     assert not warnfold._publish(one, ["b.py:2: UserWarning: b\n"])  # the flag: print it here
     assert store.values[keys.WAITERS] == LONG_WAITS + 2 * WARNED + UNREAD  # still counted
@@ -155,19 +154,19 @@ def test_once_rank_0_closed_a_publisher_is_told_to_print_its_warning_itself(fold
     assert store.values[keys.WAITERS] == LONG_WAITS + 2 * WARNED + UNREAD
 
 
-def test_a_full_count_is_read_and_one_more_is_printed_by_its_rank_not_read_twice():
+def test_a_full_count_is_read_and_one_more_is_printed_by_its_rank_not_read_twice(fold):
     # the count does not saturate: the warning past MOST carries into the flag's bit, so its
     # rank prints it itself (as after rank 0's exit), and rank 0's read sees no new count
     store = Store(counter=(MOST - 1) * WARNED + LONG_WAITS)
     one, zero = Beat(1, store), Beat(0, store)
-    zero.warned = MOST - 1
+    fold.counted = MOST - 1
     assert warnfold._publish(one, ["a.py:1: UserWarning: a\n"])
     warnfold.read(zero, store.add(keys.WAITERS, 0))
-    assert zero.warned == MOST and len(store.gets) == 1
+    assert fold.counted == MOST and len(store.gets) == 1
     assert not warnfold._publish(one, ["b.py:2: UserWarning: b\n"])
     assert store.values[keys.WAITERS] == UNREAD + LONG_WAITS  # the long waits untouched
     warnfold.read(zero, store.add(keys.WAITERS, 0))
-    assert zero.warned == MOST and len(store.gets) == 1
+    assert fold.counted == MOST and len(store.gets) == 1
 
 
 @pytest.mark.parametrize("value, stalls, warned", [
@@ -179,11 +178,11 @@ def test_a_full_count_is_read_and_one_more_is_printed_by_its_rank_not_read_twice
     (MOST * WARNED + UNREAD + LONG_WAITS, True, MOST),
     (7 * WARNED + 2, True, 7),
 ])
-def test_rank_0s_heartbeat_reads_long_waits_and_warnings_apart(value, stalls, warned):
+def test_rank_0s_heartbeat_reads_long_waits_and_warnings_apart(fold, value, stalls, warned):
     # the counter's other reader: heartbeat._waiters turns the stall detector on from the low
     # bits and hands the value to the fold (its task on rank 0's heartbeat)
-    assert [type(task) for task in heartbeat._TASKS] == [warnfold._OnHeartbeat]
+    assert [type(task) for task in hooks.heartbeat_tasks()] == [warnfold._OnHeartbeat]
     beat = Beat(0, Store(counter=value))
     heartbeat.Heartbeat._waiters(beat)  # type: ignore[arg-type]
     assert beat.when.stall_rounds is stalls
-    assert beat.warned == warned
+    assert fold.counted == warned

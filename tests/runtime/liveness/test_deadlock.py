@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from axolotl_dist._runtime.liveness.deadlock import KINDS, explain, find_stuck, read_desc
+from axolotl_dist._runtime.liveness.deadlock import explain, find_stuck, read_desc
+from axolotl_dist._runtime.liveness.progress import KINDS
 from axolotl_dist._runtime.store.records import BadRecord
 
 WORLD = "0"  # the default group's name in a description

@@ -23,7 +23,9 @@ from axolotl_dist.testing import run_distributed
 
 def _collectives_per_call():
     import axolotl_dist as ad
-    from axolotl_dist._runtime.base.groups import CARRY_BYTES, group_of
+    from axolotl_dist._runtime.base.groups import group_of
+    from axolotl_dist._runtime.liveness.progress import count
+    from axolotl_dist._runtime.protocols.headers import CARRY_BYTES
 
     g = group_of(None, "test")
     calls = {
@@ -41,9 +43,9 @@ def _collectives_per_call():
     out = {}
     for name, call in calls.items():
         call()
-        before = g.calls
+        before = count(g, "collective")
         call()
-        out[name] = g.calls - before
+        out[name] = count(g, "collective") - before
     return out
 
 

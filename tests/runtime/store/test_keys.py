@@ -1,5 +1,5 @@
 """Unit tests of the store keys' spelling (``_runtime/store/keys.py``): the strings the builders
-return (docs/design.md, "Store keys"), which keys the kit counts in (``is_counter``), a listed
+return (docs/design/store.md, "Store keys"), which keys the kit counts in (``is_counter``), a listed
 key as the kit names it (``as_named``), and the heartbeat counter's bit fields. No store."""
 
 from __future__ import annotations
