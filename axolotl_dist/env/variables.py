@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import DistributedEnvError
 
@@ -294,8 +294,20 @@ def kit_secret() -> Optional[bytes]:
     """The run's secret: :data:`SECRET_ENV_VAR`'s value or the content of the file
     :data:`SECRET_FILE_ENV_VAR` names (this user's, readable by no one else); None
     where neither is set or the value is ``off``. Raises
-    :class:`~axolotl_dist.errors.DistributedEnvError` naming the variable and the fix."""
-    value, path = raw(SECRET_ENV_VAR), kit_path(SECRET_FILE_ENV_VAR)
+    :class:`~axolotl_dist.errors.DistributedEnvError` naming the variable and the fix.
+    Read again only when either variable's stored value changed (every sealed record asks)."""
+    value, path = _SECRET_VALUE(), _SECRET_PATH()
+    seen = _SECRET_SEEN
+    if seen[3] and seen[0] is value and seen[1] is path:
+        return seen[2]  # type: ignore[no-any-return]
+    secret = _read_secret(value, None if path is None or not text(path).strip()
+                          else text(path).strip())
+    seen[:] = [value, path, secret, True]
+    return secret
+
+
+def _read_secret(value: Optional[object], path: Optional[str]) -> Optional[bytes]:
+    """:func:`kit_secret`'s answer for the stored ``value`` and file ``path``."""
     if value is not None and path is not None:
         raise DistributedEnvError(f"both {SECRET_ENV_VAR} and "
                                   f"{SECRET_FILE_ENV_VAR} are set: keep one")
@@ -308,6 +320,12 @@ def kit_secret() -> Optional[bytes]:
         raise DistributedEnvError(f"{SECRET_ENV_VAR} has {len(secret)} characters; "
                                   + _SECRET_HOW)
     return secret.encode()
+
+
+#: Getters of the two variables' stored values, and the last :func:`kit_secret` answer with
+#: the values it came from: ``[value, path, answer, answered]`` (a cache of a pure function).
+_SECRET_VALUE, _SECRET_PATH = raw_getter(SECRET_ENV_VAR), raw_getter(SECRET_FILE_ENV_VAR)
+_SECRET_SEEN: List[Any] = [None, None, None, False]
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,7 +38,7 @@ forked rank, so a rank starts as a fresh process would; tests call it through
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 __all__ = ["RoomState", "register", "PARTS", "reset", "SURVIVES_RESET", "GROUPS", "FAILURES",
            "GroupsState", "FailuresState", "PerGroup"]
@@ -60,55 +60,39 @@ class RoomState:
 
 
 _T = TypeVar("_T")
-_MISSING = object()
 
 
-class PerGroup(Generic[_T]):
-    """What one room keeps about each process group: :meth:`of` gives a group's object (made
-    by ``make(group)`` at the first ask), :meth:`get` the object if made. An object goes with
-    its group (the kit's ``Group``, which goes with the process group); it must not hold the
-    group itself (a reference would keep it). Keyed by the group's id, removed when the group
-    is: a dict lookup, about as fast as an attribute of the group."""
-
-    __slots__ = ("_make", "_items", "_refs")
+class PerGroup(Dict[Any, _T]):
+    """What one room keeps about each process group: ``per_group[g]`` is the kit's group
+    ``g``'s object, made by ``make(g)`` at the first ask (``get``: only if made). An object
+    goes with its process group (dropped when the group is garbage); it must not hold the
+    group. A plain dict lookup on the hot path: no Python frame once the object exists."""
 
     def __init__(self, make: Callable[[Any], _T]) -> None:
+        super().__init__()
         self._make = make
-        self._items: Dict[int, _T] = {}
-        self._refs: Dict[int, "weakref.ref[Any]"] = {}
 
-    def of(self, group: Any) -> _T:
-        """``group``'s object, made now if it was not."""
-        item = self._items.get(id(group), _MISSING)
-        if item is _MISSING:
-            item = self._add(group, self._make(group))
-        return item  # type: ignore[return-value]
-
-    def get(self, group: Any, default: Any = None) -> Any:
-        """``group``'s object if made (or put), else ``default``."""
-        return self._items.get(id(group), default)
-
-    def put(self, group: Any, item: _T) -> None:
-        """Make ``item`` ``group``'s object."""
-        self._add(group, item)
-
-    def _add(self, group: Any, item: _T) -> _T:
-        key = id(group)
-        if key not in self._refs:  # forgotten when the group goes (before its id is reused)
-            self._refs[key] = weakref.ref(group, lambda _, key=key: self._forget(key))
-        self._items[key] = item
+    def __missing__(self, group: Any) -> _T:
+        item = self._make(group)
+        self.put(group, item)
         return item
 
+    def of(self, group: Any) -> _T:
+        """``group``'s object, made now if it was not (``per_group[group]``)."""
+        return self[group]
+
+    def put(self, group: Any, item: _T) -> None:
+        """Make ``item`` ``group``'s object, forgotten when ``group``'s process group goes."""
+        if group not in self:
+            pg = group.pg_ref()
+            if pg is None:
+                return  # its process group is gone: nothing to keep
+            weakref.finalize(pg, self.pop, group, None)
+        self[group] = item
+
     def groups(self) -> List[Any]:
-        """Every group with an object here (those still alive)."""
-        return [g for g in (ref() for ref in list(self._refs.values())) if g is not None]
-
-    def __iter__(self) -> Iterator[_T]:
-        return iter(list(self._items.values()))
-
-    def _forget(self, key: int) -> None:
-        self._items.pop(key, None)
-        self._refs.pop(key, None)
+        """Every group with an object here."""
+        return list(self)
 
 
 #: part name -> its state object, registered when its module is imported.
@@ -159,6 +143,7 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.base.callsite._SITES": "a cache: code object -> its call site",
     "axolotl_dist.env.variables._KEYS": "a cache: variable name -> its interned key",
     "axolotl_dist.env.variables._INT_CACHE": "a cache: raw value -> parsed int",
+    "axolotl_dist.env.variables._SECRET_SEEN": "a cache: the secret of the stored values",
     "axolotl_dist.env.variables.KIT_VARS": "a table",
     "axolotl_dist._runtime.base.state.PARTS": "a registry: each part's state object, "
                                               "registered at import",

@@ -49,7 +49,7 @@ PROGRESS = register("progress", ProgressState())
 
 def advance(g: Group, kind: str) -> int:
     """Count one more ``kind`` call on ``g``; its number (1, 2, ...)."""
-    counts = PROGRESS.counts.of(g)
+    counts = PROGRESS.counts[g]
     seq = counts[kind] = counts.get(kind, 0) + 1
     return seq
 

@@ -375,7 +375,7 @@ class Block:
             sweep.delete(self.group, self.store, [f"{self.base}/site"])
         if self.rank != 0 or not complete:
             return
-        done = BLOCKS.finished.of(self.group).setdefault(self.kind, [])
+        done = BLOCKS.finished[self.group].setdefault(self.kind, [])
         old: List[str] = []
         keep = []
         for entry in done:  # loops, not comprehensions: each of those is a frame per block

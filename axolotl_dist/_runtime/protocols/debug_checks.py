@@ -118,7 +118,7 @@ class _Ctx:
 
 def _log_of(g: Group, create: bool) -> Optional[DebugLog]:
     """This rank's :class:`~.protocols_state.DebugLog` of ``g``."""
-    return DEBUG.logs.of(g) if create else DEBUG.logs.get(g)
+    return DEBUG.logs[g] if create else DEBUG.logs.get(g)
 
 
 def check(name: str, agree: Dict[str, Any], group: Group, site: str, *,

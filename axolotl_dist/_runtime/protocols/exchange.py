@@ -37,7 +37,7 @@ from ..liveness import waits
 from ..liveness.failures import diagnose_lost_peer
 from . import timeline
 from .codes import CODES, ROOTED, mismatch_error
-from .headers import HEADER_LEN, headers_of
+from .headers import HEADER_LEN, HEADERS
 from .encoding import (DEVICE, ERROR, NONE, PICKLE, Encoded, decode, decode_scalar, encode,
                        encode_error, payload_len, scalar_header)
 from .zero_first import confirm_all
@@ -68,7 +68,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     work = None
     advance(g, "collective")  # the group's kit collectives, as every rank counts them
     try:
-        if not g.cpu:
+        if g.channel is not None:  # an accelerator group (not g.cpu: a property is a frame)
             kwargs["async_op"] = False
             issue(*args, **kwargs)
             return
@@ -102,9 +102,9 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
 
 
 def exchange(g: Group, what: str) -> List[int]:
-    """Every rank's header (this rank's is in ``hdr_arr`` of :func:`.headers.headers_of`),
+    """Every rank's header (this rank's is in ``hdr_arr`` of the group's header buffers),
     flat, in group-rank order; every rank's whole frame is in its ``all_arr``. CPU only."""
-    h = headers_of(g)
+    h = HEADERS.buffers[g]
     if h.a2a is not None:
         h.a2a_arr[:] = h.hdr_arr * g.size  # this rank's frame for every rank
         run(g, what, h.a2a, g.pg_ref(), h.hdr_all, h.a2a_in, _NO_SPLITS, _NO_SPLITS, h.a2a_opts)
@@ -128,7 +128,7 @@ def _broadcast(g: Group, buffer: torch.Tensor, src: int, what: str) -> None:
     """Broadcast ``buffer`` (int64 or uint8, on ``g.device``) from group rank ``src``: on CPU
     through the group's own broadcast, on accelerators through ``dist.broadcast``."""
     if g.cpu:
-        h = headers_of(g)
+        h = HEADERS.buffers[g]
         h.bcast_opts.rootRank = src
         run(g, what, h.bcast, g.pg_ref(), [buffer], h.bcast_opts)
     else:
@@ -161,10 +161,13 @@ def _encode_result(fn: Callable[[], Any], rank: int, where: str, device: Optiona
         return encoded.header, encoded, exc
 
 
-def _device_of(g: Group) -> Optional[torch.device]:
-    """Where ``g``'s tensor values keep their bytes: an accelerator group's device, else None
-    (a CPU group's values are all on the host)."""
-    return None if g.cpu else g.device
+def _route(g: Group) -> Tuple[Optional[torch.device], Group]:
+    """Where ``g``'s tensor values keep their bytes (an accelerator group's device, else None:
+    a CPU group's values are all on the host), and the group its headers and payloads travel
+    on (the CPU channel). One call: the value helpers' hot path counts its frames."""
+    if g.channel is None:  # a CPU group (not g.cpu: a property is a frame too)
+        return None, g
+    return g.device, channel_of(g)
 
 
 def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: str,
@@ -183,9 +186,8 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     code = CODES[where] | (src << 8 if where in ROOTED else 0)  # helper_code, inline
     own: Optional[BaseException] = None
     encoded: Optional[Encoded] = None
-    on = _device_of(g)
-    g_data, g = g, channel_of(g)  # headers and payloads on the host: the CPU channel
-    a = headers_of(g).hdr_arr
+    g_data, (on, g) = g, _route(g)
+    a = HEADERS.buffers[g].hdr_arr
     if g.rank == src:
         mine, encoded, own = _encode_result(fn, g.rank, where, on)
         a[0], a[1], a[2] = mine[0], mine[1], mine[2]
@@ -244,14 +246,13 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     """
     if g is None:
         return [fn()]
-    on = _device_of(g)
-    g_data, g = g, channel_of(g)  # headers and payloads on the host: the CPU channel
+    g_data, (on, g) = g, _route(g)
     code = CODES[where] | ((decode_on or 0) << 8 if where in ROOTED else 0)  # helper_code
     header, encoded, own = _encode_result(fn, g.rank, where, on)
     if TIMELINE.recorder is not None:
         timeline.add_bytes(HEADER_LEN * 8 + (
             encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
-    a = headers_of(g).hdr_arr
+    a = HEADERS.buffers[g].hdr_arr
     a[0], a[1], a[2] = header[0], header[1], header[2]
     a[3] = code
     flat = exchange(g, where)

@@ -104,4 +104,4 @@ HEADERS = register("headers", HeadersState())
 
 def headers_of(g: Group) -> HeaderBuffers:
     """The buffers of ``g``'s exchanges, made at its first."""
-    return HEADERS.buffers.of(g)
+    return HEADERS.buffers[g]

@@ -29,7 +29,7 @@ import torch
 
 from ..base.callsite import call_site
 from ..base.groups import Group, channel_of
-from .headers import HEADER_LEN, headers_of
+from .headers import HEADER_LEN, HEADERS
 from .timeline import TIMELINE
 from . import timeline
 from .codes import helper_code, mismatch_error
@@ -158,7 +158,7 @@ def exchange(g: Group, leaves: Leaves, paths: Sequence[str], what: str, data: bo
     the whole result twice more)."""
     if not g.cpu:
         return _exchange_on_device(g, leaves, paths, what, data, direct_above)
-    key, slots = what if data else what + " (shapes)", headers_of(g).gather_slots
+    key, slots = what if data else what + " (shapes)", HEADERS.buffers[g].gather_slots
     slot = max(slots.get(key, 0), _ALIGN)
     buf, total = _pack(leaves, paths, g.device, slot, what, data)
     while True:
@@ -189,7 +189,7 @@ def _descriptions(g: Group, rows: torch.Tensor, heads: List[List[int]], leaves: 
     size = max(_padded(8 * (2 + h[1])) for h in heads)
     if size > rows.shape[1]:
         rows, heads = exchange(g, leaves, paths, what, data=False)
-    headers_of(g).gather_slots[key] = size
+    HEADERS.buffers[g].gather_slots[key] = size
     return [_whole(rows[r], h) for r, h in enumerate(heads)]
 
 
@@ -351,7 +351,7 @@ def _write_frame(g: Group, leaves: Leaves, sizes: List[int]) -> None:
     """This rank's tensors' bytes (``sizes`` each) into its frame, after its header (a
     contiguous CPU tensor's by one ``memmove``: torch's calls cost microseconds each, and this
     is a scalar's path)."""
-    arr = headers_of(g).hdr_arr
+    arr = HEADERS.buffers[g].hdr_arr
     base = arr.buffer_info()[0]
     at = 8 * HEADER_LEN
     for leaf, n in zip(leaves, sizes):
@@ -369,7 +369,7 @@ def carried_parts(g: Group, leaves: Leaves) -> List[Leaves]:
     and shapes on every rank: checked). The views of one layout are made once per group and
     kept (the frames never move): a step's scalar takes the same views every call."""
     key = tuple((leaf.dtype, leaf.shape) for leaf in leaves)
-    views = headers_of(g).views
+    views = HEADERS.buffers[g].views
     parts = views.get(key)
     if parts is None:
         if len(views) >= _VIEW_LAYOUTS:
@@ -384,7 +384,7 @@ _VIEW_LAYOUTS = 32
 
 def _frame_views(g: Group, leaves: Leaves) -> List[Leaves]:
     """:func:`carried_parts`' views, made."""
-    h = headers_of(g)
+    h = HEADERS.buffers[g]
     frame = 8 * h.frame
     out: List[Leaves] = [[] for _ in range(g.size)]
     at = 8 * HEADER_LEN
@@ -423,7 +423,7 @@ def check_alike(g: Group, leaves: Leaves, paths: Sequence[str], what: str, fix: 
         return None
     desc, sizes = _describe(leaves, paths, what)
     ch = channel_of(g)  # g itself on CPU; an accelerator group's metadata never crosses the device
-    h = headers_of(ch)
+    h = HEADERS.buffers[ch]
     room = 8 * (h.frame - HEADER_LEN)
     # an accelerator group's tensors stay on its device (its channel may be itself)
     nbytes = _carry_bytes(leaves, sizes, room) if carry and room and g.cpu else None

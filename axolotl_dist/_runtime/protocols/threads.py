@@ -102,7 +102,7 @@ def enter_block(state: Group, kind: str, site: Any, desc: Optional[str]) -> Grou
     :class:`~axolotl_dist.errors.ThreadConflictError` if another thread has a block open
     there. Returns the group, for :func:`leave_block`."""
     me = threading.get_ident()
-    opened = CALLS.open_blocks.of(state)
+    opened = CALLS.open_blocks[state]
     mine = (kind, site, desc, opened.get(me))  # the outer block of this thread, if any
     opened[me] = mine  # recorded before the check, as for helper calls
     if len(opened) > 1:
@@ -119,7 +119,7 @@ def enter_block(state: Group, kind: str, site: Any, desc: Optional[str]) -> Grou
 def leave_block(state: Group) -> None:
     """This thread's innermost open block on ``state``'s group ended."""
     me = threading.get_ident()
-    opened = CALLS.open_blocks.of(state)
+    opened = CALLS.open_blocks[state]
     mine = opened.get(me)
     if mine is None:
         return

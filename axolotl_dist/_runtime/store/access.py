@@ -65,7 +65,7 @@ def group_store(group: Optional["ProcessGroup"] = None) -> "Store":
 
 def kit_store(g: "Group") -> "Store":
     """The c10d store of the kit's group ``g``, looked up once per group."""
-    connections = STORE.groups.of(g)
+    connections = STORE.groups[g]
     if connections.store is None:
         connections.store = group_store(g.arg)
     return connections.store

@@ -118,7 +118,7 @@ class Cleanup:
 def _own_connection(group: Group, store: "Store") -> "Store":
     """The cleanup's connection for a group without the heartbeat's to borrow: a clone of
     ``store``, made once (``store`` itself where it has no ``clone``)."""
-    connections = STORE.groups.of(group)
+    connections = STORE.groups[group]
     if connections.cleanup is None:
         try:
             connections.cleanup = store.clone()

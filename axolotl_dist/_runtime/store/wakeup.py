@@ -112,7 +112,7 @@ class KeyWaiter:
         with _LOCK:
             if self in WAKEUP.key_waiters:
                 WAKEUP.key_waiters.remove(self)
-            connections = STORE.groups.of(self.group)
+            connections = STORE.groups[self.group]
             if self.lent is None and not self.failed and connections.idle is None:
                 connections.idle = self.conn  # free for the group's next sleep
         if self.lent is not None:
@@ -165,7 +165,7 @@ def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWait
     if lent is not None:
         conn = lent.borrow()
         return None if conn is None else KeyWaiter(group, store, conn, key, lent)
-    connections = STORE.groups.of(group)
+    connections = STORE.groups[group]
     with _LOCK:
         conn, connections.idle = connections.idle, None
     if conn is None:
