@@ -296,7 +296,10 @@ RETIRED_WORDS = frozenset({
     "noted", "account",
 })
 RETIRED_NAMES = frozenset({"Bell", "Spare", "Rider", "Guard", "Watch", "Folding", "Judge",
-                           "RankZeroJudge", "ASLEEP_LOOKS", "VERDICTS", "linger_timeout"})
+                           "RankZeroJudge", "ASLEEP_LOOKS", "VERDICTS", "linger_timeout",
+                           # issue #80: words a newcomer had to look up
+                           "party_error", "deadlock_part", "lendable", "propose", "_Tally",
+                           "_BLAMED"})
 
 
 def _identifiers(tree: ast.AST):

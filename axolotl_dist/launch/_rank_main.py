@@ -224,7 +224,7 @@ def _exit_code(exc: SystemExit) -> int:
 _STARTUP_FAILURE: Optional[str] = None
 #: ``(rank, what it did)``: the other rank whose failure this rank's uncaught
 #: ``RankFailedError`` names (a lost node's rank), for the launcher's restart line.
-_BLAMED: Optional[Tuple[int, str]] = None
+_FIRST_FAILURE: Optional[Tuple[int, str]] = None
 
 
 def _record_end(code: int) -> None:
@@ -236,8 +236,8 @@ def _record_end(code: int) -> None:
                               "pid": os.getpid()}
     if _STARTUP_FAILURE is not None:
         end["startup"] = _STARTUP_FAILURE
-    if _BLAMED is not None:
-        end["blames"], end["why"] = _BLAMED
+    if _FIRST_FAILURE is not None:
+        end["blames"], end["why"] = _FIRST_FAILURE
     try:
         write_private(os.path.join(directory, f"{rank}.json"), json.dumps(end).encode())
     except (OSError, ValueError):  # pragma: no cover - the launcher then knows less
@@ -315,11 +315,11 @@ def _uncaught(exc: BaseException) -> None:
     """What python does with an uncaught exception, with the user's frames only: print it
     (through ``sys.excepthook``), then the error file saying where it was printed, and
     ``sys.last_*`` for the kit's exit hook, which reports it to the peers."""
-    global _STARTUP_FAILURE, _BLAMED
+    global _STARTUP_FAILURE, _FIRST_FAILURE
     now = time.time()
     if isinstance(exc, RankFailedError):
         why = f"{exc.exc_type}: {exc.exc_message}"
-        _BLAMED = (exc.rank, why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ...")
+        _FIRST_FAILURE = (exc.rank, why if len(why) <= 160 else why[:160].rsplit(" ", 1)[0] + " ...")
     tb = _user_traceback(exc.__traceback__)
     try:
         from .._runtime.lifecycle.repeat_failure import startup_failure

@@ -368,7 +368,7 @@ def _one_mismatch(failed: List[Tuple[int, str]], notes: Mapping[int, Mapping[str
     return kept, same
 
 
-class _Tally:
+class _Outcomes:
     """Each rank's outcome and note, sorted into what a finding tells: the failed ranks (with
     their exception in one line and their test's line), the ranks still running at the
     timeout, one line for each other rank (stopped, skipped, xfailed)."""
@@ -422,7 +422,7 @@ def summarize(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]
             timeout: float, timeout_source: str) -> MarkedResult:
     """The :class:`MarkedResult` of a marked test's run from each rank's ``outcomes`` and
     ``notes``; ``timeout`` and where it came from for the account of a hang."""
-    tally = _Tally(outcomes, notes)
+    tally = _Outcomes(outcomes, notes)
     if tally.failed:
         return _failure(tally)
     if tally.stuck:
@@ -438,7 +438,7 @@ def summarize(outcomes: List[RankOutcome], notes: Mapping[int, Mapping[str, Any]
     return MarkedResult("pass")
 
 
-def _failure(tally: _Tally) -> MarkedResult:
+def _failure(tally: _Outcomes) -> MarkedResult:
     """Some rank failed: each failure once (ranks that failed alike folded, a mismatch told
     by its first rank), then a line for every other rank."""
     world, crash = tally.world, tally.crash
@@ -455,7 +455,7 @@ def _failure(tally: _Tally) -> MarkedResult:
                    summary, tally.sites[0] if tally.sites else None)
 
 
-def _hang(tally: _Tally, timeout: float, timeout_source: str) -> MarkedResult:
+def _hang(tally: _Outcomes, timeout: float, timeout_source: str) -> MarkedResult:
     """No rank failed and some still ran at the timeout: where each was."""
     outcomes, notes, stuck = tally.outcomes, tally.notes, tally.stuck
     done = [o.rank for o in outcomes if o.ok and o.rank not in notes]

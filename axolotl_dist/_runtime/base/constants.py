@@ -1,5 +1,5 @@
 """What the signalling modules share: timing constants, this host's name, and the store
-counter of long waits and published warnings (:data:`..store.keys.WAITERS`). The names and
+counter of long waits and published warnings (its layout is :mod:`..store.keys`'). The names and
 defaults of the ``AXOLOTL_DIST_*`` variables are :mod:`axolotl_dist.env.variables`'.
 
 A leaf: it imports nothing from the package, so :mod:`..store.access`, :mod:`..liveness.peers`, :mod:`..liveness.stalls`
@@ -21,7 +21,6 @@ __all__ = [
     "MAX_WAIT_LOG_INTERVAL",
     "STARTUP_LATE",
     "HOST",
-    "LONG_WAITS",
     "UNMARKED_WAIT",
     "SLICE",
 ]
@@ -65,4 +64,3 @@ STARTUP_LATE = 5.0
 #: This host's name, as peers record it.
 HOST = socket.gethostname()
 
-LONG_WAITS = (1 << 32) - 1

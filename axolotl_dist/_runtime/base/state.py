@@ -87,8 +87,15 @@ class PerGroup(Dict[Any, _T]):
             pg = group.pg_ref()
             if pg is None:
                 return  # its process group is gone: nothing to keep
-            weakref.finalize(pg, self.pop, group, None)
-        self[group] = item
+            weakref.finalize(pg, _drop, weakref.ref(self), group)  # not the map: a reset's
+        self[group] = item  # old map, holding what holds the group, must not outlive it
+
+
+def _drop(per_group: "weakref.ref[PerGroup[Any]]", group: Any) -> None:
+    """Forget ``group`` in the map ``per_group`` refers to, if the map is still there."""
+    found = per_group()
+    if found is not None:
+        found.pop(group, None)
 
     def groups(self) -> List[Any]:
         """Every group with an object here."""

@@ -15,10 +15,10 @@ every warning this module does not fold. What is folded is ``warnings.formatwarn
   without a heartbeat prints them itself, as Python would.
 * With a heartbeat, a rank above 0 publishes each warning on the heartbeat's store
   connection and prints nothing: two calls, ``append`` to :data:`..store.keys.WARN_LOG` and ``add``
-  :data:`WARNED` to :data:`~..store.keys.WAITERS`, whose answer says whether rank 0 still
-  reads them (:data:`UNREAD`: it ended; the rank then prints the warning itself).
+  :data:`~..store.keys.WARNED` to :data:`~..store.keys.WAITERS`, whose answer says whether rank 0 still
+  reads them (:data:`~..store.keys.UNREAD`: it ended; the rank then prints the warning itself).
 * Rank 0 puts its own warnings in the pending table; its heartbeat, which reads
-  ``WAITERS_KEY`` every beat anyway, reads the log when the count of published warnings
+  ``keys.WAITERS`` every beat anyway, reads the log when the count of published warnings
   rose (:func:`read`; again every :data:`LOOK` s while one is pending), and prints one
   (:func:`tick`) once every rank raised it, or :data:`WINDOW` s after rank 0 received of it,
   naming the ranks so far; at rank 0's exit, after a last read, what is pending (:func:`close`).
@@ -49,7 +49,7 @@ from ..base import hooks
 from ... import env
 from ...errors import DistributedEnvError
 
-__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "WARNED", "UNREAD", "FoldedWarnings", "FOLD",
+__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "FoldedWarnings", "FOLD",
 "WarnFoldState",
            "install", "installed", "show", "started", "read", "pending", "tick", "close"]
 
@@ -59,10 +59,6 @@ HOLD_FOR = 10.0
 WINDOW = 1.0
 #: Seconds between rank 0's looks for published warnings while one is pending.
 LOOK = 0.25
-#: What a rank adds to ``WAITERS_KEY`` per warning it appended: bits 32-61 count them.
-WARNED = 1 << 32
-#: What rank 0 adds to ``WAITERS_KEY`` at its exit: it reads no more warnings.
-UNREAD = 1 << 62
 #: Seconds rank 0's exit waits for its last read (what comes later, the last exit hook prints).
 CLOSE_BOUND = 1.0
 
@@ -196,7 +192,7 @@ def _publish(beat: Any, texts: List[str]) -> bool:
         store = beat.base  # any thread: the group's connection (the heartbeat's may be lent)
         store.append(keys.WARN_LOG, "".join(records.warning_entry(beat.rank, seals.seal(
             _entry_key(beat.rank), text).decode()) for text in texts))
-        return not store.add(keys.WAITERS, len(texts) * WARNED) & UNREAD
+        return not store.add(keys.WAITERS, len(texts) * keys.WARNED) & keys.UNREAD
     except Exception:  # noqa: BLE001 - the store is going: printed here instead
         return False
 
@@ -241,9 +237,9 @@ def _add(folding: FoldedWarnings, text: str, rank: int) -> None:
 
 
 def read(beat: Any, value: int) -> None:
-    """Rank 0's heartbeat ``beat``, having read ``value`` of ``WAITERS_KEY``: add the warnings
+    """Rank 0's heartbeat ``beat``, having read ``value`` of ``keys.WAITERS``: add the warnings
     published since its last read to the pending table, if any (one ``get``)."""
-    count = (value & (UNREAD - 1)) >> 32
+    count = (value & (keys.UNREAD - 1)) >> 32
     folding = _warning_fold()
     if count <= folding.counted:
         return
@@ -299,12 +295,12 @@ def tick() -> None:
 
 def close(beat: Any) -> None:
     """A heartbeat ``beat`` stopped (its thread ended). Rank 0: say that it reads no more
-    warnings (:data:`UNREAD`), read those published before, and print every pending one,
+    warnings (:data:`~..store.keys.UNREAD`), read those published before, and print every pending one,
     naming the ranks so far."""
     if beat.rank != 0:
         return
     if installed() and beat.store_usable():
-        bounded(lambda: read(beat, beat.store.add(keys.WAITERS, UNREAD)), CLOSE_BOUND)
+        bounded(lambda: read(beat, beat.store.add(keys.WAITERS, keys.UNREAD)), CLOSE_BOUND)
     _flush()
 
 

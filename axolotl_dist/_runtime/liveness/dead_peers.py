@@ -48,7 +48,7 @@ from ..base.groups import failure_record, known_failure, restore_failure_record
 from ..base.kitlog import kit as log
 from ..base.tracebacks import kit_frame
 from ..store import keys, records
-from ..store.access import genuine, hosts_store, propose
+from ..store.access import genuine, hosts_store, set_if_absent
 from ..store.clients import raw_store
 from .liveness_state import PEERS
 from .peers import fetch_peers, same_machine, store_host_gone
@@ -193,7 +193,7 @@ class DeadPeers:
         """Tell every rank: the run's first death (the first announcement wins), then a notice
         on each rank's heartbeat counter (one ``add`` each, once)."""
         try:
-            propose(raw, keys.dead(self.run), records.failure(error))
+            set_if_absent(raw, keys.dead(self.run), records.failure(error))
             for rank in range(self.world_size):
                 if rank != self.rank and rank != error.rank:
                     raw.add(keys.heartbeat(self.run, rank), keys.NOTICE)

@@ -121,10 +121,10 @@ _DRAIN = 0.1
 _EXIT_WAIT_CHECK = 0.05
 
 
-def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], watcher: "PeerChecker",
+def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], checker: "PeerChecker",
             exits: bool, bound: Optional[float] = None, every: float = 0.005) -> None:
     """Poll until ``done()`` (every ``every`` seconds), or until every global rank in ``left()``
-    is gone (found by ``watcher``; with ``exits``, a rank that left an exit record counts as
+    is gone (found by ``checker``; with ``exits``, a rank that left an exit record counts as
     gone), at most ``bound`` seconds (default :func:`host_exit_timeout`)."""
     start = time.monotonic()
     bound = host_exit_timeout() if bound is None else bound
@@ -136,7 +136,7 @@ def _wait_for_readers(done: Callable[[], bool], left: Callable[[], List[int]], w
         if now >= next_check:
             next_check = now + _EXIT_WAIT_CHECK
             waiting = left()
-            if waiting and len(watcher.find_lost(waiting, now, exits=exits)) == len(waiting):
+            if waiting and len(checker.find_lost(waiting, now, exits=exits)) == len(waiting):
                 return
         time.sleep(every)
 
@@ -252,14 +252,14 @@ def await_peers_told(store: "Store", rank: int, world_size: int, relayed: bool =
     start = time.monotonic()
     deadline = start + failed_exit_grace(world_size)
     try:
-        watcher = PeerChecker(store, rank)
+        checker = PeerChecker(store, rank)
         while time.monotonic() < deadline:
             waiting = [r for r in others if store.add(keys.waiting(r), 0) > 0
                        and not store.check([keys.gone(r)])
                        and not (relayed and store.check([keys.exit_record(r)]))]
             if not waiting and time.monotonic() >= start + _UNMARKED_COVER:
                 return  # (a peer that just began a wait marks it within the cover)
-            if waiting and len(watcher.find_lost(waiting, time.monotonic(),
+            if waiting and len(checker.find_lost(waiting, time.monotonic(),
                                                  exits=False)) == len(waiting):
                 return
             time.sleep(_EXIT_WAIT_CHECK)
@@ -375,7 +375,7 @@ def diagnose_lost_peer(exc: BaseException, what: str, group: Group) -> BaseExcep
         return exc
 
 
-def _look_for_lost(watcher: PeerChecker, ranks: List[int], what: str,
+def _look_for_lost(checker: PeerChecker, ranks: List[int], what: str,
                    exc: BaseException) -> BaseException:
     """Look at ``ranks`` every 50 ms until one is found lost (the error naming it) or the
     diagnosis's time passes (``exc``): a few seconds where every peer is on this machine, the
@@ -387,20 +387,20 @@ def _look_for_lost(watcher: PeerChecker, ranks: List[int], what: str,
     try:
         while True:
             now = time.monotonic()
-            lost = watcher.find_lost(ranks, now, what)  # the store host first
-            if not lost and limit is None and watcher.read_exits_of(ranks):
-                lost = watcher.find_lost(ranks, now, what)  # the log did not name them
+            lost = checker.find_lost(ranks, now, what)  # the store host first
+            if not lost and limit is None and checker.read_exits_of(ranks):
+                lost = checker.find_lost(ranks, now, what)  # the log did not name them
             if lost:
                 return lost_error(lost, what)
             if limit is None:  # the first look fetched the peers' records
                 waiting = not all(same_machine(peer_record(r)) for r in ranks)
                 if waiting:
-                    watcher.store.add(keys.WAITERS, 1)
-                limit = start + (watcher.remote_timeout + 2 * HEARTBEAT_INTERVAL +
-                                 watcher.look_every + 1.0 if waiting else _LOCAL_DIAGNOSIS)
+                    checker.store.add(keys.WAITERS, 1)
+                limit = start + (checker.remote_timeout + 2 * HEARTBEAT_INTERVAL +
+                                 checker.look_every + 1.0 if waiting else _LOCAL_DIAGNOSIS)
             if now >= limit:
                 return exc
             time.sleep(0.05)
     finally:
         if waiting:
-            watcher.store.add(keys.WAITERS, -1)
+            checker.store.add(keys.WAITERS, -1)

@@ -1,6 +1,6 @@
 """The heartbeat: each rank's daemon thread, soon on its own store connection.
 
-At init the ranks of a multi-rank group agree on a run id (the first to propose one wins);
+At init the ranks of a multi-rank group agree on a run id (the first to set_if_absent one wins);
 every rank records itself (:mod:`.peers`) and starts a thread that bumps
 ``axolotl_dist/<run>/hb/<rank>`` every :data:`~..base.constants.HEARTBEAT_INTERVAL` seconds.
 The thread opens its own connection (lent to the default group's key waiters:
@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 from ..base import hooks, procs
 from ..base.state import RoomState, register
-from ..base.constants import HEARTBEAT_INTERVAL, HOST, LONG_WAITS
+from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ..base.groups import default_pg
 from .liveness_state import HEARTBEAT, PEERS, Peer
 from ..store import keys, records, seals, wakeup
-from ..store.access import genuine, parsed, propose, put, store_host, world_store
+from ..store.access import genuine, parsed, set_if_absent, put, store_host, world_store
 from ..store.clients import raw_store
 from . import runs, where_report
 from .dead_peers import DeadPeers
@@ -44,10 +44,10 @@ __all__ = ["start_heartbeat", "stop_heartbeat", "exit_connection", "BEAT", "Beat
 
 
 def _run_id(base: "Store") -> str:
-    """The id every rank of this group agrees on: the first rank to propose one wins (one not
-    sealed by this run is replaced: :func:`~..store.access.propose`)."""
+    """The id every rank of this group agrees on: the first rank to set_if_absent one wins (one not
+    sealed by this run is replaced: :func:`~..store.access.set_if_absent`)."""
     mine = uuid.uuid4().hex[:records.RUN_ID_LENGTH]
-    return parsed(records.read_run_id, propose(base, keys.RUN, mine), keys.RUN)
+    return parsed(records.read_run_id, set_if_absent(base, keys.RUN, mine), keys.RUN)
 
 
 # --- what runs on rank 0's heartbeat ---------------------------------------------------------
@@ -159,7 +159,7 @@ class Heartbeat:
     def _waiters(self) -> None:
         """Rank 0: look for stalls while some rank's wait runs long; tell the tasks (see hooks.HeartbeatTask)."""
         value = self.store.add(keys.WAITERS, 0)
-        self.when.stall_rounds = value & LONG_WAITS > 0
+        self.when.stall_rounds = value & keys.LONG_WAITS > 0
         for task in hooks.heartbeat_tasks():
             task.read(self, value)
 

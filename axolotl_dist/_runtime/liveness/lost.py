@@ -1,6 +1,6 @@
 """A lost peer's account: the one :class:`~axolotl_dist.errors.RankFailedError` for the ranks
 a wait found gone, naming the root cause first (:func:`lost_error`), and this rank's own part
-of a deadlock a lost peer ended on (:func:`party_error`, :func:`deadlock_part`), read from the
+of a deadlock a lost peer ended on (:func:`deadlock_from_lost`, :func:`deadlock_from_report`), read from the
 peer's record, not from its message.
 """
 
@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 from ..base.groups import remember_failure
 from ...errors import CollectiveMismatchError, RankFailedError
 
-__all__ = ["Lost", "lost_error", "party_error", "deadlock_part"]
+__all__ = ["Lost", "lost_error", "deadlock_from_lost", "deadlock_from_report"]
 
 
 class Lost(NamedTuple):
@@ -62,23 +62,23 @@ def lost_error(lost: Sequence[Lost], what: str) -> RankFailedError:
     return remember_failure(RankFailedError(root.rank, root.how, root.detail + also, where=what, ranks=ranks))
 
 
-def party_error(lost: Sequence[Lost], me: int, shown: str) -> Optional[CollectiveMismatchError]:
+def deadlock_from_lost(lost: Sequence[Lost], me: int, shown: str) -> Optional[CollectiveMismatchError]:
     """Rank ``me``'s own :class:`CollectiveMismatchError` where a lost peer failed on a deadlock
     in which ``me`` waits in ``shown`` (the call as the finding names it): the peer read the
     stall detector's finding first; on a loaded machine this rank may look again only after the
     peer is gone, and must still say what it is part of. None otherwise."""
     for item in lost:
-        found = deadlock_part(item.report, me, shown)
+        found = deadlock_from_report(item.report, me, shown)
         if found is not None:
             return found
     return None
 
 
-def deadlock_part(report: Optional[RankFailedError], me: int,
+def deadlock_from_report(report: Optional[RankFailedError], me: int,
                   shown: str) -> Optional[CollectiveMismatchError]:
     """Rank ``me``'s own :class:`CollectiveMismatchError` where a peer's failure ``report`` is a
     deadlock in which ``me`` waits in ``shown``, as the report's finding says (its parties:
-    the ranks of each wait and their call); None otherwise (see :func:`party_error`)."""
+    the ranks of each wait and their call); None otherwise (see :func:`deadlock_from_lost`)."""
     if report is None or report.deadlock is None:
         return None
     text, parties = report.deadlock

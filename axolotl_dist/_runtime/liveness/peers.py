@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
 __all__ = [ "encode_peer", "decode_peer", "same_machine", "launcher_name",
-    "peer_record", "peer", "fetch_peers", "EVENTS", "STALL_ROUND", "STALL_CHECK_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
+    "peer_record", "peer", "fetch_peers", "STALL_CHECK_INTERVAL", "host_leaving", "store_host_gone", "check_store_host",
     "store_lost_error", "store_errors", "store_answers",
 ]
 
@@ -115,13 +115,6 @@ def fetch_peers(raw: "Store", ranks: Sequence[int]) -> None:
 
 # --- what waiters read about their peers -------------------------------------------------
 
-#: The events part of the ``axd/exits`` counter (see :data:`STALL_ROUND`).
-EVENTS = (1 << 32) - 1
-
-
-#: What the stall detector adds to ``axd/exits`` each round: the counter's bits above 32 count stall
-#: rounds, the bits below count events (exit records, and changes in the stall detector's report).
-STALL_ROUND = 1 << 32
 
 
 #: Seconds between two rounds of the stall detector (global rank 0's heartbeat thread, while some

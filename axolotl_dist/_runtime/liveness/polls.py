@@ -134,7 +134,7 @@ class _Poll:
         tries to fall asleep."""
         w = self.w
         if host_leaving():  # no store call: the host's store is about to go
-            return "lost", w.watcher.find_lost([], now, w.what)
+            return "lost", w.checker.find_lost([], now, w.what)
         waiter = self.box[0]
         if waiter is None or waiter.woken.is_set():  # asleep, the word is not read: the waiter says
             if self.ready():
@@ -198,7 +198,7 @@ class _Poll:
             if store_host_gone():  # the call waits in torch's reconnect: stop waiting for it
                 gone = StoreHostGoneError(f"no answer for {now - self.job_since:.1f} s")
                 raise store_lost_error(gone, w.what)
-            _silent_store(w.what, w.me, now - self.job_since, w.watcher.warned, now)
+            _silent_store(w.what, w.me, now - self.job_since, w.checker.warned, now)
         return False
 
     def _check_timeout(self, now: float) -> None:

@@ -29,7 +29,7 @@ from .liveness_state import HEARTBEAT, PEERS
 from ..store import keys, records, seals
 from ..store.access import checked_or_ignored, genuine, put, store_host, world_store
 from . import deadlock
-from .peers import (EVENTS, STALL_CHECK_INTERVAL, STALL_ROUND, check_store_host, fetch_peers, host_leaving, same_machine)
+from .peers import (STALL_CHECK_INTERVAL, check_store_host, fetch_peers, host_leaving, same_machine)
 from ..store.clients import raw_store
 from .lost import Lost, lost_error
 from .where_report import BEATS
@@ -65,7 +65,7 @@ class StallDetector:
         description (one ``multi_get`` on the root store ``raw``), note the ranks silent for
         ``SILENT_AFTER`` seconds or more and the waits that can never end, and publish them
         (:data:`~..store.keys.STALL_REPORT` in the group's ``store``) while there are silent ranks,
-        and whenever the deadlocks change; count the round (:data:`~.peers.STALL_ROUND`)
+        and whenever the deadlocks change; count the round (:data:`~..store.keys.STALL_ROUND`)
         (docs/design/liveness.md, "Heartbeat and peer records")."""
         world = self.world_size
         if not self.all_beat:
@@ -90,7 +90,7 @@ class StallDetector:
             put(store, keys.STALL_REPORT, records.document({
                 "silent": {str(r): round(s, 1) for r, s in silent.items()},
                 "deadlocks": self.deadlocks.texts}))
-        store.add(keys.EXITS, STALL_ROUND + (1 if changed else 0))
+        store.add(keys.EXITS, keys.STALL_ROUND + (1 if changed else 0))
 
     def _silent(self, beats: List[bytes], now: float) -> Dict[int, float]:
         """The ranks whose beat has not moved for ``SILENT_AFTER`` seconds, and for how long."""
@@ -129,7 +129,7 @@ class PeerChecker:
     Per look, one store call, however many ranks it checks: ``axd/exits``, whose low bits
     count events (an exit record, a change in the stall detector's report: then this rank reads the
     exit log and the report) and whose high bits count the stall detector's rounds
-    (:data:`.peers.STALL_ROUND`). Peers on this machine are found by their pids (no store call).
+    (:data:`..store.keys.STALL_ROUND`). Peers on this machine are found by their pids (no store call).
     Only where the detector has stopped (rank 0 gone, or stuck holding the GIL) does a
     look read each remote peer's heartbeat itself. ``look_every``: seconds between two looks
     (a peer found gone on this machine brings the next look forward: its exit record may say
@@ -222,7 +222,7 @@ class PeerChecker:
         """One store call; more only when something happened (see the class docstring)."""
         self.next_look = now + self.look_every * (ASLEEP_SLOWDOWN if asleep else 1)
         count = self.store.add(keys.EXITS, 0)
-        events, rounds = count & EVENTS, count >> 32
+        events, rounds = count & keys.EVENTS, count >> 32
         if rounds != self.rounds:
             self.rounds, self.rounds_at = rounds, now
         if events == self.events:

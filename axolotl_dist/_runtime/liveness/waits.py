@@ -47,7 +47,7 @@ from . import progress
 from .deadlock import CALLS_PER_RANK, describe, new_serial
 from .progress import Point
 from .failures import await_readers
-from .lost import Lost, deadlock_part, lost_error, party_error
+from .lost import Lost, deadlock_from_report, lost_error, deadlock_from_lost
 from .stalls import PeerChecker
 from .peers import check_store_host, host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError, RankFailedError
@@ -95,13 +95,13 @@ class Waiting:
     ``point``: where it is in terms every rank counts alike (None: a wait :mod:`.deadlock`
     does not stall detector); ``shown``: how a deadlock's report names it (default ``what``)."""
 
-    __slots__ = ("what", "me", "ranks", "says", "watcher", "start", "interval", "told",
+    __slots__ = ("what", "me", "ranks", "says", "checker", "start", "interval", "told",
                  "marked", "thread", "point", "serial", "published", "shown")
 
     def __init__(self, what: str, me: int, ranks: List[int], says: str,
                  point: Optional[Point] = None, shown: Optional[str] = None) -> None:
         self.what, self.me, self.ranks, self.says = what, me, ranks, says
-        self.watcher = PeerChecker(world_store(), me)
+        self.checker = PeerChecker(world_store(), me)
         self.start = time.monotonic()
         self.interval = _Interval(self.start)
         self.told = False
@@ -115,8 +115,8 @@ class Waiting:
         """Count this wait on this rank's waiting key (once): it runs long; and say where it
         is, for the deadlock stall detector."""
         if not self.marked:
-            self.watcher.store.add(keys.waiting(self.me), 1)
-            self.watcher.store.add(keys.WAITERS, 1)  # the detector runs while above 0
+            self.checker.store.add(keys.waiting(self.me), 1)
+            self.checker.store.add(keys.WAITERS, 1)  # the detector runs while above 0
             self.marked = True
             run = HEARTBEAT.run
             if self.point is not None and run is not None:
@@ -124,16 +124,16 @@ class Waiting:
                 awaits = None if self.point.kind == "collective" else list(self.ranks)
                 self.published = describe(self.point, self.serial, self.shown, self.thread,
                                           awaits)
-                put(self.watcher.raw, keys.long_wait(run, self.me), self.published)
+                put(self.checker.raw, keys.long_wait(run, self.me), self.published)
 
     def lost(self, now: float, asleep: bool = False) -> List[Lost]:
         """The awaited ranks that are gone (see :meth:`.stalls.PeerChecker.find_lost`)."""
-        return self.watcher.find_lost(self.ranks, now, self.what, asleep=asleep)
+        return self.checker.find_lost(self.ranks, now, self.what, asleep=asleep)
 
     def stuck(self) -> Optional[CollectiveMismatchError]:
         """The deadlock this wait is in, as the stall detector found it at this rank's last look (no
         store call); None if none."""
-        entry = self.watcher.stuck
+        entry = self.checker.stuck
         if entry is None or entry[0] != self.serial or not self.serial:
             return None
         text, calls, parties = entry[1]
@@ -143,9 +143,9 @@ class Waiting:
 
     def failure(self, lost: List[Lost]) -> Exception:
         """The error for the ``lost`` peers: this rank's own finding where a peer failed on the
-        deadlock this wait is part of (:func:`.lost.party_error`), else
+        deadlock this wait is part of (:func:`.lost.deadlock_from_lost`), else
         :func:`.lost.lost_error`."""
-        return party_error(lost, self.me, self.shown) or lost_error(lost, self.what)
+        return deadlock_from_lost(lost, self.me, self.shown) or lost_error(lost, self.what)
 
     def deadlock(self, error: CollectiveMismatchError) -> None:
         """Raise ``error`` (from :meth:`stuck`), first acknowledging it: a rank that hosts the
@@ -156,9 +156,9 @@ class Waiting:
         same = repr(sorted(error.calls.items())).encode()  # alike on every rank of the deadlock
         key = keys.deadlock(hashlib.blake2b(same, digest_size=6).hexdigest())
         try:
-            self.watcher.store.set(keys.ack(key, self.me), b"")
+            self.checker.store.set(keys.ack(key, self.me), b"")
             self._unpublish()
-            await_readers(self.watcher.store, key, [r for r in ranks if r != self.me])
+            await_readers(self.checker.store, key, [r for r in ranks if r != self.me])
         except Exception:  # noqa: BLE001 - the store is going: the error is still this rank's
             pass
         raise error
@@ -167,7 +167,7 @@ class Waiting:
         run = HEARTBEAT.run
         if self.published and run is not None:
             key = keys.long_wait(run, self.me)
-            self.watcher.raw.compare_set(key, seals.seal(key, self.published), seals.seal(key, ""))
+            self.checker.raw.compare_set(key, seals.seal(key, self.published), seals.seal(key, ""))
             self.published = ""
 
     def warn(self, now: float, ranks: Sequence[int]) -> None:
@@ -192,7 +192,7 @@ class Waiting:
         exception within a second at most (the store may be going)."""
         WAITS.waits.pop(self.thread, None)
         if normal and self.marked:
-            store, key = self.watcher.store, keys.waiting(self.me)
+            store, key = self.checker.store, keys.waiting(self.me)
 
             def call() -> None:
                 if store_host_gone():  # a call would fail, with torch's C++ trace
@@ -247,7 +247,7 @@ def collective(work: Any, g: Group, what: str) -> None:
                 stuck = w.stuck()
                 if stuck is not None and not _completes(work, 0.0):
                     w.deadlock(stuck)
-                if lost and not _completes(work, _grace(w.watcher, lost)):
+                if lost and not _completes(work, _grace(w.checker, lost)):
                     raise w.failure(lost)
                 w.warn(now, peers)
             try:
@@ -319,13 +319,13 @@ def _succeeds(work: Any, grace: float, failure_raises: bool = False) -> bool:
     return False
 
 
-def _grace(watcher: PeerChecker, lost: List[Lost]) -> float:
+def _grace(checker: PeerChecker, lost: List[Lost]) -> float:
     """Seconds the collective gets to complete, given the ``lost`` peers (see
     :data:`LOST_GRACE`): store calls only while the store's host stays."""
     if host_leaving():
         return 0.0
     try:
-        if any(watcher.store.check([keys.exit_pending(gone.rank)]) for gone in lost):
+        if any(checker.store.check([keys.exit_pending(gone.rank)]) for gone in lost):
             return 0.0
     except Exception:  # noqa: BLE001 - the store is going: name the peer now
         return 0.0
@@ -355,7 +355,7 @@ def own_part(error: BaseException, g: Group, what: str) -> BaseException:
     :class:`CollectiveMismatchError`; else ``error``."""
     if not isinstance(error, RankFailedError):
         return error
-    found = deadlock_part(error, g.ranks[g.rank], f"{what} at {call_site()}")
+    found = deadlock_from_report(error, g.ranks[g.rank], f"{what} at {call_site()}")
     return error if found is None else found
 
 

@@ -60,7 +60,7 @@ from ..base.callsite import CallSite
 from ..base.groups import Group
 from ..store import sweep, wakeup
 from ..store import keys, records
-from ..store.access import checked, is_store_error, kit_store, parsed, propose
+from ..store.access import checked, is_store_error, kit_store, parsed, set_if_absent
 from ..liveness.progress import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
@@ -287,7 +287,7 @@ class Block:
         """Compare this block's pairing with the first rank that checked (see the module
         docstring); raise :class:`CollectiveMismatchError` if they differ."""
         mine = records.site(self.rank, self.tag, self.desc, str(self.site))
-        have = propose(self.store, f"{self.base}/site", mine).decode(errors="replace")
+        have = set_if_absent(self.store, f"{self.base}/site", mine).decode(errors="replace")
         if have == mine:
             self.wrote_site = True  # deleted when this rank is done with the block
             return
@@ -313,7 +313,7 @@ class Block:
                    self.rank: f"{self.noun} {label(self.desc, str(self.site), self.rank)}"})
         key = f"{self.base}/mismatch"
         payload = records.mismatch(error, self.rank)
-        ours = propose(self.store, key, payload) == payload  # the first report wins
+        ours = set_if_absent(self.store, key, payload) == payload  # the first report wins
         for word0 in {self.keys[0], f"{self.base}/{other_tag}"}:
             if self.store.add(word0, MISMATCH) & wakeup.WAKE_BIT:
                 wakeup.wake(self.store, word0)
@@ -330,7 +330,7 @@ class Block:
         key = f"{self.keys[0]}/error"
         try:
             report = failure_report(self.rank, exc, self.what)
-            ours = propose(self.store, key, report) == report
+            ours = set_if_absent(self.store, key, report) == report
             if self.store.add(self.keys[0], FAILED) & wakeup.WAKE_BIT:
                 wakeup.wake(self.store, self.keys[0])
             readers = self._readers(exclude=(self.rank,))

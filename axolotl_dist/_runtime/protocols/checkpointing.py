@@ -62,16 +62,16 @@ __all__ = ["CheckpointBlock", "SAVES", "SavesState", "Save", "finish", "hand_ove
 class SavesState(RoomState):
     """``pending`` (this rank's ``checkpoint_dir`` calls whose bodies handed their writes over
     to futures, oldest first: committed once they are done, at the next ``checkpoint_dir``,
-    ``latest_checkpoint``, cleanup or exit: :mod:`.checkpointing`); ``said`` (the exit's
-    wait for them was said); ``hooked`` (the exit's hook that waits for them is registered);
-    ``saving`` ((root, step) of the save this rank is inside, else None); ``term_handler``
+    ``latest_checkpoint``, cleanup or exit: :mod:`.checkpointing`); ``exit_wait_logged`` (the
+    exit's wait for them was logged); ``exit_hook_set`` (the exit's hook that waits for them is
+    registered); ``saving`` ((root, step) of the save this rank is inside, else None); ``term_handler``
     (the SIGTERM handler that save replaced, to restore at its end; None where it replaced
     none)"""
 
     def __init__(self) -> None:
         self.pending: List["Save"] = []
-        self.said = False
-        self.hooked = False
+        self.exit_wait_logged = False
+        self.exit_hook_set = False
         self.saving: Optional[Tuple[str, int]] = None
         self.term_handler: Any = None
 
@@ -281,8 +281,8 @@ def hand_over(save: Save) -> None:
     waited for and committed (an ``atexit`` hook, registered at the first: it runs before the
     kit's teardown, while the heartbeat still beats)."""
     SAVES.pending.append(save)
-    if not SAVES.hooked:
-        SAVES.hooked = True
+    if not SAVES.exit_hook_set:
+        SAVES.exit_hook_set = True
         atexit.register(_settle_at_exit)
 
 
@@ -299,8 +299,8 @@ def settle(exiting: bool = False) -> None:
     instead of raised (the process is ending)."""
     while SAVES.pending:
         save = SAVES.pending.pop(0)
-        if exiting and not SAVES.said:
-            SAVES.said = True
+        if exiting and not SAVES.exit_wait_logged:
+            SAVES.exit_wait_logged = True
             log.warning("exiting: waiting for the checkpoint of step %d (handed to a future) to be "
                      "written and committed", save.step)
         try:

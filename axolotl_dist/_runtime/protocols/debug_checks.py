@@ -225,7 +225,7 @@ def _tidy(ctx: _Ctx) -> None:
 
 def _wait_all(ctx: _Ctx) -> None:
     """Return once every rank reached this call with the same digest; else raise."""
-    watcher = PeerChecker(group_store())
+    checker = PeerChecker(group_store())
     monitor = ctx.me.rank == 0
     last_progress = time.monotonic()
     next_liveness = last_progress + HEARTBEAT_INTERVAL
@@ -248,7 +248,7 @@ def _wait_all(ctx: _Ctx) -> None:
             seen, last_progress = arrived, now
         if now >= next_liveness:
             next_liveness = now + HEARTBEAT_INTERVAL
-            dead = _dead_ranks(ctx, watcher, now, all_ranks=monitor)
+            dead = _dead_ranks(ctx, checker, now, all_ranks=monitor)
             if dead:
                 _give_up(ctx, dead)
         finding = torch_look.look(now, lambda: _present(ctx))
@@ -265,7 +265,7 @@ def _wait_all(ctx: _Ctx) -> None:
 
 def _collect_mismatch(ctx: _Ctx, last_progress: float) -> CollectiveMismatchError:
     """A rank differs: wait (bounded) for the rest so the error shows every rank's call."""
-    watcher = PeerChecker(group_store())
+    checker = PeerChecker(group_store())
     next_liveness = time.monotonic() + HEARTBEAT_INTERVAL
     seen = 0
     while True:
@@ -277,7 +277,7 @@ def _collect_mismatch(ctx: _Ctx, last_progress: float) -> CollectiveMismatchErro
             seen, last_progress = arrived, now
         if now >= next_liveness:
             next_liveness = now + HEARTBEAT_INTERVAL
-            if _dead_ranks(ctx, watcher, now, all_ranks=True):
+            if _dead_ranks(ctx, checker, now, all_ranks=True):
                 break
         time.sleep(0.005)
     return _mismatch_error(ctx, _records(ctx))
@@ -335,7 +335,7 @@ def _missing_ranks(calls: Sequence[Call], ws: int) -> List[int]:
     return [r for r in range(ws) if r not in present]
 
 
-def _dead_ranks(ctx: _Ctx, watcher: PeerChecker, now: float, all_ranks: bool) -> Dict[int, str]:
+def _dead_ranks(ctx: _Ctx, checker: PeerChecker, now: float, all_ranks: bool) -> Dict[int, str]:
     """Missing group ranks whose process is known to be gone, with why. The monitor looks at
     every missing rank; the others only at rank 0 (one round trip), whom nobody else watches."""
     if all_ranks:
@@ -346,7 +346,7 @@ def _dead_ranks(ctx: _Ctx, watcher: PeerChecker, now: float, all_ranks: bool) ->
     dead: Dict[int, str] = {}
     for rank in missing:
         try:
-            watcher.check([ctx.group.global_rank(rank)], now)
+            checker.check([ctx.group.global_rank(rank)], now)
         except RankFailedError as exc:
             dead[rank] = exc.exc_message
     return dead

@@ -49,7 +49,7 @@ __all__ = [
     "parsed",
     "genuine",
     "ignore",
-    "propose",
+    "set_if_absent",
     "put",
 ]
 
@@ -238,7 +238,7 @@ def checked(reader: Callable[[Any], T], data: Any, key: str, writer: Optional[in
 
 
 def parsed(reader: Callable[[Any], T], data: bytes, key: str, writer: Optional[int] = None) -> T:
-    """``reader(data)`` of a record already opened (:func:`propose`'s, :func:`genuine`'s), its
+    """``reader(data)`` of a record already opened (:func:`set_if_absent`'s, :func:`genuine`'s), its
     :class:`.records.BadRecord` a :class:`~axolotl_dist.errors.DistributedEnvError` naming
     ``key``."""
     try:
@@ -287,11 +287,11 @@ def ignore(key: str, exc: "seals.NotThisRun") -> None:
         log.warning("ignored %s", seals.not_this_run(key, exc))
 
 
-#: How many records without this run's seal :func:`propose` replaces before it gives up.
+#: How many records without this run's seal :func:`set_if_absent` replaces before it gives up.
 _PROPOSE_TRIES = 8
 
 
-def propose(store: "Store", key: str, value: Any) -> bytes:
+def set_if_absent(store: "Store", key: str, value: Any) -> bytes:
     """Write record ``value`` to store ``key`` unless one is there (``compare_set``: the first
     proposal wins); the winning record's value, unsealed. A record without this run's seal is
     no proposal: it is replaced (said once); past a few, a

@@ -23,23 +23,35 @@ __all__ = [
     "long_wait", "stuck", "where_question", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
     "attempt_joined", "attempt_prefix", "DOCUMENTED", "is_counter", "as_named", "REQUEST",
-    "NOTICE", "BEATS", "requests_of", "notices_of", "dead",
+    "NOTICE", "BEATS", "requests_of", "notices_of", "dead", "EVENTS", "STALL_ROUND", "LONG_WAITS",
+    "WARNED", "UNREAD",
 ]
 
 # --- group keys --------------------------------------------------------------------------------
 
 #: The run id the ranks agree on (``compare_set`` at init: the first proposal wins).
 RUN = "axd/run"
-#: A counter: low 32 bits count events (exit records, changes in the stall detector's report), the
-#: bits above count the stall detector's rounds.
+#: A counter: low 32 bits count events (exit records, changes in the stall detector's report:
+#: :data:`EVENTS`), the bits above count the stall detector's rounds (:data:`STALL_ROUND` each).
 EXITS = "axd/exits"
+#: The events part of :data:`EXITS`.
+EVENTS = (1 << 32) - 1
+#: What the stall detector adds to :data:`EXITS` each round (+1 if its report changed).
+STALL_ROUND = 1 << 32
 #: The ranks that left an exit record, in order (``"3,0,"``).
 EXIT_LOG = "axd/exit_log"
 #: The stall detector's report (JSON): silent ranks and waits that can never end.
 STALL_REPORT = "axd/stalls"
-#: A counter: low 32 bits the kit waits that run long now, bits 32-61 the Python warnings
-#: ranks published, bit 62 rank 0 reads no more of them.
+#: A counter: low 32 bits the kit waits that run long now (:data:`LONG_WAITS`), bits 32-61 the
+#: Python warnings ranks published (:data:`WARNED` each), bit 62 rank 0 reads no more of them
+#: (:data:`UNREAD`).
 WAITERS = "axd/waiters"
+#: The long waits' part of :data:`WAITERS`.
+LONG_WAITS = (1 << 32) - 1
+#: What a rank adds to :data:`WAITERS` per warning it appended to :data:`WARN_LOG`.
+WARNED = 1 << 32
+#: What rank 0 adds to :data:`WAITERS` at its exit: it reads no more warnings.
+UNREAD = 1 << 62
 #: The Python warnings ranks above 0 published (``append``), for rank 0 to fold.
 WARN_LOG = "axd/warn_log"
 

@@ -69,7 +69,7 @@ class LentConnection:
         self.lent = False
 
     def connected(self, conn: "Store") -> None:
-        """The heartbeat's connection is made: ``conn``, lendable from now on."""
+        """The heartbeat's connection is made: ``conn``, offered from now on."""
         self.conn = conn
 
     def borrow(self) -> Optional["Store"]:
@@ -179,12 +179,12 @@ def start_key_waiter(group: Group, store: "Store", key: str) -> Optional[KeyWait
 
 class WakeupState(RoomState):
     """``key_waiters``: the threads blocked in a ``store.wait`` for this process's long waits;
-    ``lendable``: the heartbeat's own connection, offered to the default group's key waiters,
+    ``offered``: the heartbeat's own connection, offered to the default group's key waiters,
     with a reference to that group (:func:`offer_connection`)."""
 
     def __init__(self) -> None:
         self.key_waiters: List[KeyWaiter] = []
-        self.lendable: Optional[Tuple[Callable[[], Any], LentConnection]] = None
+        self.offered: Optional[Tuple[Callable[[], Any], LentConnection]] = None
 
 
 WAKEUP = register("wakeup", WakeupState())
@@ -193,13 +193,13 @@ WAKEUP = register("wakeup", WakeupState())
 def offer_connection(pg: Any, conn: Optional[LentConnection]) -> None:
     """The heartbeat of ``pg`` (the default group) lends ``conn`` to that group's key waiters
     from now on; ``conn`` None: it lends nothing (stopped, or its store cannot ``clone``)."""
-    WAKEUP.lendable = None if conn is None or pg is None else (weakref.ref(pg), conn)
+    WAKEUP.offered = None if conn is None or pg is None else (weakref.ref(pg), conn)
 
 
 def lent_connection_of(group: Group) -> Optional[LentConnection]:
     """The heartbeat's connection if ``group`` is the default group and its heartbeat offers
     one (:func:`offer_connection`), else None."""
-    offer = WAKEUP.lendable
+    offer = WAKEUP.offered
     if offer is None or not group.default:
         return None
     pg, conn = offer

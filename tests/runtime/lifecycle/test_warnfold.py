@@ -1,6 +1,6 @@
 """Unit tests of the warnings fold's counter bits (``_runtime/lifecycle/warnfold.py``) on
 ``keys.WAITERS``, the counter it shares with the kit's long waits: the low 32 bits count the
-waits that run long (``constants.LONG_WAITS``, read by rank 0's heartbeat), bits 32-61 the
+waits that run long (``keys.LONG_WAITS``, read by rank 0's heartbeat), bits 32-61 the
 warnings ranks published (:data:`WARNED` each), bit 62 says rank 0 reads no more of them
 (:data:`UNREAD`). A rank packs with ``_publish`` (one ``add``), rank 0 unpacks with ``read``
 (the heartbeat's value) and sets the flag with ``close``. An in-memory stand-in for the c10d
@@ -15,11 +15,11 @@ from typing import Dict, List
 import pytest
 
 from axolotl_dist._runtime.base import hooks
-from axolotl_dist._runtime.base.constants import LONG_WAITS
 from axolotl_dist._runtime.lifecycle import warnfold
-from axolotl_dist._runtime.lifecycle.warnfold import FOLD, UNREAD, WARNED, FoldedWarnings
+from axolotl_dist._runtime.lifecycle.warnfold import FOLD, FoldedWarnings
 from axolotl_dist._runtime.liveness import heartbeat
 from axolotl_dist._runtime.store import keys
+from axolotl_dist._runtime.store.keys import LONG_WAITS, UNREAD, WARNED
 
 #: The most warnings bits 32-61 hold.
 MOST = (1 << 30) - 1

@@ -1,6 +1,6 @@
 """Unit tests of a lost peer's account (``_runtime/liveness/lost.py``): a peer that failed on the
 deadlock this rank's wait is part of gives this rank its own ``CollectiveMismatchError``
-(``party_error``, from the parties in the peer's record, never from its message's wording);
+(``deadlock_from_lost``, from the parties in the peer's record, never from its message's wording);
 several lost ranks make one ``RankFailedError`` naming the root cause first (``lost_error``: a
 rank's own exception, then a death, then the earliest normal exit, a rank that only relayed
 another's failure last), the others after it in the same order. No store, no process."""
@@ -11,7 +11,7 @@ import itertools
 import math
 
 
-from axolotl_dist._runtime.liveness.lost import Lost, deadlock_part, lost_error, party_error
+from axolotl_dist._runtime.liveness.lost import Lost, deadlock_from_report, lost_error, deadlock_from_lost
 from axolotl_dist._runtime.store import records
 from axolotl_dist.errors import CollectiveMismatchError, RankFailedError
 
@@ -35,7 +35,7 @@ def test_a_peer_that_failed_on_this_waits_deadlock_gives_this_ranks_own_finding(
     peer = _failed(0, "CollectiveMismatchError",
                    "rank 0's reduce_and_broadcast at prog.py:11 in <module> can never complete: "
                    + FINDING, (FINDING, PARTIES))
-    error = party_error([peer], 2, "zero_first block #1 at prog.py:9 in <module>")
+    error = deadlock_from_lost([peer], 2, "zero_first block #1 at prog.py:9 in <module>")
     assert isinstance(error, CollectiveMismatchError)
     assert str(error).startswith("rank 2's zero_first block #1 at prog.py:9 in <module> can "
                                  "never complete: ranks 0-2 wait for each other"), error
@@ -46,31 +46,31 @@ def test_any_other_failure_stays_the_peers_failure():
     other = _failed(0, "CollectiveMismatchError",
                     "rank 0's barrier at a.py:3 in <module> can never complete: " + FINDING,
                     (FINDING, PARTIES))
-    assert party_error([other], 3, "zero_first block #1 at prog.py:9 in <module>") is None
-    assert party_error([other], 2, "barrier at b.py:5 in <module>") is None  # another call
-    assert party_error([_failed(1, "ValueError", "boom")], 2, "barrier at b.py:5") is None
+    assert deadlock_from_lost([other], 3, "zero_first block #1 at prog.py:9 in <module>") is None
+    assert deadlock_from_lost([other], 2, "barrier at b.py:5 in <module>") is None  # another call
+    assert deadlock_from_lost([_failed(1, "ValueError", "boom")], 2, "barrier at b.py:5") is None
 
 
 def test_a_collective_failed_by_the_peers_exit_takes_the_same_finding():
     # the peer read the finding first and its exit closed the collective's connections: the
-    # backend's error, diagnosed as the peer's RankFailedError, is checked alike (deadlock_part)
+    # backend's error, diagnosed as the peer's RankFailedError, is checked alike (deadlock_from_report)
     peer = RankFailedError(0, "CollectiveMismatchError",
                            "rank 0's reduce_and_broadcast at prog.py:11 in <module> can never "
                            "complete: " + FINDING, "", where="zero_first block #1",
                            deadlock=(FINDING, PARTIES))
-    error = deadlock_part(peer, 2, "zero_first block #1 at prog.py:9 in <module>")
+    error = deadlock_from_report(peer, 2, "zero_first block #1 at prog.py:9 in <module>")
     assert isinstance(error, CollectiveMismatchError) and str(error).startswith("rank 2's ")
-    assert deadlock_part(peer, 3, "zero_first block #1 at prog.py:9 in <module>") is None
-    assert deadlock_part(None, 2, "zero_first block #1 at prog.py:9 in <module>") is None
+    assert deadlock_from_report(peer, 3, "zero_first block #1 at prog.py:9 in <module>") is None
+    assert deadlock_from_report(None, 2, "zero_first block #1 at prog.py:9 in <module>") is None
 
 
 def test_the_finding_comes_from_the_report_not_from_its_wording():
     # a message that reads like a finding decides nothing: the parties travel in the record
     worded = _failed(0, "CollectiveMismatchError", "rank 0's reduce_and_broadcast at prog.py:11 "
                      "in <module> can never complete: " + FINDING)
-    assert party_error([worded], 2, "zero_first block #1 at prog.py:9 in <module>") is None
+    assert deadlock_from_lost([worded], 2, "zero_first block #1 at prog.py:9 in <module>") is None
     reworded = _failed(0, "CollectiveMismatchError", "a message in other words", (FINDING, PARTIES))
-    error = party_error([reworded], 2, "zero_first block #1 at prog.py:9 in <module>")
+    error = deadlock_from_lost([reworded], 2, "zero_first block #1 at prog.py:9 in <module>")
     assert error is not None and error.deadlock == (FINDING, PARTIES)
 
 
@@ -80,7 +80,7 @@ def test_a_finding_survives_the_failure_record_and_a_relay():
     assert report.deadlock == (FINDING, PARTIES)
     relayed = lost_error([Lost(0, "exited", "d", report, 1.0)], "barrier")
     assert relayed.deadlock == (FINDING, PARTIES)
-    assert deadlock_part(relayed, 1, "reduce_and_broadcast at prog.py:11") is not None
+    assert deadlock_from_report(relayed, 1, "reduce_and_broadcast at prog.py:11") is not None
 
 
 # --------------------------------------------------------------------------- lost_error's order
