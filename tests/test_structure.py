@@ -352,6 +352,22 @@ _MUTATORS = frozenset({"append", "extend", "insert", "remove", "pop", "popitem",
                        "update", "setdefault", "add", "discard"})
 
 
+def _written(node: ast.AST, containers: Optional[Set[str]] = None) -> List[ast.AST]:
+    """What ``node`` writes: the targets of an assignment or deletion, or the container a
+    mutating call changes (``x.append(...)``; with ``containers``, only ``a.field.append``
+    where ``field`` is one of them)."""
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        return list(node.targets)
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr in _MUTATORS and (containers is None or (
+                isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr in containers)):
+        return [node.func.value]
+    return []
+
+
 def _state_objects() -> Dict[str, str]:
     """``module.NAME`` -> room of every registered state object (``NAME = register(...)``)."""
     found = {}
@@ -397,15 +413,7 @@ def _state_writes(module: str, tree: ast.AST, objects: Dict[str, str]) -> List[T
                     node.func.value.id == name:
                 found.append((node.lineno, obj))
     for node in ast.walk(tree):
-        targets: List[ast.AST] = []
-        if isinstance(node, (ast.Assign, ast.Delete)):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr in _MUTATORS:
-            targets = [node.func.value]
-        for target in targets:
+        for target in _written(node):
             for part in ast.walk(target):
                 if isinstance(part, (ast.Attribute, ast.Subscript)) and owner(part):
                     found.append((node.lineno, owner(part)))
@@ -508,16 +516,7 @@ def _foreign_writes(module: str, tree: ast.AST, homes: Dict[str, Set[str]],
         return (node.attr, node.value) if isinstance(node, ast.Attribute) else None
 
     for node in ast.walk(tree):
-        targets: List[ast.AST] = []
-        if isinstance(node, (ast.Assign, ast.Delete)):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Attribute) \
-                and node.func.value.attr in containers:
-            targets = [node.func.value]
-        for target in targets:
+        for target in _written(node, containers):
             found_field = field_of(target)
             if found_field is None:
                 continue
