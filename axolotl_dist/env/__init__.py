@@ -134,7 +134,7 @@ def _slurm_step() -> bool:
         raw = _raw(name)
         if raw is not None:
             text = _text(raw).strip()
-            return text.isascii() and text.isdigit() and int(text) < _slurm.SPECIAL_STEP
+            return _variables.is_decimal(text) and int(text) < _slurm.SPECIAL_STEP
     return False
 
 

@@ -300,8 +300,7 @@ def kit_secret() -> Optional[bytes]:
     seen = _SECRET_SEEN
     if seen[3] and seen[0] is value and seen[1] is path:
         return seen[2]  # type: ignore[no-any-return]
-    secret = _read_secret(value, None if path is None or not text(path).strip()
-                          else text(path).strip())
+    secret = _read_secret(value, _path(path))
     seen[:] = [value, path, secret, True]
     return secret
 
@@ -366,10 +365,13 @@ def kit_switch(name: str) -> bool:
 
 def kit_path(name: str) -> Optional[str]:
     """Path variable ``name`` of :data:`KIT_VARS`; None when unset or blank."""
-    value = raw(name)
-    if value is None or not text(value).strip():
-        return None
-    return text(value).strip()
+    return _path(raw(name))
+
+
+def _path(value: Optional[object]) -> Optional[str]:
+    """A stored path value, stripped; None when unset or blank."""
+    path = None if value is None else text(value).strip()
+    return path or None
 
 
 def validate_kit_vars() -> None:

@@ -3,9 +3,10 @@
 A backend is a name (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"xccl"``, ``"fake"``) or a
 per-device list (``"cuda:nccl,cpu:gloo"``). :func:`~axolotl_dist.ranks.backend_devices` (a rank
 query, re-exported here) maps it to the device types it takes tensors on; every other question
-is answered from that map, so the kit gives one answer everywhere. In particular :func:`device_type`, the device a group's collectives, its meshes
-and the sharded tensors use, is the accelerator the backend serves when this machine has it,
-else the CPU: ``"cuda:nccl,cpu:gloo"`` means ``cuda`` on a GPU machine and ``cpu`` without one.
+is answered from that map, so the kit gives one answer everywhere. In particular
+:func:`device_type`, the device a group's collectives, its meshes and the sharded tensors use,
+is the accelerator the backend serves when this machine has it, else the CPU:
+``"cuda:nccl,cpu:gloo"`` means ``cuda`` on a GPU machine and ``cpu`` without one.
 """
 
 from __future__ import annotations

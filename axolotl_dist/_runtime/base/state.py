@@ -38,7 +38,7 @@ forked rank, so a rank starts as a fresh process would; tests call it through
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 __all__ = ["RoomState", "register", "PARTS", "reset", "SURVIVES_RESET", "GROUPS", "FAILURES",
            "GroupsState", "FailuresState", "PerGroup"]
@@ -77,10 +77,6 @@ class PerGroup(Dict[Any, _T]):
         self.put(group, item)
         return item
 
-    def of(self, group: Any) -> _T:
-        """``group``'s object, made now if it was not (``per_group[group]``)."""
-        return self[group]
-
     def put(self, group: Any, item: _T) -> None:
         """Make ``item`` ``group``'s object, forgotten when ``group``'s process group goes."""
         if group not in self:
@@ -96,11 +92,6 @@ def _drop(per_group: "weakref.ref[PerGroup[Any]]", group: Any) -> None:
     found = per_group()
     if found is not None:
         found.pop(group, None)
-
-    def groups(self) -> List[Any]:
-        """Every group with an object here."""
-        return list(self)
-
 
 #: part name -> its state object, registered when its module is imported.
 PARTS: Dict[str, RoomState] = {}

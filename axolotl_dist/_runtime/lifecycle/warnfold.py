@@ -49,8 +49,7 @@ from ..base import hooks
 from ... import env
 from ...errors import DistributedEnvError
 
-__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "FoldedWarnings", "FOLD",
-"WarnFoldState",
+__all__ = ["HOLD_FOR", "WINDOW", "LOOK", "FoldedWarnings", "FOLD", "WarnFoldState",
            "install", "installed", "show", "started", "read", "pending", "tick", "close"]
 
 #: Seconds a warning is held, without a heartbeat, before this process prints it itself.

@@ -1,6 +1,6 @@
 """The heartbeat: each rank's daemon thread, soon on its own store connection.
 
-At init the ranks of a multi-rank group agree on a run id (the first to set_if_absent one wins);
+At init the ranks of a multi-rank group agree on a run id (the first to write one wins);
 every rank records itself (:mod:`.peers`) and starts a thread that bumps
 ``axolotl_dist/<run>/hb/<rank>`` every :data:`~..base.constants.HEARTBEAT_INTERVAL` seconds.
 The thread opens its own connection (lent to the default group's key waiters:
@@ -44,7 +44,7 @@ __all__ = ["start_heartbeat", "stop_heartbeat", "exit_connection", "BEAT", "Beat
 
 
 def _run_id(base: "Store") -> str:
-    """The id every rank of this group agrees on: the first rank to set_if_absent one wins (one not
+    """The id every rank of this group agrees on: the first rank to write one wins (one not
     sealed by this run is replaced: :func:`~..store.access.set_if_absent`)."""
     mine = uuid.uuid4().hex[:records.RUN_ID_LENGTH]
     return parsed(records.read_run_id, set_if_absent(base, keys.RUN, mine), keys.RUN)

@@ -53,7 +53,7 @@ from .peers import check_store_host, host_leaving, store_host_gone
 from ...errors import CollectiveMismatchError, RankFailedError
 
 __all__ = ["Waiting", "collective", "own_part", "where_they_are", "logged_blocking_call", "left",
-           "take_abandoned", "abandoned_groups", "timed_out", "SLICE", "LOST_GRACE"]
+           "take_abandoned", "abandoned_groups", "SLICE", "LOST_GRACE"]
 
 _SLICE = timedelta(seconds=SLICE)  # SLICE: one blocking slice (base.constants)
 
@@ -219,12 +219,6 @@ def _now(call: Callable[[], Any]) -> None:
 
 # --- waiting for a collective ----------------------------------------------------------------
 
-def timed_out(exc: BaseException) -> bool:
-    """Whether ``exc`` is a wait slice that timed out (the collective is still running):
-    :func:`..base.torch_messages.timed_out`."""
-    return torch_messages.timed_out(exc)
-
-
 def collective(work: Any, g: Group, what: str) -> None:
     """Wait for ``work`` of a collective on ``g`` past its first slice: in slices, watching the
     group's peers (see the module docstring)."""
@@ -254,7 +248,7 @@ def collective(work: Any, g: Group, what: str) -> None:
                 work.wait(_SLICE)
                 break
             except RuntimeError as exc:
-                if not timed_out(exc):
+                if not torch_messages.timed_out(exc):
                     raise
         normal = True
     finally:
@@ -312,7 +306,7 @@ def _succeeds(work: Any, grace: float, failure_raises: bool = False) -> bool:
             work.wait(_SLICE)
             return True
         except RuntimeError as exc:
-            if not timed_out(exc):
+            if not torch_messages.timed_out(exc):
                 if failure_raises:
                     raise
                 return False
@@ -370,7 +364,7 @@ def left(work: Any, g: Group, exc: BaseException) -> None:
             WAITS.abandoned.append(work)
     except Exception:  # noqa: BLE001 - best effort: the exception itself matters
         pass
-    if isinstance(exc.__context__, RuntimeError) and timed_out(exc.__context__):
+    if isinstance(exc.__context__, RuntimeError) and torch_messages.timed_out(exc.__context__):
         exc.__suppress_context__ = True
 
 

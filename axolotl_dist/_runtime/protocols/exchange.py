@@ -28,6 +28,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from ..base import torch_messages
 from ..base.callsite import call_site
 from ..base.groups import Group, channel_of
 from ..liveness.progress import advance
@@ -51,7 +52,6 @@ __all__ = ["HEADER_LEN", "run", "exchange", "broadcast_value", "all_gather_value
 #: ends the moment the collective completes; each one that times out costs a few microseconds.
 SLICE = waits.SLICE
 _SLICE = timedelta(seconds=SLICE)
-_timed_out = waits.timed_out
 
 
 def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -79,7 +79,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
             work.wait(_SLICE)
             return
         except RuntimeError as exc:
-            if not _timed_out(exc):
+            if not torch_messages.timed_out(exc):
                 raise
         waits.collective(work, g, what)
     except RuntimeError as exc:  # a peer is gone: name it

@@ -17,7 +17,7 @@ from ..base.groups import Group
 from ..base.state import PerGroup, RoomState, register
 
 __all__ = ["HEADER_LEN", "A2A_MAX_RANKS", "CARRY_BYTES", "CARRY_MAX_RANKS", "HeaderBuffers",
-           "HEADERS", "HeadersState", "headers_of"]
+           "HEADERS", "HeadersState"]
 
 #: Slots of a value header (docs/design/helpers.md, "Value encoding").
 HEADER_LEN = 4
@@ -100,8 +100,3 @@ class HeadersState(RoomState):
 
 
 HEADERS = register("headers", HeadersState())
-
-
-def headers_of(g: Group) -> HeaderBuffers:
-    """The buffers of ``g``'s exchanges, made at its first."""
-    return HEADERS.buffers[g]

@@ -288,7 +288,7 @@ def ignore(key: str, exc: "seals.NotThisRun") -> None:
 
 
 #: How many records without this run's seal :func:`set_if_absent` replaces before it gives up.
-_PROPOSE_TRIES = 8
+_SET_TRIES = 8
 
 
 def set_if_absent(store: "Store", key: str, value: Any) -> bytes:
@@ -297,7 +297,7 @@ def set_if_absent(store: "Store", key: str, value: Any) -> bytes:
     no proposal: it is replaced (said once); past a few, a
     :class:`~axolotl_dist.errors.DistributedEnvError` names ``key``."""
     mine, expected = seals.seal(key, value), ""
-    for _ in range(_PROPOSE_TRIES):
+    for _ in range(_SET_TRIES):
         have = store.compare_set(key, expected, mine)
         try:
             return seals.opened(key, have)
@@ -307,7 +307,7 @@ def set_if_absent(store: "Store", key: str, value: Any) -> bytes:
         except records.BadRecord as exc:
             raise DistributedEnvError(records.unreadable(key, None, exc)) from None
     raise DistributedEnvError(seals.not_this_run(key, seals.NotThisRun(
-        f"{_PROPOSE_TRIES} records without this run's seal replaced one another")))
+        f"{_SET_TRIES} records without this run's seal replaced one another")))
 
 
 def put(store: "Store", key: str, value: Any) -> None:
