@@ -17,7 +17,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from ._runtime.base import backends as _backends, geometry as _geometry, tracebacks as _tracebacks
+from ._runtime.base import backends as _backends, tracebacks as _tracebacks
+from .env import geometry as _geometry
 from ._runtime.store import access as _access, attempts as _attempts
 from ._runtime.lifecycle import repeat_failure as _repeat_failure, services as _services
 from ._runtime.lifecycle import startup as _startup, teardown as _teardown

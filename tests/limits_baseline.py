@@ -5,7 +5,7 @@ may go below it (then lower the entry, as the test says) and never above; nothin
 The hard limits (15, 20, 500) stay where they are."""
 
 COMPLEXITY = {
-    'axolotl_dist/_runtime/base/geometry.py::check_launcher': 13,
+    'axolotl_dist/env/geometry.py::check_launcher': 13,
     'axolotl_dist/_runtime/base/groups.py::_resolve': 14,
     'axolotl_dist/_runtime/lifecycle/teardown.py::cleanup': 14,
     'axolotl_dist/_runtime/lifecycle/teardown.py::teardown': 15,
@@ -18,7 +18,6 @@ COMPLEXITY = {
     'axolotl_dist/_runtime/liveness/where_report.py::collect': 14,
     'axolotl_dist/_runtime/liveness/where_report.py::snapshot': 14,
     'axolotl_dist/_runtime/protocols/debug_checks.py::_mismatch_error': 13,
-    'axolotl_dist/_runtime/protocols/exchange.py::broadcast_value': 14,
     'axolotl_dist/_runtime/protocols/exchange.py::run': 13,
     'axolotl_dist/_runtime/protocols/leases.py::pool': 15,
     'axolotl_dist/_runtime/protocols/leases.py::survey': 13,

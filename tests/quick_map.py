@@ -38,7 +38,7 @@ GOES_THROUGH = {
         'tests/test_ordering.py::test_an_extra_block_on_rank_0_is_named_not_the_rank_that_finished[store-rank0]',
         'tests/test_pairing.py::test_a_loop_of_blocks_keeps_the_key_count_flat[store-parent-2]',
     ),
-    'axolotl_dist/_runtime/base/geometry.py': (
+    'axolotl_dist/env/geometry.py': (
         'tests/test_values.py::test_a_rank_arriving_later_than_a_wait_slice_gets_the_right_values[store-parent-3]',
         'tests/test_collectives.py::test_collectives_on_a_subgroup_are_group_relative',
         'tests/test_zero_only.py::test_zero_only_decorator_runs_on_rank0_only[ranks2]',

@@ -65,7 +65,7 @@ from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 from .._runtime.base import procs as _procs
 from ..env import variables as _variables
-from .._runtime.base.geometry import check_launcher
+from ..env.geometry import check_launcher
 from ..env.variables import (END_DIR_ENV_VAR, FOLD_ENV_VAR, LAUNCHER_FOLDS_ENV_VAR,
                              LAUNCHER_TTY_ENV_VAR, SECRET_ENV_VAR, SECRET_FILE_ENV_VAR,
                              TRACE_ENV_VAR, LAUNCHER_PID_ENV_VAR)

@@ -17,7 +17,5 @@
 * :mod:`.procs`: processes (``/proc``, children, killing a tree, loopback, listeners).
 * :mod:`.private`: the kit's own directories, files and sockets on a host, its user's alone.
 * :mod:`.pickling`: the kit's modules pickle by name.
-* :mod:`.geometry`: the launchers' variables
-  checked against each other (a launcher per srun task, a loopback address on several hosts).
 * :mod:`.args`: checks of the helpers' arguments, with messages that say what to pass.
 """

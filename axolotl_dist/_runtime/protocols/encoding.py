@@ -40,7 +40,7 @@ import ctypes
 import pickle
 import reprlib
 import struct
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,7 +51,7 @@ from ..liveness.failures import failure_report
 from ..store import records
 
 __all__ = ["NONE", "BOOL", "INT", "FLOAT", "PICKLE", "TENSOR", "ERROR", "BIGINT", "DEVICE",
-           "Encoded", "encode", "encode_error", "decode", "scalar_header", "decode_scalar",
+           "Encoded", "encode", "encode_error", "encode_result", "decode", "scalar_header", "decode_scalar",
            "payload_len", "tensor_bytes", "resolved"]
 
 NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR, BIGINT, DEVICE = range(9)
@@ -190,6 +190,28 @@ def encode_error(rank: int, exc: BaseException, where: str) -> Encoded:
     """Encode a failure report of ``rank`` (never raises)."""
     data = failure_report(rank, exc, where)
     return Encoded([ERROR, len(data), 0, 0], _bytes_tensor(data))
+
+
+def encode_result(fn: Callable[[], Any], rank: int, where: str, device: Optional[torch.device]
+                  ) -> Tuple[Sequence[int], Optional[Encoded], Optional[BaseException]]:
+    """Run ``fn`` (a value helper's, on ``rank``) and encode its result: ``(header, encoded,
+    exception)``.
+
+    ``encoded`` is None for a scalar (its header says everything; no object is built on this
+    hot path); otherwise it carries the payload, or the failure report if ``fn`` raised
+    ``exception`` (shipped to the other ranks, then re-raised there). ``device``: an
+    accelerator group's (its tensors' bytes stay there), else None.
+    """
+    try:
+        value = fn()
+        header = scalar_header(value)
+        if header is not None:
+            return header, None, None
+        encoded = encode(value, f"the value returned by {where}'s fn on rank {rank}", device)
+        return encoded.header, encoded, None
+    except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
+        encoded = encode_error(rank, exc, where)
+        return encoded.header, encoded, exc
 
 
 def payload_len(header: List[int]) -> int:

@@ -23,7 +23,7 @@ that translation happens.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..base import torch_messages
 from ..base.callsite import call_site
 from ..base.groups import Group, channel_of
-from ..liveness.progress import advance
+from ..liveness.progress import PROGRESS
 from .blocks import BLOCKS
 from .timeline import TIMELINE
 from ..liveness import waits
@@ -39,8 +39,8 @@ from ..liveness.failures import diagnose_lost_peer
 from . import timeline
 from .codes import CODES, ROOTED, mismatch_error
 from .headers import HEADER_LEN, HEADERS
-from .encoding import (DEVICE, ERROR, NONE, PICKLE, Encoded, decode, decode_scalar, encode,
-                       encode_error, payload_len, scalar_header)
+from .encoding import (DEVICE, ERROR, NONE, PICKLE, Encoded, decode, decode_scalar,
+                       encode_result, payload_len)
 from .zero_first import confirm_all
 
 __all__ = ["HEADER_LEN", "run", "exchange", "broadcast_value", "all_gather_values",
@@ -66,7 +66,7 @@ def run(g: Group, what: str, issue: Callable[..., Any], *args: Any, **kwargs: An
     waited for on the host, no work object kept. A failure caused by a lost peer raises
     :class:`~axolotl_dist.errors.RankFailedError` naming it (``what``: the helper)."""
     work = None
-    advance(g, "collective")  # the group's kit collectives, as every rank counts them
+    next(PROGRESS.counts[g]["collective"])  # advance(g, "collective"), without its frame
     try:
         if g.channel is not None:  # an accelerator group (not g.cpu: a property is a frame)
             kwargs["async_op"] = False
@@ -140,36 +140,6 @@ def _broadcast(g: Group, buffer: torch.Tensor, src: int, what: str) -> None:
 _I64, _U8 = torch.int64, torch.uint8
 
 
-def _encode_result(fn: Callable[[], Any], rank: int, where: str, device: Optional[torch.device]
-                   ) -> Tuple[Sequence[int], Optional[Encoded], Optional[BaseException]]:
-    """Run ``fn`` and encode its result: ``(header, encoded, exception)``.
-
-    ``encoded`` is None for a scalar (its header says everything; no object is built on this
-    hot path); otherwise it carries the payload, or the failure report if ``fn`` raised
-    ``exception`` (shipped to the other ranks, then re-raised here). ``device``: an
-    accelerator group's (its tensors' bytes stay there), else None.
-    """
-    try:
-        value = fn()
-        header = scalar_header(value)
-        if header is not None:
-            return header, None, None
-        encoded = encode(value, f"the value returned by {where}'s fn on rank {rank}", device)
-        return encoded.header, encoded, None
-    except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
-        encoded = encode_error(rank, exc, where)
-        return encoded.header, encoded, exc
-
-
-def _route(g: Group) -> Tuple[Optional[torch.device], Group]:
-    """Where ``g``'s tensor values keep their bytes (an accelerator group's device, else None:
-    a CPU group's values are all on the host), and the group its headers and payloads travel
-    on (the CPU channel). One call: the value helpers' hot path counts its frames."""
-    if g.channel is None:  # a CPU group (not g.cpu: a property is a frame too)
-        return None, g
-    return g.device, channel_of(g)
-
-
 def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: str,
                     device: Optional[torch.device] = None) -> Any:
     """Run ``fn`` on group rank ``src`` only and return its result on every rank (one process,
@@ -186,10 +156,12 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     code = CODES[where] | (src << 8 if where in ROOTED else 0)  # helper_code, inline
     own: Optional[BaseException] = None
     encoded: Optional[Encoded] = None
-    g_data, (on, g) = g, _route(g)
+    g_data, on = g, None
+    if g.channel is not None:  # an accelerator group: values keep their bytes on its device,
+        on, g = g.device, channel_of(g)  # headers and payloads travel on its CPU channel
     a = HEADERS.buffers[g].hdr_arr
     if g.rank == src:
-        mine, encoded, own = _encode_result(fn, g.rank, where, on)
+        mine, encoded, own = encode_result(fn, g.rank, where, on)
         a[0], a[1], a[2] = mine[0], mine[1], mine[2]
     else:
         a[0] = a[1] = a[2] = NONE
@@ -198,8 +170,20 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     if flat[3::HEADER_LEN].count(code) != g.size:  # another helper, or another src
         raise mismatch_error(dict(enumerate(flat[3::HEADER_LEN])), g.rank, lambda: str(call_site()))
     values = flat[src * HEADER_LEN:(src + 1) * HEADER_LEN]
-    payload = _broadcast_payload(g, values, encoded, own, src, where) \
-        if values[0] >= PICKLE else None
+    if values[0] >= PICKLE:  # more than the header holds, or src's fn raised
+        return _broadcast_rest(g, g_data, values, encoded, own, src, where, device)
+    if TIMELINE.recorder is not None and g.rank == src:
+        timeline.add_bytes(HEADER_LEN * 8)
+    return decode_scalar(values[0], values[1])
+
+
+def _broadcast_rest(g: Group, g_data: Group, values: List[int], encoded: Optional[Encoded],
+                    own: Optional[BaseException], src: int, where: str,
+                    device: Optional[torch.device]) -> Any:
+    """:func:`broadcast_value` past the header (``g``: the CPU channel of ``g_data``): the
+    payload from ``src``, then, for a DEVICE value, its bytes on ``g_data``'s device; src's
+    own exception raised there, a decoded report elsewhere."""
+    payload = _broadcast_payload(g, values, encoded, own, src, where)
     if own is not None:
         raise own
     data = None
@@ -208,8 +192,7 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
             torch.empty(values[2], dtype=_U8, device=g_data.device)
         _broadcast(g_data, data, src, where)
     if TIMELINE.recorder is not None and g.rank == src:
-        timeline.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0)
-                           + values[2] * (values[0] == DEVICE))
+        timeline.add_bytes(HEADER_LEN * 8 + payload.numel() + values[2] * (values[0] == DEVICE))
     return decode(values, payload, device, data)
 
 
@@ -246,12 +229,13 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     """
     if g is None:
         return [fn()]
-    g_data, (on, g) = g, _route(g)
+    g_data, on = g, None
+    if g.channel is not None:  # see broadcast_value
+        on, g = g.device, channel_of(g)
     code = CODES[where] | ((decode_on or 0) << 8 if where in ROOTED else 0)  # helper_code
-    header, encoded, own = _encode_result(fn, g.rank, where, on)
+    header, encoded, own = encode_result(fn, g.rank, where, on)
     if TIMELINE.recorder is not None:
-        timeline.add_bytes(HEADER_LEN * 8 + (
-            encoded.payload.numel() if encoded is not None and encoded.payload is not None else 0))
+        _add_sent_bytes(encoded)
     a = HEADERS.buffers[g].hdr_arr
     a[0], a[1], a[2] = header[0], header[1], header[2]
     a[3] = code
@@ -264,6 +248,12 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
             return None
         return [decode_scalar(k, v) for k, v in zip(kinds, flat[1::HEADER_LEN])]
     return _gather_payloads(g, flat, encoded, own, device, decode_on, where, g_data)
+
+
+def _add_sent_bytes(encoded: Optional[Encoded]) -> None:
+    """Count on the timeline what this rank sends in an all-gather: its header, its payload."""
+    payload = encoded.payload if encoded is not None else None
+    timeline.add_bytes(HEADER_LEN * 8 + (payload.numel() if payload is not None else 0))
 
 
 def _raise_a_failure(headers: List[List[int]], payloads: List[Optional[torch.Tensor]],

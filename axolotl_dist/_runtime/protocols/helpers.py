@@ -25,7 +25,8 @@ Around the body, every kind does what its :class:`Kind` says (cheap unless somet
 
 A collective's fast path (debug, tracing and exclusive scopes off, nothing unconfirmed, one thread) is
 the group's resolution, a ``get_ident()``, a dict read, a tuple and a dict write and delete
-(``benchmarks/debug.py`` measures it); anything on takes :meth:`_Spec.general`. Debug mode's
+(``benchmarks/debug.py`` measures it); anything on takes :meth:`_Spec.before` and
+:meth:`_Spec.traced_run` (one wrapper for every kind but ``zero_first``'s: :func:`_wrapper`). Debug mode's
 switches live on :data:`.protocols_state.DEBUG`; :mod:`axolotl_dist.debug` is their public face.
 """
 
@@ -145,45 +146,74 @@ class _Spec:
         return timeline.helper_span(recorder, self.name, g, call_site,
                                  lambda: self.run(g, args, kwargs), args, kwargs)
 
-    def general(self, args: tuple, kwargs: dict, g: Optional[Group] = None) -> Any:
-        """Every step the kind asks for (``g``: a collective's group, resolved already)."""
+    def before(self, args: tuple, kwargs: dict, g: Optional[Group]) -> bool:
+        """The steps the kind asks for before its body, when something is on (``g``: a
+        collective's group, resolved already): refuse a call the other ranks cannot join,
+        confirm the blocks left unconfirmed. False: nothing runs on a group (one process
+        without a process group, debug mode off): the body runs locally, nothing else."""
         name, kind = self.name, self.kind
         if SCOPES.exclusive and kind.refuse_in_scopes:
             _refuse(name, self.record(args, kwargs),
                     lambda g: scopes.check(name, g, lambda: str(call_site())))
         if self.on_group and g is None and not DEBUG.on:
-            return self.fn(None, *args, **kwargs)  # one process: the engine's local path
+            return False
         if kind.confirms and BLOCKS.unconfirmed and not (
                 kind.confirm_in_wait and _confirmed_in_wait(g, self.find_group(args, kwargs),
                                                             name)):
             confirm_all()
-        if not kind.one_thread:
-            return self.traced_run(g, args, kwargs)
-        return self.on_this_thread(g, args, kwargs)
+        return True
 
-    def on_this_thread(self, g: Optional[Group], args: tuple, kwargs: dict) -> Any:
-        """:meth:`traced_run` registered as this thread's call in flight (:mod:`.threads`)."""
-        me, calls = _get_ident(), CALLS.calls
+
+def _wrapper(spec: _Spec) -> Callable[..., Any]:
+    """The public function of a collective or another call (not ``zero_first``, see
+    :func:`block`): the call's group found, the kind's steps (:meth:`_Spec.before`), the body
+    recorded as this thread's call in flight (:mod:`.threads`, unless the kind runs on several
+    threads) and run, traced and checked if that is on (:meth:`_Spec.traced_run`).
+
+    A collective's fast path (nothing on: no exclusive scope, debug mode, timeline or
+    unconfirmed block) runs its body directly. Written as one function: each call is a Python
+    frame on every helper's path (benchmarks/frames.py)."""
+    name, body, one_thread, on_group = spec.name, spec.fn, spec.kind.one_thread, spec.on_group
+    position = list(spec.signature.parameters).index("group") if on_group else -1
+    blocks, scopes_state, debug, timeline_state, calls_state = BLOCKS, SCOPES, DEBUG, TIMELINE, CALLS
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        g, direct = None, False
+        if on_group:
+            group = kwargs["group"] if "group" in kwargs else \
+                args[position] if len(args) > position else None
+            g = group_of(group, name)
+            direct = not (scopes_state.exclusive or debug.on or blocks.unconfirmed
+                          or timeline_state.recorder is not None)
+        local = g is None if direct else not spec.before(args, kwargs, g)
+        if local:
+            return body(None, *args, **kwargs)  # one process: the engine's local path
+        if not one_thread:
+            return spec.traced_run(g, args, kwargs)
+        me = _get_ident()
+        calls = calls_state.calls
         outer = calls.get(me)
         # recorded before the check: of two threads entering at once, at least one sees
         # the other (both may, and both raise; neither call has run)
-        calls[me] = (self.name, self.record(args, kwargs), outer)
+        calls[me] = (name, (spec.signature, spec.group_arg, args, kwargs), outer)
         try:
             if len(calls) > 1:  # another thread is in a helper
-                _refuse(self.name, self.record(args, kwargs),
-                        lambda g: threads.check(self.name, g, _call_group))
-            result = self.traced_run(g, args, kwargs)
+                _refuse(name, spec.record(args, kwargs),
+                        lambda g: threads.check(name, g, _call_group))
+            result = body(g, *args, **kwargs) if direct else spec.traced_run(g, args, kwargs)
         except BaseException:
-            CALLS.conflicts.pop(me, None)  # it raised anyway
+            calls_state.conflicts.pop(me, None)  # it raised anyway
             raise
         finally:
             if outer is None:
                 calls.pop(me, None)
             else:
                 calls[me] = outer
-        if CALLS.conflicts and me in CALLS.conflicts:
+        if calls_state.conflicts and me in calls_state.conflicts:
             raise threads.conflict_error(me)
         return result
+
+    return _named(wrapper, spec)
 
 
 def _named(wrapper: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
@@ -222,46 +252,7 @@ def collective(name: str, agree: Agree = None, *, root: Optional[str] = None,
         if exchanges:
             codes.register_helper(name, root)
         timeline.register_sync(name, spec.signature, src=src)
-        gname = "group"
-        position = list(spec.signature.parameters).index(gname)
-        body = fn
-        blocks, scopes_state, debug, timeline_state, calls_state = BLOCKS, SCOPES, DEBUG, TIMELINE, CALLS
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if gname in kwargs:
-                group = kwargs[gname]
-            else:
-                group = args[position] if len(args) > position else None
-            g = group_of(group, name)
-            if scopes_state.exclusive or debug.on or timeline_state.recorder is not None or \
-                    blocks.unconfirmed:
-                return spec.general(args, kwargs, g)
-            if g is None:
-                return body(None, *args, **kwargs)  # one process: the engine's local path
-            # _Spec.on_this_thread's steps written out: calling it would add frames to every
-            # helper's fast path (benchmarks/frames.py)
-            me = _get_ident()
-            calls = calls_state.calls
-            outer = calls.get(me)
-            calls[me] = (name, (spec.signature, gname, args, kwargs), outer)
-            try:
-                if len(calls) > 1:  # another thread is in a helper
-                    _refuse(name, spec.record(args, kwargs),
-                            lambda g: threads.check(name, g, _call_group))
-                result = body(g, *args, **kwargs)
-            except BaseException:
-                calls_state.conflicts.pop(me, None)  # it raised anyway
-                raise
-            finally:
-                if outer is None:
-                    calls.pop(me, None)
-                else:
-                    calls[me] = outer
-            if calls_state.conflicts and me in calls_state.conflicts:
-                raise threads.conflict_error(me)
-            return result
-
-        return _named(wrapper, spec)  # type: ignore[return-value]
+        return _wrapper(spec)  # type: ignore[return-value]
     return decorate
 
 
@@ -277,7 +268,7 @@ def block(name: str, agree: Agree, *, waits: Callable[[Dict[str, Any]], bool]
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if TIMELINE.recorder is None and not DEBUG.on:
                 return fn(*args, **kwargs)
-            return spec.general(args, kwargs)
+            return spec.run(None, args, kwargs)  # its kind has no step before the body
 
         return _named(wrapper, spec)  # type: ignore[return-value]
     return decorate
@@ -285,26 +276,22 @@ def block(name: str, agree: Agree, *, waits: Callable[[Dict[str, Any]], bool]
 
 def rounds(name: str, agree: Agree, *, group_arg: GroupArg) -> Callable[[F], F]:
     """Decorate ``do_n_at_a_time`` (see the module docstring)."""
-    return _general(name, agree, ROUNDS, group_arg, own_waits=True)
+    return _decorate_call(name, agree, ROUNDS, group_arg, own_waits=True)
 
 
 def call(name: str, agree: Agree = None, *, group_arg: GroupArg = "group",
          own_waits: bool = False) -> Callable[[F], F]:
     """Decorate another call that communicates and resolves its own group (see the module
     docstring). ``own_waits``: it records its waits itself, with the ranks waited for."""
-    return _general(name, agree, CALL, group_arg, own_waits=own_waits)
+    return _decorate_call(name, agree, CALL, group_arg, own_waits=own_waits)
 
 
-def _general(name: str, agree: Agree, kind: Kind, group_arg: GroupArg,
+def _decorate_call(name: str, agree: Agree, kind: Kind, group_arg: GroupArg,
              own_waits: bool) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         spec = _Spec(fn, name, agree, kind, False, group_arg)
         timeline.register_sync(name, spec.signature, own_waits=own_waits)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return spec.general(args, kwargs)
-
-        return _named(wrapper, spec)  # type: ignore[return-value]
+        return _wrapper(spec)  # type: ignore[return-value]
     return decorate
 
 

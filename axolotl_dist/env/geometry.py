@@ -24,10 +24,10 @@ from __future__ import annotations
 import ipaddress
 from typing import List, Mapping, NamedTuple, Optional, Tuple
 
-from ...env import slurm
-from ...env.variables import CHECK_LAUNCH_ENV_VAR, KIT_VARS, parse_flag, is_decimal
-from ...env import SLURM_NODELIST_ENV_VARS, SLURM_STEP_ID_ENV_VARS, SLURM_TASKS_PER_NODE_ENV_VARS
-from ...errors import DistributedEnvError
+from . import slurm
+from .variables import CHECK_LAUNCH_ENV_VAR, KIT_VARS, parse_flag, is_decimal
+from . import SLURM_NODELIST_ENV_VARS, SLURM_STEP_ID_ENV_VARS, SLURM_TASKS_PER_NODE_ENV_VARS
+from ..errors import DistributedEnvError
 
 __all__ = ["check_geometry", "check_launcher", "bound_per_task", "is_loopback"]
 

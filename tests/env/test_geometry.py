@@ -1,4 +1,4 @@
-"""Unit tests of the launch geometry's checks (``_runtime/base/geometry.py``) over the launch
+"""Unit tests of the launch geometry's checks (``env/geometry.py``) over the launch
 lines users paste (``tests/launch_lines.py``); ``tests/test_launch_geometry.py`` starts some of
 them for real."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from axolotl_dist._runtime.base.geometry import (bound_per_task, check_geometry, check_launcher,
+from axolotl_dist.env.geometry import (bound_per_task, check_geometry, check_launcher,
                                                  is_loopback)
 from axolotl_dist.errors import DistributedEnvError
 from launch_lines import BAD, GOOD, H2, LAUNCHER_BAD, LAUNCHER_GOOD, sbatch_shell, srun
