@@ -279,6 +279,9 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
         raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
     if tensor.dtype not in DTYPES:
         raise ValueError(f"all_gather does not support dtype {tensor.dtype}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"all_gather: tensor is a {tensor.layout} tensor, which the kit cannot "
+                        "send: pass it dense (tensor.to_dense())")
     ws, device = g.size, g.device
     meta = [DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))

@@ -114,6 +114,22 @@ def test_all_gather_rejects_mismatched_dtypes_on_every_rank():
     assert run_distributed(body, 2) == [2, 2]
 
 
+def test_a_sparse_tensor_is_refused_naming_the_fix():
+    # was torch's bare "reshape is not implemented for sparse tensors" (all_gather) and
+    # "unsupported memory format option Contiguous" (the packed helpers)
+    def body():
+        sparse, said = torch.eye(2).to_sparse(), []
+        for name in ("all_gather", "gather", "reduce", "broadcast", "all_reduce"):
+            with pytest.raises(TypeError, match=r"is a torch\.sparse_coo tensor, which the kit "
+                                                r"cannot send: pass it dense \(\w+\.to_dense\(\)\)$"):
+                getattr(ad, name)(sparse)
+            said.append(name)
+        return said, ad.all_reduce_value(1)  # still in step
+
+    names = ["all_gather", "gather", "reduce", "broadcast", "all_reduce"]
+    assert run_distributed(body, 2, timeout=60) == [(names, 2)] * 2
+
+
 @pytest.mark.parametrize("backend", ["cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo"])
 def test_a_mixed_backend_gets_one_device_answer_everywhere(backend, monkeypatch):
     # The kit's one rule (one function answers for collectives, meshes and sharded tensors):

@@ -116,7 +116,11 @@ def expand_tasks_per_node(text: str, name: str = "SLURM_TASKS_PER_NODE") -> List
         if match is None:
             raise DistributedEnvError(
                 f"{name}={text!r}: {item!r} is not a task count like 4 or 4(x2)")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        nodes = 1 if match.group(2) is None else int(match.group(2))
+        if nodes < 1:
+            raise DistributedEnvError(
+                f"{name}={text!r}: {item!r} covers no node: the repeat in (xN) is at least 1")
+        counts.extend([int(match.group(1))] * nodes)
     if not counts or min(counts) < 1:
         raise DistributedEnvError(f"{name}={text!r}: every node needs at least one task")
     return counts

@@ -95,7 +95,8 @@ def test_tasks_per_node_expand_to_one_count_per_node(text, counts):
     ("-1", "='-1': '-1' is not a task count"),
     ("0", "='0': every node needs at least one task"),
     ("2,0(x3)", "='2,0(x3)': every node needs at least one task"),
-    ("2(x0)", "='2(x0)': every node needs at least one task"),
+    ("2(x0)", "='2(x0)': '2(x0)' covers no node: the repeat in (xN) is at least 1"),
+    ("2(x0),1", "='2(x0),1': '2(x0)' covers no node"),  # was read as [1]
 ])
 def test_malformed_tasks_per_node_raise_naming_the_variable_and_the_fault(text, why):
     with pytest.raises(DistributedEnvError, match="^" + re.escape("MY_TASKS" + why)):

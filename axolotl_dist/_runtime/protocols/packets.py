@@ -69,6 +69,9 @@ def _describe(leaves: Leaves, paths: Sequence[str], what: str) -> Tuple[List[int
     for leaf, path in zip(leaves, paths):
         if leaf.dtype not in DTYPES:
             raise TypeError(f"{what}: {path} has dtype {leaf.dtype}, which the kit cannot send")
+        if leaf.layout != torch.strided:
+            raise TypeError(f"{what}: {path} is a {leaf.layout} tensor, which the kit cannot "
+                            f"send: pass it dense ({path}.to_dense())")
         desc += [DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
         sizes.append(leaf.numel() * leaf.element_size())
     return desc, sizes

@@ -275,6 +275,19 @@ def test_a_dtype_the_kit_cannot_send_is_refused_naming_its_path():
             _pack(leaves, ["data[0]", "data[1]"], CPU, 0, "gather", data)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("make", [lambda: torch.eye(2).to_sparse(),
+                                  lambda: torch.eye(2).to_sparse_csr()], ids=["coo", "csr"])
+def test_a_sparse_leaf_is_refused_naming_its_path_and_the_fix(make):
+    # was torch's bare "unsupported memory format option Contiguous"
+    leaves = [torch.ones(2), make()]
+    for data in (True, False):
+        with pytest.raises(TypeError, match=r"^gather: data\['x'\] is a torch\.sparse_\w+ "
+                                            r"tensor, which the kit cannot send: pass it dense "
+                                            r"\(data\['x'\]\.to_dense\(\)\)$"):
+            _pack(leaves, ["data[0]", "data['x']"], CPU, 0, "gather", data)
+
+
 def test_flatten_gives_the_paths_a_refusal_names():
     leaves, paths, rebuild = packets.flatten({"a": [torch.ones(1), (torch.zeros(2),)]},
                                              "gather")
