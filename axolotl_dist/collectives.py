@@ -264,6 +264,18 @@ def _meta_text(meta: List[int]) -> str:
     return f"{str(DTYPES[meta[0]]).replace('torch.', '')}{meta[3:3 + meta[1]]}"
 
 
+def _check_gatherable(tensor: torch.Tensor) -> None:
+    """Raise where :func:`all_gather` cannot send ``tensor``: too many dims, a dtype it has no
+    code for, a layout other than dense."""
+    if tensor.dim() > _MAX_NDIM:
+        raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
+    if tensor.dtype not in DTYPES:
+        raise ValueError(f"all_gather does not support dtype {tensor.dtype}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"all_gather: tensor is a {tensor.layout} tensor, which the kit cannot "
+                        "send: pass it dense (tensor.to_dense())")
+
+
 @collective("all_gather", lambda a: {"dtype": str(getattr(a["tensor"], "dtype",
                                                                 type(a["tensor"])))})
 def all_gather(g: Optional[Group], tensor: torch.Tensor,
@@ -275,13 +287,7 @@ def all_gather(g: Optional[Group], tensor: torch.Tensor,
     """
     if g is None:
         return [tensor]
-    if tensor.dim() > _MAX_NDIM:
-        raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
-    if tensor.dtype not in DTYPES:
-        raise ValueError(f"all_gather does not support dtype {tensor.dtype}")
-    if tensor.layout != torch.strided:
-        raise TypeError(f"all_gather: tensor is a {tensor.layout} tensor, which the kit cannot "
-                        "send: pass it dense (tensor.to_dense())")
+    _check_gatherable(tensor)
     ws, device = g.size, g.device
     meta = [DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel()] + list(tensor.shape)
     meta += [0] * (3 + _MAX_NDIM - len(meta))

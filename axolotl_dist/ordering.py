@@ -22,7 +22,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generic, List,
                     ParamSpec, TypeVar, Union, overload)
 
 
-from ._runtime.liveness.progress import advance
+from ._runtime.liveness.progress import PROGRESS, advance
 from . import env as _env
 from ._runtime.liveness import scopes as _scopes
 from ._runtime.protocols import shared_fs as _shared_fs
@@ -133,7 +133,7 @@ class _ZeroFirst:
         site = call_site()
         opened = self.opened = enter_block(g, "zero_first", site, self.desc)  # one thread
         try:
-            seq = advance(g, "zero_first")
+            seq = next(PROGRESS.counts[g]["zero_first"])  # advance(g, ...), without its frame
             block = self.block = ZeroFirstBlock(g, seq, site, self.desc, is_main is not None,
                                                 first, self.timeout)
             if not first:
@@ -202,8 +202,6 @@ def _traced_wait(block: ZeroFirstBlock) -> None:
         _timeline.wait_span(_trace_name(block), t0, firsts, block.site, block.group, block.seq, error)
 
 
-@block("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
-                                else "given per rank"}, waits=lambda a: not _goes_first(a))
 def zero_first(
     is_main: Optional[bool] = None,
     *,
@@ -251,6 +249,18 @@ def zero_first(
     ``datasets`` cannot hash) is said once per process, with the fix
     (docs/preprocessing.md, "A map that writes no cache").
     """
+    if DEBUG.on:  # every rank's block compared first (the protocols' helpers.block)
+        return _checked_zero_first(is_main, group=group, timeout=timeout, desc=desc, path=path)
+    return _ZeroFirst(is_main, group, timeout, desc, path)
+
+
+@block("zero_first", lambda a: {"is_main": "default (group rank 0)" if a["is_main"] is None
+                                else "given per rank"}, waits=lambda a: not _goes_first(a))
+def _checked_zero_first(is_main: Optional[bool] = None, *,
+                        group: Optional["ProcessGroup"] = None, timeout: Optional[float] = None,
+                        desc: Optional[str] = None, path: Optional[str] = None
+                        ) -> ContextManager[None]:
+    """:func:`zero_first` in debug mode, the block made once the ranks' calls agree."""
     return _ZeroFirst(is_main, group, timeout, desc, path)
 
 

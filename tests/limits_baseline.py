@@ -24,7 +24,6 @@ COMPLEXITY = {
     'axolotl_dist/_runtime/protocols/shared_fs.py::shares': 14,
     'axolotl_dist/_runtime/protocols/unchecked.py::UncheckedLook.look': 13,
     'axolotl_dist/_runtime/store/attempts.py::_lead': 14,
-    'axolotl_dist/collectives.py::all_gather': 14,
     'axolotl_dist/hf_data/__init__.py::_SharedMap._plan': 15,
     'axolotl_dist/hf_data/__init__.py::_SharedMap._run': 13,
     'axolotl_dist/initialize.py::init_distributed': 15,

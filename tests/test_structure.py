@@ -187,6 +187,8 @@ def test_no_import_cycle():
 READS_SYS_MODULES = {
     f"{RUNTIME}.protocols.map_cache": "whether the user's script imported datasets, which the "
                                       "kit never imports itself",
+    f"{RUNTIME}.protocols.zero_first": "the same look before calling map_cache.watch, which a "
+                                       "block on a loop's hot path then skips",
     "axolotl_dist.partial_state": "whether the user's script imported accelerate, whose own "
                                   "DistributedType member distributed_type then returns",
     "axolotl_dist.errors": "whether the user's script imported accelerate's operations, whose "

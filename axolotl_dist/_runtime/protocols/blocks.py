@@ -61,6 +61,7 @@ from ..base.groups import Group
 from ..store import sweep, wakeup
 from ..store import keys, records
 from ..store.access import checked, is_store_error, kit_store, parsed, set_if_absent
+from ..store.store_state import STORE
 from ..liveness.progress import Point
 from ..liveness.failures import await_readers, failure_report, publish_error, read_error
 from ..liveness.peers import store_errors, store_lost_error
@@ -146,7 +147,7 @@ class Block:
         self.scope: Optional[scopes.ExclusiveScope] = None
         self.site, self.desc = site, desc
         self.tag = pairing_tag(site, desc)
-        self.store = kit_store(g)
+        self.store = STORE.groups[g].store or kit_store(g)  # kit_store's answer once made
         if BLOCKS.store_spy is not None:  # a test counting store calls
             self.store = BLOCKS.store_spy(self.store)
         self.base = keys.block(self.kind, seq)

@@ -5,7 +5,8 @@
   process group) before its public parameters; the decorator gives the public function, whose
   signature lacks it. It registers the helper's header code (:mod:`.exchange`) and how its
   ranks synchronize (:mod:`.timeline`) where it is decorated.
-* :func:`block`: ``zero_first``, which signals through the store and settles its own blocks.
+* :func:`block`: ``zero_first``'s debug-mode check (``zero_first`` signals through the store and
+  settles its own blocks; it has no wrapper while debug mode is off).
 * :func:`rounds`: ``do_n_at_a_time``, a block that records its own waits.
 * :func:`call`: any other call that communicates (``shared_map``, ``build_world_mesh``, the
   sharded tensors' collectives): it resolves its own group.
@@ -258,16 +259,15 @@ def collective(name: str, agree: Agree = None, *, root: Optional[str] = None,
 
 def block(name: str, agree: Agree, *, waits: Callable[[Dict[str, Any]], bool]
           ) -> Callable[[F], F]:
-    """Decorate ``zero_first`` (see the module docstring). ``waits``: whether this rank waits
-    for the others' records in debug mode: False for a rank the others wait for inside the
-    block (its first ranks), which publishes its record and compares later, so nested blocks
-    cannot deadlock the check."""
+    """Debug mode's check of ``zero_first`` (see the module docstring): the decorated function
+    runs once every rank's call was compared. ``zero_first`` calls it only while debug mode is
+    on: its fast path has no wrapper. ``waits``: whether this rank waits for the others'
+    records: False for a rank the others wait for inside the block (its first ranks), which
+    publishes its record and compares later, so nested blocks cannot deadlock the check."""
     def decorate(fn: F) -> F:
         spec = _Spec(fn, name, agree, BLOCK, False, waits=waits)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if TIMELINE.recorder is None and not DEBUG.on:
-                return fn(*args, **kwargs)
             return spec.run(None, args, kwargs)  # its kind has no step before the body
 
         return _named(wrapper, spec)  # type: ignore[return-value]

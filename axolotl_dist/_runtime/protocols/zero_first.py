@@ -5,6 +5,7 @@ sole first rank confirms later (docs/design/blocks.md, "zero_first blocks").
 
 from __future__ import annotations
 
+import sys
 from typing import List, Sequence
 
 from ..base.groups import failure_record, restore_failure_record
@@ -42,7 +43,7 @@ class ZeroFirstBlock(Block):
         """This rank ran the body first and it ended: in a run with a secret, group rank 0 of a
         default block writes its sealed record first (a waiter leaves on rank 0's bit only with
         it: a counter carries no seal), then its bit."""
-        if not self.explicit and self.rank == 0 and seals.sealing():
+        if not self.explicit and self.rank == 0 and seals.SEALS.groups[self.group]:
             put(self.store, self.done_key, str(self.seq))
         self.set_bit()
 
@@ -53,13 +54,13 @@ class ZeroFirstBlock(Block):
         return f"{self.keys[0]}/done"
 
     def extra_keys(self) -> List[str]:  # deleted with the words
-        return [self.done_key] if not self.explicit and seals.sealing() else []
+        return [self.done_key] if not self.explicit and seals.SEALS.groups[self.group] else []
 
     def _confirmed(self) -> None:
         """In a run with a secret, a default block's waiter released by rank 0's bit reads rank
         0's sealed record of its end; a bit without it (a counter moved or a key deleted by a
         process outside the job) is an error naming both keys, never an early exit."""
-        if self.explicit or not seals.sealing():
+        if self.explicit or not seals.SEALS.groups[self.group]:
             return
         key = self.done_key
         with store_errors(self.what):  # one round trip, no write: absent gives the sentinel
@@ -169,7 +170,8 @@ def first_run_begin(block: ZeroFirstBlock) -> None:
     runs.depth += 1
     if block.rank == 0:
         runs.main += 1
-        map_cache.watch()
+        if "datasets" in sys.modules:  # what map_cache.watch looks at first, without its frame
+            map_cache.watch()
     block.scope = scopes.enter("shared_first_run" if block.explicit else "first_run",
                                block.group, lambda: block.what, block.seq)
 

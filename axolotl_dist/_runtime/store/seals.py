@@ -31,9 +31,11 @@ import os
 from typing import Optional, Tuple, Union
 
 from ...env.variables import SECRET_ENV_VAR, kit_secret
+from ..base.state import PerGroup, RoomState, register
 from . import records
 
-__all__ = ["MARK", "SEAL_BYTES", "NotThisRun", "run_key", "sealing", "seal", "opened",
+__all__ = ["MARK", "SEAL_BYTES", "NotThisRun", "run_key", "sealing", "SEALS", "SealsState",
+           "seal", "opened",
            "not_this_run", "encrypt", "decrypt", "ENCRYPTED"]
 
 #: What a sealed record starts with, and a sealed record's extra bytes.
@@ -68,6 +70,18 @@ def run_key() -> Optional[bytes]:
 def sealing() -> bool:
     """Whether this process seals what it writes (it has the run's secret)."""
     return kit_secret() is not None
+
+
+class SealsState(RoomState):
+    """``groups``: whether each group's blocks seal their records, asked (:func:`sealing`) at
+    the group's first block: the run's secret does not change while its groups live, and a
+    block is on a loop's hot path (a lookup, no Python frame)."""
+
+    def __init__(self) -> None:
+        self.groups: PerGroup[bool] = PerGroup(lambda g: sealing())
+
+
+SEALS = register("seals", SealsState())
 
 
 def _tag(mac_key: bytes, key: str, value: bytes) -> bytes:
