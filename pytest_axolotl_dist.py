@@ -197,6 +197,11 @@ def pytest_pyfunc_call(pyfuncitem: Any) -> Optional[bool]:
     world_size, store = case if case is not None else options.cases()[0]
     timeout, source = timeout_of(pyfuncitem, options)
     names = [n for n in inspect.signature(fn).parameters if n in pyfuncitem.funcargs]
+    factory = getattr(pyfuncitem.config, "_tmp_path_factory", None)  # pytest's, per session
+    if factory is not None:
+        # made here, before the fork: ranks that each made it lazily raced (pytest empties a
+        # given base directory and makes it again), one rank's mkdir failing, its files gone
+        factory.getbasetemp()
 
     from axolotl_dist.testing import _marked  # the first marked test imports torch
 

@@ -168,6 +168,33 @@ EXPECTED = {
 }
 
 
+#: Every rank asks the session's base directory itself (lazily, after the fork).
+ONE_BASE = '''
+import pytest
+
+import axolotl_dist as ad
+
+
+@pytest.mark.distributed(world_size=4)
+def test_one_base(tmp_path_factory):
+    base = tmp_path_factory.getbasetemp()
+    (base / f"rank{ad.get_rank()}").write_text("here")
+    ad.barrier()
+    assert sorted(p.name for p in base.iterdir() if p.name.startswith("rank")) == [
+        "rank0", "rank1", "rank2", "rank3"]
+'''
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["plain", "xdist"])
+def test_every_rank_gets_the_one_base_directory_of_the_session(tmp_path, xdist):
+    # it was made lazily in each rank: without xdist four numbered directories, one per rank;
+    # under xdist pytest empties the given one and makes it again, so ranks removed each
+    # other's files or failed to make it (FileExistsError)
+    code, out, _ = _pytest(tmp_path, *xdist, tests=ONE_BASE, timeout=120)
+    assert code == 0, out
+    assert _outcomes(tmp_path) == {"test_one_base": "passed"}, out
+
+
 def test_marked_tests_run_on_their_ranks_and_fail_with_one_account(tmp_path):
     code, out, _ = _pytest(tmp_path, "-k", "not hang")
     assert code == 1, out
