@@ -1,8 +1,9 @@
 """``axolotl-dist``'s command line: torchrun's own parser, plus the kit's options.
 
 The parser is :func:`torch.distributed.run.get_args_parser` (every torchrun option, both
-spellings, torchrun's defaults and ``PET_*`` variables), with the kit's options added
-(``-n``, ``--grace-period``, ``--rdzv-timeout``, ``--no-fold``, ``-v``, ``--version``); the
+spellings, torchrun's defaults and ``PET_*`` variables), with ``-n`` as an alias and the kit's
+own options in a group of their own (:func:`build_parser`; docs/launching.md, "Options",
+lists them, and a test keeps that table and the parser alike); the
 :class:`~torch.distributed.launcher.api.LaunchConfig` comes from torch's own
 :func:`~torch.distributed.run.config_from_args`, so an option means what it means under
 torchrun by construction. Where the kit differs, :func:`launch_config` says so in a comment

@@ -3,12 +3,28 @@ how, and what a node says while it waits in the rendezvous. No process is starte
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import List
 
 import pytest
 
 from axolotl_dist.launch import _options
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "launching.md"
+
+
+def test_every_option_of_the_kit_has_its_row_in_the_docs_options_table():
+    # the way to add an option (docs/design/rooms.md, "Where a change goes"): the parser and
+    # its check, its use, this table, a test; a row forgotten fails here
+    parser = _options.build_parser()
+    kit = next(g for g in parser._action_groups if g.title == "axolotl-dist's own options")
+    flags = [max(a.option_strings, key=len) for a in kit._group_actions]
+    table = DOCS.read_text().split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    missing = [f for f in flags if not any(re.search(rf"`{re.escape(f)}\b", r) for r in rows)]
+    assert flags and missing == [], f"no row in docs/launching.md's Options table for {missing}"
 
 
 def options(args: List[str], tmp_path: Path) -> _options.Options:
