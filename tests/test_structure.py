@@ -275,6 +275,21 @@ def test_each_room_docstring_maps_its_modules():
                                      "':mod:`.<module>`: what it holds' for each")
 
 
+def test_the_rooms_page_names_every_module_of_each_room():
+    # docs/design/rooms.md, a room's bullet: what the room holds, each module by its name
+    page = (ROOT / "docs" / "design" / "rooms.md").read_text()
+    for room in ROOMS:
+        found = re.search(rf"^- \*\*`{room}/`\*\*(.*?)(?=^- \*\*|^$)", page, re.M | re.S)
+        assert found, f"docs/design/rooms.md has no bullet '- **`{room}/`**'"
+        named = set(re.findall(r"`(\w+)`", found.group(1)))
+        folder = ROOT / PACKAGE / "_runtime" / room
+        unnamed = sorted(p.stem for p in folder.glob("*.py")
+                         if p.stem != "__init__" and p.stem not in named)
+        assert unnamed == [], _told(unnamed, f"docs/design/rooms.md's bullet of {room}/ names "
+                                    "each module of the room", "add `<module>` with what it "
+                                    "holds")
+
+
 def test_no_two_modules_share_a_name():
     # a reader finds a module by its name: no _runtime/x.py beside launch/_x.py
     stems: Dict[str, List[str]] = {}
