@@ -351,8 +351,22 @@ def _secret_file(path: str) -> bytes:
 
 
 def kit_seconds(name: str) -> float:
-    """Seconds variable ``name`` of :data:`KIT_VARS` (its default when unset or blank)."""
-    return read_seconds(name, float(KIT_VARS[name].default))  # type: ignore[arg-type]
+    """Seconds variable ``name`` of :data:`KIT_VARS` (its default when unset or blank). Read
+    again only when its stored value changed: every kit wait asks for several."""
+    getter = _SECONDS_GETTERS.get(name)
+    if getter is None:
+        getter = _SECONDS_GETTERS[name] = raw_getter(name)
+    value = getter()
+    seen = _SECONDS_SEEN.get(name)
+    if seen is not None and seen[0] is value:
+        return seen[1]
+    seconds = read_seconds(name, float(KIT_VARS[name].default))  # type: ignore[arg-type]
+    _SECONDS_SEEN[name] = (value, seconds)
+    return seconds
+
+
+_SECONDS_GETTERS: Dict[str, Callable[[], Optional[object]]] = {}
+_SECONDS_SEEN: Dict[str, Tuple[Optional[object], float]] = {}
 
 
 def kit_switch(name: str) -> bool:

@@ -142,6 +142,9 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist.env.variables._KEYS": "a cache: variable name -> its interned key",
     "axolotl_dist.env.variables._INT_CACHE": "a cache: raw value -> parsed int",
     "axolotl_dist.env.variables._SECRET_SEEN": "a cache: the secret of the stored values",
+    "axolotl_dist.env.variables._SECONDS_SEEN": "a cache: a seconds variable's stored value -> "
+                                                "its seconds",
+    "axolotl_dist.env.variables._SECONDS_GETTERS": "a cache: variable name -> its raw getter",
     "axolotl_dist.env.variables.KIT_VARS": "a table",
     "axolotl_dist._runtime.base.state.PARTS": "a registry: each part's state object, "
                                               "registered at import",
