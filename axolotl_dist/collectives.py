@@ -268,7 +268,8 @@ def _check_gatherable(tensor: torch.Tensor) -> None:
     """Raise where :func:`all_gather` cannot send ``tensor``: too many dims, a dtype it has no
     code for, a layout other than dense."""
     if tensor.dim() > _MAX_NDIM:
-        raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got {tensor.dim()}")
+        raise ValueError(f"all_gather supports tensors of at most {_MAX_NDIM} dims, got "
+                         f"{tensor.dim()}")
     if tensor.dtype not in DTYPES:
         raise ValueError(f"all_gather does not support dtype {tensor.dtype}")
     if tensor.layout != torch.strided:

@@ -121,7 +121,8 @@ def test_a_sparse_tensor_is_refused_naming_the_fix():
         sparse, said = torch.eye(2).to_sparse(), []
         for name in ("all_gather", "gather", "reduce", "broadcast", "all_reduce"):
             with pytest.raises(TypeError, match=r"is a torch\.sparse_coo tensor, which the kit "
-                                                r"cannot send: pass it dense \(\w+\.to_dense\(\)\)$"):
+                                                r"cannot send: pass it dense "
+                                                r"\(\w+\.to_dense\(\)\)$"):
                 getattr(ad, name)(sparse)
             said.append(name)
         return said, ad.all_reduce_value(1)  # still in step

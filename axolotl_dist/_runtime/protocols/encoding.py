@@ -51,7 +51,8 @@ from ..liveness.failures import failure_report
 from ..store import records
 
 __all__ = ["NONE", "BOOL", "INT", "FLOAT", "PICKLE", "TENSOR", "ERROR", "BIGINT", "DEVICE",
-           "Encoded", "encode", "encode_error", "encode_result", "decode", "scalar_header", "decode_scalar",
+           "Encoded", "encode", "encode_error", "encode_result", "decode", "scalar_header",
+           "decode_scalar",
            "payload_len", "tensor_bytes", "resolved"]
 
 NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR, BIGINT, DEVICE = range(9)

@@ -27,8 +27,9 @@ Around the body, every kind does what its :class:`Kind` says (cheap unless somet
 A collective's fast path (debug, tracing and exclusive scopes off, nothing unconfirmed, one thread) is
 the group's resolution, a ``get_ident()``, a dict read, a tuple and a dict write and delete
 (``benchmarks/debug.py`` measures it); anything on takes :meth:`_Spec.before` and
-:meth:`_Spec.traced_run` (one wrapper for every kind but ``zero_first``'s: :func:`_wrapper`). Debug mode's
-switches live on :data:`.protocols_state.DEBUG`; :mod:`axolotl_dist.debug` is their public face.
+:meth:`_Spec.traced_run` (one wrapper for every kind but ``zero_first``'s: :func:`_wrapper`).
+Debug mode's switches live on :data:`.protocols_state.DEBUG`; :mod:`axolotl_dist.debug` is their
+public face.
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def _wrapper(spec: _Spec) -> Callable[..., Any]:
     frame on every helper's path (benchmarks/frames.py)."""
     name, body, one_thread, on_group = spec.name, spec.fn, spec.kind.one_thread, spec.on_group
     position = list(spec.signature.parameters).index("group") if on_group else -1
-    blocks, scopes_state, debug, timeline_state, calls_state = BLOCKS, SCOPES, DEBUG, TIMELINE, CALLS
+    blocks, scopes_state, debug = BLOCKS, SCOPES, DEBUG
+    timeline_state, calls_state = TIMELINE, CALLS
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         g, direct = None, False
@@ -196,11 +198,11 @@ def _wrapper(spec: _Spec) -> Callable[..., Any]:
         outer = calls.get(me)
         # recorded before the check: of two threads entering at once, at least one sees
         # the other (both may, and both raise; neither call has run)
-        calls[me] = (name, (spec.signature, spec.group_arg, args, kwargs), outer)
+        call = (spec.signature, spec.group_arg, args, kwargs)  # spec.record's, without its frame
+        calls[me] = (name, call, outer)
         try:
             if len(calls) > 1:  # another thread is in a helper
-                _refuse(name, spec.record(args, kwargs),
-                        lambda g: threads.check(name, g, _call_group))
+                _refuse(name, call, lambda g: threads.check(name, g, _call_group))
             result = body(g, *args, **kwargs) if direct else spec.traced_run(g, args, kwargs)
         except BaseException:
             calls_state.conflicts.pop(me, None)  # it raised anyway
