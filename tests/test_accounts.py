@@ -10,6 +10,9 @@ tests/test_hosts.py."""
 import re
 import sys
 
+import pytest
+
+from axolotl_dist.testing import run_distributed_outcomes
 from fixtures import launch_script, rank_tag, run, run_bare_env, subprocess_env
 
 MESSAGE = "bad row 17 in data.jsonl"
@@ -157,6 +160,54 @@ def test_a_forged_record_that_ends_the_run_is_named_not_the_rank_stopped_after_i
     # the key and the trust model, read by the store's refusal of an add or by the kit itself
     assert "store key 'axd/zf/1/" in err, err
     assert "only the job's own processes may write to its" in err.lower(), err
+
+
+def _forge_the_word(change: int) -> None:
+    """From a thread of rank 1: once the word of zero_first block #1 is there, add ``change``
+    to it, as any process that reaches the store can."""
+    import os
+    import re
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    def forge():
+        s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=10))
+        for _ in range(250):
+            words = [k for k in s.list_keys() if re.search(r"/axd/zf/1/[0-9a-f]{10}$", k)]
+            if words:
+                s.add(words[0], change)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=forge, daemon=True).start()
+
+
+@pytest.mark.parametrize("change, why", [
+    (1 << 20, "with bits of ranks the group of 2 does not have"),  # a rank it does not have
+    (-(1 << 63), "with bits of ranks the group of 2 does not have"),  # negative: no add does that
+    (-1, "without this rank's bit, which it had set"),  # rank 1's bit taken, rank 0's put
+])
+def test_a_forged_word_of_a_block_is_named_on_the_rank_that_reads_it(change, why):
+    # the ranks' adds are checked inline (a frame less per block); a word no add of the kit
+    # could leave is an error naming the key on each rank that meets it, never a wait
+    def body():
+        import time
+
+        import axolotl_dist as ad
+        if ad.get_rank() == 1:
+            _forge_the_word(change)
+        with ad.zero_first():
+            if ad.get_rank() == 0:
+                time.sleep(2)  # rank 1 has arrived and polls: the forged word is read
+    outcomes = run_distributed_outcomes(body, 2, timeout=60)
+    for o in outcomes:
+        assert o.error is not None and o.error.startswith("DistributedEnvError: "), o
+        assert "store key 'axd/zf/1/" in o.error and why in o.error, o.error
+        assert "a process outside the job changed it" in o.error, o.error
 
 
 HARNESS = """

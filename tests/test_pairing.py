@@ -4,8 +4,8 @@
   pair raise ``CollectiveMismatchError`` naming both sites (and how to pair them on purpose);
 * an extra block on some ranks is named on every rank (2-4 ranks, both store placements);
 * nested blocks each wait with their own ``timeout``;
-* an empty block costs each rank at most one store call plus one poll, and a loop of blocks
-  keeps the store's key count flat;
+* an empty block costs each rank at most one store call plus one read (the order of the
+  ranks' calls set by the test), and a loop of blocks keeps the store's key count flat;
 * two different value helpers meeting in one collective raise, naming both, without debug mode.
 """
 
@@ -238,6 +238,23 @@ def test_nested_blocks_wait_with_their_own_timeouts(store):
 # ---------------------------------------------------------------- store calls and keys
 
 
+def _hold_until_set(bit: int):
+    """A ``StoreCalls.before`` hook: this rank's first call on a block's word 0 that is not
+    the setting of its own bit (rank 0: its done; a waiter: its read after its arrival) waits
+    until ``bit`` is set in the word, read on the uncounted store."""
+    held = []
+
+    def before(store, method, args):
+        if held or method != "add" or args[0].count("/") != 3:
+            return
+        if args[1] == 0 or ad.get_rank() == 0:
+            held.append(args[0])
+            deadline = time.monotonic() + 30
+            while not store.add(args[0], 0) & bit and time.monotonic() < deadline:
+                time.sleep(0.001)
+    return before
+
+
 @pytest.mark.parametrize("ws", [2, 3, 4])
 def test_an_empty_block_costs_at_most_two_store_calls_per_rank(ws):
     def body():
@@ -260,23 +277,26 @@ def test_an_empty_block_costs_at_most_two_store_calls_per_rank(ws):
             with ad.zero_first():
                 pass
         late_waiter = calls.on()
-        per_block = []
-        for _ in range(200):  # both at once: one call, and at most one poll
-            ad.barrier()
-            with count_store_calls() as calls:
-                with ad.zero_first():
-                    pass
-            per_block.append(calls.on())
-        return late_first, late_waiter, per_block
+        # both at once, in the order that costs most without a wait: a waiter arrives before
+        # rank 0 is done (rank 0's done is held until the last waiter's bit is set) and reads
+        # the word once after it (held until rank 0's bit is set)
+        ad.barrier()
+        with count_store_calls() as calls:
+            calls.before = _hold_until_set(1 << (ad.get_world_size() - 1) if rank == 0 else 1)
+            with ad.zero_first():
+                pass
+        together = calls.on()
+        return late_first, late_waiter, together
 
-    for rank, (late_first, late_waiter, per_block) in enumerate(run_distributed(body, ws, timeout=120)):
+    outcomes = run_distributed(body, ws, timeout=120)
+    for rank, (late_first, late_waiter, together) in enumerate(outcomes):
         if rank == 0:
             assert late_first == 2, late_first  # its done and the wake-up
+            assert together == 1, together  # its done (arrivals confirmed by it or later)
         else:
-            assert late_waiter == 1, late_waiter
-        if ws == 2:  # both at once: the rank whose call lands first polls the other's, once
-            per_block.sort()
-            assert per_block[len(per_block) // 2] <= 2, per_block  # the median block
+            assert late_waiter == 1, late_waiter  # its arrival, which releases it
+        if rank == ws - 1:
+            assert together == 2, together  # its arrival, its one read
 
 
 @pytest.mark.parametrize("ws", [2, 3])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
 
 from .._runtime.base import state as _state
 from .._runtime.liveness.liveness_state import PEERS
@@ -66,7 +66,13 @@ process_state = proc_state
 
 class StoreCalls(collections.Counter):  # type: ignore[type-arg]
     """``(thread name, store method) -> calls`` made through the stores the kit's blocks use
-    while :func:`count_store_calls` is active."""
+    while :func:`count_store_calls` is active.
+
+    ``before``, if a test sets it, is called as ``before(store, method, args)`` ahead of each
+    counted call (``store``: the block's own, uncounted): a test orders two ranks' calls with
+    it (e.g. holds a rank's read until another rank's ``add`` has landed)."""
+
+    before: Optional[Callable[[Any, str, Tuple[Any, ...]], None]] = None
 
     def on(self, thread: str = "MainThread") -> int:
         """How many calls ``thread`` made (by default the caller's own thread)."""
@@ -85,6 +91,8 @@ class _Counting:
             return target
 
         def counted(*args: Any, **kwargs: Any) -> Any:
+            if self._calls.before is not None:
+                self._calls.before(self._store, name, args)
             self._calls[(threading.current_thread().name, name)] += 1
             return target(*args, **kwargs)
 

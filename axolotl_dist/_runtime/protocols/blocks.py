@@ -120,6 +120,14 @@ _MISMATCH_MASK = ((1 << 16) - 1) << 47
 RELEASED = 1 | FAILED_MASK | _MISMATCH_MASK
 
 
+@lru_cache(maxsize=256)
+def _suspect_bits(ws: int, w: int) -> int:
+    """The bits of word ``w`` that no add of the kit sets in a group of ``ws``: those of ranks
+    it does not have, and the sign (a negative int has bit 63 set). Cached: no frame."""
+    ranks = min(WORD_BITS, ws - w * WORD_BITS)
+    return _WORD_MASK >> ranks << ranks | 1 << 63
+
+
 @lru_cache(maxsize=4096)
 def pairing_tag(site: CallSite, desc: Optional[str]) -> str:
     """The key part that pairs blocks across ranks: a short hash of the label if there is one,
@@ -172,8 +180,9 @@ class Block:
         """Set this rank's bit (arrived, or done for a first rank); remember its word."""
         word, bit = divmod(self.rank, WORD_BITS)
         try:
-            value = self.words[word] = self._checked(word, self.store.add(self.keys[word], 1 << bit),
-                                                     mine=True)
+            value = self.words[word] = self.store.add(self.keys[word], 1 << bit)
+            if value & _suspect_bits(self.ws, word) or not value >> bit & 1:
+                self._checked(word, value, mine=True)  # :meth:`_checked`'s look, inline
             if value & wakeup.WAKE_BIT and (self.rank == 0 and self.releases or
                                             self.wakes_when_full and self.full()):
                 wakeup.wake(self.store, self.keys[0])
@@ -194,14 +203,16 @@ class Block:
         deletes a block's words only once every bit was set (see :meth:`finish`), so the block
         is complete. The read re-created the key; it is deleted again in the background."""
         for w in which or range(len(self.keys)):
-            mine = self.words[w] >> (self.rank - w * WORD_BITS) & 1 if self.rank // WORD_BITS == w else 0
+            shift = self.rank - w * WORD_BITS
+            mine = self.words[w] >> shift & 1 if self.rank // WORD_BITS == w else 0
             try:
-                value = self.words[w] = self._checked(w, self.store.add(self.keys[w], 0),
-                                                      mine=bool(mine))
+                value = self.words[w] = self.store.add(self.keys[w], 0)
             except Exception as exc:  # noqa: BLE001
                 if is_store_error(exc):
                     raise store_lost_error(exc, self.what, self.keys[w]) from None  # it quotes exc
                 raise
+            if value & _suspect_bits(self.ws, w) or mine and value and not value >> shift & 1:
+                self._checked(w, value, mine=bool(mine))  # :meth:`_checked`'s look, inline
             if value == 0 and mine:
                 self.words = [_WORD_MASK] * len(self.keys)
                 sweep.delete(self.group, self.store, [self.keys[w]])
@@ -212,7 +223,8 @@ class Block:
         block completed aside). One with the bit of a rank the group does not have, or without
         this rank's (an ``add`` of the kit sets each rank's bit once, so no sum carries), was
         changed by a process outside the job: an error naming the key, not a wait that can
-        never end."""
+        never end. The hot path looks first inline (:meth:`set_bit`, :meth:`read`: a frame
+        less on every block) and calls this when the word may be wrong."""
         ranks = min(WORD_BITS, self.ws - w * WORD_BITS)
         lost = mine and value != 0 and not value >> (self.rank - w * WORD_BITS) & 1
         if value & _WORD_MASK >> ranks << ranks or value < 0 or lost:

@@ -194,25 +194,27 @@ def encode_error(rank: int, exc: BaseException, where: str) -> Encoded:
 
 
 def encode_result(fn: Callable[[], Any], rank: int, where: str, device: Optional[torch.device]
-                  ) -> Tuple[Sequence[int], Optional[Encoded], Optional[BaseException]]:
+                  ) -> Tuple[Sequence[int], Optional[Encoded], Optional[BaseException], Any]:
     """Run ``fn`` (a value helper's, on ``rank``) and encode its result: ``(header, encoded,
-    exception)``.
+    exception, value)``.
 
     ``encoded`` is None for a scalar (its header says everything; no object is built on this
-    hot path); otherwise it carries the payload, or the failure report if ``fn`` raised
-    ``exception`` (shipped to the other ranks, then re-raised there). ``device``: an
-    accelerator group's (its tensors' bytes stay there), else None.
+    hot path), and ``value`` is then the scalar itself (the sender returns it as it is: what
+    its header decodes to elsewhere); otherwise ``encoded`` carries the payload, or the failure
+    report if ``fn`` raised ``exception`` (shipped to the other ranks, then re-raised there),
+    and ``value`` is None. ``device``: an accelerator group's (its tensors' bytes stay
+    there), else None.
     """
     try:
         value = fn()
         header = scalar_header(value)
         if header is not None:
-            return header, None, None
+            return header, None, None, value
         encoded = encode(value, f"the value returned by {where}'s fn on rank {rank}", device)
-        return encoded.header, encoded, None
+        return encoded.header, encoded, None, None
     except Exception as exc:  # noqa: BLE001 - shipped to the other ranks, then re-raised
         encoded = encode_error(rank, exc, where)
-        return encoded.header, encoded, exc
+        return encoded.header, encoded, exc, None
 
 
 def payload_len(header: List[int]) -> int:

@@ -160,8 +160,9 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     if g.channel is not None:  # an accelerator group: values keep their bytes on its device,
         on, g = g.device, channel_of(g)  # headers and payloads travel on its CPU channel
     a = HEADERS.buffers[g].hdr_arr
+    value = None
     if g.rank == src:
-        mine, encoded, own = encode_result(fn, g.rank, where, on)
+        mine, encoded, own, value = encode_result(fn, g.rank, where, on)
         a[0], a[1], a[2] = mine[0], mine[1], mine[2]
     else:
         a[0] = a[1] = a[2] = NONE
@@ -172,9 +173,11 @@ def broadcast_value(g: Optional[Group], fn: Callable[[], Any], src: int, where: 
     values = flat[src * HEADER_LEN:(src + 1) * HEADER_LEN]
     if values[0] >= PICKLE:  # more than the header holds, or src's fn raised
         return _broadcast_rest(g, g_data, values, encoded, own, src, where, device)
-    if TIMELINE.recorder is not None and g.rank == src:
+    if g.rank != src:
+        return decode_scalar(values[0], values[1])
+    if TIMELINE.recorder is not None:
         timeline.add_bytes(HEADER_LEN * 8)
-    return decode_scalar(values[0], values[1])
+    return value  # the scalar itself: what its header decodes to on the other ranks
 
 
 def _broadcast_rest(g: Group, g_data: Group, values: List[int], encoded: Optional[Encoded],
@@ -233,7 +236,7 @@ def all_gather_values(g: Optional[Group], fn: Callable[[], Any], where: str,
     if g.channel is not None:  # see broadcast_value
         on, g = g.device, channel_of(g)
     code = CODES[where] | ((decode_on or 0) << 8 if where in ROOTED else 0)  # helper_code
-    header, encoded, own = encode_result(fn, g.rank, where, on)
+    header, encoded, own, _ = encode_result(fn, g.rank, where, on)
     if TIMELINE.recorder is not None:
         _add_sent_bytes(encoded)
     a = HEADERS.buffers[g].hdr_arr

@@ -33,7 +33,7 @@ class ZeroFirstBlock(Block):
     __slots__ = ()
 
     def _released(self) -> bool:
-        return self.full() if self.explicit else self.has(0)
+        return self.full() if self.explicit else bool(self.words[0] & 1)  # has(0), inline
 
     @property
     def releases(self) -> bool:  # type: ignore[override]

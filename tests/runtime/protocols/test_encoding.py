@@ -106,6 +106,21 @@ def test_a_bool_stays_a_bool_and_an_int_an_int():
     assert decode_scalar(NONE, 123) is None  # a NONE header's slots are not read
 
 
+@pytest.mark.parametrize("value", [None, True, 7, -0.0, float("nan"), 1.5])
+def test_encode_result_of_a_scalar_hands_back_the_value_itself(value):
+    # the sender of a broadcast returns it as it is: what its header decodes to elsewhere
+    header, encoded, exc, back = encoding.encode_result(lambda: value, 0, "x", None)
+    assert (encoded, exc) == (None, None) and back is value
+    assert tuple(header) == scalar_header(value)
+
+
+def test_encode_result_of_a_payload_or_a_failure_hands_back_no_value():
+    header, encoded, exc, back = encoding.encode_result(lambda: [1, 2], 0, "x", None)
+    assert header[0] == PICKLE and encoded is not None and (exc, back) == (None, None)
+    header, encoded, exc, back = encoding.encode_result(lambda: 1 // 0, 2, "x", None)
+    assert header[0] == ERROR and isinstance(exc, ZeroDivisionError) and back is None
+
+
 # --------------------------------------------------------------------------- big ints
 @pytest.mark.parametrize("value, text", [
     (2 ** 63, b"8000000000000000"),
