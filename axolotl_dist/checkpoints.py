@@ -172,7 +172,7 @@ class _CheckpointDir:
             _leases.release(self.root, self.run, 0 if g is None else g.rank)
             raise _held_by(self.root, live)
         if g is None or g.size == 1:
-            staging = _checkpointing.staging_dir(self.root, self.step, job, self.run,
+            staging = _leases.staging_dir(self.root, self.step, job, self.run,
                                                  time.monotonic_ns())  # unique in this process
             os.makedirs(staging)
             self.path = CheckpointPath(staging, self.step, final, True)
@@ -184,7 +184,7 @@ class _CheckpointDir:
         try:
             self.written = CheckpointBlock(g, advance(g, "checkpoint_dir"), site, None,
                                            timeout=self.timeout)
-            staging = _checkpointing.staging_dir(self.root, self.step, job, self.run,
+            staging = _leases.staging_dir(self.root, self.step, job, self.run,
                                                  self.written.seq)
             os.makedirs(staging, exist_ok=True)
         except BaseException:

@@ -19,6 +19,7 @@ import sys
 from typing import Any, MutableMapping, Tuple
 
 from ._runtime.base import kitlog as _kitlog
+from ._runtime.base.text import rank_tag
 from .ranks import get_rank, get_world_size
 
 __all__ = ["RankLoggerAdapter", "get_logger", "DEFAULT_LOGGING_ENV_VAR"]
@@ -35,7 +36,7 @@ class RankLoggerAdapter(logging.LoggerAdapter):
     """A logger adapter that prefixes ``[rank r/n]`` and logs on rank 0 unless told otherwise."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> Tuple[Any, MutableMapping[str, Any]]:
-        return f"[rank {get_rank()}/{get_world_size()}] {msg}", kwargs
+        return f"{rank_tag(get_rank(), get_world_size())} {msg}", kwargs
 
     def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True,  # type: ignore[override]
             **kwargs: Any) -> None:

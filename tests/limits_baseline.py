@@ -55,5 +55,5 @@ LINES = {
     'axolotl_dist/launch/_output.py': 480,
     'axolotl_dist/tensors/sharded_flat_tensor.py': 472,
     'axolotl_dist/testing/_marked.py': 470,
-    'axolotl_dist/tracing/_merge.py': 476,
+    'axolotl_dist/tracing/_merge.py': 470,
 }

@@ -37,7 +37,7 @@ import re
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-from .._runtime.base.text import ranks_text
+from .._runtime.base.text import RankTag, find_rank_tag, ranks_text
 from ._rank_logs import log_name
 
 __all__ = ["WINDOW", "BLOCK_QUIET", "Folder", "label", "CPP_NOTE"]
@@ -58,9 +58,10 @@ _CPP_TAIL = b" (most recent call first):"
 CPP_NOTE = b"(its C++ frames are not shown: --log-dir keeps them)"
 #: A leading time of day: ``12:00:01``, ``12:00:01.123``, ``2026-01-01 12:00:01,123``.
 _TIME = re.compile(rb"(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)? ")
-#: A rank's own tag near the start of a line: the kit's ``[rank 1/4]``, torch's ``[rank1]:``.
-_TAG = re.compile(rb"\[rank ?(\d+)(/\d+)?\](:? ?)")
-_TAG_WITHIN = 160  # a tag further in is part of the message
+#: How far into a line a rank's own tag (the kit's ``[rank 1/4]``, torch's ``[rank1]:``: read
+#: by :func:`~.._runtime.base.text.find_rank_tag`, beside the kit's writer) may start and end: a
+#: tag further in is part of the message.
+_TAG_WITHIN = 160
 #: torch's C++ log prefix at the start (after the rank's tag): its severity, then the date and
 #: time (c10: ``[W1126 21:40:08.123456789 ``; glog: ``W1126 21:40:08.123456 ``, or with the
 #: year, ``W20261126``), then a pid or thread id where it has one, before ``file.cpp:123] ``.
@@ -85,7 +86,7 @@ def label(ranks: Sequence[int]) -> bytes:
     return text
 
 
-def _labelled(line: bytes, tag: Optional[Tuple[int, int, bytes]], ranks: List[int],
+def _labelled(line: bytes, tag: Optional[RankTag], ranks: List[int],
               owner: int) -> bytes:
     """``line`` as shown, printed alike by ``ranks`` (``owner`` first): its own tag where it
     has the kit's (``[rank 1/4]``, ``[ranks 0-3/4]`` once folded), the launcher's label in
@@ -93,12 +94,11 @@ def _labelled(line: bytes, tag: Optional[Tuple[int, int, bytes]], ranks: List[in
     run's lines carry one form), else the label before it."""
     if tag is None:
         return label(ranks) + b" " + line
-    start, end, after = tag
-    if after.startswith(b"]:"):  # torch's
-        return line[:start] + label(ranks) + b" " + line[end:]  # the tag took its ": "
+    if tag.torch:
+        return line[:tag.start] + label(ranks) + b" " + line[tag.end:]  # the tag took its ": "
     if ranks == [owner]:
         return line
-    return line[:start] + label(ranks)[:-1] + after + line[end:]
+    return line[:tag.start] + label(ranks)[:-1] + tag.rest + line[tag.end:]
 
 
 class _Group:
@@ -106,7 +106,7 @@ class _Group:
 
     __slots__ = ("key", "fd", "line", "tag", "owner", "ranks", "deadline", "done", "busy")
 
-    def __init__(self, key: bytes, fd: int, line: bytes, tag: Optional[Tuple[int, int, bytes]],
+    def __init__(self, key: bytes, fd: int, line: bytes, tag: Optional[RankTag],
                  owner: int, deadline: float) -> None:
         self.key, self.fd, self.line, self.tag = key, fd, line, tag
         self.owner = owner  # whose line ``line`` is
@@ -138,10 +138,10 @@ def _continues_cpp(line: bytes) -> bool:
     return _CPP_FRAME.match(_parse(line)[0].strip()) is not None
 
 
-def _parse(line: bytes) -> Tuple[bytes, Optional[Tuple[int, int, bytes]]]:
+def _parse(line: bytes) -> Tuple[bytes, Optional[RankTag]]:
     """``(key, tag)``: the line as compared across ranks (no leading time, no rank tag, a C++
     log prefix as its severity, file and line only: ``b"[W reducer.cpp:1529] ..."``), and
-    where its tag was (start, end, what follows the rank in it: ``b"/4]"``, ``b"]:"``)."""
+    its rank tag, if it has one."""
     key, tag = line, None
     if line[:1].isdigit():
         m = _TIME.match(line)
@@ -150,12 +150,11 @@ def _parse(line: bytes) -> Tuple[bytes, Optional[Tuple[int, int, bytes]]]:
     first = line.find(b"\n")
     within = _TAG_WITHIN if first < 0 else min(first, _TAG_WITHIN)
     if b"[rank" in line[:within]:
-        m = _TAG.search(line, 0, within)
-        if m is not None:
-            tag = (m.start(), m.end(), (m.group(2) or b"") + b"]" + m.group(3))
-            start = m.start() - (len(line) - len(key))
+        tag = find_rank_tag(line, within)
+        if tag is not None:
+            start = tag.start - (len(line) - len(key))
             if start >= 0:
-                key = key[:start] + key[start + (m.end() - m.start()):]
+                key = key[:start] + key[start + (tag.end - tag.start):]
     if key[:1] and key[0] in _CPP_FIRST:
         m = _CPP.match(key)
         if m is not None:
@@ -265,7 +264,7 @@ class Folder:
 
     def _group(self, rank: int, fd: int, line: bytes, now: float,
                key: Optional[bytes] = None,
-               tag: Optional[Tuple[int, int, bytes]] = None) -> None:
+               tag: Optional[RankTag] = None) -> None:
         """Hold ``line`` in the group of lines alike to it (a new one where none is open)."""
         if key is None:
             key, tag = _parse(line)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from .._runtime.base.text import ranks_text
+from .._runtime.base.text import ranks_text, tags_rank
 from ._harness import run_distributed_outcomes
 from ._outcomes import RankOutcome
 
@@ -112,7 +112,7 @@ class LabelledLines(io.TextIOBase):
     def __init__(self, stream: Any, rank: str) -> None:
         super().__init__()
         self._stream, self._pending = stream, b""
-        self._label, self._own = f"[rank {rank}] ".encode(), f"[rank {rank}/".encode()
+        self._label, self._rank = f"[rank {rank}] ".encode(), int(rank)
         stream.flush()
         self._fd = stream.fileno()
 
@@ -139,7 +139,7 @@ class LabelledLines(io.TextIOBase):
             self._write(self._line(pending))
 
     def _line(self, line: bytes) -> bytes:
-        if not line.strip() or self._own in line:  # a blank line, or one naming its rank
+        if not line.strip() or tags_rank(line, self._rank):  # a blank line, or a kit's log line
             return line + b"\n"
         return self._label + line + b"\n"
 

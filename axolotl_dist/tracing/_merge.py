@@ -22,11 +22,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 from collections import Counter, defaultdict
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from .._runtime.protocols.timeline import FILE_PREFIX
+from .._runtime.protocols.timeline import FILE_PREFIX, rank_file, rank_of_file
 
 __all__ = ["RankTrace", "load", "merge", "merge_at_exit", "announce", "Merged", "MIN_WAIT_US",
            "EXIT_WAIT"]
@@ -64,17 +63,12 @@ class RankTrace:
                     self.last = max(self.last, event["t"] + event["d"])
                 elif kind == "end":
                     self.end = event
-        self.rank = int(self.meta.get("rank", _rank_of(path)))
+        self.rank = int(self.meta.get("rank", rank_of_file(path)))
         self.offset = int(self.meta.get("offset_ns", 0))
 
     def at(self, t: int) -> int:
         """Local time ``t`` on rank 0's clock (ns)."""
         return t + self.offset
-
-
-def _rank_of(path: str) -> int:
-    match = re.search(rf"{FILE_PREFIX}(\d+)\.jsonl$", path)
-    return int(match.group(1)) if match else -1
 
 
 def load(directory: str) -> List[RankTrace]:
@@ -455,7 +449,7 @@ def merge_at_exit(directory: str, world_size: int) -> Optional[Merged]:
     import time
 
     try:
-        paths = [os.path.join(directory, f"{FILE_PREFIX}{r}.jsonl") for r in range(world_size)]
+        paths = [rank_file(directory, r) for r in range(world_size)]
         deadline = time.monotonic() + EXIT_WAIT
         while time.monotonic() < deadline and not all(_ended(p) for p in paths if os.path.exists(p)):
             time.sleep(0.02)

@@ -17,6 +17,7 @@ import weakref
 from typing import Any, Optional, TextIO
 
 from ...env import variables
+from .text import rank_tag
 
 __all__ = ["DEFAULT_LOGGING_ENV_VAR", "FORMAT", "StderrHandler", "FALLBACK", "bars_open",
            "bar_write", "add_bar", "BARS", "fallback_level", "rank_prefix", "KitLog", "kit"]
@@ -108,12 +109,12 @@ def rank_prefix() -> str:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return f"[rank {dist.get_rank()}/{dist.get_world_size()}]"
+            return rank_tag(dist.get_rank(), dist.get_world_size())
     except Exception:  # noqa: BLE001 - a group being torn down
         pass
     rank, size = variables.raw("RANK"), variables.raw("WORLD_SIZE")
-    return f"[rank {variables.text(rank) if rank is not None else 0}/" \
-           f"{variables.text(size) if size is not None else 1}]"
+    return rank_tag(variables.text(rank) if rank is not None else 0,
+                    variables.text(size) if size is not None else 1)
 
 
 class KitLog:

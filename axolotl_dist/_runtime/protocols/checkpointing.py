@@ -54,7 +54,7 @@ from ...errors import RankFailedError, RankTimeoutError
 from ..base.state import RoomState, register
 
 __all__ = ["CheckpointBlock", "SAVES", "SavesState", "Save", "finish", "hand_over", "settle",
-           "future_wait", "MARKER", "STEP_PREFIX", "staging_dir", "final_dir", "committed_steps",
+           "future_wait", "MARKER", "STEP_PREFIX", "final_dir", "committed_steps",
            "commit", "commit_record", "commit_save", "rotate", "remove_staging", "job_id",
            "not_committed", "note_saving", "unnote_saving", "unsaved", "SAVING_NOTE"]
 
@@ -337,12 +337,6 @@ def job_id() -> str:
     ``"none"``; only letters, digits, ``_`` and ``-`` kept (a directory name's part)."""
     raw = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "none"
     return re.sub(r"[^A-Za-z0-9_-]", "", raw)[:40] or "none"
-
-
-def staging_dir(root: str, step: int, job: str, run: str, seq: int) -> str:
-    """Where call ``seq`` of run ``run`` (an attempt of job ``job``) writes checkpoint ``step``
-    before its commit."""
-    return os.path.join(root, f".{STEP_PREFIX}{step}.staging-{job}.{run}-{seq}")
 
 
 def committed_steps(root: str) -> List[int]:

@@ -30,7 +30,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..base import procs
 
 __all__ = ["LEASES_DIR", "STALE_AFTER", "ALIVE", "DEAD", "UNKNOWN", "process_start", "hold", "release",
-           "read_run", "lease_state", "survey", "pool", "Holder", "View", "staging_run", "stagings_by_run",
+           "read_run", "lease_state", "survey", "pool", "Holder", "View", "staging_dir", "staging_run",
+           "stagings_by_run",
            "remove_run"]
 
 #: The directory of a root's leases (not a ``step-`` name: never read as a checkpoint).
@@ -40,7 +41,8 @@ LEASES_DIR = ".axolotl_dist_leases"
 STALE_AFTER = 24 * 3600.0
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
-#: ``.step-<step>.staging-<job>.<run>-<seq>``: the staging directories of ``.checkpointing``.
+#: ``.step-<step>.staging-<job>.<run>-<seq>``: the staging directories of ``.checkpointing``,
+#: named by :func:`staging_dir`.
 _STAGING = re.compile(r"\.step-(\d+)\.staging-([A-Za-z0-9_-]*)\.([A-Za-z0-9]+)-(\d+)")
 
 #: A run's holders as one rank found them: ``(job, [(rank, host, pid), ...], fresh)``.
@@ -184,8 +186,15 @@ def pool(views: Sequence[Dict[str, View]]) -> Tuple[Dict[str, List[int]], Dict[s
     return over, live
 
 
+def staging_dir(root: str, step: int, job: str, run: str, seq: int) -> str:
+    """Where call ``seq`` of run ``run`` (an attempt of job ``job``) writes checkpoint ``step``
+    before its commit (:mod:`.checkpointing`); :func:`staging_run` reads the name back."""
+    return os.path.join(root, f".step-{step}.staging-{job}.{run}-{seq}")
+
+
 def staging_run(name: str) -> Optional[str]:
-    """The run that a staging directory's ``name`` belongs to, or None for another name."""
+    """The run that a staging directory's ``name`` (:func:`staging_dir`'s) belongs to, or None
+    for another name."""
     match = _STAGING.fullmatch(name)
     return match.group(3) if match else None
 

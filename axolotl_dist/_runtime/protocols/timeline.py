@@ -8,10 +8,10 @@ for the other parts. Users add spans with :func:`axolotl_dist.tracing.trace_span
 only cost is the ``TIMELINE.recorder is None`` test the helpers' wrapper makes.
 
 Each rank appends to its own ``rank<k>.jsonl`` in the trace directory, one JSON object per
-line, copied as it happens into a shared memory map of the file (:class:`_MappedFile`: no
+line, copied as it happens into a shared memory map of the file (:class:`~..base.mapped_file.MappedFile`: no
 system call per event): a rank killed mid-run leaves every event up to its death, because the
 kernel's page cache, not the process, holds what was copied. The file grows in
-:data:`_CHUNK` steps, allocated before use (a full disk stops tracing, never the run), and
+:data:`~..base.mapped_file.CHUNK` steps, allocated before use (a full disk stops tracing, never the run), and
 is cut to its length when the rank ends; a killed rank's file ends in zero bytes, which the
 merge skips. Times are this host's monotonic clock in
 nanoseconds; :func:`align` measures, through the c10d store, each rank's offset to rank 0's
@@ -33,7 +33,6 @@ See docs/design/helpers.md, "Timeline".
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import socket
 import threading
@@ -43,16 +42,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..liveness.progress import advance
 from ..base import procs
+from ..base.mapped_file import MappedFile
 from ..base.groups import default_pg
 from ..liveness import flight
 from ..store import keys, records
 from ..store.access import checked, put
-
 from ..base.state import RoomState, register
 
 __all__ = ["Recorder", "TIMELINE", "TimelineState", "start", "finish", "align",
            "trace_dir_requested", "helper_span", "add_bytes", "wait_span", "body_span", "now",
-           "FILE_PREFIX", "register_sync"]
+           "FILE_PREFIX", "rank_file", "rank_of_file", "register_sync"]
 
 
 class TimelineState(RoomState):
@@ -65,8 +64,21 @@ class TimelineState(RoomState):
 
 TIMELINE = register("trace", TimelineState())
 
-#: Per-rank event files are ``rank<k>.jsonl``.
-FILE_PREFIX = "rank"
+#: Per-rank event files: ``rank<k>.jsonl`` (:func:`rank_file`; read by :func:`rank_of_file`).
+FILE_PREFIX, _SUFFIX = "rank", ".jsonl"
+
+
+def rank_file(directory: str, rank: object) -> str:
+    return os.path.join(directory, f"{FILE_PREFIX}{rank}{_SUFFIX}")
+
+
+def rank_of_file(path: str) -> int:
+    """The rank whose event file ``path`` is (named by :func:`rank_file`), else -1."""
+    k = os.path.basename(path)[len(FILE_PREFIX):-len(_SUFFIX)]
+    ok = k.isascii() and k.isdigit() and rank_file(os.path.dirname(path), k) == path
+    return int(k) if ok else -1
+
+
 #: Round trips measured per rank when aligning clocks; the best one is kept.
 _ROUNDS = 5
 #: How long one side of the alignment waits for the other (a rank that does not trace, or is
@@ -85,57 +97,6 @@ def _js(text: str, cache: Dict[str, str] = {}) -> str:  # noqa: B006 - a deliber
     return out
 
 
-#: Bytes the event file grows by at a time (one allocation per ~5000 spans).
-_CHUNK = 1 << 20
-
-
-class _MappedFile:
-    """Append-only writes into a memory map of a file (see the module docstring); falls back
-    to ``os.write`` where the file cannot be mapped or grown."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.lock = threading.Lock()
-        self.pos = 0
-        self.map: Optional[mmap.mmap] = None
-        try:
-            os.posix_fallocate(self.fd, 0, _CHUNK)
-            self.map = mmap.mmap(self.fd, _CHUNK)
-        except (OSError, ValueError, AttributeError):  # no space, or no mmap here
-            self.map = None
-
-    def write(self, data: bytes) -> None:
-        with self.lock:
-            mapped = self.map
-            end = self.pos + len(data)
-            if mapped is not None and end > len(mapped):
-                mapped = self._grow(end)
-            if mapped is None:
-                os.pwrite(self.fd, data, self.pos)
-            else:
-                mapped[self.pos:end] = data
-            self.pos = end
-
-    def _grow(self, end: int) -> Optional[mmap.mmap]:
-        assert self.map is not None
-        size = (end // _CHUNK + 1) * _CHUNK
-        try:
-            os.posix_fallocate(self.fd, 0, size)  # real blocks: a full disk raises here
-            self.map.resize(size)
-        except (OSError, ValueError, SystemError):  # keep writing without the map
-            self.map.close()
-            self.map = None
-        return self.map
-
-    def close(self) -> None:
-        with self.lock:
-            if self.map is not None:
-                self.map.close()
-                self.map = None
-            os.ftruncate(self.fd, self.pos)
-            os.close(self.fd)
-
-
 class Recorder:
     """One rank's event file (see the module docstring)."""
 
@@ -143,8 +104,8 @@ class Recorder:
                  error_ns: int) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory, self.rank, self.world_size = directory, rank, world_size
-        self.path = os.path.join(directory, f"{FILE_PREFIX}{rank}.jsonl")
-        self.file: Optional[_MappedFile] = _MappedFile(self.path)
+        self.path = rank_file(directory, rank)
+        self.file: Optional[MappedFile] = MappedFile(self.path)
         self.threads: Dict[int, int] = {}
         self.groups: Dict[Any, str] = {}
         self.active: Set[int] = set()  # threads inside a traced kit call (nested calls: none)

@@ -5,10 +5,11 @@ process group: plain directories under ``tmp_path``."""
 import os
 
 from axolotl_dist._runtime.protocols import checkpointing as ck
+from axolotl_dist._runtime.protocols import leases as ls
 
 
 def _commit(root, step, run="r1", job="j"):
-    staging = ck.staging_dir(str(root), step, job, run, step)
+    staging = ls.staging_dir(str(root), step, job, run, step)
     os.makedirs(staging)
     with open(os.path.join(staging, "model"), "w") as fh:
         fh.write(str(step))
@@ -22,7 +23,7 @@ def test_only_marked_step_directories_are_committed(tmp_path):
     _commit(tmp_path, 2)
     (tmp_path / "step-7").mkdir()  # no marker: not the kit's
     (tmp_path / "step-x").mkdir()
-    os.makedirs(ck.staging_dir(str(tmp_path), 30, "j", "r1", 9))  # still being written
+    os.makedirs(ls.staging_dir(str(tmp_path), 30, "j", "r1", 9))  # still being written
     assert ck.committed_steps(str(tmp_path)) == [2, 10]  # numeric order, not by name
 
 
@@ -48,9 +49,9 @@ def test_rotation_keeps_the_newest_and_never_the_one_just_committed(tmp_path):
 
 def test_a_commit_cleans_up_its_own_runs_leftovers_only(tmp_path):
     root = str(tmp_path)
-    mine_failed = ck.staging_dir(root, 3, "job", "run1", 5)
-    other_run = ck.staging_dir(root, 3, "job", "run2", 1)  # same job, another run: .leases decides
-    current = ck.staging_dir(root, 3, "job", "run1", 9)
+    mine_failed = ls.staging_dir(root, 3, "job", "run1", 5)
+    other_run = ls.staging_dir(root, 3, "job", "run2", 1)  # same job, another run: .leases decides
+    current = ls.staging_dir(root, 3, "job", "run1", 9)
     hidden = os.path.join(root, ".step-1.old-run0-ab12")
     for path in (mine_failed, other_run, current, hidden):
         os.makedirs(path)

@@ -92,8 +92,8 @@ def test_node_local_disks_each_remove_their_own_copy():
 
 def test_remove_run_takes_its_stagings_and_leases_and_nothing_else(tmp_path):
     root = str(tmp_path)
-    theirs = ck.staging_dir(root, 5, "job", "abc123", 3)
-    ours = ck.staging_dir(root, 5, "job", "def456", 3)
+    theirs = ls.staging_dir(root, 5, "job", "abc123", 3)
+    ours = ls.staging_dir(root, 5, "job", "def456", 3)
     for path in (theirs, ours, ck.final_dir(root, 4)):
         os.makedirs(path)
     _lease(root, "abc123", 0)
@@ -107,7 +107,7 @@ def test_remove_run_takes_its_stagings_and_leases_and_nothing_else(tmp_path):
 
 def test_an_older_kits_staging_without_leases_is_removed_only_once_stale(tmp_path):
     root = str(tmp_path)
-    old = ck.staging_dir(root, 3, "none", "a1b2c3", 1)
+    old = ls.staging_dir(root, 3, "none", "a1b2c3", 1)
     os.makedirs(old)
     seen = ls.survey(root, "mine")
     assert seen == {"a1b2c3": ({}, ("", [], True))}
