@@ -1109,6 +1109,41 @@ def test_one_module_encodes_what_crosses_the_store():
                               "encode through _runtime/store/records.py")
 
 
+#: The modules that may use ``re``, and what their patterns read: text the kit does not write
+#: (torch's, a launcher's, the user's), or a name format written in the same module. The kit's
+#: own messages and log lines are never parsed back: a fact another part needs travels as a
+#: record, and a line's rank tag is read by ``_runtime/base/text.py``, beside its writer.
+READS_TEXT_BY_REGEX = {
+    f"{RUNTIME}.base.torch_messages": "torch's error messages",
+    "axolotl_dist.launch._fold": "torch's C++ log prefixes and frames, a leading time of day",
+    "axolotl_dist.launch._options": "the user's --local-ranks-filter/--tee values",
+    "axolotl_dist.env.slurm": "SLURM's node lists and task counts",
+    f"{RUNTIME}.lifecycle.repeat_failure": "torch elastic's attempt_<n> log directories",
+    f"{RUNTIME}.protocols.checkpointing": "step-<n> directory names (written here; users make "
+                                         "them too) and the job id's allowed characters",
+    f"{RUNTIME}.protocols.leases": "staging directory names, written here (staging_dir)",
+    f"{RUNTIME}.liveness.runs": "the host and run names' allowed characters",
+    f"{RUNTIME}.liveness.deadlock": "a packed rank list, written here (_pack)",
+    f"{RUNTIME}.store.keys": "store key names, written here",
+}
+
+
+def test_regexes_read_foreign_text_or_a_format_written_beside_them():
+    found = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        uses = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id == "re"]
+        if uses and module not in READS_TEXT_BY_REGEX:
+            found.append(f"{path.relative_to(ROOT)}:{uses[0]}")
+    assert found == [], _told(found, "only READS_TEXT_BY_REGEX use re, each on text the kit "
+                              "does not write or on a format written in the same module",
+                              "send the fact as a record (not a message to parse), or read "
+                              "the format beside its writer and list the module with what it "
+                              "reads")
+    assert not set(READS_TEXT_BY_REGEX) - set(MODULES), "a listed module is gone: drop its entry"
+
+
 def _module_level_containers() -> List[str]:
     """``module.NAME`` of every module-level mutable value (a dict, list, set, lock,
     thread-local...) in the package, but ``__all__``."""
