@@ -558,3 +558,49 @@ def test_the_harness_says_where_each_rank_was_before_it_killed_them(store):
         from axolotl_dist.testing import run_distributed
 
         run_distributed(_one_rank_sleeps, 2, store=store, timeout=3)
+
+
+HELD = """
+import os, time
+import axolotl_dist as ad
+ad.init_distributed()
+with ad.zero_first():
+    if ad.get_rank() == 0:
+        open("in-block", "w").close()
+        time.sleep(120)
+"""
+
+
+def test_where_says_in_one_line_that_the_store_went_away_while_it_asked(tmp_path):
+    # bare env vars: rank 0 hosts the store; rank 1 is stopped (it cannot answer), so where
+    # still waits for it when rank 0 is killed: no traceback, no C++ frames, one line
+    (tmp_path / "held.py").write_text(HELD)
+    port = free_port()
+    env = subprocess_env(tmp_path, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                         WORLD_SIZE="2")
+    procs = [start([sys.executable, "held.py"], dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                   cwd=tmp_path) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "in-block").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # rank 1 waits in the block, its heartbeat running
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        where = subprocess.Popen([sys.executable, "-m", "axolotl_dist.launch", "where",
+                                  "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                  "--timeout", "30"], env=env, cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4.0)  # it has asked, and waits for rank 1's answer
+        os.kill(procs[0].pid, signal.SIGKILL)
+        out, err = where.communicate(timeout=60)
+    finally:
+        for p in procs:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(30)
+    assert where.returncode == 1, out + err
+    assert "where: the run's store at 127.0.0.1:" in err and "went away while its ranks were " \
+        "asked" in err, out + err
+    assert "Traceback" not in out + err and "frame #" not in out + err, out + err

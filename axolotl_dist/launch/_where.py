@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+import tempfile
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .._runtime.liveness import runs, where_report
-from .._runtime.store import clients
+from .._runtime.store import access, clients
 from ._report import PROG
 from ..env.variables import is_decimal
 
@@ -34,6 +36,25 @@ def plain(text: Optional[str]) -> str:
 
 def _fail(text: str) -> None:
     print(f"{PROG} where: {text}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _stderr_held(held: List[bytes]) -> Iterator[None]:
+    """File descriptor 2 into a temporary file while the ``with`` runs; what was written there
+    is appended to ``held`` (the caller writes it, or drops torch's warning of a store that
+    went away: it has said so in one line)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as file:
+        os.dup2(file.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            file.seek(0)
+            held.append(file.read())
 
 
 def _store_at(addr: str, port: int, timeout: float) -> Optional[Any]:
@@ -63,8 +84,20 @@ def _report(addr: str, port: int, timeout: float, title: str = "") -> int:
         store = _store_at(addr, port, timeout)
     if store is None:
         return 1
-    print(f"where every rank of the run at {addr}:{port}{title} is:")
-    print(where_report.where(store), flush=True)
+    print(f"where every rank of the run at {addr}:{port}{title} is:", flush=True)
+    held: List[bytes] = []
+    try:
+        with _stderr_held(held):  # torch's C++ warns there, with its frames, if the store goes
+            report = where_report.where(store)
+    except Exception as exc:  # noqa: BLE001 - only the store's going is said, else raised
+        if not access.is_store_error(exc):
+            os.write(2, held[0])
+            raise
+        _fail(f"the run's store at {addr}:{port} went away while its ranks were asked (the run "
+              "ended, or the process hosting its store did); ask again while it runs")
+        return 1
+    os.write(2, held[0])
+    print(report, flush=True)
     if clients.listens_widely(port):
         print(f"  note: the run's c10d store (port {port}) listens on every interface of this "
               "host: other hosts can reach it and read or write its keys. A multi-node run needs "
