@@ -335,7 +335,10 @@ if attempt == "0":
         time.sleep(0.02)
     time.sleep(1.0)  # rank 0 has ended
     sys.exit(4)
-if rank == "1":
+if rank == "1":  # once rank 0 of this attempt has started (its file is there)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "a1_r0")) and time.monotonic() < deadline:
+        time.sleep(0.02)
     sys.exit(4)
 time.sleep(60)
 '''

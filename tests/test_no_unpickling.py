@@ -69,7 +69,9 @@ rank = ad.get_rank()
 with ad.zero_first():
     if rank == 0:
         open("in-block", "w").close()
-        time.sleep(float(os.environ.get("HOLD", "0")))  # the others wait: a stall report now
+        hold = time.monotonic() + float(os.environ.get("HOLD", "0"))  # the others wait:
+        while time.monotonic() < hold and not os.path.exists("asked"):  # a stall report now
+            time.sleep(0.05)
 assert ad.compute_and_broadcast(lambda: 2**70) == 2**70
 assert ad.compute_and_broadcast(lambda: 0.1) == 0.1
 assert torch.equal(ad.compute_and_broadcast(lambda: torch.arange(3.0)), torch.arange(3.0))
@@ -143,14 +145,15 @@ def test_under_axolotl_dist_with_a_stall_report(tmp_path):
 @pytest.mark.parametrize("debug", ["0", "1"], ids=["plain", "debug-mode"])
 def test_under_bare_env_vars_store_in_rank0_with_where(tmp_path, debug):
     port = free_port()
-    env = _env(tmp_path, AXOLOTL_DIST_DEBUG=debug, HOLD="10", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), WORLD_SIZE="2")
+    env = _env(tmp_path, AXOLOTL_DIST_DEBUG=debug, HOLD="60", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE="2")  # held until where has answered
     procs = [start([sys.executable, "run.py"], dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                    cwd=tmp_path) for r in range(2)]
     _await_block(tmp_path, procs[0])
     where = subprocess.run([sys.executable, "-m", "axolotl_dist.launch", "where",
                             "--master-addr", "127.0.0.1", "--master-port", str(port)],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    (tmp_path / "asked").touch()
     results = [finish(p, 90) for p in procs]
     output = "".join(o + e for _, o, e in results) + where.stdout + where.stderr
     assert "zero_first" in where.stdout + where.stderr, output[-3000:]

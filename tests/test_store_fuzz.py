@@ -187,12 +187,12 @@ def test_no_record_an_attacker_writes_runs_or_hangs(phase, tmp_path):
 # --- axolotl-dist where ------------------------------------------------------------------------
 
 def _stall_until(answered):
-    """Rank 0 holds both ranks in a block until ``answered`` exists (``where`` is done), 9 s at
-    most."""
+    """Rank 0 holds both ranks in a block until ``answered`` exists (``where`` is done), 18 s
+    at most."""
     def body():
         with ad.zero_first():
             if ad.get_rank() == 0:
-                deadline = time.monotonic() + 9
+                deadline = time.monotonic() + 18
                 while not answered.exists() and time.monotonic() < deadline:
                     time.sleep(0.1)
         return "ok"
@@ -221,7 +221,7 @@ def test_where_reads_every_rank_answer_as_data(attack, note, tmp_path):
         try:
             answer["done"] = subprocess.run(
                 [sys.executable, "-m", "axolotl_dist.launch", "where", "--master-addr",
-                 "127.0.0.1", "--master-port", str(hostile.store_port), "--timeout", "5"],
+                 "127.0.0.1", "--master-port", str(hostile.store_port), "--timeout", "12"],
                 env=subprocess_env(tmp_path), capture_output=True, text=True, timeout=60,
                 cwd=str(ROOT))
         finally:
