@@ -590,9 +590,12 @@ def test_where_says_in_one_line_that_the_store_went_away_while_it_asked(tmp_path
                                   "--master-addr", "127.0.0.1", "--master-port", str(port),
                                   "--timeout", "30"], env=env, cwd=tmp_path,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(4.0)  # it has asked, and waits for rank 1's answer
+        head = where.stdout.readline()  # connected: it asks the ranks next
+        assert head.startswith("where every rank of the run at"), head + where.stderr.read()
+        time.sleep(1.0)  # it has asked, and waits for rank 1's answer
         os.kill(procs[0].pid, signal.SIGKILL)
         out, err = where.communicate(timeout=60)
+        out = head + out
     finally:
         for p in procs:
             try:
