@@ -173,7 +173,7 @@ class _CheckpointDir:
             raise _held_by(self.root, live)
         if g is None or g.size == 1:
             staging = _leases.staging_dir(self.root, self.step, job, self.run,
-                                                 time.monotonic_ns())  # unique in this process
+                                          time.monotonic_ns())  # unique in this process
             os.makedirs(staging)
             self.path = CheckpointPath(staging, self.step, final, True)
             _checkpointing.note_saving(self.root, self.step)
@@ -185,7 +185,7 @@ class _CheckpointDir:
             self.written = CheckpointBlock(g, advance(g, "checkpoint_dir"), site, None,
                                            timeout=self.timeout)
             staging = _leases.staging_dir(self.root, self.step, job, self.run,
-                                                 self.written.seq)
+                                          self.written.seq)
             os.makedirs(staging, exist_ok=True)
         except BaseException:
             leave_block(self.opened)

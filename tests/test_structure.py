@@ -33,7 +33,7 @@ import importlib
 import re
 import types
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import pytest
 
@@ -1095,16 +1095,24 @@ SERIALIZERS = {
 }
 
 
-def test_one_module_encodes_what_crosses_the_store():
+def _importers_outside(tops: Sequence[str], allowed: Mapping[str, str]) -> List[str]:
+    """``path:line`` of each import of a top-level module in ``tops`` (``import re``,
+    ``from json import dumps``) by a package module not in ``allowed``."""
     found = []
     for module, path in MODULES.items():
+        if module in allowed:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                      else [])
-            if any(n.split(".")[0] in ("pickle", "json") for n in names) \
-                    and module not in SERIALIZERS:
+            if any(n.split(".")[0] in tops for n in names):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_one_module_encodes_what_crosses_the_store():
+    found = _importers_outside(("pickle", "json"), SERIALIZERS)
     assert found == [], _told(found, "only SERIALIZERS import pickle or json",
                               "encode through _runtime/store/records.py")
 
@@ -1129,13 +1137,7 @@ READS_TEXT_BY_REGEX = {
 
 
 def test_regexes_read_foreign_text_or_a_format_written_beside_them():
-    found = []
-    for module, path in MODULES.items():
-        tree = ast.parse(path.read_text())
-        uses = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                and isinstance(n.value, ast.Name) and n.value.id == "re"]
-        if uses and module not in READS_TEXT_BY_REGEX:
-            found.append(f"{path.relative_to(ROOT)}:{uses[0]}")
+    found = _importers_outside(("re",), READS_TEXT_BY_REGEX)
     assert found == [], _told(found, "only READS_TEXT_BY_REGEX use re, each on text the kit "
                               "does not write or on a format written in the same module",
                               "send the fact as a record (not a message to parse), or read "

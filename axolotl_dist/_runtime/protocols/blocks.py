@@ -225,9 +225,8 @@ class Block:
         changed by a process outside the job: an error naming the key, not a wait that can
         never end. The hot path looks first inline (:meth:`set_bit`, :meth:`read`: a frame
         less on every block) and calls this when the word may be wrong."""
-        ranks = min(WORD_BITS, self.ws - w * WORD_BITS)
         lost = mine and value != 0 and not value >> (self.rank - w * WORD_BITS) & 1
-        if value & _WORD_MASK >> ranks << ranks or value < 0 or lost:
+        if value & _suspect_bits(self.ws, w) or lost:
             why = ("without this rank's bit, which it had set" if lost else
                    f"with bits of ranks the group of {self.ws} does not have")
             raise DistributedEnvError(

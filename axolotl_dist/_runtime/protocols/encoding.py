@@ -52,8 +52,7 @@ from ..store import records
 
 __all__ = ["NONE", "BOOL", "INT", "FLOAT", "PICKLE", "TENSOR", "ERROR", "BIGINT", "DEVICE",
            "Encoded", "encode", "encode_error", "encode_result", "decode", "scalar_header",
-           "decode_scalar",
-           "payload_len", "tensor_bytes", "resolved"]
+           "decode_scalar", "payload_len", "tensor_bytes", "resolved"]
 
 NONE, BOOL, INT, FLOAT, PICKLE, TENSOR, ERROR, BIGINT, DEVICE = range(9)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

@@ -29,10 +29,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..base import procs
 
-__all__ = ["LEASES_DIR", "STALE_AFTER", "ALIVE", "DEAD", "UNKNOWN", "process_start", "hold", "release",
-           "read_run", "lease_state", "survey", "pool", "Holder", "View", "staging_dir", "staging_run",
-           "stagings_by_run",
-           "remove_run"]
+__all__ = ["LEASES_DIR", "STALE_AFTER", "ALIVE", "DEAD", "UNKNOWN", "process_start", "hold",
+           "release", "read_run", "lease_state", "survey", "pool", "Holder", "View",
+           "staging_dir", "staging_run", "stagings_by_run", "remove_run"]
 
 #: The directory of a root's leases (not a ``step-`` name: never read as a checkpoint).
 LEASES_DIR = ".axolotl_dist_leases"

@@ -8,16 +8,16 @@ for the other parts. Users add spans with :func:`axolotl_dist.tracing.trace_span
 only cost is the ``TIMELINE.recorder is None`` test the helpers' wrapper makes.
 
 Each rank appends to its own ``rank<k>.jsonl`` in the trace directory, one JSON object per
-line, copied as it happens into a shared memory map of the file (:class:`~..base.mapped_file.MappedFile`: no
-system call per event): a rank killed mid-run leaves every event up to its death, because the
-kernel's page cache, not the process, holds what was copied. The file grows in
-:data:`~..base.mapped_file.CHUNK` steps, allocated before use (a full disk stops tracing, never the run), and
-is cut to its length when the rank ends; a killed rank's file ends in zero bytes, which the
-merge skips. Times are this host's monotonic clock in
-nanoseconds; :func:`align` measures, through the c10d store, each rank's offset to rank 0's
-clock and its error bound (half the best of a few round trips), written in the file's first
-line. The tracing feature (``axolotl_dist.tracing._merge``) turns the files into one Chrome
-trace. Line kinds:
+line, copied as it happens into a shared memory map of the file
+(:class:`~..base.mapped_file.MappedFile`: no system call per event): a rank killed mid-run
+leaves every event up to its death, because the kernel's page cache, not the process, holds
+what was copied. The file grows in :data:`~..base.mapped_file.CHUNK` steps, allocated before
+use (a full disk stops tracing, never the run), and is cut to its length when the rank ends;
+a killed rank's file ends in zero bytes, which the merge skips. Times are this host's
+monotonic clock in nanoseconds; :func:`align` measures, through the c10d store, each rank's
+offset to rank 0's clock and its error bound (half the best of a few round trips), written in
+the file's first line. The tracing feature (``axolotl_dist.tracing._merge``) turns the files
+into one Chrome trace. Line kinds:
 
 * ``meta``: rank, world size, host, pid, clock offset and error bound;
 * ``thread`` / ``group``: a thread's row and name; a group's name and global ranks;
@@ -69,6 +69,7 @@ FILE_PREFIX, _SUFFIX = "rank", ".jsonl"
 
 
 def rank_file(directory: str, rank: object) -> str:
+    """The path of rank ``rank``'s event file in ``directory``."""
     return os.path.join(directory, f"{FILE_PREFIX}{rank}{_SUFFIX}")
 
 
