@@ -48,12 +48,11 @@ FIELDS = {
 }
 
 LINES = {
-    'axolotl_dist/_runtime/liveness/where_report.py': 463,
+    'axolotl_dist/_runtime/liveness/where_report.py': 462,
     'axolotl_dist/_runtime/protocols/debug_checks.py': 475,
     'axolotl_dist/env/__init__.py': 450,
     'axolotl_dist/hf_data/__init__.py': 455,
     'axolotl_dist/launch/_output.py': 480,
     'axolotl_dist/tensors/sharded_flat_tensor.py': 472,
     'axolotl_dist/testing/_marked.py': 470,
-    'axolotl_dist/tracing/_merge.py': 470,
 }

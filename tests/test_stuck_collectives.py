@@ -3,6 +3,7 @@
 Python): ``kill -USR1`` to the launcher and ``axolotl-dist where`` give the verdict from the
 ranks' flight recorders, naming the rank, the op and the sequence number."""
 
+import json
 import os
 import re
 import signal
@@ -10,14 +11,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import pytest
 
 from fixtures import ROOT, finish, free_port, kill_tree, start, subprocess_env, unfold
+import hosts
 
 STUCK = """\
-import os, sys, time
+import os, random, sys, time
 import torch, torch.distributed as dist
 import axolotl_dist as ad
 
@@ -30,20 +32,24 @@ def spin():
         n += 1  # SPIN
 
 ad.init_distributed()
-scenario, rank, last = sys.argv[1], ad.get_rank(), ad.get_world_size() - 1
+scenario, rank = sys.argv[1], ad.get_rank()
+last = int(sys.argv[2]) if len(sys.argv) > 2 else ad.get_world_size() - 1  # the odd rank
 t = torch.ones(4096)
 if scenario == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
-    for step in range(3 if rank == last else 4):  # the last rank has one batch fewer
+    for step in range(3 if rank == last else 4):  # the odd rank has one batch fewer
         if step == 2:
             sys.stdout.write(f"started {rank} {os.getpid()}\\n"); sys.stdout.flush()
         model(torch.randn(2, 8)).sum().backward()  # BACKWARD
     dist.barrier()  # BARRIER
 else:
-    for _ in range(3):
+    steps = random.Random(rank)
+    for _ in range(UNEVEN if scenario == "uneven" else 3):
+        if scenario == "uneven":  # a healthy run's steps of uneven length (0.1-3 s)
+            time.sleep(steps.uniform(0.1, 3.0))
         dist.all_reduce(t)
     sys.stdout.write(f"started {rank} {os.getpid()}\\n"); sys.stdout.flush()
-    if rank == last and scenario == "skip":
+    if rank == last and scenario in ("skip", "uneven"):
         evaluate()
     elif rank == last and scenario == "loop":
         spin()
@@ -53,14 +59,29 @@ else:
 """
 
 
+#: The healthy steps of the "uneven" scenario (then it is stuck the way "skip" is).
+UNEVEN = 15
+STUCK = STUCK.replace("UNEVEN", str(UNEVEN))
+
+
 def _line(marker: str) -> int:
     return next(i for i, text in enumerate(STUCK.splitlines(), 1) if f"# {marker}" in text)
 
 
-def _verdict(scenario: str, ws: int) -> str:
-    """The verdict line the report must hold (a regex)."""
-    last = ws - 1
-    others = {2: "rank 0", 3: "ranks 0, 1", 4: "ranks 0-2"}[ws]  # the kit folds runs of 3+
+def _others(ws: int, last: int) -> str:
+    """The ranks but ``last``, as the kit names them (runs of 3 or more folded)."""
+    rest = [r for r in range(ws) if r != last]
+    if len(rest) == 1:
+        return f"rank {rest[0]}"
+    if len(rest) >= 3 and rest == list(range(rest[0], rest[-1] + 1)):
+        return f"ranks {rest[0]}-{rest[-1]}"
+    return "ranks " + ", ".join(map(str, rest))
+
+
+def _verdict(scenario: str, ws: int, last: Optional[int] = None) -> str:
+    """The verdict line the report must hold (a regex); ``last``: the odd rank (the last)."""
+    last = ws - 1 if last is None else last
+    others = _others(ws, last)
     at = lambda marker: rf"at stuck\.py:{_line(marker)}"  # noqa: E731
     if scenario in ("skip", "loop"):
         head = (rf"verdict: {others} wait in torch's all_reduce #4 \(float32\[4096\]\) on the "
@@ -225,3 +246,157 @@ def test_debug_mode_raises_torchs_mismatch_on_every_rank(tmp_path, scenario, lau
         assert sum(text.count("The ranks can never meet") for text in texts) == 1, texts
     assert all(code != 0 for code, _, _ in results), results
     assert took < 40, took
+
+
+# --- the stuck report, unasked (#78) -------------------------------------------------------
+
+#: The bound the tests set (seconds): the derived one is at least 60 s.
+BOUND = 4
+#: A report's line as the kit logs it: time, level, logger, the rank's tag.
+_KIT_LINE = re.compile(r"^\d\d:\d\d:\d\d WARNING axolotl_dist: \[rank (\d)/(\d)\] (.*)$")
+
+
+def _start_logged(launcher: str, tmp_path: Path, scenario: str, ws: int, port: int, last: int,
+                  bound: float, **extra: str):
+    """The run, each process's stdout and stderr to files of ``tmp_path`` (read while it runs)."""
+    env = dict(subprocess_env(tmp_path), AXOLOTL_DIST_STUCK_AFTER=str(bound), **extra)
+    script = [str(tmp_path / "stuck.py"), scenario, str(last)]
+    runs = {"axolotl-dist": [("launch", [sys.executable, "-m", "axolotl_dist.launch", "-n",
+                                         str(ws), "--master-port", str(port)], env)],
+            "torchrun": [("launch", [sys.executable, "-m", "torch.distributed.run",
+                                     "--nproc-per-node", str(ws), "--master-addr", "127.0.0.1",
+                                     "--master-port", str(port)], env)],
+            "env": [(f"rank{r}", [sys.executable],
+                     dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))) for r in range(ws)]
+            }[launcher]
+    procs = []
+    for name, cmd, penv in runs:
+        with open(tmp_path / f"{name}.out", "w") as out, open(tmp_path / f"{name}.err", "w") as err:
+            procs.append(subprocess.Popen(cmd + script, cwd=tmp_path, env=penv, stdout=out,
+                                          stderr=err, start_new_session=True))
+    return procs
+
+
+def _logged(tmp_path: Path) -> str:
+    files = [path for pattern in ("*.out", "*.err", "out-*.txt")
+             for path in sorted(tmp_path.glob(pattern))]
+    return unfold("\n".join(p.read_text(errors="replace") for p in files), labelled=True)
+
+
+def _await(tmp_path: Path, pattern: str, count: int, deadline: float) -> str:
+    """The run's output once ``pattern`` occurs ``count`` times (fails past ``deadline``)."""
+    while True:
+        text = _logged(tmp_path)
+        if len(re.findall(pattern, text, re.M)) >= count:
+            return text
+        assert time.monotonic() < deadline, text[-4000:]
+        time.sleep(0.2)
+
+
+#: A raw all_reduce rank 1 never reaches, and DDP where rank 2 has one batch fewer (its barrier
+#: meets the others' gradient all-reduce), on 3 ranks; the store in torchrun's agent, in
+#: ``axolotl-dist``, and in rank 0 (bare env vars). "uneven": 15 healthy steps of 0.1-3 s on a
+#: machine two busy processes load, which must not be reported (its bound: 8 s), then "skip".
+AUTO_CASES = [("skip", "torchrun", 3, 1), ("ddp", "env", 3, 2), ("ddp", "axolotl-dist", 3, 2),
+              ("skip", "env", 3, 1), ("uneven", "axolotl-dist", 3, 1)]
+
+
+@pytest.mark.parametrize("scenario,launcher,ws,last", AUTO_CASES)
+def test_a_stuck_run_reports_itself_within_the_bound(tmp_path, scenario, launcher, ws, last):
+    (tmp_path / "stuck.py").write_text(STUCK)
+    bound = 2 * BOUND if scenario == "uneven" else BOUND
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 if scenario == "uneven" else 0)]
+    procs = _start_logged(launcher, tmp_path, scenario, ws, free_port(), last, bound)
+    try:
+        _await(tmp_path, r"^(\[rank \d\] )?started", ws, time.monotonic() + 90)
+        started = time.monotonic()
+        text = _await(tmp_path, "the run is still stuck", 1, started + 60)
+        took = time.monotonic() - started
+    finally:
+        (tmp_path / "go").write_text("")
+        for proc in procs + busy:
+            kill_tree(proc.pid)
+            proc.wait(30)
+    kit = [m for m in map(_KIT_LINE.match, text.splitlines()) if m]
+    heads = [m for m in kit if "the run looks stuck" in m.group(3)]
+    assert len(heads) == 1, text  # one rank reports, the first time whole
+    first = re.search(r"has issued no collective for (\d+) s, waiting in torch's (\w+) #(\d+) ",
+                      heads[0].group(3))
+    assert first and int(first.group(1)) <= bound + 2 * 2.5, text  # a beat late at most
+    if scenario != "ddp":  # the collective rank `last` never reached, none before it
+        assert first.group(3) == str(UNEVEN + 1 if scenario == "uneven" else 4), text
+    if scenario == "skip":  # a rank that waits reports, not the one elsewhere (in DDP it
+        assert heads[0].group(1) != str(last), text  # waits too, in its barrier)
+    assert all(m.group(2) == str(ws) for m in kit), text
+    verdicts = [m.group(3).strip() for m in kit if m.group(3).strip().startswith("verdict:")]
+    assert len(verdicts) == 2, text
+    verdict = _verdict("skip" if scenario == "uneven" else scenario, ws, last)
+    if scenario == "uneven":
+        verdict = verdict.replace("#4", f"#{UNEVEN + 1}").replace("#3", f"#{UNEVEN}")
+    assert all(re.search(verdict, v) for v in verdicts), text
+    assert sum("the run is still stuck" in m.group(3) for m in kit) == 1, text  # then once shorter
+    assert took < 45, took
+
+
+def test_a_stuck_runs_timeline_shows_every_ranks_collectives_and_the_open_one(tmp_path):
+    # DDP where rank 2 has a batch fewer, traced, bare env vars: the report merges the timeline
+    # so far; each rank's row holds torch's collectives up to the stuck one, drawn open
+    (tmp_path / "stuck.py").write_text(STUCK)
+    trace = tmp_path / "trace"
+    procs = _start_logged("env", tmp_path, "ddp", 3, free_port(), 2, BOUND,
+                          AXOLOTL_DIST_TRACE=str(trace))
+    try:
+        _await(tmp_path, r"^started", 3, time.monotonic() + 90)
+        text = _await(tmp_path, "the timeline so far: ", 1, time.monotonic() + 60)
+    finally:
+        for proc in procs:
+            kill_tree(proc.pid)
+            proc.wait(30)
+    head = re.search(r"waiting in torch's \w+ #(\d+) ", text)
+    assert head, text
+    stuck = int(head.group(1))
+    assert f"the timeline so far: {trace / 'trace.json'}, {trace / 'timeline.png'}" in text, text
+    events = json.loads((trace / "trace.json").read_text())["traceEvents"]
+    torch_events = [e for e in events if e.get("cat") == "torch"]
+    end_us = max(e["ts"] + e.get("dur", 0) for e in torch_events)
+    for rank in range(3):
+        mine = sorted((e for e in torch_events if e["pid"] == rank),
+                      key=lambda e: e["args"]["call"])
+        assert [e["args"]["call"] for e in mine] == list(range(1, stuck + 1)), (rank, mine)
+        assert mine[-1]["name"].endswith(": not finished"), mine[-1]  # the open one, drawn open
+        assert mine[-1]["dur"] >= BOUND * 1e6 * 0.9, mine[-1]  # to the report's time
+        assert all(not e["name"].endswith(": not finished") for e in mine[:-1]), mine
+    want = {0: "all_reduce", 1: "all_reduce", 2: "barrier"}  # rank 2 went on to its barrier
+    assert all(next(e for e in torch_events if e["pid"] == r and e["args"]["call"] == stuck)
+               ["name"].startswith(f"{op} #{stuck}") for r, op in want.items()), torch_events
+    # times in seconds from the run's start: none before it, none past the last look
+    assert all(0 <= e["ts"] <= end_us + 1 for e in events if "ts" in e), events  # 1 us: rounding
+    assert end_us < 120e6, end_us
+    summary = (trace / "summary.txt").read_text()
+    assert re.search(rf"rank 0: in torch's all_reduce #{stuck} \(float32\[36\]\), not finished "
+                     r"\d+\.\d s after it was issued", summary), summary
+    assert (trace / "timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(hosts.network_available() is not None, reason=str(hosts.network_available()))
+@pytest.mark.parametrize("scenario,last", [("skip", 1), ("ddp", 2)])
+def test_a_stuck_run_across_two_nodes_reports_itself(tmp_path, scenario, last):
+    # node-a holds ranks 0, 1, node-b rank 2, each on a network of its own (bare env vars: rank
+    # 0 hosts the store at node-a's address); the report names the rank on the other host too
+    script = tmp_path / "stuck.py"
+    first, rest = STUCK.split("\n", 1)  # the arguments on its first line: its lines stay
+    script.write_text(f"{first}; sys.argv[1:] = [{scenario!r}, '{last}']\n{rest}")
+    nodes = [hosts.Node([0, 1], "node-a", burn_pids=60), hosts.Node([2], "node-b")]
+    with hosts.private_network(nodes, str(tmp_path)):
+        ranks = hosts.start_nodes(nodes, str(script), str(tmp_path), free_port(),
+                                  extra_env={"AXOLOTL_DIST_STUCK_AFTER": str(BOUND)})
+        _await(tmp_path, r"^started", 3, time.monotonic() + 90)
+        text = _await(tmp_path, "the run is still stuck", 1, time.monotonic() + 60)
+    kit = [m for m in map(_KIT_LINE.match, text.splitlines()) if m]
+    assert sum("the run looks stuck" in m.group(3) for m in kit) == 1, ranks.describe()
+    verdicts = [m.group(3).strip() for m in kit if m.group(3).strip().startswith("verdict:")]
+    assert len(verdicts) == 2, ranks.describe()
+    verdict = _verdict(scenario, 3, last).replace(r"stuck\.py", r"\S*stuck\.py")  # its path
+    assert all(re.search(verdict, v) for v in verdicts), ranks.describe()

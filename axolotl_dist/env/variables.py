@@ -41,6 +41,7 @@ __all__ = [
     "kit_seconds",
     "kit_switch",
     "kit_path",
+    "kit_bound",
     "kit_secret",
     "MIN_SECRET",
     "validate_kit_vars",
@@ -68,6 +69,8 @@ __all__ = [
     "LAUNCHER_FOLDS_ENV_VAR",
     "LAUNCHER_TTY_ENV_VAR",
     "TRACE_ENV_VAR",
+    "STUCK_AFTER_ENV_VAR",
+    "OFF",
     "RUN_DIR_ENV_VAR",
     "SECRET_ENV_VAR",
     "SECRET_FILE_ENV_VAR",
@@ -220,6 +223,10 @@ LAUNCHER_FOLDS_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_FOLDS"
 LAUNCHER_TTY_ENV_VAR = "AXOLOTL_DIST_LAUNCHER_TTY"
 #: A directory: every rank records its kit calls there for the timeline (off when unset).
 TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
+#: Seconds without a finished collective after which a rank waiting in one reports the run
+#: stuck (unset: from the run's rhythm, at least 60 s; :data:`OFF`: never).
+STUCK_AFTER_ENV_VAR = "AXOLOTL_DIST_STUCK_AFTER"
+OFF = "off"
 #: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default
 #: ``$XDG_RUNTIME_DIR/axolotl_dist/runs``, else ``<tmp>/axolotl_dist-<uid>/runs``).
 RUN_DIR_ENV_VAR = "AXOLOTL_DIST_RUN_DIR"
@@ -236,7 +243,7 @@ class KitVar(NamedTuple):
     """One ``AXOLOTL_DIST_*`` variable: how it is read, its default, and the fix a bad value's
     error suggests."""
 
-    kind: str  #: "seconds", "switch", "path", or "launcher" (set by ``axolotl-dist``)
+    kind: str  #: "seconds", "bound" (seconds or off), "switch", "path", or "launcher"
     default: object  #: seconds (float) or a switch's state (bool); None otherwise
     fix: str
 
@@ -276,6 +283,9 @@ KIT_VARS: Dict[str, KitVar] = {
     LAUNCHER_FOLDS_ENV_VAR: KitVar("launcher", None, ""),
     LAUNCHER_TTY_ENV_VAR: KitVar("launcher", None, ""),
     TRACE_ENV_VAR: KitVar("path", None, ""),
+    STUCK_AFTER_ENV_VAR: KitVar(
+        "bound", None, f"set e.g. {STUCK_AFTER_ENV_VAR}=600 for a report after 10 minutes, "
+        f"{STUCK_AFTER_ENV_VAR}={OFF} for none, or unset it for a bound from the run's rhythm"),
     RUN_DIR_ENV_VAR: KitVar("path", None, ""),
     LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
     END_DIR_ENV_VAR: KitVar("launcher", None, ""),
@@ -388,11 +398,32 @@ def _path(value: Optional[object]) -> Optional[str]:
     return path or None
 
 
+def kit_bound(name: str) -> Optional[float]:
+    """Bound variable ``name`` of :data:`KIT_VARS`: positive seconds, ``math.inf`` for
+    :data:`OFF`, None when unset or blank (the kit derives one)."""
+    value = raw(name)
+    word = "" if value is None else text(value).strip().lower()
+    if not word:
+        return None
+    if word == OFF:
+        return math.inf
+    try:
+        seconds = float(word)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise DistributedEnvError(f"{name}={text(value)!r} is neither a positive number of "
+                                  f"seconds nor {OFF!r}: {KIT_VARS[name].fix}")
+    return seconds
+
+
 def validate_kit_vars() -> None:
     """Read every set variable of :data:`KIT_VARS`; raise for the first bad one."""
     for name, var in KIT_VARS.items():
         if var.kind == "seconds":
             kit_seconds(name)
+        elif var.kind == "bound":
+            kit_bound(name)
         elif var.kind == "switch":
             kit_switch(name)
         elif var.kind == "secret":

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any, Callable, Optional, TypeVar
 
 from ..env import variables as _variables
+from .._runtime.base import hooks as _hooks
+from .._runtime.base.kitlog import kit as _kit
 from .._runtime.protocols import timeline as _timeline
 from . import _merge
 from .._runtime.base.callsite import call_site
@@ -78,6 +81,32 @@ def start_recording(directory: str, store: Any, rank: int, world_size: int) -> N
     rank 0 merges every rank's file, unless the ``axolotl-dist`` launcher will once every
     rank ended (it started this rank with ``AXOLOTL_DIST_TRACE`` naming the directory)."""
     _timeline.start(directory, store, rank, world_size, at_end=_at_end)
+
+
+def _so_far() -> None:
+    """A stuck run's reporting rank, while tracing: its torch collectives so far written, and
+    every rank's file here merged on a thread of its own (a large trace takes seconds: the
+    heartbeat must go on beating), which logs where the timeline is."""
+    recorder = TIMELINE.recorder
+    if recorder is not None:
+        _timeline.torch_so_far()
+        threading.Thread(target=_merge_so_far, args=(recorder.directory,), daemon=True,
+                         name="axolotl-dist-trace-merge").start()
+
+
+def _merge_so_far(directory: str) -> None:
+    try:
+        merged = _merge.merge(directory)
+    except Exception as exc:  # noqa: BLE001 - a trace never fails a run
+        _kit.warning("the timeline so far could not be merged in %s: %s: %s", directory,
+                     type(exc).__name__, exc)
+        return
+    picture = f", {merged.timeline_png}" if merged.timeline_png else ""
+    _kit.warning("the timeline so far: %s%s", merged.trace_json, picture)
+
+
+_hooks.on_where_answer(_timeline.torch_so_far)
+_hooks.on_stuck_report(_so_far)
 
 
 def _at_end(recorder: _timeline.Recorder) -> None:

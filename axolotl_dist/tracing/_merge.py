@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .._runtime.protocols.timeline import FILE_PREFIX, rank_file, rank_of_file
+from . import _picture
 
 __all__ = ["RankTrace", "load", "merge", "merge_at_exit", "announce", "Merged", "MIN_WAIT_US",
            "EXIT_WAIT"]
@@ -44,7 +45,8 @@ class RankTrace:
         self.groups: Dict[str, List[int]] = {}
         self.spans: List[Dict[str, Any]] = []
         self.end: Optional[Dict[str, Any]] = None
-        self.last = 0
+        #: torch's collectives by (group, number): written again while open (a where answer)
+        torch: Dict[Tuple[Any, Any], Dict[str, Any]] = {}
         with open(path) as fh:
             for line in fh:
                 try:
@@ -58,11 +60,14 @@ class RankTrace:
                     self.threads[event["th"]] = event["name"]
                 elif kind == "group":
                     self.groups[event["g"]] = event["ranks"]
+                elif kind == "span" and event["k"].startswith("torch"):
+                    torch[(event.get("g"), event.get("s"))] = event  # the last line wins
                 elif kind == "span":
                     self.spans.append(event)
-                    self.last = max(self.last, event["t"] + event["d"])
                 elif kind == "end":
                     self.end = event
+        self.spans += torch.values()
+        self.last = max([int(self.meta.get("t", 0))] + [s["t"] + s["d"] for s in self.spans])
         self.rank = int(self.meta.get("rank", rank_of_file(path)))
         self.offset = int(self.meta.get("offset_ns", 0))
 
@@ -241,6 +246,13 @@ def _site_row(label: str, instances: Dict[Any, List[int]], ranks: List[int],
     return row
 
 
+def _open_collectives(traces: List[RankTrace]) -> List[str]:
+    """A line per torch collective a rank was still in when it last wrote its file."""
+    return [f"rank {tr.rank}: in torch's {span['n']}, not finished {span['d'] / 1e9:.1f} s "
+            "after it was issued (its file's last look)"
+            for tr in traces for span in tr.spans if span["k"] == "torch-open"]
+
+
 def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
     """Per call site: calls, wall time (first start to last end over the ranks, summed over
     calls), and each rank's total wait with the ranks it waited for most."""
@@ -256,6 +268,7 @@ def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
     if lost:
         lines.append(f"rank(s) {lost} ended without an exit record (killed or crashed): their "
                      "rows stop at their last event")
+    lines += _open_collectives(traces)
     return "\n".join(lines) + "\n"
 
 
@@ -273,6 +286,8 @@ def _span_event(tr: RankTrace, span: Dict[str, Any], us: Callable[[int], float])
     if span["k"] == "torch" and not span["d"]:  # issued; gloo stamps no completion
         del event["dur"]
         event.update(ph="i", s="t")
+    elif span["k"] == "torch-open":  # not finished when the rank last wrote its file
+        event.update(name=f"{span['n']}: not finished", cat="torch")
     return event
 
 
@@ -317,75 +332,6 @@ def _events(traces: List[RankTrace], waits: List[_Wait], base: int) -> List[Dict
     return events
 
 
-def _draw_rank(ax: Any, tr: RankTrace, base: int, end: float, colours: Dict[str, str]) -> None:
-    """Draw one rank's row of ``timeline.png``: its spans, their labels where they are wide
-    enough (``end``: the timeline's length in seconds), and an x where a lost rank died."""
-    y = tr.rank
-    # one collection per kind (a run may hold millions of spans): block bodies first,
-    # then kit calls and waits, user spans (thinner) on top
-    bars: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
-    for span in tr.spans:
-        start, width = (tr.at(span["t"]) - base) / 1e9, max(span["d"] / 1e9, 1e-4)
-        bars[span["k"]].append((start, width))
-        if width > 0.06 * end:
-            kind = span["k"]
-            label = span["n"] if kind != "wait" else f"wait: {span['n']}"
-            if kind == "body":  # above the bar: what runs inside is labelled on it
-                ax.text(start, y - 0.38, f"{label} (body)", ha="left", va="bottom",
-                        fontsize=7, clip_on=True)
-            else:
-                ax.text(start + width / 2, y, label, ha="center", va="center", fontsize=7,
-                        clip_on=True, zorder=5)
-    for kind in ("body", "helper", "wait", "user"):
-        if bars.get(kind):
-            height = 0.4 if kind == "user" else 0.7
-            ax.broken_barh(bars[kind], (y - height / 2, height), facecolors=colours[kind],
-                           hatch="///" if kind == "wait" else None, edgecolor="white",
-                           linewidth=0.5)
-    if tr.end is None:
-        ax.plot([(tr.at(tr.last) - base) / 1e9], [y], marker="x", color="black", markersize=10)
-
-
-def _png(traces: List[RankTrace], waits: List[_Wait], base: int, path: str) -> str:
-    """``timeline.png``: ranks on the y axis, spans coloured by kind, waits hatched.
-
-    :raises ImportError: without matplotlib (the ``trace`` extra).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-    colours = {"helper": "#4c78a8", "body": "#f58518", "user": "#54a24b", "wait": "#e45756"}
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(traces)))
-    end = max((tr.at(tr.last) - base) / 1e9 for tr in traces) or 1e-3
-    for tr in traces:
-        _draw_rank(ax, tr, base, end, colours)
-    computed: Dict[int, List[Tuple[float, float]]] = defaultdict(list)
-    for w in waits:
-        if w.computed:
-            computed[w.rank].append(((w.start - base) / 1e9, (w.end - w.start) / 1e9))
-    for rank, spans in computed.items():
-        ax.broken_barh(spans, (rank - 0.35, 0.7), facecolors="none", hatch="///",
-                       edgecolor=colours["wait"])
-    ax.set_yticks([tr.rank for tr in traces])
-    ax.set_yticklabels([f"rank {tr.rank}" for tr in traces])
-    ax.set_ylim(max(tr.rank for tr in traces) + 0.6, -0.8)  # rank 0 on top, room for labels
-    ax.set_xlabel("seconds (rank 0's clock)")
-    ax.set_title("axolotl_dist timeline: kit calls and waits per rank")
-    ax.legend(handles=[Patch(facecolor=colours["helper"], label="collective / helper"),
-                       Patch(facecolor=colours["body"], label="block body (runs first)"),
-                       Patch(facecolor="white", edgecolor=colours["wait"], hatch="///",
-                             label="waiting for other ranks"),
-                       Patch(facecolor=colours["user"], label="trace_span")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(traces) < 4 else -0.12),
-              ncol=4, frameon=False, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def merge(directory: str, png: bool = True) -> Merged:
     """Merge the rank files in ``directory`` into ``trace.json``, ``summary.txt`` and (with
     matplotlib, ``png``) ``timeline.png`` there."""
@@ -414,7 +360,7 @@ def merge(directory: str, png: bool = True) -> Merged:
     note: Optional[str] = None
     if png:
         try:
-            picture = _png(traces, waits, base, os.path.join(directory, "timeline.png"))
+            picture = _picture.draw(traces, waits, base, os.path.join(directory, "timeline.png"))
         except ImportError:
             note = PNG_NEEDS_EXTRA
     return Merged(out, summary_path, picture, summary, events, note)

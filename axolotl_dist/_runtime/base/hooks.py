@@ -17,6 +17,9 @@ hook                run by                   registered by
                                              ranks
 ``cleanup``         ``lifecycle.teardown``   ``parallel.mesh``: the world mesh goes before
                                              the groups are destroyed
+``where_answer``    ``liveness.where_``      ``tracing``: torch's collectives so far onto
+                    ``report.answer``        the rank's timeline
+``stuck_report``    ``liveness.stuck``       ``tracing``: the timeline so far, merged
 ==================  =======================  ============================================
 """
 
@@ -28,7 +31,7 @@ from ...errors import RankFailedError
 
 __all__ = ["HeartbeatTask", "on_first_use", "on_peer_failure", "on_uncaught", "add_heartbeat_task",
            "at_cleanup", "first_use", "peer_failure", "explain_uncaught", "heartbeat_tasks",
-           "cleanup"]
+           "cleanup", "on_where_answer", "where_answer", "on_stuck_report", "stuck_report"]
 
 
 class HeartbeatTask(Protocol):
@@ -63,6 +66,8 @@ _PEER_FAILURE: List[Callable[[RankFailedError], None]] = []
 _UNCAUGHT: List[Callable[[BaseException], Optional[RankFailedError]]] = []
 _HEARTBEAT: List[HeartbeatTask] = []
 _CLEANUP: List[Callable[[], None]] = []
+_WHERE_ANSWER: List[Callable[[], None]] = []
+_STUCK_REPORT: List[Callable[[], None]] = []
 
 _H = TypeVar("_H")
 
@@ -99,6 +104,17 @@ def at_cleanup(hook: Callable[[], None]) -> None:
     _add(_CLEANUP, hook)
 
 
+def on_where_answer(hook: Callable[[], None]) -> None:
+    """Run ``hook`` on the heartbeat thread before this rank answers a where request."""
+    _add(_WHERE_ANSWER, hook)
+
+
+def on_stuck_report(hook: Callable[[], None]) -> None:
+    """Run ``hook`` on the heartbeat thread once this rank reported the run stuck
+    (:mod:`..liveness.stuck`)."""
+    _add(_STUCK_REPORT, hook)
+
+
 def first_use() -> None:
     """Run the :func:`on_first_use` hooks."""
     for hook in _FIRST_USE:
@@ -133,3 +149,21 @@ def cleanup() -> None:
     """Run the :func:`at_cleanup` hooks."""
     for hook in _CLEANUP:
         hook()
+
+
+def where_answer() -> None:
+    """Run the :func:`on_where_answer` hooks (one that raises is skipped: the answer goes on)."""
+    for hook in _WHERE_ANSWER:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - a hook never costs the answer
+            pass
+
+
+def stuck_report() -> None:
+    """Run the :func:`on_stuck_report` hooks (one that raises is skipped)."""
+    for hook in _STUCK_REPORT:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - a hook never costs the report
+            pass

@@ -18,6 +18,8 @@ Floors, one way: :mod:`.peers` <- :mod:`.stalls` <- :mod:`.dead_peers` <- :mod:`
 * :mod:`.where_report`: where every rank is, on request; the report of all ranks.
 * :mod:`.flight`: each rank's last collective per group in torch's flight recorder; who is
   behind or mismatched, from every rank's.
+* :mod:`.stuck`: each rank's watch of its torch collectives; a stuck one reports the run's
+  where-report on its own.
 * :mod:`.scopes`: collectives the other ranks cannot join are errors at once.
 * :mod:`.liveness_state`: this room's per-process state.
 * :mod:`.runs`: this host's run directory (``axolotl-dist where`` without an address).

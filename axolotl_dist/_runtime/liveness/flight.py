@@ -295,9 +295,10 @@ def unchecked_finding(label: str, mine: int, call: str, ahead: Dict[int, Dict[st
 
 def recorded(since_ns: int) -> List[Dict[str, Any]]:
     """torch's recorded collectives created at or after ``since_ns`` (its wall clock, ns),
-    oldest first, for the timeline: ``{"group", "seq", "name", "t", "d"}``, ``d`` the
-    nanoseconds to its completion where the backend stamps one (NCCL with timing), else 0.
-    The buffer keeps the last ``TORCH_FR_BUFFER_SIZE`` only; point-to-point ones are left out."""
+    oldest first, for the timeline: ``{"group", "seq", "name", "t", "d", "done"}``, ``d`` the
+    nanoseconds to its completion where the backend stamps one (NCCL with timing), else 0;
+    ``done``: it finished. The buffer keeps the last ``TORCH_FR_BUFFER_SIZE`` only;
+    point-to-point ones are left out."""
     dump = _dump()
     out = []
     for entry in (dump or {}).get("entries") or []:
@@ -307,5 +308,6 @@ def recorded(since_ns: int) -> List[Dict[str, Any]]:
         done = int(entry.get("time_discovered_completed_ns") or 0)
         pos = _position(entry)
         out.append({"group": _group_of(entry), "seq": pos["seq"], "name": what(pos, seq=True),
-                    "t": created, "d": done - created if done > created else 0})
+                    "t": created, "d": done - created if done > created else 0,
+                    "done": bool(entry.get("retired")) or entry.get("state") == "completed"})
     return out

@@ -34,6 +34,7 @@ from ..store.access import genuine, parsed, set_if_absent, put, store_host, worl
 from ..store.clients import raw_store
 from . import runs, where_report
 from .dead_peers import DeadPeers
+from .stuck import StuckWatch, stuck_watch
 from .stalls import StallDetector, create_world_keys
 from .peers import (STALL_CHECK_INTERVAL, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
@@ -54,11 +55,13 @@ def _run_id(base: "Store") -> str:
 
 class BeatState(RoomState):
     """``thread``: this rank's :class:`Heartbeat`, if running; ``dead_peers``: the watch that
-    ends this process when a peer died (:mod:`.dead_peers`)."""
+    ends this process when a peer died (:mod:`.dead_peers`); ``stuck``: the watch that reports
+    the run stuck in a collective (:mod:`.stuck`)."""
 
     def __init__(self) -> None:
         self.thread: Optional[Heartbeat] = None
         self.dead_peers: Optional[DeadPeers] = None
+        self.stuck: Optional[StuckWatch] = None
 
 
 BEAT = register("beat", BeatState())
@@ -151,6 +154,9 @@ class Heartbeat:
         if requests > self.answered:  # someone asked where this rank is
             self.answered = requests
             where_report.answer(self.raw, self.run, self.rank, requests)
+        stuck = BEAT.stuck
+        if stuck is not None:  # its own report answers this rank's request
+            self.answered = max(self.answered, stuck.beat(self.raw, time.monotonic()))
         if self.host is not None:
             self._copy_host_exit()
         if self.rank == 0 and self.world_size > 1:  # the stall detector: on while some rank waits
@@ -349,6 +355,7 @@ def start_heartbeat() -> None:
                                                        "sealed": seals.sealing()}))
         runs.note_address(run, rank, world, launcher_name())
         BEAT.dead_peers = DeadPeers(run, rank, world) if world > 1 else None
+        BEAT.stuck = stuck_watch(run, rank, world)
         BEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         HEARTBEAT.beating = True
         HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))

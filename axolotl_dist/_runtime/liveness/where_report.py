@@ -27,7 +27,7 @@ import time
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from ..base import procs
+from ..base import hooks, procs
 from ..base.callsite import PACKAGE_DIR, short_path
 from ..base.constants import HEARTBEAT_INTERVAL, HOST
 from ...env.variables import SECRET_ENV_VAR, is_decimal
@@ -40,11 +40,9 @@ from .peers import decode_peer, same_machine
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed import Store
 
-__all__ = ["REQUEST", "BEATS",
-           "snapshot", "answer", "ask", "collect", "report",
-           "where_command",
+__all__ = ["REQUEST", "BEATS", "snapshot", "answer", "ask", "collect", "report", "where_command",
            "where", "where_each", "placed", "place", "collective_findings", "read_answer",
-           "asked_by_the_run", "QUESTION_FRESH", "UNSEALED"]
+           "asked_by_the_run", "QUESTION_FRESH", "UNSEALED", "peer_records"]
 
 #: What a requester adds to a rank's heartbeat counter; the beats part of the counter (their
 #: layout: :func:`~..store.keys.heartbeat`).
@@ -160,6 +158,7 @@ def snapshot(rank: int) -> Dict[str, Any]:
 def answer(store: "Store", run: str, rank: int, request: int) -> None:
     """Write this rank's snapshot for request number ``request``: in a run with a secret, only
     for a recent question sealed with it (:func:`asked_by_the_run`), encrypted."""
+    hooks.where_answer()  # e.g. torch's collectives so far onto the timeline
     data = snapshot(rank)
     data["request"] = request
     key = keys.where_answer(run, rank)
@@ -417,10 +416,10 @@ def _asked(store: "Store", ranks: Optional[Sequence[int]], within: float) -> Any
         return records.unreadable(keys.RUN_NOTE, None, exc)
     wanted = ask(store, run, ranks if ranks is not None else range(world))
     answers, silent = collect(store, run, wanted, within)
-    return answers, silent, _peer_records(store, run, silent), sealed
+    return answers, silent, peer_records(store, run, silent), sealed
 
 
-def _peer_records(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Peer]:
+def peer_records(store: "Store", run: str, ranks: Sequence[int]) -> Dict[int, Peer]:
     """The peer records of ``ranks`` that exist (one or two store calls each)."""
     peers: Dict[int, Peer] = {}
     for rank in ranks:

@@ -51,7 +51,7 @@ from ..base.state import RoomState, register
 
 __all__ = ["Recorder", "TIMELINE", "TimelineState", "start", "finish", "align",
            "trace_dir_requested", "helper_span", "add_bytes", "wait_span", "body_span", "now",
-           "FILE_PREFIX", "rank_file", "rank_of_file", "register_sync"]
+           "FILE_PREFIX", "rank_file", "rank_of_file", "register_sync", "torch_so_far"]
 
 
 class TimelineState(RoomState):
@@ -114,6 +114,8 @@ class Recorder:
         self.lock = threading.Lock()
         self.default_name = ""  # the default group's name, once the meta line is written
         self.wall_start = time.time_ns()  # torch's flight recorder stamps this clock
+        #: torch's collectives written finished, ``(group, seq)``: :func:`torch_so_far`
+        self.torch_done: Set[Tuple[str, int]] = set()
         #: run by the exit's cleanup once this rank's groups are destroyed (the tracing
         #: feature merges the files there: :mod:`axolotl_dist.tracing`)
         self.at_end: Optional[Callable[["Recorder"], None]] = None
@@ -266,22 +268,38 @@ def finish(exc: Optional[BaseException] = None) -> Optional[Recorder]:
     return recorder
 
 
-def _torch_spans(recorder: Recorder) -> None:
+def _torch_spans(recorder: Recorder, open_ones: bool = False) -> None:
     """torch's own collectives since tracing began, from its flight recorder, on a row of their
-    own (``torch`` spans: a raw ``dist.all_reduce``, DDP's all-reduce; no duration where the
-    backend stamps no completion, as gloo)."""
+    own, those not written finished before (:func:`torch_so_far`): ``torch`` spans (a raw
+    ``dist.all_reduce``, DDP's all-reduce; no duration where the backend stamps no completion,
+    as gloo); with ``open_ones``, ``torch-open`` for one not finished, drawn up to now (the
+    merge keeps a collective's last line). Without (the rank's end), every one is finished:
+    gloo marks an entry completed a moment after its wait returned."""
     try:
         found = flight.recorded(recorder.wall_start)
     except Exception:  # noqa: BLE001 - a torch without the recorder: the timeline goes without
         return
+    found = [e for e in found or () if (e["group"], e["seq"]) not in recorder.torch_done]
     if not found:
         return
     row = recorder.row(-1, "torch's collectives (flight recorder)")
-    shift = time.time_ns() - now()  # the recorder stamps the wall clock; the file, monotonic
+    at = now()
+    shift = time.time_ns() - at  # the recorder stamps the wall clock; the file, monotonic
     for entry in found:
-        t0 = entry["t"] - shift
-        recorder.span("torch", entry["name"], t0, t0 + entry["d"], group=entry["group"],
+        t0, done = entry["t"] - shift, entry["done"] or not open_ones
+        if done:
+            recorder.torch_done.add((entry["group"], entry["seq"]))
+        recorder.span("torch" if done else "torch-open", entry["name"], t0,
+                      t0 + entry["d"] if done else max(t0, at), group=entry["group"],
                       seq=entry["seq"], thread=row)
+
+
+def torch_so_far() -> None:
+    """Write torch's collectives so far to this rank's file, while tracing (a rank answering a
+    where request: a stuck run's timeline then shows them, the open one included)."""
+    recorder = TIMELINE.recorder
+    if recorder is not None:
+        _torch_spans(recorder, open_ones=True)
 
 
 # --- what the kit's code calls ---------------------------------------------------------------

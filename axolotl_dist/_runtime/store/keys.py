@@ -21,7 +21,8 @@ __all__ = [
     "RUN", "EXITS", "EXIT_LOG", "STALL_REPORT", "WAITERS", "WARN_LOG", "waiting", "exit_record",
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "where_answer",
-    "long_wait", "stuck", "where_question", "rendezvous_prefix", "rendezvous_port", "rendezvous_addr",
+    "long_wait", "stuck", "stuck_report", "where_question", "rendezvous_prefix",
+    "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
     "attempt_joined", "attempt_prefix", "DOCUMENTED", "is_counter", "as_named", "REQUEST",
     "NOTICE", "BEATS", "requests_of", "notices_of", "dead", "EVENTS", "STALL_ROUND", "LONG_WAITS",
@@ -177,6 +178,12 @@ def stuck(run: str, rank: int) -> str:
     return f"axolotl_dist/{run}/stuck/{rank}"
 
 
+def stuck_report(run: str, group: str, seq: int, round_: int) -> str:
+    """Which rank reports the run stuck in torch's collective ``#seq`` of process group
+    ``group`` (the ``round_``-th report of it): the first rank to write its number."""
+    return f"axolotl_dist/{run}/stuck_report/{group.replace('/', '_')}/{seq}/{round_}"
+
+
 # --- attempts of a restarted run (root keys, in a store that outlives them) -------------------
 
 #: A counter: the attempts of this run that began, each numbered by rank 0's ``add``.
@@ -243,7 +250,8 @@ DOCUMENTED = (
     dead("<run>"),
     where_answer("<run>", "<rank>"), where_question("<run>"),  # type: ignore[arg-type]
     long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
-    stuck("<run>", "<rank>"), deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
+    stuck("<run>", "<rank>"), stuck_report("<run>", "<group>", "<seq>", "<n>"),  # type: ignore[arg-type]
+    deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
     exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, STALL_REPORT, WARN_LOG,  # type: ignore[arg-type]
     exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]
     gone("<rank>"), block("zf", "<seq>"), shared_fs("<h>"), block("dn", "<seq>"),  # type: ignore[arg-type]
