@@ -153,17 +153,18 @@ def cleanup() -> None:
 
 def where_answer() -> None:
     """Run the :func:`on_where_answer` hooks (one that raises is skipped: the answer goes on)."""
-    for hook in _WHERE_ANSWER:
-        try:
-            hook()
-        except Exception:  # noqa: BLE001 - a hook never costs the answer
-            pass
+    _run_each(_WHERE_ANSWER)
 
 
 def stuck_report() -> None:
-    """Run the :func:`on_stuck_report` hooks (one that raises is skipped)."""
-    for hook in _STUCK_REPORT:
+    """Run the :func:`on_stuck_report` hooks (one that raises is skipped: the report stands)."""
+    _run_each(_STUCK_REPORT)
+
+
+def _run_each(hooks: List[Callable[[], None]]) -> None:
+    """Run every hook of ``hooks``; one that raises is skipped, never the caller's work."""
+    for hook in hooks:
         try:
             hook()
-        except Exception:  # noqa: BLE001 - a hook never costs the report
+        except Exception:  # noqa: BLE001 - a hook never costs what runs it
             pass

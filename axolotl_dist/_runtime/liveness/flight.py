@@ -90,9 +90,13 @@ def positions() -> Optional[Dict[str, Dict[str, Any]]]:
             continue  # a destroyed group's entries stay in the buffer
         # the newest entry wins: a group made again under the same name (a process that
         # re-initialized) starts from #1
-        last[name] = dict(_position(entry), ranks=members.get(name, []),
-                          done=bool(entry.get("retired")) or entry.get("state") == "completed")
+        last[name] = dict(_position(entry), ranks=members.get(name, []), done=_finished(entry))
     return last or None
+
+
+def _finished(entry: Mapping[str, Any]) -> bool:
+    """Whether a recorder entry's collective finished (retired, or marked completed)."""
+    return bool(entry.get("retired")) or entry.get("state") == "completed"
 
 
 def _group_of(entry: Mapping[str, Any]) -> str:
@@ -309,5 +313,5 @@ def recorded(since_ns: int) -> List[Dict[str, Any]]:
         pos = _position(entry)
         out.append({"group": _group_of(entry), "seq": pos["seq"], "name": what(pos, seq=True),
                     "t": created, "d": done - created if done > created else 0,
-                    "done": bool(entry.get("retired")) or entry.get("state") == "completed"})
+                    "done": _finished(entry)})
     return out
