@@ -55,6 +55,7 @@ from .process import (
     run_local_rank_zero_first,
     tqdm,
 )
+from .reports import StragglerReport, straggler_report
 from .tracing import is_tracing, merge_trace, trace_span
 from .ranks import (
     backend_supports_cpu,
@@ -125,4 +126,6 @@ __all__ = [
     "enable_debug", "disable_debug", "is_debug_enabled", "debug_mode",
     # the timeline
     "trace_span", "is_tracing", "merge_trace",
+    # the straggler report
+    "straggler_report", "StragglerReport",
 ]

@@ -14,6 +14,7 @@ import socket
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -177,3 +178,48 @@ def alive(pid: int) -> bool:
     """Whether ``pid`` still runs (not a zombie)."""
     return process_state(pid) != "gone"
 
+
+
+#: A warning's line as the kit logs it: time, level, logger, the rank's tag (its rank, world).
+KIT_WARNING = re.compile(r"^\d\d:\d\d:\d\d WARNING axolotl_dist: \[rank (\d+)/(\d+)\] (.*)$")
+
+
+def logged_output(tmp_path: Path) -> str:
+    """What a run wrote to ``tmp_path``'s ``*.out``, ``*.err`` and ``out-*.txt`` files so far,
+    launcher labels unfolded."""
+    files = [path for pattern in ("*.out", "*.err", "out-*.txt")
+             for path in sorted(tmp_path.glob(pattern))]
+    return unfold("\n".join(p.read_text(errors="replace") for p in files), labelled=True)
+
+
+def await_output(tmp_path: Path, pattern: str, count: int, deadline: float) -> str:
+    """The run's output (:func:`logged_output`) once ``pattern`` (a regex, per line) occurs
+    ``count`` times; fails past ``deadline`` (``time.monotonic()``), showing the output's end."""
+    while True:
+        text = logged_output(tmp_path)
+        if len(re.findall(pattern, text, re.M)) >= count:
+            return text
+        assert time.monotonic() < deadline, text[-4000:]
+        time.sleep(0.2)
+
+
+def start_logged(launcher: str, tmp_path: Path, script: List[str], ws: int, port: int,
+                 env: Dict[str, str]) -> List[subprocess.Popen]:
+    """``script`` (its path and arguments) on ``ws`` ranks under ``launcher`` (``axolotl-dist``,
+    ``torchrun``, or ``env``: bare env vars, rank 0 hosting the store), each process's stdout and
+    stderr to files of ``tmp_path`` (:func:`logged_output` reads them while it runs)."""
+    runs = {"axolotl-dist": [("launch", [sys.executable, "-m", "axolotl_dist.launch", "-n",
+                                         str(ws), "--master-port", str(port)], env)],
+            "torchrun": [("launch", [sys.executable, "-m", "torch.distributed.run",
+                                     "--nproc-per-node", str(ws), "--master-addr", "127.0.0.1",
+                                     "--master-port", str(port)], env)],
+            "env": [(f"rank{r}", [sys.executable],
+                     dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))) for r in range(ws)]
+            }[launcher]
+    procs = []
+    for name, cmd, penv in runs:
+        with open(tmp_path / f"{name}.out", "w") as out, open(tmp_path / f"{name}.err", "w") as err:
+            procs.append(subprocess.Popen(cmd + script, cwd=tmp_path, env=penv, stdout=out,
+                                          stderr=err, start_new_session=True))
+    return procs

@@ -59,6 +59,7 @@ INTEGRATION: Tuple[str, ...] = (
     "tests/test_shared_map.py::test_a_killed_rank_is_noticed_and_its_part_recomputed_next_time",
     "tests/test_pytest_plugin.py::test_a_session_without_the_marker_imports_no_torch[installed]",
     "tests/test_records_fuzz.py::test_failure_reports_refuse_what_the_kit_did_not_write",
+    "tests/test_straggler_report.py::test_straggler_report_on_forked_ranks_is_none_at_once_while_rank_0_found_nothing",
     "tests/test_hosts.py::test_checkpoints_on_private_disks_commit_per_node_or_say_what_to_do",
     # the launcher, launched: one run per path
     "tests/test_launch.py::test_version_and_help_say_what_the_cli_has",

@@ -15,7 +15,8 @@ from typing import List, Optional
 
 import pytest
 
-from fixtures import ROOT, finish, free_port, kill_tree, start, subprocess_env, unfold
+from fixtures import (KIT_WARNING, ROOT, await_output, finish, free_port, kill_tree, start,
+                      start_logged, subprocess_env, unfold)
 import hosts
 
 STUCK = """\
@@ -252,46 +253,14 @@ def test_debug_mode_raises_torchs_mismatch_on_every_rank(tmp_path, scenario, lau
 
 #: The bound the tests set (seconds): the derived one is at least 60 s.
 BOUND = 4
-#: A report's line as the kit logs it: time, level, logger, the rank's tag.
-_KIT_LINE = re.compile(r"^\d\d:\d\d:\d\d WARNING axolotl_dist: \[rank (\d)/(\d)\] (.*)$")
 
 
 def _start_logged(launcher: str, tmp_path: Path, scenario: str, ws: int, port: int, last: int,
                   bound: float, **extra: str):
     """The run, each process's stdout and stderr to files of ``tmp_path`` (read while it runs)."""
     env = dict(subprocess_env(tmp_path), AXOLOTL_DIST_STUCK_AFTER=str(bound), **extra)
-    script = [str(tmp_path / "stuck.py"), scenario, str(last)]
-    runs = {"axolotl-dist": [("launch", [sys.executable, "-m", "axolotl_dist.launch", "-n",
-                                         str(ws), "--master-port", str(port)], env)],
-            "torchrun": [("launch", [sys.executable, "-m", "torch.distributed.run",
-                                     "--nproc-per-node", str(ws), "--master-addr", "127.0.0.1",
-                                     "--master-port", str(port)], env)],
-            "env": [(f"rank{r}", [sys.executable],
-                     dict(env, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))) for r in range(ws)]
-            }[launcher]
-    procs = []
-    for name, cmd, penv in runs:
-        with open(tmp_path / f"{name}.out", "w") as out, open(tmp_path / f"{name}.err", "w") as err:
-            procs.append(subprocess.Popen(cmd + script, cwd=tmp_path, env=penv, stdout=out,
-                                          stderr=err, start_new_session=True))
-    return procs
-
-
-def _logged(tmp_path: Path) -> str:
-    files = [path for pattern in ("*.out", "*.err", "out-*.txt")
-             for path in sorted(tmp_path.glob(pattern))]
-    return unfold("\n".join(p.read_text(errors="replace") for p in files), labelled=True)
-
-
-def _await(tmp_path: Path, pattern: str, count: int, deadline: float) -> str:
-    """The run's output once ``pattern`` occurs ``count`` times (fails past ``deadline``)."""
-    while True:
-        text = _logged(tmp_path)
-        if len(re.findall(pattern, text, re.M)) >= count:
-            return text
-        assert time.monotonic() < deadline, text[-4000:]
-        time.sleep(0.2)
+    return start_logged(launcher, tmp_path, [str(tmp_path / "stuck.py"), scenario, str(last)],
+                        ws, port, env)
 
 
 #: A raw all_reduce rank 1 never reaches, and DDP where rank 2 has one batch fewer (its barrier
@@ -310,16 +279,16 @@ def test_a_stuck_run_reports_itself_within_the_bound(tmp_path, scenario, launche
             for _ in range(2 if scenario == "uneven" else 0)]
     procs = _start_logged(launcher, tmp_path, scenario, ws, free_port(), last, bound)
     try:
-        _await(tmp_path, r"^(\[rank \d\] )?started", ws, time.monotonic() + 90)
+        await_output(tmp_path, r"^(\[rank \d\] )?started", ws, time.monotonic() + 90)
         started = time.monotonic()
-        text = _await(tmp_path, "the run is still stuck", 1, started + 60)
+        text = await_output(tmp_path, "the run is still stuck", 1, started + 60)
         took = time.monotonic() - started
     finally:
         (tmp_path / "go").write_text("")
         for proc in procs + busy:
             kill_tree(proc.pid)
             proc.wait(30)
-    kit = [m for m in map(_KIT_LINE.match, text.splitlines()) if m]
+    kit = [m for m in map(KIT_WARNING.match, text.splitlines()) if m]
     heads = [m for m in kit if "the run looks stuck" in m.group(3)]
     assert len(heads) == 1, text  # one rank reports, the first time whole
     first = re.search(r"has issued no collective for (\d+) s, waiting in torch's (\w+) #(\d+) ",
@@ -348,8 +317,8 @@ def test_a_stuck_runs_timeline_shows_every_ranks_collectives_and_the_open_one(tm
     procs = _start_logged("env", tmp_path, "ddp", 3, free_port(), 2, BOUND,
                           AXOLOTL_DIST_TRACE=str(trace))
     try:
-        _await(tmp_path, r"^started", 3, time.monotonic() + 90)
-        text = _await(tmp_path, "the timeline so far: ", 1, time.monotonic() + 60)
+        await_output(tmp_path, r"^started", 3, time.monotonic() + 90)
+        text = await_output(tmp_path, "the timeline so far: ", 1, time.monotonic() + 60)
     finally:
         for proc in procs:
             kill_tree(proc.pid)
@@ -392,9 +361,9 @@ def test_a_stuck_run_across_two_nodes_reports_itself(tmp_path, scenario, last):
     with hosts.private_network(nodes, str(tmp_path)):
         ranks = hosts.start_nodes(nodes, str(script), str(tmp_path), free_port(),
                                   extra_env={"AXOLOTL_DIST_STUCK_AFTER": str(BOUND)})
-        _await(tmp_path, r"^started", 3, time.monotonic() + 90)
-        text = _await(tmp_path, "the run is still stuck", 1, time.monotonic() + 60)
-    kit = [m for m in map(_KIT_LINE.match, text.splitlines()) if m]
+        await_output(tmp_path, r"^started", 3, time.monotonic() + 90)
+        text = await_output(tmp_path, "the run is still stuck", 1, time.monotonic() + 60)
+    kit = [m for m in map(KIT_WARNING.match, text.splitlines()) if m]
     assert sum("the run looks stuck" in m.group(3) for m in kit) == 1, ranks.describe()
     verdicts = [m.group(3).strip() for m in kit if m.group(3).strip().startswith("verdict:")]
     assert len(verdicts) == 2, ranks.describe()

@@ -71,6 +71,7 @@ __all__ = [
     "TRACE_ENV_VAR",
     "STUCK_AFTER_ENV_VAR",
     "OFF",
+    "STRAGGLERS_ENV_VAR",
     "RUN_DIR_ENV_VAR",
     "SECRET_ENV_VAR",
     "SECRET_FILE_ENV_VAR",
@@ -227,6 +228,8 @@ TRACE_ENV_VAR = "AXOLOTL_DIST_TRACE"
 #: stuck (unset: from the run's rhythm, at least 60 s; :data:`OFF`: never).
 STUCK_AFTER_ENV_VAR = "AXOLOTL_DIST_STUCK_AFTER"
 OFF = "off"
+#: Switch: rank 0 names a rank that issues the run's collectives last, most of the time (on).
+STRAGGLERS_ENV_VAR = "AXOLOTL_DIST_STRAGGLERS"
 #: A directory: where the runs of this host are recorded for ``axolotl-dist where`` (default
 #: ``$XDG_RUNTIME_DIR/axolotl_dist/runs``, else ``<tmp>/axolotl_dist-<uid>/runs``).
 RUN_DIR_ENV_VAR = "AXOLOTL_DIST_RUN_DIR"
@@ -286,6 +289,8 @@ KIT_VARS: Dict[str, KitVar] = {
     STUCK_AFTER_ENV_VAR: KitVar(
         "bound", None, f"set e.g. {STUCK_AFTER_ENV_VAR}=600 for a report after 10 minutes, "
         f"{STUCK_AFTER_ENV_VAR}={OFF} for none, or unset it for a bound from the run's rhythm"),
+    STRAGGLERS_ENV_VAR: KitVar("switch", True, f"set {STRAGGLERS_ENV_VAR}=0 for no straggler "
+                               f"report or {STRAGGLERS_ENV_VAR}=1 (or unset it) for one"),
     RUN_DIR_ENV_VAR: KitVar("path", None, ""),
     LAUNCHER_PID_ENV_VAR: KitVar("launcher", None, ""),
     END_DIR_ENV_VAR: KitVar("launcher", None, ""),

@@ -105,8 +105,19 @@ def _merge_so_far(directory: str) -> None:
     _kit.warning("the timeline so far: %s%s", merged.trace_json, picture)
 
 
+def _straggler(found: object) -> None:
+    """Mark a straggler rank 0 found on its timeline: a ``finding`` of no length, on a row of
+    the kit's findings (the merge draws it across every rank)."""
+    recorder = TIMELINE.recorder
+    if recorder is not None:
+        at = _timeline.now()
+        recorder.span("finding", f"straggler: {found}", at, at,
+                      thread=recorder.row(-2, "the kit's findings"))
+
+
 _hooks.on_where_answer(_timeline.torch_so_far)
 _hooks.on_stuck_report(_so_far)
+_hooks.on_straggler(_straggler)
 
 
 def _at_end(recorder: _timeline.Recorder) -> None:

@@ -253,6 +253,11 @@ def _open_collectives(traces: List[RankTrace]) -> List[str]:
             for tr in traces for span in tr.spans if span["k"] == "torch-open"]
 
 
+def _findings(traces: List[RankTrace]) -> List[str]:
+    """A line per finding the kit marked while the run went (a straggler named)."""
+    return [span["n"] for tr in traces for span in tr.spans if span["k"] == "finding"]
+
+
 def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
     """Per call site: calls, wall time (first start to last end over the ranks, summed over
     calls), and each rank's total wait with the ranks it waited for most."""
@@ -268,7 +273,7 @@ def _summary(traces: List[RankTrace], waits: List[_Wait]) -> str:
     if lost:
         lines.append(f"rank(s) {lost} ended without an exit record (killed or crashed): their "
                      "rows stop at their last event")
-    lines += _open_collectives(traces)
+    lines += _open_collectives(traces) + _findings(traces)
     return "\n".join(lines) + "\n"
 
 
@@ -288,6 +293,9 @@ def _span_event(tr: RankTrace, span: Dict[str, Any], us: Callable[[int], float])
         event.update(ph="i", s="t")
     elif span["k"] == "torch-open":  # not finished when the rank last wrote its file
         event.update(name=f"{span['n']}: not finished", cat="torch")
+    elif span["k"] == "finding":  # the kit's finding (a straggler): a line across the ranks
+        del event["dur"]
+        event.update(ph="i", s="g")
     return event
 
 

@@ -1,7 +1,7 @@
 """Drawing the merged timeline, ``timeline.png`` (matplotlib, the ``trace`` extra): one row per
 rank, the kit's calls and waits as bars coloured by kind, torch's collectives as thin marks
 under them (an open one, a run stuck in it, drawn up to the last time the rank wrote its file),
-an x where a lost rank's file ends; the axis in seconds from the run's start. The merge
+an x where a lost rank's file ends, a dashed line where the kit named a straggler; the axis in seconds from the run's start. The merge
 (:mod:`._merge`) hands over the ranks' traces and waits on rank 0's clock.
 """
 
@@ -42,7 +42,11 @@ def _name(ax: Any, span: Dict[str, Any], start: float, width: float, y: int, end
           colours: Dict[str, str]) -> None:
     """Label a span of row ``y`` where it is wide enough; a collective not finished always."""
     kind = span["k"]
-    if kind == "torch-open":  # what the rank is stuck in
+    if kind == "finding":  # the kit's finding (a straggler): a line across every rank
+        ax.axvline(start, color=colours["torch-open"], linestyle="--", linewidth=0.8)
+        ax.text(start, -0.55, span["n"].split(" arrived")[0], ha="right", va="bottom",
+                fontsize=7, color=colours["torch-open"], clip_on=True)
+    elif kind == "torch-open":  # what the rank is stuck in
         ax.text(start + width, y + 0.48, f"{span['n']}: not finished", ha="right",
                 va="center", fontsize=7, color=colours[kind], clip_on=True)
     elif width > 0.06 * end and kind != "torch":

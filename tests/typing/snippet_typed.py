@@ -64,6 +64,8 @@ def main() -> None:
     local: int = ad.get_local_rank() + ad.get_local_world_size() + ad.get_node_rank()
     main_process: bool = ad.is_main_process() and ad.is_local_main_process()
     backend: Optional[str] = ad.get_backend()
+    straggler: Optional[ad.StragglerReport] = ad.straggler_report()
+    late_ms: Optional[float] = straggler.late * 1000 if straggler is not None else None
 
     # values: the result types follow the functions passed in
     n_local = 3

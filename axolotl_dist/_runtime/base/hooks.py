@@ -20,6 +20,8 @@ hook                run by                   registered by
 ``where_answer``    ``liveness.where_``      ``tracing``: torch's collectives so far onto
                     ``report.answer``        the rank's timeline
 ``stuck_report``    ``liveness.stuck``       ``tracing``: the timeline so far, merged
+``straggler``       ``liveness.stragglers``  ``tracing``: the finding marked on rank 0's
+                                             timeline
 ==================  =======================  ============================================
 """
 
@@ -31,7 +33,8 @@ from ...errors import RankFailedError
 
 __all__ = ["HeartbeatTask", "on_first_use", "on_peer_failure", "on_uncaught", "add_heartbeat_task",
            "at_cleanup", "first_use", "peer_failure", "explain_uncaught", "heartbeat_tasks",
-           "cleanup", "on_where_answer", "where_answer", "on_stuck_report", "stuck_report"]
+           "cleanup", "on_where_answer", "where_answer", "on_stuck_report", "stuck_report",
+           "on_straggler", "straggler"]
 
 
 class HeartbeatTask(Protocol):
@@ -68,6 +71,7 @@ _HEARTBEAT: List[HeartbeatTask] = []
 _CLEANUP: List[Callable[[], None]] = []
 _WHERE_ANSWER: List[Callable[[], None]] = []
 _STUCK_REPORT: List[Callable[[], None]] = []
+_STRAGGLER: List[Callable[[Any], None]] = []
 
 _H = TypeVar("_H")
 
@@ -115,6 +119,12 @@ def on_stuck_report(hook: Callable[[], None]) -> None:
     _add(_STUCK_REPORT, hook)
 
 
+def on_straggler(hook: Callable[[Any], None]) -> None:
+    """Run ``hook(finding)`` on rank 0's heartbeat thread when it logs a straggler
+    (:class:`..liveness.stragglers.StragglerReport`)."""
+    _add(_STRAGGLER, hook)
+
+
 def first_use() -> None:
     """Run the :func:`on_first_use` hooks."""
     for hook in _FIRST_USE:
@@ -159,6 +169,11 @@ def where_answer() -> None:
 def stuck_report() -> None:
     """Run the :func:`on_stuck_report` hooks (one that raises is skipped: the report stands)."""
     _run_each(_STUCK_REPORT)
+
+
+def straggler(found: Any) -> None:
+    """Run the :func:`on_straggler` hooks with ``found`` (one that raises is skipped)."""
+    _run_each([lambda hook=hook: hook(found) for hook in _STRAGGLER])
 
 
 def _run_each(hooks: List[Callable[[], None]]) -> None:

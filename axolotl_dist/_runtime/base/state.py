@@ -135,6 +135,7 @@ SURVIVES_RESET: Dict[str, str] = {
     "axolotl_dist._runtime.base.hooks._CLEANUP": "a registry: hooks registered at import",
     "axolotl_dist._runtime.base.hooks._WHERE_ANSWER": "a registry: hooks registered at import",
     "axolotl_dist._runtime.base.hooks._STUCK_REPORT": "a registry: hooks registered at import",
+    "axolotl_dist._runtime.base.hooks._STRAGGLER": "a registry: hooks registered at import",
     "axolotl_dist.errors._WITH_ACCELERATES": "a cache: accelerate's exception class -> the "
                                              "kit's error class that also is it",
     "axolotl_dist.partial_state._MULTI": "a table",

@@ -20,6 +20,8 @@ Floors, one way: :mod:`.peers` <- :mod:`.stalls` <- :mod:`.dead_peers` <- :mod:`
   behind or mismatched, from every rank's.
 * :mod:`.stuck`: each rank's watch of its torch collectives; a stuck one reports the run's
   where-report on its own.
+* :mod:`.stragglers`: when each rank issued its collectives, compared on rank 0: a rank that
+  issues most of them last is named.
 * :mod:`.scopes`: collectives the other ranks cannot join are errors at once.
 * :mod:`.liveness_state`: this room's per-process state.
 * :mod:`.runs`: this host's run directory (``axolotl-dist where`` without an address).

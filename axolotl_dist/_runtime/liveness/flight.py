@@ -23,7 +23,7 @@ from ..base.text import ranks_text
 from ..store import records
 
 __all__ = ["positions", "check_positions", "describe_position", "findings", "group_label",
-           "group_name", "what", "ahead_of", "unchecked_finding", "recorded"]
+           "group_name", "what", "ahead_of", "unchecked_finding", "recorded", "arrivals"]
 
 #: torch's names of its dtypes in the recorder, as ``torch.<name>`` spells them.
 _DTYPES = MappingProxyType({
@@ -315,3 +315,19 @@ def recorded(since_ns: int) -> List[Dict[str, Any]]:
                     "t": created, "d": done - created if done > created else 0,
                     "done": _finished(entry)})
     return out
+
+
+def arrivals(before_ns: int, keep: int) -> Dict[str, Tuple[List[int], List[Tuple[int, int]]]]:
+    """When this rank issued its last ``keep`` collectives of each live process group issued
+    before ``before_ns`` (torch's wall clock, ns): group name -> (its global ranks, ``[(seq,
+    ns), ...]`` oldest first), for the straggler report (:mod:`.stragglers`). Point-to-point
+    entries are left out; a torch without the recorder gives none."""
+    members = _members()
+    out: Dict[str, Tuple[List[int], List[Tuple[int, int]]]] = {}
+    for entry in (_dump() or {}).get("entries") or []:
+        name, created = _group_of(entry), int(entry.get("time_created_ns") or 0)
+        if entry.get("is_p2p") or name not in members or not 0 < created < before_ns:
+            continue
+        out.setdefault(name, (members[name], []))[1].append(
+            (int(entry.get("collective_seq_id", 0)), created))
+    return {name: (ranks, issued[-keep:]) for name, (ranks, issued) in out.items()}

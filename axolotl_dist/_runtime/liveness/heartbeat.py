@@ -35,6 +35,7 @@ from ..store.clients import raw_store
 from . import runs, where_report
 from .dead_peers import DeadPeers
 from .stuck import StuckWatch, stuck_watch
+from .stragglers import StragglerWatch, straggler_watch
 from .stalls import StallDetector, create_world_keys
 from .peers import (STALL_CHECK_INTERVAL, encode_peer, host_leaving, launcher_name, peer, store_host_gone)
 
@@ -56,12 +57,14 @@ def _run_id(base: "Store") -> str:
 class BeatState(RoomState):
     """``thread``: this rank's :class:`Heartbeat`, if running; ``dead_peers``: the watch that
     ends this process when a peer died (:mod:`.dead_peers`); ``stuck``: the watch that reports
-    the run stuck in a collective (:mod:`.stuck`)."""
+    the run stuck in a collective (:mod:`.stuck`); ``stragglers``: the one that names a rank
+    issuing the run's collectives last (:mod:`.stragglers`)."""
 
     def __init__(self) -> None:
         self.thread: Optional[Heartbeat] = None
         self.dead_peers: Optional[DeadPeers] = None
         self.stuck: Optional[StuckWatch] = None
+        self.stragglers: Optional[StragglerWatch] = None
 
 
 BEAT = register("beat", BeatState())
@@ -123,8 +126,9 @@ class Heartbeat:
         me = Peer(HOST, os.getpid(), procs.MACHINE, launcher_name(), procs.beside_store())
         PEERS.peers[rank] = me
         # the record, and this rank's long-wait description and finding (none yet): one call
-        names = [keys.who(run, rank), keys.long_wait(run, rank), keys.stuck(run, rank)]
-        values = [seals.seal(k, v) for k, v in zip(names, [encode_peer(me), "", ""])]
+        names = [keys.who(run, rank), keys.long_wait(run, rank), keys.stuck(run, rank),
+                 keys.arrivals(run, rank)]  # the last: the straggler report's (empty: none yet)
+        values = [seals.seal(k, v) for k, v in zip(names, [encode_peer(me), "", "", ""])]
         try:
             raw.multi_set(names, values)
         except (AttributeError, NotImplementedError, RuntimeError):  # a store without it
@@ -157,6 +161,9 @@ class Heartbeat:
         stuck = BEAT.stuck
         if stuck is not None:  # its own report answers this rank's request
             self.answered = max(self.answered, stuck.beat(self.raw, time.monotonic()))
+        stragglers = BEAT.stragglers
+        if stragglers is not None:
+            stragglers.beat(self.raw, time.time())
         if self.host is not None:
             self._copy_host_exit()
         if self.rank == 0 and self.world_size > 1:  # the stall detector: on while some rank waits
@@ -356,6 +363,7 @@ def start_heartbeat() -> None:
         runs.note_address(run, rank, world, launcher_name())
         BEAT.dead_peers = DeadPeers(run, rank, world) if world > 1 else None
         BEAT.stuck = stuck_watch(run, rank, world)
+        BEAT.stragglers = straggler_watch(run, rank, world)
         BEAT.thread = Heartbeat(store, raw, run, rank, world, HEARTBEAT_INTERVAL)
         HEARTBEAT.beating = True
         HEARTBEAT.exit_store = (store, rank, weakref.ref(pg))

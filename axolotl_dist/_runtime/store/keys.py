@@ -21,7 +21,8 @@ __all__ = [
     "RUN", "EXITS", "EXIT_LOG", "STALL_REPORT", "WAITERS", "WARN_LOG", "waiting", "exit_record",
     "exit_pending", "ack", "gone", "deadlock", "block", "debug_check",
     "shared_fs", "shared_map", "clock", "RUN_NOTE", "who", "heartbeat", "where_answer",
-    "long_wait", "stuck", "stuck_report", "where_question", "rendezvous_prefix",
+    "long_wait", "stuck", "stuck_report", "arrivals", "straggler",
+    "where_question", "rendezvous_prefix",
     "rendezvous_port", "rendezvous_addr",
     "is_rendezvous_port", "rendezvous_round", "ATTEMPTS", "attempt_join", "attempt_answer",
     "attempt_joined", "attempt_prefix", "DOCUMENTED", "is_counter", "as_named", "REQUEST",
@@ -184,6 +185,17 @@ def stuck_report(run: str, group: str, seq: int, round_: int) -> str:
     return f"axolotl_dist/{run}/stuck_report/{group.replace('/', '_')}/{seq}/{round_}"
 
 
+def arrivals(run: str, rank: int) -> str:
+    """When global ``rank`` issued its last collectives before the latest round's moment, per
+    process group (the straggler report; overwritten each round)."""
+    return f"axolotl_dist/{run}/arrivals/{rank}"
+
+
+def straggler(run: str) -> str:
+    """Rank 0's latest straggler finding (empty: none), for ``straggler_report()`` elsewhere."""
+    return f"axolotl_dist/{run}/straggler"
+
+
 # --- attempts of a restarted run (root keys, in a store that outlives them) -------------------
 
 #: A counter: the attempts of this run that began, each numbered by rank 0's ``add``.
@@ -251,6 +263,7 @@ DOCUMENTED = (
     where_answer("<run>", "<rank>"), where_question("<run>"),  # type: ignore[arg-type]
     long_wait("<run>", "<rank>"),  # type: ignore[arg-type]
     stuck("<run>", "<rank>"), stuck_report("<run>", "<group>", "<seq>", "<n>"),  # type: ignore[arg-type]
+    arrivals("<run>", "<rank>"), straggler("<run>"),  # type: ignore[arg-type]
     deadlock("<h>"), ack(deadlock("<h>"), "<rank>"),  # type: ignore[arg-type]
     exit_record("<rank>"), EXIT_LOG, EXITS, WAITERS, STALL_REPORT, WARN_LOG,  # type: ignore[arg-type]
     exit_pending("<rank>"), waiting("<rank>"), ack(exit_record("<rank>"), "<reader>"),  # type: ignore[arg-type]
