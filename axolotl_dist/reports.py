@@ -1,6 +1,6 @@
 """The straggler report: the rank that issues the run's collectives last, named while it runs.
 
-Every 20 seconds each rank's heartbeat publishes when it issued its recent collectives (torch's
+Every 30 seconds each rank's heartbeat publishes when it issued its recent collectives (torch's
 flight recorder stamps each one), and rank 0 compares the ranks' times collective by collective.
 A rank that issued three quarters of the newest 100 compared collectives last, a median 50 ms or
 more after the other ranks, is logged on rank 0 (the same rank again after 5 minutes) and

@@ -36,6 +36,8 @@ Phases (the kit, then plain torch's equivalent):
 * ``init``: ``axolotl_dist.init_distributed()`` / ``dist.init_process_group("gloo")``;
   requests per rank.
 * ``idle``: every rank sleeps T seconds; requests per second per rank.
+* ``training``: every rank issues :data:`TRAIN_STEPS` torch ``all_reduce`` calls 50 ms apart
+  (over 40 s: the straggler report publishes every 30 s); requests per second per rank.
 * ``zero_first wait``: ``with axolotl_dist.zero_first(): if rank == 0: time.sleep(T)``;
   requests per second per *waiting* rank (1..W-1), the first and last 0.5 s left out; with
   T > 10 also the first 10 s and the rest apart. Torch: rank 0 sleeps then ``dist.barrier()``,
@@ -424,7 +426,9 @@ class RankProxy:
 # The ranks
 # --------------------------------------------------------------------------------------------
 
-PHASES = ("init", "idle", "zero_first", "barrier", "exit")
+PHASES = ("init", "idle", "train", "zero_first", "barrier", "exit")
+#: The training phase's steps, 50 ms apart (a fixed count: the ranks issue the same collectives).
+TRAIN_STEPS = 800
 
 RANK_SCRIPT = r'''
 import os, sys, time
@@ -470,6 +474,15 @@ sync("idle")
 mark("idle_start")
 time.sleep(seconds)
 mark("idle_end")
+
+sync("train")
+mark("train_start")
+import torch
+tensor = torch.ones(256)
+for _ in range(TRAIN_STEPS):
+    dist.all_reduce(tensor)
+    time.sleep(0.05)
+mark("train_end")
 
 sync("zero_first")
 mark("zero_first_start")
@@ -600,7 +613,7 @@ def run_world(mode: str, world: int, seconds: float, legacy: bool, verbose: bool
     work = tempfile.mkdtemp(prefix=f"store_traffic_{mode}{world}_")
     script = os.path.join(work, "rank.py")
     with open(script, "w") as fh:
-        fh.write(RANK_SCRIPT)
+        fh.write(RANK_SCRIPT.replace("TRAIN_STEPS", str(TRAIN_STEPS)))
     procs: List[subprocess.Popen] = []
     gone: List[float] = [float("nan")] * world
     error: Optional[str] = None
@@ -614,7 +627,9 @@ def run_world(mode: str, world: int, seconds: float, legacy: bool, verbose: bool
                 start_new_session=True))
             log.close()
         budgets = {"init": 90 + 8 * world, "idle": 120 + 4 * world,
-                   "zero_first": seconds + 60 + 2 * world, "barrier": seconds + 60 + 2 * world,
+                   "train": 120 + 4 * world + seconds,
+                   "zero_first": seconds + 60 + 2 * world + 0.2 * TRAIN_STEPS,  # after training
+                   "barrier": seconds + 60 + 2 * world,
                    "exit": seconds + 60 + 2 * world}
         for phase in PHASES:
             error = _wait_ready(phase, work, procs, budgets[phase])
@@ -675,6 +690,7 @@ EDGE = 0.5
 ROWS: List[Tuple[str, str, str]] = [
     ("init", "init", "req/rank"),
     ("idle", "idle", "req/s/rank"),
+    ("train", "training", "req/s/rank"),
     ("zero_first", "zero_first wait", "req/s/waiter"),
     ("zero_first_whole", "  whole wait", "req/s/waiter"),
     ("zero_first_first10", "  first 10 s", "req/s/waiter"),
@@ -716,9 +732,9 @@ def windows(run: RunResult, row: str) -> Tuple[List[Window], bool]:
         if row == "init":
             if "init_start" in m and "init_end" in m:
                 out.append(Window(r, m["init_start"], m["init_end"]))
-        elif row == "idle":
-            if "idle_start" in m and "idle_end" in m:
-                out.append(Window(r, m["idle_start"], m["idle_end"]))
+        elif row in ("idle", "train"):
+            if f"{row}_start" in m and f"{row}_end" in m:
+                out.append(Window(r, m[f"{row}_start"], m[f"{row}_end"]))
         elif row == "exit":
             if "exit_start" in m:
                 out.append(Window(r, m["exit_start"], float("inf")))

@@ -44,7 +44,7 @@ __all__ = ["StragglerReport", "StragglerWatch", "straggler_watch", "Sample", "Ar
            "READ_AFTER", "SAMPLE", "KEEP", "MIN_COMPARED", "SHARE", "MIN_LATE", "REPEAT"]
 
 #: Seconds between two moments at which the ranks publish when they issued their collectives.
-ROUND = 20.0
+ROUND = 30.0
 #: Seconds after a moment that rank 0 reads what the ranks published (two heartbeats).
 READ_AFTER = 5.0
 #: Collectives a rank publishes per process group: its last ones before the moment.
@@ -211,8 +211,11 @@ class StragglerWatch:
         self.moment = int(wall // ROUND * ROUND)  # the last moment published (none before start)
         self.read_moment = self.moment  # rank 0: the last moment whose samples it compared
         self.issued: Dict[str, int] = {}  # the last seq per group published
-        #: rank 0: the newest compared collectives, by (group, seq); the finding; the last told
+        #: rank 0: the newest compared collectives, by (group, seq); each rank's host; the
+        #: finding; the last told
         self.arrivals: "collections.OrderedDict[Tuple[str, int], Arrival]" = collections.OrderedDict()
+        self.hosts: Dict[int, str] = {}
+        self.keys_made = False  # rank 0: every rank's arrivals key exists (multi_get waits for one)
         self.current: Optional[StragglerReport] = None
         self.told: Optional[StragglerReport] = None
 
@@ -240,8 +243,9 @@ class StragglerWatch:
     def _samples(self, store: "Store", moment: int) -> Dict[int, Sample]:
         """Every rank's sample of ``moment`` (none where a rank has not made its key yet)."""
         names = [keys.arrivals(self.run, r) for r in range(self.world_size)]
-        if not store.check(names):
-            return {}
+        if not self.keys_made and not store.check(names):
+            return {}  # a rank whose heartbeat has not started (it makes its key first)
+        self.keys_made = True
         out = {}
         for rank, (name, data) in enumerate(zip(names, store.multi_get(names))):
             sample = checked_or_ignored(read_sample, data, name, rank)
@@ -257,8 +261,8 @@ class StragglerWatch:
             self.arrivals.move_to_end((arrival.group, arrival.seq))
         while len(self.arrivals) > KEEP:
             self.arrivals.popitem(last=False)
-        hosts = {rank: sample.host for rank, sample in samples.items()}
-        found, told = finding(list(self.arrivals.values()), hosts, wall), self.told
+        self.hosts.update((rank, sample.host) for rank, sample in samples.items())
+        found, told = finding(list(self.arrivals.values()), self.hosts, wall), self.told
         tell = found is not None and (told is None or told.rank != found.rank
                                       or wall - told.found >= REPEAT)
         if tell or (found is None) != (self.current is None):

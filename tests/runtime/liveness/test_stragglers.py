@@ -18,6 +18,8 @@ from axolotl_dist._runtime.store.access import put
 RUN = "g" * 12
 NAME = "AXOLOTL_DIST_STRAGGLERS"
 SECOND = 1_000_000_000
+#: The watches' start: a moment (a multiple of the round); ROUND: the seconds between moments.
+T0, ROUND = 100 * st.ROUND, st.ROUND
 
 
 def _sample(times, ranks=(0, 1, 2), group="0", first=1, moment=100):
@@ -97,7 +99,7 @@ class _Ranks:
         self.said = []
         monkeypatch.setattr(st.flight, "arrivals", self._arrivals)
         monkeypatch.setattr(st.hooks, "straggler", self.said.append)
-        self.watches = [st.StragglerWatch(RUN, r, world, 1000.0) for r in range(world)]
+        self.watches = [st.StragglerWatch(RUN, r, world, T0) for r in range(world)]
         for r in range(world):
             put(self.store, keys.arrivals(RUN, r), "")  # as the heartbeat's first call makes it
 
@@ -122,9 +124,9 @@ class _Ranks:
 def test_rank_zero_names_the_straggler_after_a_round_and_says_it_once(monkeypatch, caplog):
     ranks = _Ranks(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="axolotl_dist"):
-        ranks.run(1000.0, 1020.0, late=None)  # a healthy round: compared, nobody named
+        ranks.run(T0, T0 + ROUND, late=None)  # a healthy round: compared, nobody named
         assert [w.current for w in ranks.watches] == [None, None, None] and not ranks.said
-        ranks.run(1020.0, 1060.0, late=2)
+        ranks.run(T0 + ROUND, T0 + 3 * ROUND, late=2)
     assert [f.rank for f in ranks.said] == [2]  # said once although found each round
     found = ranks.watches[0].current
     assert found.rank == 2 and found.last == found.compared == 100
@@ -138,10 +140,10 @@ def test_rank_zero_names_the_straggler_after_a_round_and_says_it_once(monkeypatc
 
 def test_a_straggler_is_said_again_after_five_minutes_or_when_another_rank_is_one(monkeypatch):
     ranks = _Ranks(monkeypatch)
-    ranks.run(1000.0, 1030.0, late=1)
-    first = ranks.said[0].found  # 1025: the first moment's samples read 5 s after it
-    assert first == 1025.0
-    ranks.run(1030.0, first + st.REPEAT - 5, late=1)  # found each round: said once
+    ranks.run(T0, T0 + ROUND + 2 * st.READ_AFTER, late=1)
+    first = ranks.said[0].found  # the first moment's samples, read 5 s after it
+    assert first == T0 + ROUND + st.READ_AFTER
+    ranks.run(T0 + ROUND + 2 * st.READ_AFTER, first + st.REPEAT - 5, late=1)  # found each round: said once
     assert [f.rank for f in ranks.said] == [1]
     ranks.run(first + st.REPEAT - 5, first + st.REPEAT + 5, late=1)
     assert [(f.rank, f.found) for f in ranks.said][1:] == [(1, first + st.REPEAT)]
@@ -167,14 +169,16 @@ class _Counted:
 def test_a_rank_publishes_once_a_round_and_not_while_it_issues_nothing(monkeypatch):
     ranks = _Ranks(monkeypatch)
     ranks.store = counted = _Counted(ranks.store)
-    ranks.run(1000.0, 1040.0)  # two moments: 1020 and 1040 (reached at the last beat)
+    ranks.run(T0, T0 + 2 * ROUND + 2 * st.READ_AFTER)  # two moments, each read 5 s after
     mine = ("set", keys.arrivals(RUN, 1))
     assert counted.calls.count(mine) == 2
-    assert [name for name, _ in counted.calls if name != "set"] == ["check", "multi_get"]
+    # rank 0 read the samples twice: the keys' first check once, then a multi_get alone
+    assert [name for name, _ in counted.calls if name != "set"] == ["check", "multi_get",
+                                                                    "multi_get"]
     for ranks.reading, watch in enumerate(ranks.watches):  # idle for a minute: nothing new
-        for t in (1062.5, 1082.5, 1102.5):
+        for t in (T0 + 2.5 + 3 * ROUND, T0 + 2.5 + 4 * ROUND, T0 + 2.5 + 5 * ROUND):
             watch.beat(counted, t)
-    assert counted.calls.count(mine) == 2
+    assert counted.calls.count(mine) == 3  # the first: those issued after the last moment
 
 
 def test_no_watch_alone_or_switched_off_and_a_bad_switch_names_the_fix(monkeypatch):
@@ -195,6 +199,6 @@ def test_the_public_call_answers_none_without_a_watch_and_rank_zeros_finding_wit
     monkeypatch.setattr(BEAT, "stragglers", None)
     assert ad.straggler_report() is None  # one rank alone, no group, or switched off
     ranks = _Ranks(monkeypatch)
-    ranks.run(1000.0, 1030.0, late=1)
+    ranks.run(T0, T0 + ROUND + 2 * st.READ_AFTER, late=1)
     monkeypatch.setattr(BEAT, "stragglers", ranks.watches[0])
     assert ad.straggler_report() == ranks.said[0]
