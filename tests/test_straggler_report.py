@@ -27,6 +27,9 @@ import sys, time
 import torch
 import axolotl_dist as ad
 
+def say(line):  # one write: torchrun's ranks share a pipe (print writes the newline apart)
+    sys.stdout.write(line + "\\n"); sys.stdout.flush()
+
 slow, healthy = int(sys.argv[1]), float(sys.argv[2])
 ad.init_distributed()
 rank = ad.get_rank()
@@ -36,14 +39,14 @@ while True:
     behind = rank == slow and time.monotonic() - start >= healthy
     if behind and since is None:
         since = time.time()
-        print(f"slow since {since:.3f}", flush=True)
+        say(f"slow since {since:.3f}")
     time.sleep(0.25 if behind else 0.05)  # rank `slow`: 200 ms behind the others a step
     model(torch.randn(2, 8)).sum().backward()
     step += 1
     if step % 10 == 0 and ad.broadcast_object(
             ad.straggler_report() is not None or time.monotonic() - start > 150, src=0):
         break
-print(f"report {rank}: {ad.straggler_report()!r}", flush=True)
+say(f"report {rank}: {ad.straggler_report()!r}")
 """
 
 #: The straggler's line on rank 0: its rank and host, how many of how many collectives, how far.
