@@ -179,7 +179,6 @@ def alive(pid: int) -> bool:
     return process_state(pid) != "gone"
 
 
-
 #: A warning's line as the kit logs it: time, level, logger, the rank's tag (its rank, world).
 KIT_WARNING = re.compile(r"^\d\d:\d\d:\d\d WARNING axolotl_dist: \[rank (\d+)/(\d+)\] (.*)$")
 

@@ -1,8 +1,9 @@
 """Drawing the merged timeline, ``timeline.png`` (matplotlib, the ``trace`` extra): one row per
 rank, the kit's calls and waits as bars coloured by kind, torch's collectives as thin marks
 under them (an open one, a run stuck in it, drawn up to the last time the rank wrote its file),
-an x where a lost rank's file ends, a dashed line where the kit named a straggler; the axis in seconds from the run's start. The merge
-(:mod:`._merge`) hands over the ranks' traces and waits on rank 0's clock.
+an x where a lost rank's file ends, a dashed line where the kit named a straggler; the axis in
+seconds from the run's start. The merge (:mod:`._merge`) hands over the ranks' traces and waits
+on rank 0's clock.
 """
 
 from __future__ import annotations
